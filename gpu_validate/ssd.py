@@ -16,6 +16,8 @@ initial state ``h0`` is a prefix-cache hit: the scan continues from a checkpoint
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -133,6 +135,25 @@ def fla_available() -> bool:
     return True
 
 
+def simple_gla_inputs(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mamba2's SSD as simple GLA: ``q = C, k = B`` (groups expanded to heads),
+    ``v = dt * x``, ``g = dt * A`` (log decay, fp32); all ``[b, T, H, ...]``, fla's layout.
+    With ``scale = 1`` and ``D * x`` added afterwards, simple GLA's output equals SSD's."""
+    H = x.shape[2]
+    q = expand_groups(C, H).contiguous()
+    k = expand_groups(B, H).contiguous()
+    v = (dt[..., None] * x).to(x.dtype)
+    g = (dt.float() * A.float()).contiguous()
+    return q, k, v, g
+
+
+def _add_skip(y: torch.Tensor, x: torch.Tensor, D: torch.Tensor | None) -> torch.Tensor:
+    """``y + D * x`` per head (``D`` ``[H]``, heads on dim -2)."""
+    return y if D is None else y + D[:, None].to(x.dtype) * x
+
+
 def ssd_fla(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -141,19 +162,17 @@ def ssd_fla(
     C: torch.Tensor,
     D: torch.Tensor | None = None,
     h0: torch.Tensor | None = None,
+    kernel: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SSD through fla's ``chunk_simple_gla`` (Triton). Returns ``(y, h_final)`` (state fp32)."""
-    from fla.ops.simple_gla import chunk_simple_gla
+    """SSD through fla's ``chunk_simple_gla`` (Triton). Returns ``(y, h_final)`` (state fp32).
 
-    H = x.shape[2]
-    q = expand_groups(C, H).contiguous()
-    k = expand_groups(B, H).contiguous()
-    v = (dt[..., None] * x).to(x.dtype)
-    g = (dt.float() * A.float()).contiguous()
-    y, h = chunk_simple_gla(q, k, v, g=g, scale=1.0, initial_state=h0, output_final_state=True)
-    if D is not None:
-        y = y + D[None, None, :, None].to(x.dtype) * x
-    return y, h
+    ``kernel`` replaces the Triton kernel by another with its signature (the tests pass fla's
+    pure-PyTorch ``naive_chunk_simple_gla`` to check this mapping on a CPU)."""
+    if kernel is None:
+        from fla.ops.simple_gla import chunk_simple_gla as kernel
+    q, k, v, g = simple_gla_inputs(x, dt, A, B, C)
+    y, h = kernel(q, k, v, g=g, scale=1.0, initial_state=h0, output_final_state=True)
+    return _add_skip(y.to(x.dtype), x, D), h
 
 
 def ssd_fla_step(
@@ -164,21 +183,13 @@ def ssd_fla_step(
     C: torch.Tensor,
     D: torch.Tensor | None,
     h: torch.Tensor,
+    kernel: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """One decode step through fla's ``fused_recurrent_simple_gla``; writes the new state
-    into ``h`` and returns ``y`` ``[b, H, P]``."""
-    from fla.ops.simple_gla import fused_recurrent_simple_gla
-
-    H = x.shape[1]
-    q = expand_groups(C[:, None], H).contiguous()
-    k = expand_groups(B[:, None], H).contiguous()
-    v = (dt[..., None] * x)[:, None].to(x.dtype)
-    g = (dt.float() * A.float())[:, None].contiguous()
-    y, h_new = fused_recurrent_simple_gla(
-        q, k, v, g=g, scale=1.0, initial_state=h, output_final_state=True
-    )
+    into ``h`` and returns ``y`` ``[b, H, P]``. ``kernel`` as in :func:`ssd_fla`."""
+    if kernel is None:
+        from fla.ops.simple_gla import fused_recurrent_simple_gla as kernel
+    q, k, v, g = simple_gla_inputs(x[:, None], dt[:, None], A, B[:, None], C[:, None])
+    y, h_new = kernel(q, k, v, g=g, scale=1.0, initial_state=h, output_final_state=True)
     h.copy_(h_new)
-    y = y[:, 0]
-    if D is not None:
-        y = y + D[None, :, None].to(x.dtype) * x
-    return y
+    return _add_skip(y[:, 0].to(x.dtype), x, D)

@@ -317,6 +317,47 @@ def test_ssd_prefix_hit_continues_the_scan():
     torch.testing.assert_close(torch.stack(steps, 1), y[:, 25:], rtol=1e-4, atol=1e-5)
 
 
+def _fla_naive_simple_gla():
+    """fla's pure-PyTorch simple-GLA references, loaded from their file: importing the ``fla``
+    package itself needs Triton, which a CPU machine lacks."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("fla")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("fla-core (gpu_validate/wheels) not installed")
+    path = f"{spec.submodule_search_locations[0]}/ops/simple_gla/naive.py"
+    loader = importlib.util.spec_from_file_location("fla_simple_gla_naive", path)
+    assert loader is not None and loader.loader is not None, path
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("T", "init"), [(1, True), (37, False), (130, True)])
+def test_ssd_as_simple_gla_equals_the_recurrence(T, init):
+    """The argument mapping ``ssd_fla`` hands to fla's Triton kernels (q = C, k = B, v = dt x,
+    g = dt A, scale 1, + D x, state [K, V]) is exact SSD: checked on the CPU with fla's own
+    pure-PyTorch kernels of the same signature (the Triton ones are checked on a GPU)."""
+    torch = pytest.importorskip("torch")
+    from gpu_validate import ssd
+
+    naive = _fla_naive_simple_gla()
+    x, dt, A, B, C, D, h0 = _ssd_inputs(torch, T)
+    h0 = h0 if init else None
+    y, h = ssd.ssd_sequential(x, dt, A, B, C, D, h0)
+    for kernel in (naive.naive_chunk_simple_gla, naive.naive_recurrent_simple_gla):
+        yk, hk = ssd.ssd_fla(x, dt, A, B, C, D, h0, kernel=kernel)
+        torch.testing.assert_close(yk, y, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(hk, h, rtol=1e-4, atol=1e-4)
+    hs = torch.zeros_like(h) if h0 is None else h0.clone()
+    step = ssd.ssd_fla_step(
+        x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, hs, kernel=naive.naive_recurrent_simple_gla
+    )
+    torch.testing.assert_close(step, y[:, 0], rtol=1e-4, atol=1e-4)
+    if T == 1:
+        torch.testing.assert_close(hs, h, rtol=1e-4, atol=1e-4)
+
+
 def _env(torch):
     from gpu_validate.layers import Env
 
