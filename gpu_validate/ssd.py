@@ -169,7 +169,9 @@ def ssd_fla(
     ``kernel`` replaces the Triton kernel by another with its signature (the tests pass fla's
     pure-PyTorch ``naive_chunk_simple_gla`` to check this mapping on a CPU)."""
     if kernel is None:
-        from fla.ops.simple_gla import chunk_simple_gla as kernel
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        kernel = chunk_simple_gla
     q, k, v, g = simple_gla_inputs(x, dt, A, B, C)
     y, h = kernel(q, k, v, g=g, scale=1.0, initial_state=h0, output_final_state=True)
     return _add_skip(y.to(x.dtype), x, D), h
@@ -188,7 +190,9 @@ def ssd_fla_step(
     """One decode step through fla's ``fused_recurrent_simple_gla``; writes the new state
     into ``h`` and returns ``y`` ``[b, H, P]``. ``kernel`` as in :func:`ssd_fla`."""
     if kernel is None:
-        from fla.ops.simple_gla import fused_recurrent_simple_gla as kernel
+        from fla.ops.simple_gla import fused_recurrent_simple_gla
+
+        kernel = fused_recurrent_simple_gla
     q, k, v, g = simple_gla_inputs(x[:, None], dt[:, None], A, B[:, None], C[:, None])
     y, h_new = kernel(q, k, v, g=g, scale=1.0, initial_state=h, output_final_state=True)
     h.copy_(h_new)

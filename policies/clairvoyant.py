@@ -246,6 +246,9 @@ class _TokenUnits:
     def prefill_flops(self, prefix: int, new: int) -> float:
         return 0.0
 
+    def prefill_flops_array(self, prefix: np.ndarray, new: np.ndarray) -> np.ndarray:
+        return np.zeros(np.broadcast(prefix, new).shape)
+
 
 class _Admit:
     evicts_inner_nodes = False

@@ -399,19 +399,51 @@ class PrefixCache:
         if plan.end <= plan.matched:
             return
         parent = self._node_ending_at(along, plan.matched) if plan.matched else self.root
-        bounds = [c for c in plan.new_ckpts if c < plan.end] + [plan.end]
-        ckpt_set = set(plan.new_ckpts)
-        start = plan.matched
-        for stop in bounds:
-            child = self._new_node(seq[start:stop], parent, start, ckpt=stop in ckpt_set)
-            self._attach(parent, child)
-            parent, start = child, stop
+        self._append_chain(parent, seq, plan.matched, plan.end, plan.new_ckpts)
         kv = self.kv_per_token * (plan.end - plan.matched)
-        ssm = self.ckpt_bytes * len(ckpt_set)
+        ssm = self.ckpt_bytes * len(plan.new_ckpts)
         self._account(kv, ssm)
         result.kv_bytes += kv
         result.ssm_bytes += ssm
-        result.ckpts += len(ckpt_set)
+        result.ckpts += len(plan.new_ckpts)
+
+    def _append_chain(
+        self, parent: Node, seq: np.ndarray, start: int, end: int, ckpts: list[int]
+    ) -> None:
+        """Hang ``seq[start:end]`` under ``parent`` (a leaf or branch ending at ``start``) as a
+        chain of nodes cut after each checkpoint in ``ckpts`` (sorted, distinct, in
+        ``(start, end]``; each cut node holds one). The per-node arrays are filled in bulk: a
+        fine-grained admission appends hundreds of nodes at a time."""
+        stops = [c for c in ckpts if c < end] + [end]
+        while len(self._free) < len(stops):
+            self._grow()
+        slots = [self._free.pop() for _ in stops]
+        nid0 = self._next_nid
+        self._next_nid += len(stops)
+        pos = start
+        for i, (stop, slot) in enumerate(zip(stops, slots, strict=True)):
+            node = Node(seq[pos:stop], parent, pos, slot, nid0 + i)
+            node.ckpt = i < len(ckpts)
+            parent.children[int(seq[pos])] = node
+            self._by_slot[slot] = node
+            parent, pos = node, stop
+        idx = np.asarray(slots, dtype=np.int64)
+        bounds = np.asarray([start, *stops], dtype=np.int64)
+        lengths = np.diff(bounds)
+        self.alive[idx] = True
+        self.nids[idx] = np.arange(nid0, nid0 + len(stops))
+        self.last_access[idx] = self.now
+        self.pins[idx] = 0
+        self.n_children[idx] = 1
+        self.n_children[idx[-1]] = 0
+        self.node_bytes[idx] = lengths * self.kv_per_token
+        self.node_bytes[idx[: len(ckpts)]] += self.ckpt_bytes
+        self.saved_flops[idx] = self.model.prefill_flops_array(
+            bounds[:-1] * self.unit, lengths * self.unit
+        )
+        first = self._by_slot[slots[0]]
+        assert first is not None and first.parent is not None
+        self.n_children[first.parent.slot] = len(first.parent.children)
 
     def _node_ending_at(self, along: list[Node], pos: int) -> Node:
         """The node on the matched path that ends exactly at ``pos``, splitting an edge if needed."""
@@ -519,10 +551,36 @@ class PrefixCache:
             parent, child = node.parent, next(iter(node.children.values()), None)
             freed += self._evict_node(node)
             count += 1
+            if child is None and not inner:  # its parent may go next: often a long chain
+                f, c = self._evict_up(parent, need, policy, heap)
+                freed, count = freed + f, count + c
+                continue
             for other in (parent, child):
                 if other is not None and self._is_candidate(other, inner):
                     s = float(policy.scores(self, np.array([other.slot]))[0])
                     heapq.heappush(heap, (s, other.nid, other.slot))
+        return freed, count
+
+    def _evict_up(
+        self, node: Node | None, need: float, policy: VictimScorer, heap: list
+    ) -> tuple[int, int]:
+        """After a leaf's eviction: while its parent ``node`` has become a leaf that scores
+        below every heap entry, evict it at once (the heap would pop it next: its top is a
+        lower bound, stale entries included); else push it. The same order as the heap, without
+        a push and pop per node of a long chain (fine-grained admission makes such chains)."""
+        freed = count = 0
+        root, pins, scores = self.root, self.pins, policy.scores
+        while node is not None and node is not root and not node.children and pins[node.slot] == 0:
+            key = (float(scores(self, np.array([node.slot]))[0]), node.nid)
+            if need <= self.capacity - self.kv_bytes - self.ssm_bytes or (
+                heap and key >= heap[0][:2]
+            ):
+                heapq.heappush(heap, (*key, node.slot))
+                break
+            parent = node.parent
+            freed += self._drop_leaf(node)
+            count += 1
+            node = parent
         return freed, count
 
     def _is_candidate(self, node: Node, inner: bool) -> bool:
@@ -539,26 +597,35 @@ class PrefixCache:
 
     def _evict_node(self, node: Node) -> int:
         """Delete a leaf, or merge a one-child node into its child (its KV moves down)."""
-        assert self.pins[node.slot] == 0 and node is not self.root
+        assert self.pins[node.slot] == 0 and node is not self.root and node.parent is not None
+        if not node.children:
+            return self._drop_leaf(node)
+        parent = node.parent
+        (child,) = node.children.values()
+        child.tokens = np.concatenate((node.tokens, child.tokens))
+        child.key = child.tokens.tobytes()
+        child.start = node.start
+        self.last_access[child.slot] = max(
+            self.last_access[child.slot], self.last_access[node.slot]
+        )
+        self._attach(parent, child)
+        self._refresh_numbers(child)
+        freed_ckpt = self.ckpt_bytes if node.ckpt else 0
+        self.ssm_bytes -= freed_ckpt
+        self._release(node)
+        return freed_ckpt
+
+    def _drop_leaf(self, node: Node) -> int:
+        """Delete an unpinned leaf; returns the bytes freed (the hot path of eviction)."""
         parent = node.parent
         assert parent is not None
+        children = parent.children
+        del children[int(node.tokens[0])]
+        self.n_children[parent.slot] = len(children)
+        freed_kv = (node.end - node.start) * self.kv_per_token
         freed_ckpt = self.ckpt_bytes if node.ckpt else 0
-        if not node.children:
-            freed_kv = (node.end - node.start) * self.kv_per_token
-            del parent.children[int(node.tokens[0])]
-            self.n_children[parent.slot] = len(parent.children)
-        else:
-            (child,) = node.children.values()
-            freed_kv = 0
-            child.tokens = np.concatenate((node.tokens, child.tokens))
-            child.key = child.tokens.tobytes()
-            child.start = node.start
-            self.last_access[child.slot] = max(
-                self.last_access[child.slot], self.last_access[node.slot]
-            )
-            self._attach(parent, child)
-            self._refresh_numbers(child)
-        self._account(-freed_kv, -freed_ckpt)
+        self.kv_bytes -= freed_kv
+        self.ssm_bytes -= freed_ckpt
         self._release(node)
         return freed_kv + freed_ckpt
 
