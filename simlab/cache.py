@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 _TOKEN_BYTES = 4  # int32 token ids
 _INITIAL_SLOTS = 1024
+_BULK_MIN_NODES = 8  # chains longer than this get their per-node arrays filled in bulk
 
 
 class VictimScorer(Protocol):
@@ -412,9 +413,16 @@ class PrefixCache:
     ) -> None:
         """Hang ``seq[start:end]`` under ``parent`` (a leaf or branch ending at ``start``) as a
         chain of nodes cut after each checkpoint in ``ckpts`` (sorted, distinct, in
-        ``(start, end]``; each cut node holds one). The per-node arrays are filled in bulk: a
-        fine-grained admission appends hundreds of nodes at a time."""
+        ``(start, end]``; each cut node holds one). A long chain's per-node arrays are filled
+        in bulk: a fine-grained admission appends hundreds of nodes at a time."""
         stops = [c for c in ckpts if c < end] + [end]
+        if len(stops) <= _BULK_MIN_NODES:  # numpy's per-call cost outweighs a short loop
+            pos = start
+            for i, stop in enumerate(stops):
+                child = self._new_node(seq[pos:stop], parent, pos, ckpt=i < len(ckpts))
+                self._attach(parent, child)
+                parent, pos = child, stop
+            return
         while len(self._free) < len(stops):
             self._grow()
         slots = [self._free.pop() for _ in stops]
