@@ -44,7 +44,11 @@ class EvictionPolicy(Protocol):
     #: False: only leaves are candidates; True: nodes with at most one child too (merge on evict).
     evicts_inner_nodes: bool
     #: True when a node's score depends on the other candidates (e.g. min-max normalisation);
-    #: the cache then re-scores the whole set after every eviction.
+    #: the cache then re-scores the whole set after every eviction. False promises static
+    #: scores: a node's score changes only when it is hit, admitted into or split, never because
+    #: other nodes (its only child included) are evicted; the cache then keeps a heap and
+    #: scores a chain of one-child ancestors in one call (checked against full re-scoring in
+    #: ``tests/test_policies.py`` for every shipped policy).
     scores_depend_on_candidates: bool
 
     def on_hit(self, cache: PrefixCache, lookup: Lookup) -> None:

@@ -572,24 +572,73 @@ class PrefixCache:
     def _evict_up(
         self, node: Node | None, need: float, policy: VictimScorer, heap: list
     ) -> tuple[int, int]:
-        """After a leaf's eviction: while its parent ``node`` has become a leaf that scores
-        below every heap entry, evict it at once (the heap would pop it next: its top is a
-        lower bound, stale entries included); else push it. The same order as the heap, without
-        a push and pop per node of a long chain (fine-grained admission makes such chains)."""
-        freed = count = 0
-        root, pins, scores = self.root, self.pins, policy.scores
-        while node is not None and node is not root and not node.children and pins[node.slot] == 0:
-            key = (float(scores(self, np.array([node.slot]))[0]), node.nid)
-            if need <= self.capacity - self.kv_bytes - self.ssm_bytes or (
-                heap and key >= heap[0][:2]
-            ):
-                heapq.heappush(heap, (*key, node.slot))
-                break
-            parent = node.parent
-            freed += self._drop_leaf(node)
-            count += 1
-            node = parent
-        return freed, count
+        """After a leaf's eviction, its ancestors that become leaves one after the other (a
+        chain: one child each, unpinned) are evicted at once while each scores below every heap
+        entry (the heap would pop it next: its top is a lower bound, stale entries included)
+        and bytes are still needed; the first one kept is pushed. The same victims in the same
+        order as popping them one by one, with one scoring call and bulk bookkeeping per chain
+        (fine-grained admission makes chains of hundreds of nodes). Relies on a static score
+        not changing when a node's only child is evicted (``policies.base.EvictionPolicy``)."""
+        chain = self._leaf_chain(node)
+        if not chain:
+            return 0, 0
+        slots = np.fromiter((n.slot for n in chain), dtype=np.int64, count=len(chain))
+        scores = np.asarray(policy.scores(self, slots), dtype=np.float64)
+        nids = self.nids[slots]
+        n = len(chain)
+        if heap:  # the victims: a prefix of the chain keyed below the heap's top
+            top_score, top_nid = heap[0][0], heap[0][1]
+            below = (scores < top_score) | ((scores == top_score) & (nids < top_nid))
+            n = int(np.argmin(below)) if not below.all() else n
+        deficit = need - (self.capacity - self.kv_bytes - self.ssm_bytes)
+        if n and deficit > 0:  # stop once enough is freed
+            n = min(n, int(np.searchsorted(np.cumsum(self.node_bytes[slots[:n]]), deficit)) + 1)
+        elif deficit <= 0:
+            n = 0
+        if n < len(chain):
+            heapq.heappush(heap, (float(scores[n]), int(nids[n]), int(slots[n])))
+        return self._drop_chain(chain[:n], slots[:n]), n
+
+    def _leaf_chain(self, node: Node | None) -> list[Node]:
+        """``node`` (a leaf now) and the ancestors that would each become a leaf once the one
+        below is gone: unpinned, non-root, one child. Empty if ``node`` is not a candidate."""
+        chain: list[Node] = []
+        root, pins = self.root, self.pins
+        below: Node | None = None
+        while (
+            node is not None
+            and node is not root
+            and len(node.children) == (0 if below is None else 1)
+            and pins[node.slot] == 0
+        ):
+            chain.append(node)
+            below, node = node, node.parent
+        return chain
+
+    def _drop_chain(self, chain: list[Node], slots: np.ndarray) -> int:
+        """Delete ``chain`` (a leaf, then its parent, ... each the only child of the next):
+        only the topmost node's parent keeps a reference to fix. Returns the bytes freed."""
+        if not chain:
+            return 0
+        top = chain[-1]
+        parent = top.parent
+        assert parent is not None
+        del parent.children[int(top.tokens[0])]
+        self.n_children[parent.slot] = len(parent.children)
+        tokens = sum(n.end - n.start for n in chain)
+        ckpts = sum(1 for n in chain if n.ckpt)
+        freed_kv, freed_ckpt = tokens * self.kv_per_token, ckpts * self.ckpt_bytes
+        self.kv_bytes -= freed_kv
+        self.ssm_bytes -= freed_ckpt
+        self.alive[slots] = False
+        self.node_bytes[slots] = 0.0
+        by_slot = self._by_slot
+        for node in chain:  # no parent <-> child cycles left for the cyclic GC to find
+            node.children.clear()
+        for slot in slots.tolist():
+            by_slot[slot] = None
+        self._free.extend(slots.tolist())
+        return freed_kv + freed_ckpt
 
     def _is_candidate(self, node: Node, inner: bool) -> bool:
         if node is self.root or self.pins[node.slot] > 0:

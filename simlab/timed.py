@@ -97,15 +97,21 @@ class Job:
     scheduled: float = math.nan
     first_token: float = math.nan
     finished: float = math.nan
+    input_tokens: int = field(init=False)  # req.input_tokens, read in every iteration
+    output_len: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.input_tokens = self.req.input_tokens
+        self.output_len = self.req.output_len
 
     @property
     def in_prefill(self) -> bool:
-        return self.prefilled < self.req.input_tokens
+        return self.prefilled < self.input_tokens
 
     @property
     def decode_left(self) -> int:
         """Decode steps still to run (the first output token comes with the prefill)."""
-        return max(self.req.output_len - 1 - self.decoded, 0)
+        return max(self.output_len - 1 - self.decoded, 0)
 
 
 @dataclass
@@ -278,7 +284,7 @@ class TimedEngine:
         chunk = self.settings.ssm_chunk
         if self.admission.page_size > 1:
             chunk = min(chunk, self.admission.page_size * job.unit)
-        start, stop = job.hit, job.req.input_tokens
+        start, stop = job.hit, job.input_tokens
         return [c for c in job.ckpt_tokens if start < c < stop and (c - start) % chunk]
 
     # ------------------------------------------------------------------ iterations
@@ -307,7 +313,7 @@ class TimedEngine:
 
     def _chunk_size(self, job: Job, budget: int) -> int:
         i = bisect.bisect_right(job.splits, job.prefilled)
-        stop = job.splits[i] if i < len(job.splits) else job.req.input_tokens
+        stop = job.splits[i] if i < len(job.splits) else job.input_tokens
         return min(budget, stop - job.prefilled)
 
     def _batch(self, chunks: list[tuple[Job, int]], decoders: list[Job]) -> BatchShape:
@@ -319,7 +325,7 @@ class TimedEngine:
         )
         batch = BatchShape(
             prefill=[(job.prefilled, take) for job, take in chunks],
-            decode=[j.req.input_tokens + j.decoded + 1 for j in decoders],
+            decode=[j.input_tokens + j.decoded + 1 for j in decoders],
             state_loads=loads if self.model.is_hybrid else 0,
             state_stores=stores if self.model.is_hybrid else 0,
         )
@@ -335,7 +341,7 @@ class TimedEngine:
         """Decode-only stretch until the first request finishes or a new one arrives."""
         decoders = [j for j in self.running if j.decode_left > 0]
         steps = min(j.decode_left for j in decoders)
-        contexts = np.array([j.req.input_tokens + j.decoded + 1 for j in decoders])
+        contexts = np.array([j.input_tokens + j.decoded + 1 for j in decoders])
         shared = shared_prefix_reads(decoders) if self.settings.shared_prefix_attention else 0
         ends = np.cumsum(self.cost.decode_span(contexts, steps, shared))
         start = self.env.now
