@@ -60,14 +60,22 @@ class Node:
 
     __slots__ = ("tokens", "key", "parent", "children", "start", "end", "ckpt", "slot", "nid")
 
-    def __init__(self, tokens: np.ndarray, parent: Node | None, start: int, slot: int, nid: int):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        parent: Node | None,
+        start: int,
+        slot: int,
+        nid: int,
+        ckpt: bool = False,
+    ):
         self.tokens = tokens
         self.key = tokens.tobytes()
         self.parent = parent
         self.children: dict[int, Node] = {}
         self.start = start
-        self.end = start + int(tokens.shape[0])
-        self.ckpt = False
+        self.end = start + len(tokens)
+        self.ckpt = ckpt
         self.slot = slot
         self.nid = nid
 
@@ -185,8 +193,7 @@ class PrefixCache:
         if not self._free:
             self._grow()
         slot = self._free.pop()
-        node = Node(tokens, parent, start, slot, self._next_nid)
-        node.ckpt = ckpt
+        node = Node(tokens, parent, start, slot, self._next_nid, ckpt)
         self._next_nid += 1
         self.alive[slot] = True
         self._by_slot[slot] = node
@@ -428,13 +435,14 @@ class PrefixCache:
         slots = [self._free.pop() for _ in stops]
         nid0 = self._next_nid
         self._next_nid += len(stops)
-        pos = start
-        for i, (stop, slot) in enumerate(zip(stops, slots, strict=True)):
-            node = Node(seq[pos:stop], parent, pos, slot, nid0 + i)
-            node.ckpt = i < len(ckpts)
-            parent.children[int(seq[pos])] = node
-            self._by_slot[slot] = node
-            parent, pos = node, stop
+        starts = [start, *stops[:-1]]
+        firsts = seq[starts].tolist()
+        by_slot, n_ckpt = self._by_slot, len(ckpts)
+        for i, slot in enumerate(slots):
+            node = Node(seq[starts[i] : stops[i]], parent, starts[i], slot, nid0 + i, i < n_ckpt)
+            parent.children[firsts[i]] = node
+            by_slot[slot] = node
+            parent = node
         idx = np.asarray(slots, dtype=np.int64)
         bounds = np.asarray([start, *stops], dtype=np.int64)
         lengths = np.diff(bounds)
@@ -625,8 +633,8 @@ class PrefixCache:
         assert parent is not None
         del parent.children[int(top.tokens[0])]
         self.n_children[parent.slot] = len(parent.children)
-        tokens = sum(n.end - n.start for n in chain)
-        ckpts = sum(1 for n in chain if n.ckpt)
+        tokens = chain[0].end - top.start  # contiguous: each node's parent is the next
+        ckpts = sum([n.ckpt for n in chain])
         freed_kv, freed_ckpt = tokens * self.kv_per_token, ckpts * self.ckpt_bytes
         self.kv_bytes -= freed_kv
         self.ssm_bytes -= freed_ckpt
