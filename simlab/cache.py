@@ -587,10 +587,10 @@ class PrefixCache:
         order as popping them one by one, with one scoring call and bulk bookkeeping per chain
         (fine-grained admission makes chains of hundreds of nodes). Relies on a static score
         not changing when a node's only child is evicted (``policies.base.EvictionPolicy``)."""
-        chain = self._leaf_chain(node)
+        chain, slot_list = self._leaf_chain(node)
         if not chain:
             return 0, 0
-        slots = np.fromiter((n.slot for n in chain), dtype=np.int64, count=len(chain))
+        slots = np.array(slot_list, dtype=np.int64)
         scores = np.asarray(policy.scores(self, slots), dtype=np.float64)
         nids = self.nids[slots]
         n = len(chain)
@@ -607,21 +607,22 @@ class PrefixCache:
             heapq.heappush(heap, (float(scores[n]), int(nids[n]), int(slots[n])))
         return self._drop_chain(chain[:n], slots[:n]), n
 
-    def _leaf_chain(self, node: Node | None) -> list[Node]:
+    def _leaf_chain(self, node: Node | None) -> tuple[list[Node], list[int]]:
         """``node`` (a leaf now) and the ancestors that would each become a leaf once the one
-        below is gone: unpinned, non-root, one child. Empty if ``node`` is not a candidate."""
+        below is gone (unpinned, non-root, one child), and their slots. Empty if ``node`` is
+        not a candidate."""
         chain: list[Node] = []
+        slots: list[int] = []
         root, pins = self.root, self.pins
-        below: Node | None = None
-        while (
-            node is not None
-            and node is not root
-            and len(node.children) == (0 if below is None else 1)
-            and pins[node.slot] == 0
-        ):
+        kids = 0
+        while node is not None and node is not root and len(node.children) == kids:
+            slot = node.slot
+            if pins[slot]:
+                break
             chain.append(node)
-            below, node = node, node.parent
-        return chain
+            slots.append(slot)
+            node, kids = node.parent, 1
+        return chain, slots
 
     def _drop_chain(self, chain: list[Node], slots: np.ndarray) -> int:
         """Delete ``chain`` (a leaf, then its parent, ... each the only child of the next):
