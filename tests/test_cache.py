@@ -193,3 +193,36 @@ TestCacheMachine.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def _block_chain(cache: PrefixCache, blocks: int, block: int = 4, first: int = 0) -> np.ndarray:
+    """Admit one sequence checkpointed every ``block`` tokens (a fine-grained chain)."""
+    tokens = np.arange(first, first + blocks * block, dtype=np.int32)
+    cache.insert(tokens, list(range(block, blocks * block + 1, block)), len(tokens), LRU())
+    return tokens
+
+
+def test_chain_eviction_stops_once_enough_is_freed():
+    per_block = 4 * HYBRID.kv_bytes_per_token + HYBRID.ssm_state_bytes
+    cache = PrefixCache(HYBRID, 40 * per_block)
+    tokens = _block_chain(cache, 30)
+    assert sum(1 for _ in cache.nodes()) == 30
+    freed, count = cache.evict(cache.free_bytes + 3.5 * per_block, LRU())
+    # the deepest 4 blocks go (3.5 blocks needed beyond what is free), tail first
+    assert (count, freed) == (4, 4 * per_block)
+    assert cache.lookup(tokens).hit == 26 * 4
+    cache.check_invariants()
+
+
+def test_chain_eviction_stops_at_a_pinned_node_and_at_a_fresher_leaf():
+    per_block = 4 * HYBRID.kv_bytes_per_token + HYBRID.ssm_state_bytes
+    cache = PrefixCache(HYBRID, 100 * per_block)
+    cache.now = 1.0
+    old = _block_chain(cache, 20)
+    cache.now = 2.0
+    new = _block_chain(cache, 10, first=1000)
+    cache.pin(cache.lookup(old[: 8 * 4 + 1]).hit_node)  # blocks 1..8 of the old chain
+    freed, count = cache.evict(math.inf, LRU())
+    assert count == 12 + 10  # the old chain down to the pin first, then the newer chain
+    assert cache.lookup(old).hit == 8 * 4 and cache.lookup(new).hit == 0
+    cache.check_invariants()
