@@ -34,6 +34,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -167,6 +168,22 @@ class Trace:
 def as_tokens(values: object) -> np.ndarray:
     """A token sequence as a contiguous int32 array (no copy when it already is one)."""
     return np.ascontiguousarray(np.asarray(values, dtype=TOKEN_DTYPE))
+
+
+def request_row(
+    session_id: int, turn: int, input_ids: Any, output_ids: Any, **refs: Any
+) -> dict[str, Any]:
+    """One canonical row: a request with its full output, arrival left to the arrival model
+    (NaN); ``refs`` are extra ``ref_*`` columns."""
+    return {
+        "session_id": session_id,
+        "turn": turn,
+        "arrival": float("nan"),
+        "input_ids": input_ids,
+        "output_ids": output_ids,
+        "output_len": len(output_ids),
+        **refs,
+    }
 
 
 def make_frame(rows: list[dict]) -> pd.DataFrame:

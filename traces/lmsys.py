@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from traces.cache import cached_trace, source_fingerprint
-from traces.format import Trace, make_frame
+from traces.format import Trace, make_frame, request_row
 from traces.jsonl import LineRecords, RecordError, get_int, get_list, get_str, json_object
 from traces.paths import TraceFileError
 from traces.sharegpt import request_positions
@@ -155,17 +155,15 @@ def build_lmsys(path: Path, sel: Selection, lenient: bool) -> Trace:
         sessions += 1
         for turn, (input_ids, output_ids) in enumerate(requests):
             rows.append(
-                {
-                    "session_id": session_id,
-                    "turn": turn,
-                    "arrival": float("nan"),
-                    "input_ids": input_ids,
-                    "output_ids": output_ids,
-                    "output_len": len(output_ids),
-                    "ref_conversation_id": conv.conversation_id,
-                    "ref_model": conv.model,
-                    "ref_language": conv.language,
-                }
+                request_row(
+                    session_id,
+                    turn,
+                    input_ids,
+                    output_ids,
+                    ref_conversation_id=conv.conversation_id,
+                    ref_model=conv.model,
+                    ref_language=conv.language,
+                )
             )
     records.log_summary()
     if not rows:

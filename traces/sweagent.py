@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 from traces.agent_history import AgentMessage, HistoryOptions, agent_requests, request_positions
 from traces.cache import cached_trace, source_fingerprint
-from traces.format import Trace, make_frame
+from traces.format import Trace, make_frame, request_row
 from traces.paths import TraceFileError
 from traces.sources import resolve_source
 from traces.tokenizer import TEMPLATE_VERSION, TOKENIZER_NAME, ChatRenderer
@@ -250,17 +250,15 @@ def session_rows(
         agent_requests(renderer, traj.messages, opts)
     ):
         rows.append(
-            {
-                "session_id": session_id,
-                "turn": turn,
-                "arrival": _NAN,
-                "input_ids": input_ids,
-                "output_ids": output_ids,
-                "output_len": len(output_ids),
-                "ref_instance_id": traj.instance_id,
-                "ref_exit_status": traj.exit_status,
-                "ref_execution_time": traj.execution_times[step_of[pos]] if aligned else _NAN,
-            }
+            request_row(
+                session_id,
+                turn,
+                input_ids,
+                output_ids,
+                ref_instance_id=traj.instance_id,
+                ref_exit_status=traj.exit_status,
+                ref_execution_time=traj.execution_times[step_of[pos]] if aligned else _NAN,
+            )
         )
     return rows
 

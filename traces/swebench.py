@@ -48,7 +48,7 @@ from typing import Any
 
 from traces.agent_history import AgentMessage, HistoryOptions, agent_requests
 from traces.cache import cached_trace, source_fingerprint
-from traces.format import Trace, make_frame
+from traces.format import Trace, make_frame, request_row
 from traces.paths import TraceFileError, require_file, resolve_data_dir
 from traces.sources import resolve_source
 from traces.tokenizer import TEMPLATE_VERSION, TOKENIZER_NAME, ChatRenderer
@@ -230,16 +230,14 @@ def session_rows(
         agent_requests(renderer, history, opts or HistoryOptions())
     ):
         rows.append(
-            {
-                "session_id": session_id,
-                "turn": turn,
-                "arrival": _NAN,
-                "input_ids": input_ids,
-                "output_ids": output_ids,
-                "output_len": len(output_ids),
-                "ref_instance_id": instance_id,
+            request_row(
+                session_id,
+                turn,
+                input_ids,
+                output_ids,
+                ref_instance_id=instance_id,
                 **_provider_figures(_response(messages[pos]), instance_id),
-            }
+            )
         )
     return rows
 

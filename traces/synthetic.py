@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from traces.format import TOKEN_DTYPE, Trace, make_frame
+from traces.format import TOKEN_DTYPE, Trace, make_frame, request_row
 
 log = logging.getLogger(__name__)
 
@@ -129,15 +129,9 @@ def _one_request_sessions(
     for session_id, i in enumerate(order):
         i = int(i)
         rows.append(
-            {
-                "session_id": session_id,
-                "turn": 0,
-                "arrival": float("nan"),
-                "input_ids": prompts[i],
-                "output_ids": outputs[i],
-                "output_len": len(outputs[i]),
-                **{f"ref_{k}": v[i] for k, v in refs.items()},
-            }
+            request_row(
+                session_id, 0, prompts[i], outputs[i], **{f"ref_{k}": v[i] for k, v in refs.items()}
+            )
         )
     return Trace(name=name, frame=make_frame(rows))
 
@@ -305,16 +299,7 @@ def chat_session_rows(
         reply = ids.piece(reply_len)
         if max_tokens is not None and len(prompt) + len(reply) > max_tokens:
             break
-        rows.append(
-            {
-                "session_id": session_id,
-                "turn": turn,
-                "arrival": float("nan"),
-                "input_ids": prompt,
-                "output_ids": reply,
-                "output_len": len(reply),
-            }
-        )
+        rows.append(request_row(session_id, turn, prompt, reply))
         history = np.concatenate((prompt, reply))
     return rows
 
