@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from simlab.cache import CacheImage, PrefixCache, pack, unpack
+from simlab.cache import PrefixCache
+from simlab.snapshot import CacheImage, pack, unpack
 
 if TYPE_CHECKING:
     from policies.base import AdmissionPolicy, EvictionPolicy

@@ -1,20 +1,82 @@
-"""The two plug-in protocols: admission (which SSM checkpoints to take) and eviction.
+"""The plug-in contract: admission (which SSM checkpoints to take) and eviction (what goes first).
 
-A policy is a small object behind one of these protocols and never owns the tree: the cache
-(:class:`simlab.cache.PrefixCache`) owns nodes, bytes, pins and evict-until-fits. Adding a policy
-touches two files: its module here and its ``configs/admission|eviction/*.yaml`` (``_target_``).
+A policy is a small object behind one of these classes and never owns the tree: the cache
+(:class:`simlab.cache.PrefixCache`) owns nodes, bytes, pins and evict-until-fits, and shows a
+policy only what :class:`CacheView` lists. Adding a policy touches two files: its module here and
+its ``configs/admission|eviction/*.yaml`` (``_target_``); the contract tests pick it up from the
+YAML.
+
+Every hook an engine or the cache calls is declared here, with a no-op default, so a policy
+overrides only what it needs and nothing is probed with ``getattr``:
+
+* ``prepare(requests)``: once per run, before the first request, with the whole request sequence
+  in processing order (a clairvoyant bound reads the future from it);
+* ``on_hit(cache, lookup)``: a request's input was matched (recency bookkeeping);
+* ``on_admit(cache, nodes)``: the cache created ``nodes`` (an admission's new tail, or the upper
+  half of a split edge);
+* ``on_evict(cache, nodes)``: the cache evicted ``nodes`` (or merged a one-child node into its
+  child); emitted by every eviction path, after the nodes left the tree, before their slots are
+  reused;
+* ``observe(cache, request, admitted)``: a request's sequence was admitted (after ``on_evict``);
+* ``summary()``: extra items for the policy's entry in ``summary.json``;
+* ``set_alpha(alpha)`` (:class:`Tunable`): the weight an alpha tuner (``simlab.tuning``) sets.
+
+This module imports nothing from ``simlab`` at run time: the simulator depends on the contract,
+never the other way round.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from simlab.cache import Lookup, PrefixCache
+    from simlab.cache import InsertResult, Lookup, Node
+    from simlab.model import ModelSpec
+    from traces.format import Request
+
+
+class TokenUnit:
+    """Marker of a parameter counted in tokens (see :data:`Tokens`)."""
+
+
+#: An admission parameter counted in tokens. Engines convert it to the trace's units (ids of
+#: ``unit_tokens`` tokens for hash-id traces) with :func:`in_units`; an ``int`` field without
+#: this type is taken as unit-free.
+Tokens = Annotated[int, TokenUnit]
+
+
+class CacheView(Protocol):
+    """What a policy may read of the cache (and the one thing it may do: :meth:`touch`).
+
+    Per-node arrays are indexed by ``node.slot``; a slot is reused after its node is evicted, so
+    per-slot state a policy keeps is validated by ``nids[slot]``.
+    """
+
+    model: ModelSpec
+    now: float  # the engine's logical clock (one tick per request)
+    hybrid: bool
+    page_size: int
+    unit: int  # tokens per id
+    kv_per_token: int  # KV bytes per id
+    ckpt_bytes: int  # bytes of one SSM checkpoint (0 for a pure Transformer)
+    root: Node
+    last_access: np.ndarray  # clock of the last touch (or creation)
+    nids: np.ndarray  # creation id of the node in each slot
+    alive: np.ndarray  # bool: the slot holds a node
+    pins: np.ndarray  # in-flight requests using the node
+    n_children: np.ndarray
+    node_bytes: np.ndarray  # KV of the node's edge plus its checkpoint
+    saved_flops: np.ndarray  # FLOPs that reusing the node saves beyond its parent
+
+    def touch(self, nodes: Sequence[Node]) -> None: ...
+
+    def node_at(self, slot: int) -> Node: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,45 +87,96 @@ class Admission:
     end: int
 
 
-class AdmissionPolicy(Protocol):
-    """Decides which SSM states of a request are checkpointed into the cache."""
+class AdmissionPolicy:
+    """Decides which SSM states of a request are checkpointed into the cache.
+
+    Subclasses are dataclasses; their :data:`Tokens` fields are converted to the trace's units.
+    """
 
     #: KV paging granularity this admission implies; Transformer hits round down to it.
-    page_size: int
+    page_size: int = 1
+
+    def prepare(self, requests: Sequence[Request]) -> None:
+        """Called once with every request, in processing order, before the first."""
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
         """Checkpoints for a request whose input matched ``lookup`` and whose full sequence
         (input + output) has ``seq_len`` tokens. Positions <= input_len are taken during
         prefill, the others at the end of decoding."""
-        ...
+        raise NotImplementedError
 
 
-class EvictionPolicy(Protocol):
-    """Scores a candidate set; the cache evicts the lowest score and goes on until it fits."""
+class EvictionPolicy:
+    """Scores a candidate set; the cache evicts the lowest score and goes on until it fits.
 
-    #: False: only leaves are candidates; True: nodes with at most one child too (merge on evict).
-    evicts_inner_nodes: bool
-    #: True when a node's score depends on the other candidates (e.g. min-max normalisation);
-    #: the cache then re-scores the whole set after every eviction. False promises static
-    #: scores: a node's score changes only when it is hit, admitted into or split, never because
-    #: other nodes (its only child included) are evicted; the cache then keeps a heap and
-    #: scores a chain of one-child ancestors in one call (checked against full re-scoring in
-    #: ``tests/test_policies.py`` for every shipped policy).
-    scores_depend_on_candidates: bool
+    ``evicts_inner_nodes``: False, only leaves are candidates; True, nodes with at most one
+    child too (evicting one merges its KV into the child and frees its checkpoint).
 
-    def on_hit(self, cache: PrefixCache, lookup: Lookup) -> None:
-        """Recency bookkeeping when a request's input has been matched."""
-        ...
+    ``scores_depend_on_candidates``: True when a node's score depends on the other candidates
+    (e.g. min-max normalisation); the cache then re-scores the whole set after every eviction.
+    False promises static scores: a node's score changes only when it is hit, admitted into or
+    split, never because other nodes (its only child included) are evicted; the cache then
+    keeps a heap and scores a chain of one-child ancestors in one call (checked against full
+    re-scoring in ``tests/test_policies.py`` for every shipped policy).
+    """
 
-    def scores(self, cache: PrefixCache, candidates: np.ndarray) -> np.ndarray:
+    evicts_inner_nodes: bool = False
+    scores_depend_on_candidates: bool = False
+
+    def prepare(self, requests: Sequence[Request]) -> None:
+        """Called once with every request, in processing order, before the first."""
+
+    def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
+        """A request's input has been matched (before its admission is planned)."""
+
+    def on_admit(self, cache: CacheView, nodes: Sequence[Node]) -> None:
+        """The cache created ``nodes``."""
+
+    def on_evict(self, cache: CacheView, nodes: Sequence[Node]) -> None:
+        """The cache evicted (or merged away) ``nodes``; their slots are not reused yet."""
+
+    def observe(self, cache: CacheView, request: Request, admitted: InsertResult) -> None:
+        """A request's sequence has been admitted."""
+
+    def summary(self) -> dict[str, Any]:
+        """Extra items for this policy's entry in ``summary.json``."""
+        return {}
+
+    def scores(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
         """One score per candidate slot; the lowest is evicted first (ties: oldest node)."""
-        ...
+        raise NotImplementedError
+
+
+@runtime_checkable
+class Tunable(Protocol):
+    """An eviction policy with a weight an alpha tuner may set between requests."""
+
+    alpha: float
+
+    def set_alpha(self, alpha: float) -> None: ...
+
+
+def overrides(policy: object, hook: str, base: type) -> bool:
+    """Whether ``policy`` has a ``hook`` other than ``base``'s no-op one (callers skip the
+    call otherwise)."""
+    method = getattr(policy, hook, None)
+    return method is not None and getattr(method, "__func__", None) is not getattr(base, hook)
+
+
+def token_fields(admission: AdmissionPolicy) -> tuple[str, ...]:
+    """Names of the admission's fields typed :data:`Tokens`."""
+    hints = typing.get_type_hints(type(admission), include_extras=True)
+    return tuple(
+        f.name
+        for f in dataclasses.fields(admission)  # type: ignore[arg-type]
+        if TokenUnit in getattr(hints.get(f.name), "__metadata__", ())
+    )
 
 
 def in_units(admission: AdmissionPolicy, unit_tokens: int) -> AdmissionPolicy:
-    """The admission with its token-valued parameters (``TOKEN_FIELDS``) converted to ids of
-    ``unit_tokens`` tokens (rounded, at least 1); unchanged for token traces."""
-    names = getattr(admission, "TOKEN_FIELDS", ())
+    """The admission with its :data:`Tokens` parameters converted to ids of ``unit_tokens``
+    tokens (rounded, at least 1); unchanged for token traces."""
+    names = token_fields(admission)
     if unit_tokens == 1 or not names:
         return admission
     scaled = {n: max(1, round(getattr(admission, n) / unit_tokens)) for n in names}
@@ -76,3 +189,17 @@ def min_max(values: np.ndarray) -> np.ndarray:
     if hi == lo:
         return np.ones_like(values)
     return (values - lo) / (hi - lo)
+
+
+__all__ = [
+    "Admission",
+    "AdmissionPolicy",
+    "CacheView",
+    "EvictionPolicy",
+    "Tokens",
+    "Tunable",
+    "in_units",
+    "min_max",
+    "overrides",
+    "token_fields",
+]

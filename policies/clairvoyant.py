@@ -25,7 +25,7 @@ the current tree (dropping an ancestor checkpoint now is not re-valued when a de
 goes), bytes are ignored (classic Belady), and admission is not bypassed (the new sequence is
 always admitted, as for every online policy). Without ``prepare`` the policy falls back to LRU.
 
-Speed: the future inputs form a :class:`simlab.global_prefix.BatchTrie`; a cache node's location
+Speed: the future inputs form a :class:`traces.trie.BatchTrie`; a cache node's location
 in it is memoised by node id (a node's end and path never change), the requests passing a
 location are one sorted-order range, and "next one at or after now" is a binary search in a
 lazily sorted copy of that range. Each candidate's next use is cached per slot and stays valid
@@ -47,8 +47,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from policies.base import CacheView, EvictionPolicy
 from simlab.cache import PrefixCache
-from simlab.global_prefix import BatchTrie, as_inputs
+from traces.trie import BatchTrie, as_inputs
 
 if TYPE_CHECKING:
     from simlab.cache import Lookup, Node
@@ -250,11 +251,11 @@ class _TokenUnits:
         return np.zeros(np.broadcast(prefix, new).shape)
 
 
-class _Admit:
+class _Admit(EvictionPolicy):
     evicts_inner_nodes = False
     scores_depend_on_candidates = False
 
-    def scores(self, cache: PrefixCache, candidates: np.ndarray) -> np.ndarray:
+    def scores(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
         raise AssertionError("an infinite cache never evicts")
 
 

@@ -29,112 +29,33 @@ wall clock.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from policies.base import EvictionPolicy, overrides
+from simlab import evictor
+from simlab.nodes import (
+    InsertPlan,
+    InsertResult,
+    Lookup,
+    Node,
+    plan_admission,
+    plan_bytes,
+    truncate,
+)
 
 if TYPE_CHECKING:
     from simlab.model import ModelSpec
 
+__all__ = ["InsertResult", "Lookup", "Node", "PrefixCache"]
+
 _TOKEN_BYTES = 4  # int32 token ids
 _INITIAL_SLOTS = 1024
 _BULK_MIN_NODES = 8  # chains longer than this get their per-node arrays filled in bulk
-
-
-class VictimScorer(Protocol):
-    """What the cache needs of an eviction policy (see ``policies.base.EvictionPolicy``)."""
-
-    evicts_inner_nodes: bool
-    scores_depend_on_candidates: bool
-
-    def scores(self, cache: PrefixCache, candidates: np.ndarray) -> np.ndarray: ...
-
-
-class Node:
-    """A radix-tree node; per-node numbers live in the cache's arrays at ``slot``."""
-
-    __slots__ = ("tokens", "key", "parent", "children", "start", "end", "ckpt", "slot", "nid")
-
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        parent: Node | None,
-        start: int,
-        slot: int,
-        nid: int,
-        ckpt: bool = False,
-    ):
-        self.tokens = tokens
-        self.key = tokens.tobytes()
-        self.parent = parent
-        self.children: dict[int, Node] = {}
-        self.start = start
-        self.end = start + len(tokens)
-        self.ckpt = ckpt
-        self.slot = slot
-        self.nid = nid
-
-    def __repr__(self) -> str:
-        return f"Node(nid={self.nid}, [{self.start},{self.end}), ckpt={self.ckpt})"
-
-
-@dataclass(slots=True)
-class Lookup:
-    """Result of matching an input against the tree.
-
-    ``matched`` is the longest cached prefix (may end inside ``partial``'s edge); ``hit`` the
-    reusable prefix under the model's hit rule; ``hit_node`` the deepest node whose state is
-    reused (None when ``hit == 0``); ``path`` the fully matched nodes, root excluded.
-    """
-
-    matched: int
-    hit: int
-    hit_node: Node | None
-    path: list[Node]
-    partial: Node | None
-
-    @property
-    def deepest(self) -> Node | None:
-        """Deepest node touched by the match (the partially matched one if any)."""
-        if self.partial is not None:
-            return self.partial
-        return self.path[-1] if self.path else None
-
-    def branch_point(self) -> int | None:
-        """Position where inserting the matched sequence would create an intermediate node."""
-        if self.partial is not None:
-            return self.matched
-        if self.path and self.path[-1].children and not self.path[-1].ckpt:
-            return self.matched
-        return None
-
-
-@dataclass(slots=True)
-class InsertResult:
-    """What an insertion admitted and what it cost."""
-
-    kv_bytes: int = 0
-    ssm_bytes: int = 0
-    ckpts: int = 0
-    admitted_end: int = 0
-    truncated: bool = False
-    evicted_bytes: int = 0
-    evicted_nodes: int = 0
-
-
-@dataclass(slots=True)
-class _Plan:
-    """Checkpoints to add on the existing path (``old``) and the new tail to append."""
-
-    matched: int
-    end: int
-    old_ckpts: list[int] = field(default_factory=list)
-    new_ckpts: list[int] = field(default_factory=list)
 
 
 class PrefixCache:
@@ -163,6 +84,7 @@ class PrefixCache:
         self.peak_ssm_bytes = 0
         self.peak_bytes = 0
         self._next_nid = 0
+        self._created: list[Node] | None = None  # nodes made by the insertion in progress
         self._alloc_arrays(_INITIAL_SLOTS)
         self.root = self._new_node(np.zeros(0, dtype=np.int32), None, 0)
 
@@ -202,6 +124,8 @@ class PrefixCache:
         self.pins[slot] = 0
         self.n_children[slot] = 0
         self._refresh_numbers(node)
+        if self._created is not None:
+            self._created.append(node)
         return node
 
     def _release(self, node: Node) -> None:
@@ -327,73 +251,49 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ insertion
     def insert(
-        self, seq: np.ndarray, ckpts: Sequence[int], end: int, policy: VictimScorer
+        self, seq: np.ndarray, ckpts: Sequence[int], end: int, policy: EvictionPolicy
     ) -> InsertResult:
         """Admit ``seq[:end]`` with SSM checkpoints at ``ckpts`` (positions in 1..end).
 
         For a hybrid model KV past the last checkpoint is useless and is not admitted. When the
         admission does not fit even after evicting every unpinned candidate, it is truncated to
-        the longest prefix that fits (never over capacity); ``truncated`` then says so.
+        the longest prefix that fits (never over capacity); ``truncated`` then says so. The
+        policy's ``on_admit`` hears of every node the insertion created (split halves
+        included), after its evictions.
         """
+        wants_nodes = overrides(policy, "on_admit", EvictionPolicy)
+        self._created = [] if wants_nodes else None
+        try:
+            result = self._insert(seq, ckpts, end, policy)
+            created = self._created
+        finally:
+            self._created = None
+        if created:
+            policy.on_admit(self, created)
+        return result
+
+    def _insert(
+        self, seq: np.ndarray, ckpts: Sequence[int], end: int, policy: EvictionPolicy
+    ) -> InsertResult:
         end = min(int(end), int(seq.shape[0]))
         path, matched, partial = self._walk(seq[:end])
-        plan = self._plan(path, matched, sorted({c for c in ckpts if 0 < c <= end}), end)
+        plan = plan_admission(self, path, matched, sorted({c for c in ckpts if 0 < c <= end}), end)
         deepest = partial if partial is not None else (path[-1] if path else None)
         result = InsertResult()
         with self.pinned(deepest):
-            need = self._plan_bytes(plan)
+            need = plan_bytes(self, plan)
             if need > self.free_bytes:
                 result.evicted_bytes, result.evicted_nodes = self.evict(need, policy)
             if need > self.free_bytes:
-                plan = self._truncate(plan, self.free_bytes)
+                plan = truncate(self, plan, self.free_bytes)
                 result.truncated = True
             self._apply(plan, path, partial, seq, result)
         self._note_peaks()
         return result
 
-    def _plan(self, path: list[Node], matched: int, ckpts: list[int], end: int) -> _Plan:
-        """Split the wanted checkpoints into those on cached tokens and those on the new tail."""
-        plan = _Plan(matched=matched, end=end)
-        if not self.hybrid:
-            if self.page_size > 1:
-                plan.end = max(matched, (end // self.page_size) * self.page_size)
-            return plan
-        present = {n.end for n in path if n.ckpt}
-        plan.old_ckpts = [c for c in ckpts if c <= matched and c not in present]
-        plan.new_ckpts = [c for c in ckpts if c > matched]
-        plan.end = plan.new_ckpts[-1] if plan.new_ckpts else matched
-        return plan
-
-    def _plan_bytes(self, plan: _Plan) -> int:
-        n_ckpt = len(plan.old_ckpts) + len(plan.new_ckpts)
-        return max(0, plan.end - plan.matched) * self.kv_per_token + n_ckpt * self.ckpt_bytes
-
-    def _truncate(self, plan: _Plan, budget: float) -> _Plan:
-        """Longest prefix of the plan whose bytes fit in ``budget``."""
-        old = []
-        for c in plan.old_ckpts:
-            if budget < self.ckpt_bytes:
-                break
-            budget -= self.ckpt_bytes
-            old.append(c)
-        cut = _Plan(matched=plan.matched, end=plan.matched, old_ckpts=old)
-        if not self.hybrid:
-            fit = int(budget // self.kv_per_token) if self.kv_per_token else plan.end
-            cut.end = min(plan.end, plan.matched + (fit // self.page_size) * self.page_size)
-            return cut
-        prev = plan.matched
-        for c in plan.new_ckpts:
-            cost = (c - prev) * self.kv_per_token + self.ckpt_bytes
-            if cost > budget:
-                break
-            budget -= cost
-            cut.new_ckpts.append(c)
-            cut.end = prev = c
-        return cut
-
     def _apply(
         self,
-        plan: _Plan,
+        plan: InsertPlan,
         path: list[Node],
         partial: Node | None,
         seq: np.ndarray,
@@ -433,6 +333,7 @@ class PrefixCache:
         while len(self._free) < len(stops):
             self._grow()
         slots = [self._free.pop() for _ in stops]
+        created = self._created
         nid0 = self._next_nid
         self._next_nid += len(stops)
         starts = [start, *stops[:-1]]
@@ -442,6 +343,8 @@ class PrefixCache:
             node = Node(seq[starts[i] : stops[i]], parent, starts[i], slot, nid0 + i, i < n_ckpt)
             parent.children[firsts[i]] = node
             by_slot[slot] = node
+            if created is not None:
+                created.append(node)
             parent = node
         idx = np.asarray(slots, dtype=np.int64)
         bounds = np.asarray([start, *stops], dtype=np.int64)
@@ -500,6 +403,15 @@ class PrefixCache:
         result.ckpts += 1
 
     # ------------------------------------------------------------------ eviction
+    def evict(self, need: float, policy: EvictionPolicy) -> tuple[int, int]:
+        """Evict until ``need`` bytes are free or nothing can go (:func:`simlab.evictor.evict`);
+        returns (bytes freed, nodes evicted)."""
+        return evictor.evict(self, need, policy)
+
+    def next_victim(self, policy: EvictionPolicy) -> Node | None:
+        """The candidate ``policy`` would evict next (:func:`simlab.evictor.next_victim`)."""
+        return evictor.next_victim(self, policy)
+
     def candidates(self, inner: bool) -> np.ndarray:
         """Slots of unpinned nodes that may be evicted: leaves, plus one-child nodes if ``inner``."""
         kids = self.n_children
@@ -507,147 +419,6 @@ class PrefixCache:
         mask = self.alive & (self.pins == 0) & ok
         mask[self.root.slot] = False
         return np.flatnonzero(mask)
-
-    def evict(self, need: float, policy: VictimScorer) -> tuple[int, int]:
-        """Evict the lowest-scored candidates until ``need`` bytes are free or none is left.
-
-        Ties go to the oldest node (smallest creation id). Scores that depend on the candidate
-        set (min-max normalisation) are recomputed after every eviction; otherwise a heap holds
-        the candidates and each popped entry is re-scored, so the order is still exact.
-        """
-        if need <= self.free_bytes:
-            return 0, 0
-        if policy.scores_depend_on_candidates:
-            return self._evict_rescoring(need, policy)
-        return self._evict_heap(need, policy)
-
-    def next_victim(self, policy: VictimScorer) -> Node | None:
-        """The candidate the policy scores lowest (ties: oldest node); None if there is none."""
-        cand = self.candidates(policy.evicts_inner_nodes)
-        if cand.size == 0:
-            return None
-        scores = policy.scores(self, cand)
-        tied = cand[scores == scores.min()]
-        slot = int(tied[np.argmin(self.nids[tied])]) if tied.size > 1 else int(tied[0])
-        return self.node_at(slot)
-
-    def _evict_rescoring(self, need: float, policy: VictimScorer) -> tuple[int, int]:
-        freed = count = 0
-        while need > self.free_bytes:
-            victim = self.next_victim(policy)
-            if victim is None:
-                break
-            freed += self._evict_node(victim)
-            count += 1
-        return freed, count
-
-    def _evict_heap(self, need: float, policy: VictimScorer) -> tuple[int, int]:
-        inner = policy.evicts_inner_nodes
-        cand = self.candidates(inner)
-        heap = list(
-            zip(
-                policy.scores(self, cand).tolist(),
-                self.nids[cand].tolist(),
-                cand.tolist(),
-                strict=True,
-            )
-        )
-        heapq.heapify(heap)
-        freed = count = 0
-        while need > self.free_bytes and heap:
-            score, nid, slot = heapq.heappop(heap)
-            node = self._by_slot[slot]
-            if node is None or node.nid != nid or not self._is_candidate(node, inner):
-                continue
-            if inner:  # a merge may have changed this node's score since it was pushed
-                now_score = float(policy.scores(self, np.array([slot]))[0])
-                if now_score != score:
-                    heapq.heappush(heap, (now_score, nid, slot))
-                    continue
-            parent, child = node.parent, next(iter(node.children.values()), None)
-            freed += self._evict_node(node)
-            count += 1
-            if child is None and not inner:  # its parent may go next: often a long chain
-                f, c = self._evict_up(parent, need, policy, heap)
-                freed, count = freed + f, count + c
-                continue
-            for other in (parent, child):
-                if other is not None and self._is_candidate(other, inner):
-                    s = float(policy.scores(self, np.array([other.slot]))[0])
-                    heapq.heappush(heap, (s, other.nid, other.slot))
-        return freed, count
-
-    def _evict_up(
-        self, node: Node | None, need: float, policy: VictimScorer, heap: list
-    ) -> tuple[int, int]:
-        """After a leaf's eviction, its ancestors that become leaves one after the other (a
-        chain: one child each, unpinned) are evicted at once while each scores below every heap
-        entry (the heap would pop it next: its top is a lower bound, stale entries included)
-        and bytes are still needed; the first one kept is pushed. The same victims in the same
-        order as popping them one by one, with one scoring call and bulk bookkeeping per chain
-        (fine-grained admission makes chains of hundreds of nodes). Relies on a static score
-        not changing when a node's only child is evicted (``policies.base.EvictionPolicy``)."""
-        chain, slot_list = self._leaf_chain(node)
-        if not chain:
-            return 0, 0
-        slots = np.array(slot_list, dtype=np.int64)
-        scores = np.asarray(policy.scores(self, slots), dtype=np.float64)
-        nids = self.nids[slots]
-        n = len(chain)
-        if heap:  # the victims: a prefix of the chain keyed below the heap's top
-            top_score, top_nid = heap[0][0], heap[0][1]
-            below = (scores < top_score) | ((scores == top_score) & (nids < top_nid))
-            n = int(np.argmin(below)) if not below.all() else n
-        deficit = need - (self.capacity - self.kv_bytes - self.ssm_bytes)
-        if n and deficit > 0:  # stop once enough is freed
-            n = min(n, int(np.searchsorted(np.cumsum(self.node_bytes[slots[:n]]), deficit)) + 1)
-        elif deficit <= 0:
-            n = 0
-        if n < len(chain):
-            heapq.heappush(heap, (float(scores[n]), int(nids[n]), int(slots[n])))
-        return self._drop_chain(chain[:n], slots[:n]), n
-
-    def _leaf_chain(self, node: Node | None) -> tuple[list[Node], list[int]]:
-        """``node`` (a leaf now) and the ancestors that would each become a leaf once the one
-        below is gone (unpinned, non-root, one child), and their slots. Empty if ``node`` is
-        not a candidate."""
-        chain: list[Node] = []
-        slots: list[int] = []
-        root, pins = self.root, self.pins
-        kids = 0
-        while node is not None and node is not root and len(node.children) == kids:
-            slot = node.slot
-            if pins[slot]:
-                break
-            chain.append(node)
-            slots.append(slot)
-            node, kids = node.parent, 1
-        return chain, slots
-
-    def _drop_chain(self, chain: list[Node], slots: np.ndarray) -> int:
-        """Delete ``chain`` (a leaf, then its parent, ... each the only child of the next):
-        only the topmost node's parent keeps a reference to fix. Returns the bytes freed."""
-        if not chain:
-            return 0
-        top = chain[-1]
-        parent = top.parent
-        assert parent is not None
-        del parent.children[int(top.tokens[0])]
-        self.n_children[parent.slot] = len(parent.children)
-        tokens = chain[0].end - top.start  # contiguous: each node's parent is the next
-        ckpts = sum([n.ckpt for n in chain])
-        freed_kv, freed_ckpt = tokens * self.kv_per_token, ckpts * self.ckpt_bytes
-        self.kv_bytes -= freed_kv
-        self.ssm_bytes -= freed_ckpt
-        self.alive[slots] = False
-        self.node_bytes[slots] = 0.0
-        by_slot = self._by_slot
-        for node in chain:  # no parent <-> child cycles left for the cyclic GC to find
-            node.children.clear()
-        for slot in slots.tolist():
-            by_slot[slot] = None
-        self._free.extend(slots.tolist())
-        return freed_kv + freed_ckpt
 
     def _is_candidate(self, node: Node, inner: bool) -> bool:
         if node is self.root or self.pins[node.slot] > 0:
@@ -723,76 +494,3 @@ class PrefixCache:
             self.ssm_bytes,
         )
         assert self.used_bytes <= self.capacity or math.isinf(self.capacity)
-
-
-# ---------------------------------------------------------------------- snapshots
-_NODE_REFS = ("parent", "children")
-
-
-@dataclass
-class CacheImage:
-    """A :class:`PrefixCache` as plain, picklable data (see the module docstring)."""
-
-    attrs: dict[str, Any]
-    nodes: list[dict[str, Any] | None]  # per slot: Node slot values, parent/children as slots
-    root: int
-
-
-def _copy_value(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    if isinstance(value, list | dict | set):
-        return type(value)(value)
-    return value
-
-
-def pack(cache: PrefixCache, clear_pins: bool = True) -> CacheImage:
-    """Freeze ``cache`` (O(nodes); token arrays shared, per-slot arrays copied)."""
-    attrs: dict[str, Any] = {}
-    for key, value in vars(cache).items():
-        if key in ("_by_slot", "root"):
-            continue
-        if isinstance(value, Node):
-            raise TypeError(f"PrefixCache.{key} holds a node; teach pack() about it")
-        attrs[key] = _copy_value(value)
-    if clear_pins:
-        attrs["pins"] = np.zeros_like(attrs["pins"])
-    rows: list[dict[str, Any] | None] = []
-    for node in cache._by_slot:
-        if node is None:
-            rows.append(None)
-            continue
-        row = {name: getattr(node, name) for name in Node.__slots__ if name not in _NODE_REFS}
-        row["parent"] = None if node.parent is None else node.parent.slot
-        row["children"] = {tok: child.slot for tok, child in node.children.items()}
-        rows.append(row)
-    return CacheImage(attrs, rows, cache.root.slot)
-
-
-def unpack(image: CacheImage) -> PrefixCache:
-    """A live cache equal to the packed one; the image stays reusable."""
-    cache = object.__new__(PrefixCache)
-    for key, value in image.attrs.items():
-        setattr(cache, key, _copy_value(value))
-    nodes: list[Node | None] = []
-    for row in image.nodes:
-        if row is None:
-            nodes.append(None)
-            continue
-        node = object.__new__(Node)
-        for name, value in row.items():
-            if name not in _NODE_REFS:
-                setattr(node, name, value)
-        nodes.append(node)
-    live = cast("list[Node]", nodes)  # rows of live nodes refer to live slots only
-    for maybe, row in zip(nodes, image.nodes, strict=True):
-        if maybe is None or row is None:
-            continue
-        parent = row["parent"]
-        maybe.parent = None if parent is None else live[parent]
-        maybe.children = {tok: live[slot] for tok, slot in row["children"].items()}
-    cache._by_slot = nodes
-    root = nodes[image.root]
-    assert root is not None
-    cache.root = root
-    return cache

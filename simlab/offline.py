@@ -1,6 +1,6 @@
 """Offline batches on the timed engine: BatchLLM's explicit global prefix vs the implicit cache.
 
-The whole batch arrives at t = 0 and is queued in the scheduler's order (``simlab.global_prefix``:
+The whole batch arrives at t = 0 and is queued in the scheduler's order (``simlab.batchllm``:
 BatchLLM groups ordered by ``R_group``, the threshold-sort heuristic, or a random order). For a
 group with a shared prefix, an engine-made *prefix job* prefills the prefix first (checkpointed at
 its end) and the group's members are held until it is done; the prefix stays pinned in the cache
@@ -55,7 +55,7 @@ class BatchFeeder:
     """The feeder process for :meth:`TimedEngine.run`: queues a planned batch at t = 0."""
 
     requests: Sequence[Request]
-    groups: Sequence[Any]  # simlab.global_prefix.Group: prefix_len, members (batch positions)
+    groups: Sequence[Any]  # simlab.batchllm.Group: prefix_len, members (batch positions)
     prefix_share: float = 0.5  # of the cache that pinned group prefixes may hold at once
     prefix_jobs: int = field(default=0, init=False)
 

@@ -26,10 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from policies.base import AdmissionPolicy, EvictionPolicy, in_units
 from policies.clairvoyant import infinite_cache_hits
+from simlab.batchllm import saving_ratio as plan_saving_ratio
 from simlab.cache import PrefixCache
 from simlab.config import ConfigError, RunSettings, run_settings
 from simlab.costmodel import Calibration, CostModel, Hardware
-from simlab.global_prefix import saving_ratio as plan_saving_ratio
 from simlab.model import ModelSpec
 from simlab.offline import BatchFeeder
 from simlab.offline import saving_ratio as batch_saving_ratio

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,26 @@ from traces.format import Trace, make_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+GOLDENS = ROOT / "tests" / "goldens"
+#: Set to 1 to rewrite the golden files from what the tests measure (after a reviewed change).
+UPDATE_GOLDENS_ENV = "SIMLAB_UPDATE_GOLDENS"
+
+
+def updating_goldens() -> bool:
+    """Whether this run rewrites the goldens (``SIMLAB_UPDATE_GOLDENS=1``)."""
+    return os.environ.get(UPDATE_GOLDENS_ENV) == "1"
+
+
+def golden_value(file: str, key: str, measured: int) -> int:
+    """The value pinned for ``key`` in ``tests/goldens/<file>`` (a flat JSON object); when
+    :func:`updating_goldens`, ``measured`` is pinned first (other keys are kept)."""
+    path = GOLDENS / file
+    table = json.loads(path.read_text()) if path.is_file() else {}
+    if updating_goldens():
+        table[key] = measured
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
+    return table[key]
 
 
 def model(name: str) -> ModelSpec:
@@ -56,6 +78,67 @@ def chat_trace(
             history = np.concatenate((prompt, reply))
             t += float(rng.exponential(3.0))
     return Trace(name=f"chat_fixture_{seed}", frame=make_frame(rows))
+
+
+def hot_prefix_trace(
+    seed: int = 0,
+    requests: int = 120,
+    hot_prefixes: int = 3,
+    questions: int = 2,
+    hot_every: int = 4,
+    hot_len: tuple[int, int] = (1000, 1600),
+    question_len: tuple[int, int] = (20, 60),
+    cold_len: tuple[int, int] = (400, 900),
+    output_len: tuple[int, int] = (20, 80),
+    vocab: int = 32_000,
+) -> Trace:
+    """A few hot shared prefixes (documents, system prompts) re-requested at long intervals,
+    interleaved with a stream of cold one-off sequences: a workload where recency matters.
+
+    Every ``hot_every``-th request asks one of ``questions`` fixed questions about one of
+    ``hot_prefixes`` long prefixes (both picked at random) and gets that question's fixed
+    answer (a popular question, answered the same way under greedy decoding); every other
+    request is a cold sequence of fresh random tokens, never seen again. One request per
+    session, arrivals one apart.
+
+    Why recency matters here: once a hot request has been seen, repeating it admits nothing
+    new, so the only trace it leaves in the cache is a hit on its path. A policy that refreshes
+    the path on a hit (LRU) keeps a prefix that is re-requested within the time the cold stream
+    takes to fill the cache; one that does not (FIFO) evicts it once the cold sequences
+    admitted after its first request fill the cache, then pays misses (and, for a hybrid
+    model, another request to checkpoint the branch point again) to get it back. A hot request
+    that always brought a new question would not tell the two apart: with leaf-only eviction
+    the new question's leaf, born at the hit, would protect its prefix under both.
+    """
+    rng = np.random.default_rng(seed)
+
+    def tokens(bounds: tuple[int, int]) -> np.ndarray:
+        return rng.integers(0, vocab, int(rng.integers(*bounds)), dtype=np.int32)
+
+    hot = [
+        [
+            (np.concatenate((prefix, tokens(question_len))), tokens(output_len))
+            for _ in range(questions)
+        ]
+        for prefix in [tokens(hot_len) for _ in range(hot_prefixes)]
+    ]
+    rows = []
+    for i in range(requests):
+        if i % hot_every == hot_every - 1:
+            prompt, reply = hot[int(rng.integers(hot_prefixes))][int(rng.integers(questions))]
+        else:
+            prompt, reply = tokens(cold_len), tokens(output_len)
+        rows.append(
+            dict(
+                session_id=i,
+                turn=0,
+                arrival=float(i),
+                input_ids=prompt,
+                output_ids=reply,
+                output_len=len(reply),
+            )
+        )
+    return Trace(name=f"hot_prefix_fixture_{seed}", frame=make_frame(rows))
 
 
 def ideal_hits(trace: Trace) -> list[int]:

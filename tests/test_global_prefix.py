@@ -1,4 +1,6 @@
-"""BatchLLM's explicit global prefix: the paper's saving ratios from its own workload definitions."""
+"""BatchLLM's planner (:mod:`simlab.batchllm`) and the batch trie (:mod:`traces.trie`): the paper's
+saving ratios from its own workload definitions. Schedules executed through a cache are tested on
+the offline engine in tests/test_offline.py."""
 
 from __future__ import annotations
 
@@ -8,27 +10,18 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from policies.judicious import Judicious
-from policies.lru import LRU
-from simlab.cache import PrefixCache
-from simlab.global_prefix import (
+from simlab.batchllm import (
     BatchLLM,
-    BatchTrie,
     RandomOrder,
     ThresholdSort,
-    common_prefix,
     maximize_reuse,
-    microbenchmark_batch,
+    mutable_tree,
     plan_batch,
     saving_ratio,
-    table3_batch,
     threshold_groups,
 )
-from simlab.global_prefix import _mutable_tree as mutable_tree
-from tests.fixtures import model
-
-LLAMA = model("llama3_8b")
-KV = LLAMA.kv_bytes_per_token
+from traces.synthetic import microbenchmark_batch, table3_batch
+from traces.trie import BatchTrie, common_prefix
 
 
 def exact(groups) -> Fraction:
@@ -54,6 +47,18 @@ def test_table3_batchllm_saving_ratio(table3):
     assert {g.prefix_len for g in groups} == {group_prefix}
     assert exact(groups) == 1 - Fraction(50 * (group_prefix + 128 * (1000 - group_prefix)), 6400000)
     assert f"{100 * saving_ratio(groups):.1f}" == paper
+    sub_prefix = 501 - group_prefix
+    two_level = Fraction(127 * group_prefix + 64 * sub_prefix, 128000)
+    assert 1 - Fraction(trie.multi_level_processed(), 6400000) == two_level > exact(groups)
+
+
+def test_schedulers_plan_a_partition_of_the_batch():
+    batch = microbenchmark_batch(100, 20, 4, n_prefixes=3)
+    for scheduler in (BatchLLM(), ThresholdSort(), RandomOrder(seed=3)):
+        groups = scheduler.plan(batch)
+        assert sorted(m for g in groups for m in g.members) == list(range(len(batch)))
+    assert RandomOrder(seed=3).plan(batch) == RandomOrder(seed=3).plan(batch)
+    assert saving_ratio(RandomOrder().plan(batch)) == 0.0
 
 
 def test_table3_threshold_heuristic_saving_ratio(table3):
@@ -88,42 +93,6 @@ def test_microbenchmark_upper_bounds(prefix_len, paper):
     assert len(groups) == 4
     assert exact(groups) == 1 - Fraction(prefix_len + 16 * 200, 16 * (prefix_len + 200))
     assert f"{100 * saving_ratio(groups):.1f}" == paper
-
-
-def test_batchllm_schedule_reaches_the_bound_through_a_small_cache():
-    """Executed through a PrefixCache that holds little more than one prefix and one request,
-    the pinned group prefix still gives the upper bound; the implicit LRU cache on the same batch
-    in random order loses most of it."""
-    batch = microbenchmark_batch(2000, 200, 16, n_prefixes=8)
-    bound = saving_ratio(plan_batch(batch))
-    cap = 3000 * KV
-    explicit = BatchLLM().run(batch, PrefixCache(LLAMA, cap), Judicious(), LRU())
-    implicit = RandomOrder(seed=0).run(batch, PrefixCache(LLAMA, cap), Judicious(), LRU())
-    assert explicit.saving_ratio == pytest.approx(bound, abs=1e-12)
-    assert implicit.saving_ratio < bound / 5
-    unlimited = RandomOrder(seed=0).run(batch, PrefixCache(LLAMA, math.inf), Judicious(), LRU())
-    assert unlimited.saving_ratio == pytest.approx(bound, abs=1e-12)  # nothing else to reuse
-
-
-def test_table3_schedules_through_a_finite_cache(table3):
-    """With room for ~20 prompts: BatchLLM keeps its first-level saving, and since a group's
-    members run in lexicographic order the LRU cache also reuses every sub-prefix: the multi-level
-    ideal, which only an infinite cache reaches in random order. The heuristic and random order
-    through the same cache do worse."""
-    _, _, batch, trie = table3
-    cap = 20000 * KV
-    runs = {
-        s.name: s.run(batch, PrefixCache(LLAMA, cap), Judicious(), LRU())
-        for s in (BatchLLM(), ThresholdSort(), RandomOrder(seed=1))
-    }
-    first_level = saving_ratio(plan_batch(batch, trie))
-    ideal = 1 - trie.multi_level_processed() / sum(len(s) for s in batch)
-    assert runs["batchllm"].saving_ratio == pytest.approx(ideal, abs=1e-12)
-    assert ideal > first_level
-    assert runs["batchllm"].saving_ratio > runs["threshold_sort"].saving_ratio
-    assert runs["threshold_sort"].saving_ratio > runs["random_order"].saving_ratio
-    unlimited = RandomOrder(seed=1).run(batch, PrefixCache(LLAMA, math.inf), Judicious(), LRU())
-    assert unlimited.saving_ratio == pytest.approx(ideal, abs=1e-12)
 
 
 def _seq(*parts):
@@ -191,17 +160,3 @@ def test_batch_trie_ranges_match_brute_force():
     members = sorted(trie.order[trie.lo[x] : trie.hi[x]].tolist())
     assert trie.next_in(trie.lo[x], trie.hi[x], members[1]) == members[1]
     assert trie.next_in(trie.lo[x], trie.hi[x], members[-1] + 1) == math.inf
-
-
-@pytest.mark.parametrize("name", ["batchllm", "threshold_sort", "random_order"])
-def test_offline_schedulers_are_selectable_by_config(name):
-    from hydra.utils import instantiate
-
-    from tests.fixtures import compose
-
-    scheduler = instantiate(compose([f"+offline={name}", "seed=3"]).offline)
-    assert scheduler.name == name
-    batch = microbenchmark_batch(100, 20, 4, n_prefixes=3)
-    result = scheduler.run(batch, PrefixCache(LLAMA, math.inf), Judicious(), LRU())
-    assert sorted(result.order) == list(range(len(batch)))
-    assert 0.0 < result.saving_ratio <= saving_ratio(plan_batch(batch)) + 1e-12

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from policies.fifo import FIFO
 from policies.flop_aware import FlopAware
 from policies.judicious import Judicious
 from policies.lru import LRU
 from simlab.cache import PrefixCache
 from simlab.records import records_frame
 from simlab.replay import replay
-from tests.fixtures import POLICIES, chat_trace, ideal_hits, model, policy_plugins
+from tests.fixtures import (
+    POLICIES,
+    chat_trace,
+    hot_prefix_trace,
+    ideal_hits,
+    model,
+    policy_plugins,
+    updating_goldens,
+)
 
 HYBRID = model("marconi_7b")
 LLAMA = model("llama3_8b")
@@ -32,7 +40,7 @@ def run(policy: str, trace, spec, capacity, overrides=None):
 
 
 def test_standard_policy_set_is_configured():
-    assert {"vllm_plus", "sglang_plus", "marconi"} <= set(POLICIES)
+    assert {"vllm_plus", "sglang_plus", "marconi", "fifo"} <= set(POLICIES)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -158,13 +166,32 @@ def test_judicious_round_down_alignment_moves_the_branch_checkpoint():
     assert Judicious(alignment="exact").plan(look, 505, 520).ckpts == [500, 520]
 
 
+#: Golden workloads: (key, trace, model, capacities in SSM checkpoints). The chat fixtures
+#: barely tell recency apart from admission order; the hot-prefix ones do (see
+#: :func:`tests.fixtures.hot_prefix_trace`), on a hybrid and on a pure Transformer.
+GOLDEN_WORKLOADS = [
+    *(
+        (f"chat{seed}", lambda seed=seed: chat_trace(seed=seed), HYBRID, (4, 15, 60))
+        for seed in (0, 1)
+    ),
+    *(
+        (f"hot{seed}", lambda seed=seed: hot_prefix_trace(seed), HYBRID, (15, 40, 60))
+        for seed in (0, 1)
+    ),
+    *(
+        (f"hot{seed}_llama", lambda seed=seed: hot_prefix_trace(seed), LLAMA, (40, 100))
+        for seed in (0, 1)
+    ),
+]
+
+
 def _golden_table() -> dict:
     table = {}
-    for policy in POLICIES:
-        for seed in (0, 1):
-            for cap in (4, 15, 60):
-                _, frame = run(policy, chat_trace(seed=seed), HYBRID, cap * CKPT)
-                table[f"{policy}/chat{seed}/{cap}ckpt"] = int(frame["hit_tokens"].sum())
+    for name, make_trace, spec, capacities in GOLDEN_WORKLOADS:
+        for policy in POLICIES:
+            for cap in capacities:
+                _, frame = run(policy, make_trace(), spec, cap * CKPT)
+                table[f"{policy}/{name}/{cap}ckpt"] = int(frame["hit_tokens"].sum())
     return table
 
 
@@ -172,10 +199,12 @@ def test_golden_hit_counts():
     """Golden hit tokens per (policy, fixture, capacity). After a reviewed semantic change,
     regenerate with SIMLAB_UPDATE_GOLDENS=1 and commit the diff of the JSON file."""
     table = _golden_table()
-    if os.environ.get("SIMLAB_UPDATE_GOLDENS") == "1":
+    if updating_goldens():
         GOLDENS.parent.mkdir(exist_ok=True)
         GOLDENS.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
-    assert table == json.loads(GOLDENS.read_text())
+    pinned = json.loads(GOLDENS.read_text())
+    changed = {k: (pinned.get(k), table.get(k)) for k in pinned.keys() | table.keys()}
+    assert {k: v for k, v in changed.items() if v[0] != v[1]} == {}  # key: (golden, now)
 
 
 class _Rescoring:
@@ -209,3 +238,82 @@ def test_heap_eviction_follows_the_rescoring_order(policy, capacity_ckpts):
     assert a["nodes_evicted"].sum() > 0
     assert a.equals(b)
     assert sorted(n.nid for n in fast.nodes()) == sorted(n.nid for n in slow.nodes())
+
+
+# --------------------------------------------------------------------------- FIFO vs recency
+def _eviction_order(cache, policy) -> list[int]:
+    """End positions of the nodes the policy evicts, one at a time, until none is left."""
+    order = []
+    cache.capacity = cache.used_bytes
+    while True:
+        before = {n.nid: n.end for n in cache.nodes()}
+        if cache.evict(cache.free_bytes + 1, policy)[1] == 0:
+            return order
+        after = {n.nid for n in cache.nodes()}
+        order += [end for nid, end in before.items() if nid not in after]
+
+
+def _split_tree(policy):
+    """t=1: A = 0..99; t=2: C (unrelated); t=3: B shares A's first 50 tokens (splits A);
+    t=4: A's whole input is hit again."""
+    cache = PrefixCache(LLAMA, math.inf)
+    a = np.arange(100, dtype=np.int32)
+    b = np.concatenate((a[:50], np.full(30, 7000, np.int32)))
+    c = np.full(60, 9000, np.int32)
+    for now, seq in enumerate((a, c, b), start=1):
+        cache.now = float(now)
+        policy.on_hit(cache, cache.lookup(seq))
+        cache.insert(seq, [], len(seq), policy)
+    cache.now = 4.0
+    policy.on_hit(cache, cache.lookup(np.append(a, np.int32(-1))))
+    return cache
+
+
+def test_fifo_split_keeps_the_age_of_the_tokens_and_a_hit_refreshes_nothing():
+    fifo = FIFO()
+    cache = _split_tree(fifo)
+    by_end = {(n.start, n.end): n for n in cache.nodes()}
+    scores = {k: float(fifo.scores(cache, np.array([n.slot]))[0]) for k, n in by_end.items()}
+    # A's halves [0, 50) and [50, 100) were born at 1 (the split at 3 and the hit at 4 change
+    # nothing), C at 2, B's new tail at 3.
+    assert scores == {(0, 50): 1.0, (50, 100): 1.0, (0, 60): 2.0, (50, 80): 3.0}
+    # FIFO: A's tail, C, B's tail, then A's head (a leaf now, and the oldest);
+    # LRU: the hit at 4 keeps both halves of A until last.
+    assert _eviction_order(cache, fifo) == [100, 60, 80, 50]
+    assert _eviction_order(_split_tree(LRU()), LRU()) == [60, 80, 100, 50]
+
+
+def test_fifo_never_leaks_a_birth_to_a_reused_slot():
+    fifo = FIFO()
+    cache = PrefixCache(LLAMA, math.inf)
+    cache.now = 1.0
+    cache.insert(np.arange(10, dtype=np.int32), [], 10, fifo)
+    (old,) = cache.nodes()
+    cache.capacity = cache.used_bytes
+    cache.evict(cache.free_bytes + 1, fifo)
+    cache.capacity = math.inf
+    cache.now = 7.0
+    cache.insert(np.full(10, 5, np.int32), [], 10, fifo)
+    (new,) = cache.nodes()
+    assert new.slot == old.slot and new.nid != old.nid
+    assert fifo.scores(cache, np.array([new.slot])).tolist() == [7.0]
+
+
+def _hot_and_cold_hits(policy, spec, capacity_ckpts, every=4):
+    _, frame = run(policy, hot_prefix_trace(0, hot_every=every), spec, capacity_ckpts * CKPT)
+    hits = frame["hit_tokens"].to_numpy()
+    hot = np.arange(len(hits)) % every == every - 1
+    return hits[hot], hits[~hot]
+
+
+@pytest.mark.parametrize(("spec", "capacity_ckpts"), [(HYBRID, 60), (LLAMA, 40)])
+def test_refreshing_on_a_hit_keeps_hot_prefixes_that_fifo_evicts(spec, capacity_ckpts):
+    """Hot prefixes re-requested among a stream of one-off sequences, in a cache that holds a
+    fraction of the stream: LRU (SGLang+) refreshes a hot prefix on every hit and keeps it;
+    FIFO evicts it once the cold sequences admitted after it fill the cache, and misses."""
+    lru_hot, lru_cold = _hot_and_cold_hits("sglang_plus", spec, capacity_ckpts)
+    fifo_hot, fifo_cold = _hot_and_cold_hits("fifo", spec, capacity_ckpts)
+    assert lru_cold.sum() == fifo_cold.sum() == 0  # one-off sequences never hit
+    assert ((lru_hot > 0) & (fifo_hot == 0)).any()  # FIFO lost hot prefixes LRU kept
+    assert ((fifo_hot > 0) <= (lru_hot > 0)).all()  # and kept none that LRU lost
+    assert lru_hot.sum() > fifo_hot.sum()

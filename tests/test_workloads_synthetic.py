@@ -17,11 +17,14 @@ from traces.format import Trace, make_frame
 from traces.paths import resolve_data_dir
 from traces.radix import RadixTree
 from traces.synthetic import (
+    BARE_VOCAB,
     CCQA_DATASETS,
     bounded_pareto,
     load_batchllm,
     load_ccqa,
     load_chat,
+    microbenchmark_batch,
+    table3_batch,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -189,6 +192,42 @@ def test_batchllm_is_seeded_and_outputs_follow_the_chosen_distribution() -> None
     assert 25.0 < draws.mean() < 27.0 and np.median(draws) == 16  # not the paper's 51.2 / 25
     unshuffled = load_batchllm(n_groups=2, shuffle=False)
     assert unshuffled.frame.sort_values("session_id")["ref_group"].is_monotonic_increasing
+
+
+def test_bare_batchllm_batches_are_the_prompts_of_load_batchllm() -> None:
+    """microbenchmark_batch / table3_batch (the planner tests' bare arrays) share the generator."""
+    pairs = [
+        (
+            microbenchmark_batch(30, 7, 4, n_prefixes=3, seed=2),
+            load_batchllm(
+                n_groups=3,
+                sharing_degree=4,
+                prefix_len=30,
+                distinct_len=7,
+                seed=2,
+                output_len=0,
+                vocab=BARE_VOCAB,
+            ),
+        ),
+        (
+            table3_batch(20, 5, 40, groups=3, subcategories=4, per_subcategory=2, seed=1),
+            load_batchllm(
+                n_groups=3,
+                n_subgroups=4,
+                sharing_degree=2,
+                prefix_len=20,
+                sub_prefix_len=5,
+                distinct_len=15,
+                seed=1,
+                output_len=0,
+                vocab=BARE_VOCAB,
+            ),
+        ),
+    ]
+    for batch, trace in pairs:
+        assert len(batch) == len(trace)
+        for a, b in zip(batch, trace.frame["input_ids"], strict=True):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
 # --- CCQA and chat ---------------------------------------------------------------------------

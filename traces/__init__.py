@@ -26,7 +26,8 @@ Loaders (selected by Hydra ``_target_`` in ``configs/trace/*.yaml``; no registry
 Support modules: :mod:`traces.tokenizer` (offline cl100k BPE and the per-message chat template),
 :mod:`traces.paths` (data/cache directories, missing-file errors), :mod:`traces.cache`
 (tokenized traces cached as parquet keyed by source and settings), :mod:`traces.arrivals`
-(Poisson session starts with exponential or trace-derived think times).
+(Poisson session starts with exponential or trace-derived think times), :mod:`traces.trie` (the
+static prefix trie of a request set, shared by the clairvoyant bound and the BatchLLM planner).
 
 Loaders accept and ignore unknown keyword arguments (such as the config's ``name``) and leave
 ``arrival`` as NaN; :func:`traces.arrivals.assign_arrivals` sets it.

@@ -23,6 +23,8 @@ session each, ``turn`` 0, numbered in arrival order; ``arrival`` is NaN):
   degree 16 = 15*2000/(16*2200) = 85.2%; Table 3 setting A (50 groups x 64 sub-groups x 2,
   490 + 11 + 499) = (127*490 + 64*11)/128000 = 49.2% (BatchLLM's first-level-only 48.6% leaves the
   11-token sub-prefixes to LRU), setting B (400 + 101 + 499) = 44.7% (first level 39.7%).
+  :func:`microbenchmark_batch` and :func:`table3_batch` draw the same prompts (shared
+  :func:`batchllm_prompts`) as bare token arrays for the planner tests.
   Note: the paper says its Pareto outputs (alpha 1.5, 10..512) have mean 51.2 and median 25;
   a Pareto(1.5) truncated to [10, 512] has mean ~25.9 and median ~15.9, so those figures do not
   follow from the stated distribution; the generator implements the stated distribution.
@@ -139,6 +141,37 @@ def _one_request_sessions(
 # --------------------------------------------------------------------------- BatchLLM
 
 
+def batchllm_prompts(
+    ids: ContentIds,
+    shape: tuple[int, int, int],
+    lengths: tuple[float, float, float],
+    perturb: str = "none",
+) -> tuple[list[np.ndarray], dict[str, list[Any]]]:
+    """Prompts of a BatchLLM batch in generation order, and their ``group``/``subgroup`` refs.
+
+    ``shape = (n_groups, n_subgroups, sharing_degree)``; ``lengths = (prefix_len, sub_prefix_len,
+    distinct_len)``, each perturbed per piece by :func:`perturbed`. Draws from ``ids.rng`` only.
+    """
+    n_groups, n_subgroups, sharing_degree = (int(n) for n in shape)
+    if min(n_groups, n_subgroups, sharing_degree) < 1:
+        raise ValueError("n_groups, n_subgroups and sharing_degree must be >= 1")
+    if sum(lengths) < 1:
+        raise ValueError("a prompt needs at least one token")
+    rng, (prefix_len, sub_prefix_len, distinct_len) = ids.rng, lengths
+    prompts: list[np.ndarray] = []
+    refs: dict[str, list[Any]] = {"group": [], "subgroup": []}
+    for g in range(n_groups):
+        group = ids.piece(perturbed(rng, prefix_len, perturb))
+        for s in range(n_subgroups):
+            sub = ids.piece(perturbed(rng, sub_prefix_len, perturb))
+            for _member in range(sharing_degree):
+                distinct = ids.piece(perturbed(rng, distinct_len, perturb))
+                prompts.append(np.concatenate((group, sub, distinct)))
+                refs["group"].append(g)
+                refs["subgroup"].append(g * n_subgroups + s)
+    return prompts, refs
+
+
 def load_batchllm(
     n_groups: int = 20,
     n_subgroups: int = 1,
@@ -159,23 +192,12 @@ def load_batchllm(
     **_: Any,
 ) -> Trace:
     """BatchLLM-style shared-prefix batch (see the module docstring)."""
-    if min(n_groups, n_subgroups, sharing_degree) < 1:
-        raise ValueError("n_groups, n_subgroups and sharing_degree must be >= 1")
-    if prefix_len + sub_prefix_len + distinct_len < 1:
-        raise ValueError("a prompt needs at least one token")
     rng = np.random.default_rng(seed)
     ids = ContentIds(rng, vocab)
-    prompts: list[np.ndarray] = []
-    refs: dict[str, list[Any]] = {"group": [], "subgroup": []}
-    for g in range(int(n_groups)):
-        group = ids.piece(perturbed(rng, prefix_len, perturb))
-        for s in range(int(n_subgroups)):
-            sub = ids.piece(perturbed(rng, sub_prefix_len, perturb))
-            for _member in range(int(sharing_degree)):
-                distinct = ids.piece(perturbed(rng, distinct_len, perturb))
-                prompts.append(np.concatenate((group, sub, distinct)))
-                refs["group"].append(g)
-                refs["subgroup"].append(g * int(n_subgroups) + s)
+    shape = (n_groups, n_subgroups, sharing_degree)
+    prompts, refs = batchllm_prompts(
+        ids, shape, (prefix_len, sub_prefix_len, distinct_len), perturb
+    )
     lengths = output_lengths(
         rng, len(prompts), output_dist, output_len, (pareto_shape, output_min, output_max)
     )
@@ -183,6 +205,47 @@ def load_batchllm(
     order = rng.permutation(len(prompts)) if shuffle else np.arange(len(prompts))
     log.info("batchllm: %d requests in %d groups", len(prompts), n_groups)
     return _one_request_sessions(str(name), prompts, outputs, refs, order)
+
+
+#: Vocabulary of the bare prompt batches below (tests pin saving ratios on their token arrays).
+BARE_VOCAB = 1 << 20
+
+
+def microbenchmark_batch(
+    prefix_len: int, distinct_len: int, sharing_degree: int, n_prefixes: int = 8, seed: int = 0
+) -> list[np.ndarray]:
+    """BatchLLM's microbenchmark (Sec. 4.2.1) as bare prompts: ``n_prefixes`` shared prefixes,
+    each followed by ``sharing_degree`` distinct prompts; shuffled. The same prompts, in the same
+    order, as :func:`load_batchllm` with ``n_groups=n_prefixes``, ``output_len=0`` and
+    ``vocab=BARE_VOCAB``."""
+    return _shuffled_prompts(seed, (n_prefixes, 1, sharing_degree), (prefix_len, 0, distinct_len))
+
+
+def table3_batch(
+    group_prefix: int,
+    sub_prefix: int,
+    prompt_len: int = 1000,
+    groups: int = 50,
+    subcategories: int = 64,
+    per_subcategory: int = 2,
+    seed: int = 0,
+) -> list[np.ndarray]:
+    """BatchLLM's Table 3 workload as bare prompts: ``group_prefix + sub_prefix + random_suffix``
+    of ``prompt_len`` tokens; 50 groups x 64 subcategories x 2 prompts = 6,400; shuffled. The
+    same prompts, in the same order, as :func:`load_batchllm` with ``n_groups=groups``,
+    ``n_subgroups=subcategories``, ``sharing_degree=per_subcategory``, ``output_len=0`` and
+    ``vocab=BARE_VOCAB`` (``configs/trace/batchllm_table3a``/``b`` with those overrides)."""
+    suffix = prompt_len - group_prefix - sub_prefix
+    shape = (groups, subcategories, per_subcategory)
+    return _shuffled_prompts(seed, shape, (group_prefix, sub_prefix, suffix))
+
+
+def _shuffled_prompts(
+    seed: int, shape: tuple[int, int, int], lengths: tuple[int, int, int]
+) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    prompts, _ = batchllm_prompts(ContentIds(rng, BARE_VOCAB), shape, lengths)
+    return [prompts[i] for i in rng.permutation(len(prompts))]
 
 
 # --------------------------------------------------------------------------- CCQA

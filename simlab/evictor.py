@@ -1,0 +1,200 @@
+"""Evict-until-fits for :class:`simlab.cache.PrefixCache`: which nodes go, in which order.
+
+The cache asks the eviction policy for scores (``policies.base.EvictionPolicy``) and evicts the
+lowest-scored candidate until the bytes needed are free or no candidate is left; ties go to the
+oldest node (smallest creation id). Two paths give the same victims in the same order:
+
+* **re-scoring** (``scores_depend_on_candidates``, e.g. min-max normalised scores): the whole
+  candidate set is scored again after every eviction;
+* **heap** (static scores): candidates are scored once into a heap; a popped entry is checked
+  against the node's current score, and after a leaf's eviction its chain of one-child
+  ancestors is scored in one call and evicted in bulk (fine-grained admission makes chains of
+  hundreds of nodes).
+
+Every path tells the policy what it evicted through ``on_evict`` (only when the policy
+overrides the no-op hook, so the hot path pays nothing otherwise).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from policies.base import EvictionPolicy, overrides
+
+if TYPE_CHECKING:
+    from simlab.cache import PrefixCache
+    from simlab.nodes import Node
+
+#: ``on_evict(cache, nodes)`` of a policy that wants eviction events.
+Listener = Callable[["PrefixCache", Sequence["Node"]], None]
+
+
+def eviction_listener(policy: EvictionPolicy) -> Listener | None:
+    """The policy's ``on_evict`` hook, or None when it keeps the no-op default."""
+    return policy.on_evict if overrides(policy, "on_evict", EvictionPolicy) else None
+
+
+def evict(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
+    """Evict the lowest-scored candidates until ``need`` bytes are free or none is left.
+
+    Ties go to the oldest node (smallest creation id). Scores that depend on the candidate
+    set (min-max normalisation) are recomputed after every eviction; otherwise a heap holds
+    the candidates and each popped entry is re-scored, so the order is still exact.
+    """
+    if need <= cache.free_bytes:
+        return 0, 0
+    if policy.scores_depend_on_candidates:
+        return _evict_rescoring(cache, need, policy)
+    return _evict_heap(cache, need, policy)
+
+
+def next_victim(cache: PrefixCache, policy: EvictionPolicy) -> Node | None:
+    """The candidate the policy scores lowest (ties: oldest node); None if there is none."""
+    cand = cache.candidates(policy.evicts_inner_nodes)
+    if cand.size == 0:
+        return None
+    scores = policy.scores(cache, cand)
+    tied = cand[scores == scores.min()]
+    slot = int(tied[np.argmin(cache.nids[tied])]) if tied.size > 1 else int(tied[0])
+    return cache.node_at(slot)
+
+
+def _evict_rescoring(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
+    freed = count = 0
+    notify = eviction_listener(policy)
+    while need > cache.free_bytes:
+        victim = next_victim(cache, policy)
+        if victim is None:
+            break
+        freed += cache._evict_node(victim)
+        count += 1
+        if notify is not None:
+            notify(cache, [victim])
+    return freed, count
+
+
+def _evict_heap(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
+    inner = policy.evicts_inner_nodes
+    cand = cache.candidates(inner)
+    heap = list(
+        zip(
+            policy.scores(cache, cand).tolist(),
+            cache.nids[cand].tolist(),
+            cand.tolist(),
+            strict=True,
+        )
+    )
+    heapq.heapify(heap)
+    notify = eviction_listener(policy)
+    freed = count = 0
+    while need > cache.free_bytes and heap:
+        score, nid, slot = heapq.heappop(heap)
+        node = cache._by_slot[slot]
+        if node is None or node.nid != nid or not cache._is_candidate(node, inner):
+            continue
+        if inner:  # a merge may have changed this node's score since it was pushed
+            now_score = float(policy.scores(cache, np.array([slot]))[0])
+            if now_score != score:
+                heapq.heappush(heap, (now_score, nid, slot))
+                continue
+        parent, child = node.parent, next(iter(node.children.values()), None)
+        freed += cache._evict_node(node)
+        count += 1
+        if notify is not None:
+            notify(cache, [node])
+        if child is None and not inner:  # its parent may go next: often a long chain
+            f, c = _evict_up(cache, parent, need, policy, heap, notify)
+            freed, count = freed + f, count + c
+            continue
+        for other in (parent, child):
+            if other is not None and cache._is_candidate(other, inner):
+                s = float(policy.scores(cache, np.array([other.slot]))[0])
+                heapq.heappush(heap, (s, other.nid, other.slot))
+    return freed, count
+
+
+def _evict_up(
+    cache: PrefixCache,
+    node: Node | None,
+    need: float,
+    policy: EvictionPolicy,
+    heap: list,
+    notify: Listener | None,
+) -> tuple[int, int]:
+    """After a leaf's eviction, its ancestors that become leaves one after the other (a
+    chain: one child each, unpinned) are evicted at once while each scores below every heap
+    entry (the heap would pop it next: its top is a lower bound, stale entries included)
+    and bytes are still needed; the first one kept is pushed. The same victims in the same
+    order as popping them one by one, with one scoring call and bulk bookkeeping per chain
+    (fine-grained admission makes chains of hundreds of nodes). Relies on a static score
+    not changing when a node's only child is evicted (``policies.base.EvictionPolicy``)."""
+    chain, slot_list = _leaf_chain(cache, node)
+    if not chain:
+        return 0, 0
+    slots = np.array(slot_list, dtype=np.int64)
+    scores = np.asarray(policy.scores(cache, slots), dtype=np.float64)
+    nids = cache.nids[slots]
+    n = len(chain)
+    if heap:  # the victims: a prefix of the chain keyed below the heap's top
+        top_score, top_nid = heap[0][0], heap[0][1]
+        below = (scores < top_score) | ((scores == top_score) & (nids < top_nid))
+        n = int(np.argmin(below)) if not below.all() else n
+    deficit = need - (cache.capacity - cache.kv_bytes - cache.ssm_bytes)
+    if n and deficit > 0:  # stop once enough is freed
+        n = min(n, int(np.searchsorted(np.cumsum(cache.node_bytes[slots[:n]]), deficit)) + 1)
+    elif deficit <= 0:
+        n = 0
+    if n < len(chain):
+        heapq.heappush(heap, (float(scores[n]), int(nids[n]), int(slots[n])))
+    freed = _drop_chain(cache, chain[:n], slots[:n])
+    if notify is not None and n:
+        notify(cache, chain[:n])
+    return freed, n
+
+
+def _leaf_chain(cache: PrefixCache, node: Node | None) -> tuple[list[Node], list[int]]:
+    """``node`` (a leaf now) and the ancestors that would each become a leaf once the one
+    below is gone (unpinned, non-root, one child), and their slots. Empty if ``node`` is
+    not a candidate."""
+    chain: list[Node] = []
+    slots: list[int] = []
+    root, pins = cache.root, cache.pins
+    kids = 0
+    while node is not None and node is not root and len(node.children) == kids:
+        slot = node.slot
+        if pins[slot]:
+            break
+        chain.append(node)
+        slots.append(slot)
+        node, kids = node.parent, 1
+    return chain, slots
+
+
+def _drop_chain(cache: PrefixCache, chain: list[Node], slots: np.ndarray) -> int:
+    """Delete ``chain`` (a leaf, then its parent, ... each the only child of the next):
+    only the topmost node's parent keeps a reference to fix. Returns the bytes freed."""
+    if not chain:
+        return 0
+    top = chain[-1]
+    parent = top.parent
+    assert parent is not None
+    del parent.children[int(top.tokens[0])]
+    cache.n_children[parent.slot] = len(parent.children)
+    tokens = chain[0].end - top.start  # contiguous: each node's parent is the next
+    ckpts = sum([n.ckpt for n in chain])
+    freed_kv, freed_ckpt = tokens * cache.kv_per_token, ckpts * cache.ckpt_bytes
+    cache.kv_bytes -= freed_kv
+    cache.ssm_bytes -= freed_ckpt
+    cache.alive[slots] = False
+    cache.node_bytes[slots] = 0.0
+    by_slot = cache._by_slot
+    for node in chain:  # no parent <-> child cycles left for the cyclic GC to find
+        node.children.clear()
+    for slot in slots.tolist():
+        by_slot[slot] = None
+    cache._free.extend(slots.tolist())
+    return freed_kv + freed_ckpt

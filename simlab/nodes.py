@@ -1,0 +1,150 @@
+"""The radix tree's nodes and what matching and insertion return (:mod:`simlab.cache`).
+
+A :class:`Node` holds its edge's token ids and its place in the tree; its per-node numbers
+(recency, pins, bytes, FLOPs saved) live in the cache's slot-indexed arrays at ``node.slot``.
+``node.start``/``node.end`` are the positions the edge covers, so ``node.end`` is the length of
+the prefix the node represents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+class Node:
+    """A radix-tree node; per-node numbers live in the cache's arrays at ``slot``."""
+
+    __slots__ = ("tokens", "key", "parent", "children", "start", "end", "ckpt", "slot", "nid")
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        parent: Node | None,
+        start: int,
+        slot: int,
+        nid: int,
+        ckpt: bool = False,
+    ):
+        self.tokens = tokens
+        self.key = tokens.tobytes()
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.start = start
+        self.end = start + len(tokens)
+        self.ckpt = ckpt
+        self.slot = slot
+        self.nid = nid
+
+    def __repr__(self) -> str:
+        return f"Node(nid={self.nid}, [{self.start},{self.end}), ckpt={self.ckpt})"
+
+
+@dataclass(slots=True)
+class Lookup:
+    """Result of matching an input against the tree.
+
+    ``matched`` is the longest cached prefix (may end inside ``partial``'s edge); ``hit`` the
+    reusable prefix under the model's hit rule; ``hit_node`` the deepest node whose state is
+    reused (None when ``hit == 0``); ``path`` the fully matched nodes, root excluded.
+    """
+
+    matched: int
+    hit: int
+    hit_node: Node | None
+    path: list[Node]
+    partial: Node | None
+
+    @property
+    def deepest(self) -> Node | None:
+        """Deepest node touched by the match (the partially matched one if any)."""
+        if self.partial is not None:
+            return self.partial
+        return self.path[-1] if self.path else None
+
+    def branch_point(self) -> int | None:
+        """Position where inserting the matched sequence would create an intermediate node."""
+        if self.partial is not None:
+            return self.matched
+        if self.path and self.path[-1].children and not self.path[-1].ckpt:
+            return self.matched
+        return None
+
+
+@dataclass(slots=True)
+class InsertResult:
+    """What an insertion admitted and what it cost."""
+
+    kv_bytes: int = 0
+    ssm_bytes: int = 0
+    ckpts: int = 0
+    admitted_end: int = 0
+    truncated: bool = False
+    evicted_bytes: int = 0
+    evicted_nodes: int = 0
+
+
+@dataclass(slots=True)
+class InsertPlan:
+    """Checkpoints to add on the existing path (``old``) and the new tail to append."""
+
+    matched: int
+    end: int
+    old_ckpts: list[int] = field(default_factory=list)
+    new_ckpts: list[int] = field(default_factory=list)
+
+
+class TreeShape(Protocol):
+    """What planning an insertion reads of the cache."""
+
+    hybrid: bool
+    page_size: int
+    kv_per_token: int
+    ckpt_bytes: int
+
+
+def plan_admission(
+    cache: TreeShape, path: list[Node], matched: int, ckpts: list[int], end: int
+) -> InsertPlan:
+    """Split the wanted checkpoints into those on cached tokens and those on the new tail."""
+    plan = InsertPlan(matched=matched, end=end)
+    if not cache.hybrid:
+        if cache.page_size > 1:
+            plan.end = max(matched, (end // cache.page_size) * cache.page_size)
+        return plan
+    present = {n.end for n in path if n.ckpt}
+    plan.old_ckpts = [c for c in ckpts if c <= matched and c not in present]
+    plan.new_ckpts = [c for c in ckpts if c > matched]
+    plan.end = plan.new_ckpts[-1] if plan.new_ckpts else matched
+    return plan
+
+
+def plan_bytes(cache: TreeShape, plan: InsertPlan) -> int:
+    n_ckpt = len(plan.old_ckpts) + len(plan.new_ckpts)
+    return max(0, plan.end - plan.matched) * cache.kv_per_token + n_ckpt * cache.ckpt_bytes
+
+
+def truncate(cache: TreeShape, plan: InsertPlan, budget: float) -> InsertPlan:
+    """Longest prefix of the plan whose bytes fit in ``budget``."""
+    old = []
+    for c in plan.old_ckpts:
+        if budget < cache.ckpt_bytes:
+            break
+        budget -= cache.ckpt_bytes
+        old.append(c)
+    cut = InsertPlan(matched=plan.matched, end=plan.matched, old_ckpts=old)
+    if not cache.hybrid:
+        fit = int(budget // cache.kv_per_token) if cache.kv_per_token else plan.end
+        cut.end = min(plan.end, plan.matched + (fit // cache.page_size) * cache.page_size)
+        return cut
+    prev = plan.matched
+    for c in plan.new_ckpts:
+        cost = (c - prev) * cache.kv_per_token + cache.ckpt_bytes
+        if cost > budget:
+            break
+        budget -= cost
+        cut.new_ckpts.append(c)
+        cut.end = prev = c
+    return cut
