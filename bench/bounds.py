@@ -14,10 +14,11 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from policies.clairvoyant import infinite_cache_hits
+from simlab.bounds import infinite_cache_hits
 from simlab.config import run_settings
 from simlab.model import ModelSpec
 from simlab.records import write_json_atomic
+from simlab.replay import ReplayEngine
 from simlab.simulate import load_trace, run_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,8 @@ def bench_case(trace: str, size_gb: float, requests: list, extra: list[str]) -> 
     for name in POLICIES:
         cfg = _cfg([f"trace={trace}", f"cache.size_gb={size_gb}", f"+policy={name}", *extra])
         settings = run_settings(cfg)
-        run = run_policy(name, cfg.policy, requests, ModelSpec.from_config(cfg.model), settings)
+        model = ModelSpec.from_config(cfg.model)
+        run = run_policy(name, cfg.policy, requests, model, settings, ReplayEngine())
         summary = run.summary
         rows[name] = {"token_hit_rate": summary["token_hit_rate"], "wall_s": summary["wall_s"]}
     bound = rows["clairvoyant"]["token_hit_rate"]

@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from simlab.config import run_settings
 from simlab.model import ModelSpec
 from simlab.records import write_json_atomic
-from simlab.simulate import build_engine_world, load_trace, run_policy
+from simlab.simulate import build_engine, load_trace, run_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {"sharegpt": ["cache.size_gb=2"], "swebench": ["cache.size_gb=60"]}
@@ -35,7 +35,7 @@ def bench_trace(
         )
     settings = run_settings(cfg)
     model = ModelSpec.from_config(cfg.model)
-    world = build_engine_world(settings, model, cfg.hardware)
+    engine = build_engine(cfg)
     t0 = time.perf_counter()
     requests = list(load_trace(cfg, settings).requests())
     load_s = time.perf_counter() - t0
@@ -43,7 +43,7 @@ def bench_trace(
     for name, pcfg in settings.policies.items():
         rates = []
         for _ in range(repeat):
-            summary = run_policy(name, pcfg, requests, model, settings, world).summary
+            summary = run_policy(name, pcfg, requests, model, settings, engine).summary
             rates.append(summary["requests_per_s"])
         out[name] = {
             "requests": len(requests),

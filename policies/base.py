@@ -93,8 +93,10 @@ class AdmissionPolicy:
     Subclasses are dataclasses; their :data:`Tokens` fields are converted to the trace's units.
     """
 
-    #: KV paging granularity this admission implies; Transformer hits round down to it.
-    page_size: int = 1
+    @property
+    def page_size(self) -> int:
+        """KV paging granularity this admission implies; Transformer hits round down to it."""
+        return 1
 
     def prepare(self, requests: Sequence[Request]) -> None:
         """Called once with every request, in processing order, before the first."""

@@ -1,4 +1,4 @@
-"""Clairvoyant eviction (Belady's farthest-next-use) on the prefix tree, and the infinite bound.
+"""Clairvoyant eviction (Belady's farthest-next-use) on the prefix tree.
 
 The policy is given the whole request sequence through ``prepare(requests)`` (the replay engine
 calls it; position ``i`` is processed at clock ``i + 1``, so while request ``i`` is admitted the
@@ -48,19 +48,17 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from policies.base import CacheView, EvictionPolicy
-from simlab.cache import PrefixCache
 from traces.trie import BatchTrie, as_inputs
 
 if TYPE_CHECKING:
-    from simlab.cache import Lookup, Node
-    from simlab.model import ModelSpec
+    from simlab.nodes import Lookup, Node
 
 INF = math.inf
 Location = tuple[int, int] | None
 
 
 @dataclass
-class Clairvoyant:
+class Clairvoyant(EvictionPolicy):
     """Belady on the prefix tree (see the module docstring). ``page_size``: KV page of the
     admission (Transformer hits round down to it; the cache's own page size also counts)."""
 
@@ -86,10 +84,10 @@ class Clairvoyant:
         self._gaps.clear()
         self._slot_state(0)
 
-    def on_hit(self, cache: PrefixCache, lookup: Lookup) -> None:
+    def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
         cache.touch(lookup.path)  # recency, for the fallback and the tie order only
 
-    def scores(self, cache: PrefixCache, candidates: np.ndarray) -> np.ndarray:
+    def scores(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
         """``-next_use`` per candidate (farthest next use lowest; never used = -inf)."""
         if self._trie is None:
             return cache.last_access[candidates]
@@ -116,7 +114,7 @@ class Clairvoyant:
         self._nu = np.zeros(n, dtype=np.float64)
         self._until = np.full(n, -INF)  # clock up to which ``_nu`` holds
 
-    def _next_uses(self, cache: PrefixCache, slots: np.ndarray) -> np.ndarray:
+    def _next_uses(self, cache: CacheView, slots: np.ndarray) -> np.ndarray:
         """Cached next uses; recomputed for slots whose node, child or next use has changed."""
         t = int(cache.now)
         dep = self._dep[slots]
@@ -137,7 +135,7 @@ class Clairvoyant:
             self._recompute(cache, cache.node_at(slot), t)
         return self._nu[slots]
 
-    def _recompute(self, cache: PrefixCache, node: Node, t: int) -> None:
+    def _recompute(self, cache: CacheView, node: Node, t: int) -> None:
         slot, dep = node.slot, -1
         if not node.children:
             nu = self._leaf_next_use(cache, node, t)
@@ -156,7 +154,7 @@ class Clairvoyant:
         self._dep[slot] = dep
 
     # ------------------------------------------------------------------ next uses
-    def _leaf_next_use(self, cache: PrefixCache, node: Node, t: int) -> float:
+    def _leaf_next_use(self, cache: CacheView, node: Node, t: int) -> float:
         trie = cast(BatchTrie, self._trie)
         if cache.hybrid:
             loc = self._loc(cache, node) if node.ckpt else None
@@ -169,7 +167,7 @@ class Clairvoyant:
         return INF if loc is None else trie.next_in(*trie.passing(*loc), t)
 
     # ------------------------------------------------------------------ inner nodes (hybrid)
-    def _inner_next_use(self, cache: PrefixCache, node: Node, t: int) -> float:
+    def _inner_next_use(self, cache: CacheView, node: Node, t: int) -> float:
         """Next future hit landing on ``node``'s checkpoint; -inf (keep) without checkpoint."""
         if not node.ckpt:
             return -INF
@@ -183,7 +181,7 @@ class Clairvoyant:
         return min((trie.next_in(lo, hi, t) for lo, hi in gaps), default=INF)
 
     def _landing_ranges(
-        self, cache: PrefixCache, node: Node, below: list[Node]
+        self, cache: CacheView, node: Node, below: list[Node]
     ) -> list[tuple[int, int]]:
         """Sorted-order ranges of the inputs passing ``node`` but none of ``below``."""
         trie = cast(BatchTrie, self._trie)
@@ -206,7 +204,7 @@ class Clairvoyant:
         return gaps
 
     # ------------------------------------------------------------------ locations
-    def _loc(self, cache: PrefixCache, node: Node) -> Location:
+    def _loc(self, cache: CacheView, node: Node) -> Location:
         """Where the path to ``node.end`` lies in the future's trie (None: no future input
         shares it). Memoised by node id: a node's end and path never change."""
         trie = cast(BatchTrie, self._trie)
@@ -233,47 +231,3 @@ def _first_checkpoints_below(node: Node) -> list[Node]:
         else:
             stack.extend(n.children.values())
     return out
-
-
-# --------------------------------------------------------------------------- infinite bound
-@dataclass(frozen=True)
-class _TokenUnits:
-    """The parts of a model a prefix cache needs, for a bytes-free token-level tree."""
-
-    kv_bytes_per_token: int = 1
-    ssm_state_bytes: int = 0
-    is_hybrid: bool = False
-
-    def prefill_flops(self, prefix: int, new: int) -> float:
-        return 0.0
-
-    def prefill_flops_array(self, prefix: np.ndarray, new: np.ndarray) -> np.ndarray:
-        return np.zeros(np.broadcast(prefix, new).shape)
-
-
-class _Admit(EvictionPolicy):
-    evicts_inner_nodes = False
-    scores_depend_on_candidates = False
-
-    def scores(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
-        raise AssertionError("an infinite cache never evicts")
-
-
-def infinite_cache_hits(requests: Sequence[Any], page_size: int = 1) -> list[int]:
-    """Ideal reuse: per request (in order) the longest prefix shared with any earlier input +
-    output, rounded down to ``page_size`` and capped at ``input length - 1``.
-
-    This is what an infinite cache gives a Transformer, and a hybrid whose every position is
-    checkpointed; no policy at any capacity can hit more.
-    """
-    model = cast("ModelSpec", _TokenUnits())
-    cache = PrefixCache(model, math.inf, page_size)
-    admit = _Admit()
-    hits = []
-    for req in requests:
-        seq = np.asarray(getattr(req, "input_ids", req))
-        hits.append(cache.lookup(seq, page_size).hit)
-        out = getattr(req, "output_ids", None)
-        full = seq if out is None or len(out) == 0 else np.concatenate((seq, out))
-        cache.insert(full, [], int(full.shape[0]), admit)
-    return hits

@@ -8,20 +8,17 @@ down to whole blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
-from policies.base import Admission
+from policies.base import Admission, AdmissionPolicy, Tokens
 
 if TYPE_CHECKING:
-    from simlab.cache import Lookup
+    from simlab.nodes import Lookup
 
 
 @dataclass
-class FineGrained:
-    #: parameters counted in tokens; engines convert them to the trace's units
-    TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ("block_size",)
-
-    block_size: int = 32
+class FineGrained(AdmissionPolicy):
+    block_size: Tokens = 32
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -23,14 +23,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from policies.base import CacheView, EvictionPolicy
 from policies.lfu import HitCounts, reused_nodes
 
 if TYPE_CHECKING:
-    from simlab.cache import Lookup, PrefixCache
+    from simlab.nodes import Lookup
 
 
 @dataclass
-class GDSF:
+class GDSF(EvictionPolicy):
     evicts_inner_nodes: bool = False
     scores_depend_on_candidates: bool = False
     inflation: float = field(default=0.0, init=False, compare=False)
@@ -42,7 +43,7 @@ class GDSF:
         default_factory=lambda: np.zeros(0), init=False, repr=False, compare=False
     )
 
-    def _sync(self, cache: PrefixCache) -> None:
+    def _sync(self, cache: CacheView) -> None:
         n = cache.nids.shape[0]
         if self._base.shape[0] < n:
             grow = n - self._base.shape[0]
@@ -54,14 +55,14 @@ class GDSF:
             self._last[gone] = -np.inf
         self._base[new] = self.inflation
 
-    def on_hit(self, cache: PrefixCache, lookup: Lookup) -> None:
+    def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
         self._sync(cache)
         cache.touch(lookup.path)
         for node in reused_nodes(lookup):
             self.counts.count[node.slot] += 1.0
             self._base[node.slot] = self.inflation
 
-    def scores(self, cache: PrefixCache, candidates: np.ndarray) -> np.ndarray:
+    def scores(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
         self._sync(cache)
         value = self.counts.count[candidates] * (
             cache.saved_flops[candidates] / cache.node_bytes[candidates]

@@ -4,26 +4,23 @@ plus branch points (as in judicious admission) and the state after the last deco
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
-from policies.base import Admission
+from policies.base import Admission, AdmissionPolicy, Tokens
 from policies.judicious import ALIGNMENTS, aligned
 
 if TYPE_CHECKING:
-    from simlab.cache import Lookup
+    from simlab.nodes import Lookup
 
 
 @dataclass
-class Interval:
-    #: parameters counted in tokens; engines convert them to the trace's units
-    TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ("interval", "chunk_size", "page_size")
-
-    interval: int = 256
+class Interval(AdmissionPolicy):
+    interval: Tokens = 256
     branch_points: bool = True
     last_token: bool = True
     alignment: str = "exact"
-    chunk_size: int = 256
-    page_size: int = 1
+    chunk_size: Tokens = 256
+    page_size: Tokens = 1
 
     def __post_init__(self) -> None:
         if self.interval < 1:

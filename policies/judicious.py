@@ -13,12 +13,12 @@ costing a second prefill pass) or rounded down to the previous chunk boundary
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
-from policies.base import Admission
+from policies.base import Admission, AdmissionPolicy, Tokens
 
 if TYPE_CHECKING:
-    from simlab.cache import Lookup
+    from simlab.nodes import Lookup
 
 ALIGNMENTS = ("exact", "round_down")
 
@@ -31,13 +31,10 @@ def aligned(pos: int, alignment: str, chunk_size: int) -> int:
 
 
 @dataclass
-class Judicious:
-    #: parameters counted in tokens; engines convert them to the trace's units
-    TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ("chunk_size", "page_size")
-
+class Judicious(AdmissionPolicy):
     alignment: str = "exact"
-    chunk_size: int = 256
-    page_size: int = 1
+    chunk_size: Tokens = 256
+    page_size: Tokens = 1
 
     def __post_init__(self) -> None:
         if self.alignment not in ALIGNMENTS:

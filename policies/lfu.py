@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from policies.base import CacheView, EvictionPolicy
+
 if TYPE_CHECKING:
-    from simlab.cache import Lookup, Node, PrefixCache
+    from simlab.nodes import Lookup, Node
 
 
 def reused_nodes(lookup: Lookup) -> list[Node]:
@@ -43,7 +45,7 @@ class HitCounts:
         default_factory=lambda: np.zeros(0, dtype=np.float64), repr=False, compare=False
     )
 
-    def sync(self, cache: PrefixCache) -> tuple[np.ndarray, np.ndarray]:
+    def sync(self, cache: CacheView) -> tuple[np.ndarray, np.ndarray]:
         """Forget nodes that are gone, start counting new ones; returns (gone, new) slots."""
         n = cache.nids.shape[0]
         if self.nid.shape[0] < n:
@@ -65,25 +67,25 @@ class HitCounts:
         self.nid[new] = cache.nids[new]
         return gone, new
 
-    def hit(self, cache: PrefixCache, nodes: list[Node]) -> None:
+    def hit(self, cache: CacheView, nodes: list[Node]) -> None:
         self.sync(cache)
         for node in nodes:
             self.count[node.slot] += 1.0
 
 
 @dataclass
-class LFU:
+class LFU(EvictionPolicy):
     """Least frequently used leaf first; equal counts: least recently used first."""
 
     evicts_inner_nodes: bool = False
     scores_depend_on_candidates: bool = False
     counts: HitCounts = field(default_factory=HitCounts, init=False, repr=False, compare=False)
 
-    def on_hit(self, cache: PrefixCache, lookup: Lookup) -> None:
+    def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
         cache.touch(lookup.path)
         self.counts.hit(cache, reused_nodes(lookup))
 
-    def scores(self, cache: PrefixCache, candidates: np.ndarray) -> np.ndarray:
+    def scores(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
         self.counts.sync(cache)
         recency = cache.last_access[candidates] / (cache.now + 1.0)  # in [0, 1): a tie-break
         return self.counts.count[candidates] + recency

@@ -7,19 +7,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from policies.base import CacheView, EvictionPolicy
+
 if TYPE_CHECKING:
-    from simlab.cache import Lookup, PrefixCache
+    from simlab.nodes import Lookup
 
 
 @dataclass
-class LRU:
+class LRU(EvictionPolicy):
     """Evict the least recently used leaf; its parent may become a leaf and go next."""
 
     evicts_inner_nodes: bool = False
     scores_depend_on_candidates: bool = False
 
-    def on_hit(self, cache: PrefixCache, lookup: Lookup) -> None:
+    def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
         cache.touch(lookup.path)
 
-    def scores(self, cache: PrefixCache, candidates: np.ndarray) -> np.ndarray:
+    def scores(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
         return cache.last_access[candidates]

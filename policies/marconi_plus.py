@@ -40,17 +40,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import min_max
+from policies.base import CacheView, EvictionPolicy, min_max
+from policies.flop_aware import checked_alpha
 from policies.lfu import HitCounts, reused_nodes
 
 if TYPE_CHECKING:
-    from simlab.cache import Lookup, PrefixCache
+    from simlab.nodes import Lookup
 
 RECENCY = ("linear", "inverse")
 
 
 @dataclass
-class MarconiPlus:
+class MarconiPlus(EvictionPolicy):
     alpha: float = 1.0
     recency: str = "linear"
     frequency: bool = False
@@ -86,19 +87,17 @@ class MarconiPlus:
 
     def set_alpha(self, alpha: float) -> None:
         """The re-tuning hook: the weight of FLOP efficiency against recency."""
-        if not (alpha >= 0.0 and np.isfinite(alpha)):
-            raise ValueError(f"policy.alpha must be a finite number >= 0, got {alpha}")
-        self.alpha = float(alpha)
+        self.alpha = checked_alpha(alpha)
 
     # ------------------------------------------------------------------ protocol
-    def on_hit(self, cache: PrefixCache, lookup: Lookup) -> None:
+    def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
         if lookup.hit_node is not None:
             cache.touch([lookup.hit_node])
         landed = [lookup.hit_node] if cache.hybrid else reused_nodes(lookup)
         self.counts.hit(cache, [n for n in landed if n is not None])
         self.landed.hit(cache, [lookup.hit_node] if lookup.hit_node is not None else [])
 
-    def scores(self, cache: PrefixCache, candidates: np.ndarray) -> np.ndarray:
+    def scores(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
         age = cache.now - cache.last_access[candidates]
         recency = -age if self.recency == "linear" else 1.0 / (1.0 + age)
         if self.alpha == 0.0:
@@ -110,7 +109,7 @@ class MarconiPlus:
         return out
 
     # ------------------------------------------------------------------ efficiency
-    def _efficiency(self, cache: PrefixCache, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _efficiency(self, cache: CacheView, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(FLOPs lost per byte freed, which candidates free anything)."""
         self._refresh(cache)
         inner = cache.n_children[cand] > 0
@@ -133,7 +132,7 @@ class MarconiPlus:
         eff[ok] = lost[ok] / per[ok]
         return eff, ok
 
-    def _checkpointed_ancestor(self, cache: PrefixCache, cand: np.ndarray) -> np.ndarray:
+    def _checkpointed_ancestor(self, cache: CacheView, cand: np.ndarray) -> np.ndarray:
         anc = self._parent[cand]
         need = ~self._ckpt[anc]
         while need.any():
@@ -141,7 +140,7 @@ class MarconiPlus:
             need = ~self._ckpt[anc]
         return anc
 
-    def _refresh(self, cache: PrefixCache) -> None:
+    def _refresh(self, cache: CacheView) -> None:
         """Update the per-slot mirrors for the slots whose node is new or changed."""
         self.counts.sync(cache)
         self.landed.sync(cache)

@@ -1,8 +1,9 @@
 """Typed views of the run configuration, validated before any work starts.
 
 Hydra composes the YAML tree (``configs/``); these dataclasses are what the engine reads, so a
-bad value (a zero cache, a negative rate, an unknown engine) fails here with a message naming
-the key, before a trace is loaded or a policy run.
+bad value (a zero cache, a negative rate) fails here with a message naming the key, before a
+trace is loaded or a policy run. The engine and the plug-ins validate their own parameters when
+they are instantiated (``simlab.simulate.build_engine`` / ``build_policy``), also before any work.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 GB = 1e9
-ENGINES = ("replay", "timed", "offline")
 ARRIVAL_MODES = ("poisson", "trace", "timestamps", "azure")
 
 
@@ -67,9 +67,7 @@ class RunSettings:
     seed: int
     cache: CacheSettings
     arrivals: ArrivalSettings
-    engine: str
     policies: dict[str, DictConfig]
-    engine_options: dict[str, Any]
 
 
 def _section(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -99,15 +97,9 @@ def run_settings(cfg: DictConfig) -> RunSettings:
     seed = cfg.get("seed", 0)
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    options = _section(cfg, "engine")
-    engine = str(options.pop("kind", None))
-    if engine not in ENGINES:
-        raise ConfigError(f"engine.kind must be one of {ENGINES}, got {engine!r}")
     return RunSettings(
         seed=seed,
         cache=CacheSettings(**_section(cfg, "cache")),
         arrivals=ArrivalSettings(**_section(cfg, "arrivals")),
-        engine=engine,
         policies=selected_policies(cfg),
-        engine_options=options,
     )

@@ -15,17 +15,42 @@ prefilled token, group prefixes included, and ``N_logical`` the batch's input to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from simlab.timed import Job, TimedEngine
+from simlab.batchllm import Group
+from simlab.batchllm import saving_ratio as plan_saving_ratio
+from simlab.engine import EngineRun
+from simlab.step import RequestStep
+from simlab.timed import Job, TimedEngine, TimedWorld
 from traces.format import Request
 
 #: Group prefixes are engine-made requests; their ids are negative so they never clash.
 PREFIX_ID_BASE = -1
+
+
+@dataclass(frozen=True)
+class OfflineEngine(TimedEngine):
+    """``engine=offline``: the timed engine fed a planned batch at t = 0 (``scheduler``: a
+    :mod:`simlab.batchllm` scheduler with ``plan(requests) -> groups`` and a ``name``)."""
+
+    name: str = "offline"
+    scheduler: Any = None
+    prefix_share: float = 0.5  # of the cache that pinned group prefixes may hold at once
+
+    def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
+        groups = self.scheduler.plan(requests)
+        world = self.world(requests, step)
+        records = world.run(BatchFeeder(requests, groups, self.prefix_share))
+        extras = world.stats.summary(len(records)) | {
+            "scheduler": self.scheduler.name,
+            "saving_ratio": saving_ratio(world, requests),
+            "plan_saving_ratio": plan_saving_ratio(groups),
+        }
+        return EngineRun(records, extras, world.stats.occupancy)
 
 
 @dataclass
@@ -37,56 +62,83 @@ class _GroupPin:
     finished: Any  # simpy event: the group's last member completed
     node: Any = None
 
-    def prefix_done(self, job: Job, engine: TimedEngine) -> None:
+    def prefix_done(self, world: TimedWorld) -> None:
         probe = np.append(self.prefix, np.int32(-1))  # so a hit may cover the whole prefix
-        self.node = engine.cache.lookup(probe).hit_node
-        engine.cache.pin(self.node)
+        self.node = world.cache.lookup(probe).hit_node
+        world.cache.pin(self.node)
 
-    def member_done(self, engine: TimedEngine) -> None:
+    def member_done(self, world: TimedWorld) -> None:
         self.remaining -= 1
         if self.remaining == 0:
             if self.node is not None:
-                engine.cache.unpin(self.node)
+                world.cache.unpin(self.node)
             self.finished.succeed()
 
 
 @dataclass
+class _Hold:
+    """What the feeder knows of one of its jobs."""
+
+    after: Any = None  # simpy event the job waits for (its group's prefix job)
+    pin: _GroupPin | None = None  # its group's prefix pin
+    prefix: bool = False  # an engine-made prefix job (no record)
+
+
+@dataclass
 class BatchFeeder:
-    """The feeder process for :meth:`TimedEngine.run`: queues a planned batch at t = 0."""
+    """The :class:`simlab.timed.Feeder` of a planned batch: queued at t = 0, group by group."""
 
     requests: Sequence[Request]
-    groups: Sequence[Any]  # simlab.batchllm.Group: prefix_len, members (batch positions)
-    prefix_share: float = 0.5  # of the cache that pinned group prefixes may hold at once
+    groups: Sequence[Group]
+    prefix_share: float = 0.5
     prefix_jobs: int = field(default=0, init=False)
+    _holds: dict[int, _Hold] = field(default_factory=dict, init=False)  # by request id
+    _world: TimedWorld | None = field(default=None, init=False)
 
-    def __call__(self, engine: TimedEngine):
+    def processes(self, world: TimedWorld) -> list[Generator[Any, Any, None]]:
+        self._world = world
+        return [self._queue_batch(world)]
+
+    def ready(self, job: Job) -> bool:
+        hold = self._holds.get(job.req.request_id)
+        return hold is None or hold.after is None or hold.after.triggered
+
+    def finished(self, job: Job) -> bool:
+        hold = self._holds.get(job.req.request_id)
+        if hold is None or hold.pin is None:
+            return True
+        assert self._world is not None
+        if hold.prefix:
+            hold.pin.prefix_done(self._world)
+            return False
+        hold.pin.member_done(self._world)
+        return True
+
+    def _queue_batch(self, world: TimedWorld) -> Generator[Any, Any, None]:
+        env = world.env
         pins: list[_GroupPin] = []
-        budget = self.prefix_share * engine.cache.capacity
+        budget = self.prefix_share * world.cache.capacity
         for group in self.groups:
-            after = None
-            pin = None
             members = [self.requests[i] for i in group.members]
+            hold = _Hold()
             if group.prefix_len and len(members) > 1:
                 prefix = members[0].input_ids[: group.prefix_len]
-                pin = _GroupPin(prefix, len(members), engine.env.event())
-                after = self._submit_prefix(
-                    engine, pin, self._oldest_live(pins, pin, budget, engine)
-                ).done
-                pins.append(pin)
+                hold.pin = _GroupPin(prefix, len(members), env.event())
+                older = self._oldest_live(pins, hold.pin, budget, world)
+                hold.after = self._submit_prefix(world, hold.pin, older).done
+                pins.append(hold.pin)
             for req in members:
-                job = Job(req=req, arrival=engine.env.now, done=engine.env.event(), after=after)
-                if pin is not None:
-                    job.on_finish = lambda _job, p=pin: p.member_done(engine)
-                engine.submit(job)
-        yield engine.env.timeout(0)
+                self._holds[req.request_id] = hold
+                world.submit(Job(req=req, arrival=env.now, done=env.event()))
+        yield env.timeout(0)
 
     @staticmethod
     def _oldest_live(
-        pins: list[_GroupPin], new: _GroupPin, budget: float, engine: TimedEngine
+        pins: list[_GroupPin], new: _GroupPin, budget: float, world: TimedWorld
     ) -> _GroupPin | None:
         """The group that must finish before ``new``'s prefix is cached: the newest one whose
         departure brings the live prefixes (newest first, ``new`` included) within ``budget``."""
-        per_id = engine.cache.kv_per_token
+        per_id = world.cache.kv_per_token
         held = len(new.prefix) * per_id
         for older in reversed(pins):
             held += len(older.prefix) * per_id
@@ -94,24 +146,24 @@ class BatchFeeder:
                 return older
         return None
 
-    def _submit_prefix(self, engine: TimedEngine, pin: _GroupPin, older: _GroupPin | None) -> Job:
+    def _submit_prefix(self, world: TimedWorld, pin: _GroupPin, older: _GroupPin | None) -> Job:
         self.prefix_jobs += 1
+        rid = PREFIX_ID_BASE - self.prefix_jobs
         req = Request(
-            request_id=PREFIX_ID_BASE - self.prefix_jobs,
-            session_id=PREFIX_ID_BASE - self.prefix_jobs,
+            request_id=rid,
+            session_id=rid,
             turn=0,
-            arrival=engine.env.now,
+            arrival=world.env.now,
             input_ids=pin.prefix,
             output_ids=np.zeros(0, dtype=np.int32),
             output_len=0,
         )
-        job = Job(req=req, arrival=engine.env.now, done=engine.env.event(), internal=True)
-        job.after = older.finished if older is not None else None
-        job.on_finish = lambda finished: pin.prefix_done(finished, engine)
-        return engine.submit(job)
+        after = older.finished if older is not None else None
+        self._holds[rid] = _Hold(after=after, pin=pin, prefix=True)
+        return world.submit(Job(req=req, arrival=world.env.now, done=world.env.event()))
 
 
-def saving_ratio(engine: TimedEngine, requests: Sequence[Request]) -> float:
+def saving_ratio(world: TimedWorld, requests: Sequence[Request]) -> float:
     """BatchLLM Eq. 1 over what the engine actually prefilled."""
     logical = sum(req.input_tokens for req in requests)
-    return 1.0 - engine.stats.prefill_tokens / logical if logical else 0.0
+    return 1.0 - world.stats.prefill_tokens / logical if logical else 0.0

@@ -17,11 +17,13 @@ Each iteration's duration comes from the cost model. Stretches where only decodi
 nothing changes are simulated as one event (their step durations are summed in closed form) and
 cut short when a request arrives, so the event count grows with requests, not tokens.
 
-The prefix cache's clock is logical: it advances by one at every lookup, so recency is the same
-order-based quantity as in the replay engine (at low load both engines take identical decisions).
-An eviction policy's optional ``observe(cache, request, admission)`` hook is called after each
-admission (at completion), as in the replay engine: a learning policy (Marconi's alpha tuning)
-sees requests in completion order, the logical request order of the cache's admissions.
+What happens to a request against the cache is the one request step's
+(:class:`simlab.step.RequestStep`): started when it is scheduled, finished when it completes. The
+cache's clock is logical (one tick per started request), so recency is the same order-based
+quantity as in the replay engine (at low load both engines take identical decisions); the
+``observe`` hooks and controllers (alpha tuning) see requests in completion order, the logical
+order of the cache's admissions. Requests come from a :class:`Feeder`: chat sessions here, a
+planned batch in :mod:`simlab.offline`.
 """
 
 from __future__ import annotations
@@ -29,17 +31,20 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import simpy
 
-from policies.base import AdmissionPolicy, EvictionPolicy
-from simlab.cache import Node, PrefixCache
-from simlab.costmodel import BatchShape, CostModel
+from simlab.config import ConfigError
+from simlab.costmodel import BatchShape, Calibration, CostModel, Hardware
+from simlab.engine import EngineRun
+from simlab.model import ModelSpec
+from simlab.nodes import Node
 from simlab.records import RequestRecord
+from simlab.step import RequestStep, Started, Timing
 from traces.format import Request
 
 TOKENS_PER_WORD = 1.33  # cl100k on English prose; converts tokens to words for typing time
@@ -72,6 +77,22 @@ class TimedSettings:
             raise ValueError(f"engine.typing_wpm must be > 0 or null, got {self.typing_wpm!r}")
 
 
+class Feeder(Protocol):
+    """Where a timed world's requests come from (chat sessions, or an offline batch).
+
+    ``processes(world)``: SimPy generators that submit jobs; the world ends once they all
+    returned and every submitted job completed. ``ready(job)``: whether a queued job may be
+    scheduled now (FCFS: a job that is not ready holds the queue). ``finished(job)``: called
+    after a job's admission; False for engine-made work that gets no record of its own.
+    """
+
+    def processes(self, world: TimedWorld) -> list[Generator[Any, Any, None]]: ...
+
+    def ready(self, job: Job) -> bool: ...
+
+    def finished(self, job: Job) -> bool: ...
+
+
 @dataclass
 class Job:
     """A request in the system; times in simulated seconds (NaN until they happen)."""
@@ -79,21 +100,15 @@ class Job:
     req: Request
     arrival: float
     done: simpy.Event
+    started: Started | None = None  # the request step's state, from scheduling on
     seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    unit: int = 1  # tokens per id of the trace
     hit: int = 0  # tokens
-    matched: int = 0  # tokens
     hit_node: Node | None = None
-    ckpts: list[int] = field(default_factory=list)  # ids (tree positions)
-    end: int = 0  # ids
     ckpt_tokens: list[int] = field(default_factory=list)  # checkpoint positions in tokens
     splits: list[int] = field(default_factory=list)  # tokens
     prefilled: int = 0  # tokens
     decoded: int = 0
     reserved: float = 0.0
-    after: simpy.Event | None = None  # not scheduled before this event (offline group prefixes)
-    internal: bool = False  # engine-made work (a group prefix): no record of its own
-    on_finish: Callable[[Job], None] | None = None  # called right after its admission
     scheduled: float = math.nan
     first_token: float = math.nan
     finished: float = math.nan
@@ -127,23 +142,101 @@ class EngineStats:
     last_departure: float = 0.0
     occupancy: list[tuple[float, int, int]] = field(default_factory=list)
 
+    def summary(self, n_requests: int) -> dict[str, Any]:
+        """GPU busy fraction and the queue's time-average length (Little's law: = rate x
+        delay)."""
+        span = self.last_departure - self.first_arrival
+        return {
+            "gpu_busy_frac": self.busy / span if span > 0 else 0.0,
+            "mean_queue_len": self.queue_area / span if span > 0 else 0.0,
+            "arrival_rate": n_requests / span if span > 0 else 0.0,
+            "iterations": self.iterations,
+        }
 
-class TimedEngine:
+
+@dataclass(frozen=True)
+class TimedEngine(TimedSettings):
+    """``engine=timed``: the settings plus the GPU (``hardware``, ``tp``, ``calibration``), with
+    chat sessions as the feeder; :meth:`run` simulates one policy in a fresh world."""
+
+    hardware: Any = None  # Hardware or its config mapping (``${hardware}``)
+    name: str = "timed"
+    tp: int = 1
+    calibration: str | None = None  # gpu_validate calibration JSON
+    _calibration: Calibration | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        try:
+            super().__post_init__()
+            if self.hardware is None:
+                raise ValueError("engine.hardware is missing")
+            if not isinstance(self.hardware, Hardware):
+                object.__setattr__(self, "hardware", Hardware.from_config(self.hardware))
+            if not (isinstance(self.tp, int) and self.tp >= 1):
+                raise ValueError(f"engine.tp must be an integer >= 1, got {self.tp!r}")
+            calibration = Calibration.load(self.calibration) if self.calibration else None
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"engine/hardware: {err}") from err
+        object.__setattr__(self, "_calibration", calibration)
+
+    def cost_model(self, model: ModelSpec) -> CostModel:
+        return CostModel(model, self.hardware, self._calibration, self.tp)
+
+    def world(self, requests: Sequence[Request], step: RequestStep) -> TimedWorld:
+        return TimedWorld(requests, step, self.cost_model(step.cache.model), self)
+
+    def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
+        world = self.world(requests, step)
+        records = world.run(SessionFeeder(requests, self.typing_wpm))
+        return EngineRun(records, world.stats.summary(len(records)), world.stats.occupancy)
+
+
+@dataclass
+class SessionFeeder:
+    """Chat sessions: request ``k+1`` of a session arrives a think time after request ``k``
+    completes (see the module docstring)."""
+
+    requests: Sequence[Request]
+    typing_wpm: float | None = None
+
+    def processes(self, world: TimedWorld) -> list[Generator[Any, Any, None]]:
+        return [self._session(world, turns) for turns in _sessions(self.requests)]
+
+    def ready(self, job: Job) -> bool:
+        return True
+
+    def finished(self, job: Job) -> bool:
+        return True
+
+    def _session(self, world: TimedWorld, turns: list[Request]) -> Generator[Any, Any, None]:
+        env = world.env
+        yield env.timeout(turns[0].arrival)
+        for k, req in enumerate(turns):
+            if k:
+                yield env.timeout(self._think(turns[k - 1], req))
+            yield world.submit(Job(req=req, arrival=env.now, done=env.event())).done
+
+    def _think(self, prev: Request, req: Request) -> float:
+        """Gap between a request's completion and the session's next request."""
+        if self.typing_wpm is None:
+            return max(req.arrival - prev.arrival, 0.0)
+        new_tokens = max(req.input_tokens - prev.input_tokens - prev.output_len, 0)
+        return new_tokens / TOKENS_PER_WORD / self.typing_wpm * 60.0
+
+
+class TimedWorld:
     """One run of the timed world for one policy; see the module docstring."""
 
     def __init__(
         self,
-        requests: list[Request],
-        cache: PrefixCache,
-        admission: AdmissionPolicy,
-        eviction: EvictionPolicy,
+        requests: Sequence[Request],
+        step: RequestStep,
         cost: CostModel,
         settings: TimedSettings,
-        policy: str,
     ):
-        self.cache, self.admission, self.eviction = cache, admission, eviction
-        self.cost, self.settings, self.policy = cost, settings, policy
-        self.model = cache.model
+        self.step, self.cache = step, step.cache
+        self.cost, self.settings = cost, settings
+        self.model = step.cache.model
         self.env = simpy.Environment()
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
@@ -152,24 +245,17 @@ class TimedEngine:
         self.memory_free = settings.running_memory_gb * 1e9
         self._queue_changed = 0.0
         self._wakeup = self.env.event()
-        self._sessions = _sessions(requests)
-        self._open_sessions = len(self._sessions)
-        self._observe = getattr(eviction, "observe", None)
-        for plugin in (admission, eviction):
-            prepare = getattr(plugin, "prepare", None)
-            if prepare is not None:
-                prepare(sorted(requests, key=lambda r: (r.arrival, r.session_id, r.turn)))
+        self._open_sources = 0
+        self._feeder: Feeder = SessionFeeder(requests)
+        step.prepare(sorted(requests, key=lambda r: (r.arrival, r.session_id, r.turn)))
 
     # ------------------------------------------------------------------ world
-    def run(self, feeder: Any = None) -> list[RequestRecord]:
-        """Simulate until every request completed; ``feeder`` (a generator function taking the
-        engine) replaces the session processes, e.g. an offline batch (``simlab.offline``)."""
-        if feeder is None:
-            for turns in self._sessions:
-                self.env.process(self._session(turns))
-        else:
-            self._open_sessions = 1
-            self.env.process(self._feed(feeder))
+    def run(self, feeder: Feeder) -> list[RequestRecord]:
+        """Simulate until every request the feeder submits completed."""
+        self._feeder = feeder
+        for process in feeder.processes(self):
+            self._open_sources += 1
+            self.env.process(self._source(process))
         self.env.process(self._gpu())
         self.env.run()
         stuck = len(self.waiting) + len(self.running)
@@ -178,17 +264,9 @@ class TimedEngine:
         self.records.sort(key=lambda r: (r.arrival, r.session_id, r.turn))
         return self.records
 
-    def _session(self, turns: list[Request]):
-        yield self.env.timeout(turns[0].arrival)
-        for k, req in enumerate(turns):
-            if k:
-                yield self.env.timeout(self._think(turns[k - 1], req))
-            yield self.submit(Job(req=req, arrival=self.env.now, done=self.env.event())).done
-        self._open_sessions -= 1
-
-    def _feed(self, feeder: Any):
-        yield from feeder(self)
-        self._open_sessions -= 1
+    def _source(self, process: Generator[Any, Any, None]) -> Generator[Any, Any, None]:
+        yield from process
+        self._open_sources -= 1
 
     def submit(self, job: Job) -> Job:
         """Queue a job (FCFS) and wake the GPU."""
@@ -199,13 +277,6 @@ class TimedEngine:
             self._wakeup.succeed()
         return job
 
-    def _think(self, prev: Request, req: Request) -> float:
-        """Gap between a request's completion and the session's next request."""
-        if self.settings.typing_wpm is None:
-            return max(req.arrival - prev.arrival, 0.0)
-        new_tokens = max(req.input_tokens - prev.input_tokens - prev.output_len, 0)
-        return new_tokens / TOKENS_PER_WORD / self.settings.typing_wpm * 60.0
-
     def _note_queue(self) -> None:
         """Accumulate the time integral of the queue length (call before it changes)."""
         now = self.env.now
@@ -213,7 +284,7 @@ class TimedEngine:
         self._queue_changed = now
 
     # ------------------------------------------------------------------ GPU
-    def _gpu(self):
+    def _gpu(self) -> Generator[Any, Any, None]:
         env = self.env
         while True:
             self._schedule()
@@ -230,14 +301,14 @@ class TimedEngine:
             self._complete_finished()
 
     def _no_more_arrivals(self) -> bool:
-        return not self.waiting and self._open_sessions == 0
+        return not self.waiting and self._open_sources == 0
 
     # ------------------------------------------------------------------ scheduling
     def _schedule(self) -> None:
         """Move queued requests into the running set while the limits allow (FCFS)."""
         while self.waiting and len(self.running) < self.settings.max_running:
             job = self.waiting[0]
-            if job.after is not None and not job.after.triggered:
+            if not self._feeder.ready(job):
                 return
             need = self._reservation(job)
             if need > self.memory_free and self.running:
@@ -253,23 +324,14 @@ class TimedEngine:
         return tokens * self.model.kv_bytes_per_token + self.model.ssm_state_bytes
 
     def _start(self, job: Job, need: float) -> None:
-        cache, req = self.cache, job.req
-        cache.now += 1.0
-        lookup = cache.lookup(req.input_ids, self.admission.page_size)
-        self.eviction.on_hit(cache, lookup)
-        job.seq = req.full_sequence()
-        plan = self.admission.plan(lookup, req.input_len, int(job.seq.shape[0]))
-        job.unit = cache.unit
-        job.hit, job.matched = req.hit_tokens(lookup.hit), req.hit_tokens(lookup.matched)
-        job.hit_node = lookup.hit_node
-        job.ckpts, job.end = plan.ckpts, plan.end
-        job.ckpt_tokens = [c * job.unit for c in plan.ckpts]
+        started = job.started = self.step.start(job.req)
+        job.seq, job.hit, job.hit_node = started.seq, started.hit, started.lookup.hit_node
+        job.ckpt_tokens = [c * self.cache.unit for c in started.plan.ckpts]
         job.splits = self._prefill_splits(job)
         job.prefilled = job.hit
         job.reserved = need - job.hit * self.model.kv_bytes_per_token
         self.memory_free -= job.reserved
         job.scheduled = self.env.now
-        cache.pin(job.hit_node)
         self.running.append(job)
 
     def _prefill_splits(self, job: Job) -> list[int]:
@@ -282,8 +344,9 @@ class TimedEngine:
         if not (self.settings.ckpt_split and self.model.is_hybrid):
             return []
         chunk = self.settings.ssm_chunk
-        if self.admission.page_size > 1:
-            chunk = min(chunk, self.admission.page_size * job.unit)
+        page = self.step.admission.page_size
+        if page > 1:
+            chunk = min(chunk, page * self.cache.unit)
         start, stop = job.hit, job.input_tokens
         return [c for c in job.ckpt_tokens if start < c < stop and (c - start) % chunk]
 
@@ -367,61 +430,26 @@ class TimedEngine:
             self._finish(job)
 
     def _finish(self, job: Job) -> None:
-        cache = self.cache
+        assert job.started is not None
         job.finished = self.env.now
-        admitted = cache.insert(job.seq, job.ckpts, job.end, self.eviction)
-        cache.unpin(job.hit_node)
-        if job.on_finish is not None:
-            job.on_finish(job)
-        if self._observe is not None:
-            self._observe(cache, job.req, self.admission)
-        self.memory_free += job.reserved
-        self.stats.last_departure = max(self.stats.last_departure, job.finished)
-        self.stats.occupancy.append((job.finished, cache.kv_bytes, cache.ssm_bytes))
-        self.stats.prefill_tokens += job.req.input_tokens - job.hit
-        if not job.internal:
-            self.records.append(self._record(job, admitted))
-        job.done.succeed()
-
-    def _record(self, job: Job, admitted: Any) -> RequestRecord:
-        req, model = job.req, self.model
-        tpot = (
-            (job.finished - job.first_token) / (req.output_len - 1)
-            if req.output_len > 1
-            else math.nan
-        )
-        return RequestRecord(
-            policy=self.policy,
-            request_id=req.request_id,
-            session_id=req.session_id,
-            turn=req.turn,
+        timing = Timing(
             arrival=job.arrival,
-            input_tokens=req.input_tokens,
-            output_tokens=req.output_len,
-            matched_tokens=job.matched,
-            hit_tokens=job.hit,
-            prefill_flops=model.prefill_flops(0, req.input_tokens),
-            flops_saved=model.prefill_flops(0, job.hit) if job.hit else 0.0,
-            kv_bytes_admitted=admitted.kv_bytes,
-            ssm_bytes_admitted=admitted.ssm_bytes,
-            ckpts_admitted=admitted.ckpts,
-            bytes_evicted=admitted.evicted_bytes,
-            nodes_evicted=admitted.evicted_nodes,
-            admission_truncated=admitted.truncated,
-            cache_kv_bytes=self.cache.kv_bytes,
-            cache_ssm_bytes=self.cache.ssm_bytes,
             scheduled=job.scheduled,
             first_token=job.first_token,
             finished=job.finished,
-            ttft=job.first_token - job.arrival,
-            queue_delay=job.scheduled - job.arrival,
-            tpot=tpot,
-            e2e=job.finished - job.arrival,
-            prefill_time=self.cost.prefill_time(job.hit, req.input_tokens - job.hit),
+            prefill_time=self.cost.prefill_time(job.hit, job.input_tokens - job.hit),
         )
+        record = self.step.finish(job.started, timing)
+        if self._feeder.finished(job):
+            self.records.append(record)
+        self.memory_free += job.reserved
+        self.stats.last_departure = max(self.stats.last_departure, job.finished)
+        self.stats.occupancy.append((job.finished, self.cache.kv_bytes, self.cache.ssm_bytes))
+        self.stats.prefill_tokens += job.input_tokens - job.hit
+        job.done.succeed()
 
 
-def _sessions(requests: list[Request]) -> list[list[Request]]:
+def _sessions(requests: Sequence[Request]) -> list[list[Request]]:
     """Requests grouped by session, turns in order, sessions by first arrival."""
     by_session: dict[int, list[Request]] = {}
     for req in requests:

@@ -9,10 +9,11 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from policies.clairvoyant import Clairvoyant, infinite_cache_hits
+from policies.clairvoyant import Clairvoyant
 from policies.fine_grained import FineGrained
 from policies.judicious import Judicious
 from policies.lru import LRU
+from simlab.bounds import infinite_cache_hits
 from simlab.cache import PrefixCache
 from simlab.replay import replay
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, ideal_hits, model, policy_plugins

@@ -20,7 +20,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from simlab.config import run_settings
 from simlab.model import ModelSpec
-from simlab.simulate import build_policy
+from simlab.replay import ReplayEngine
+from simlab.simulate import build_engine, policy_step
 from simlab.sweep import META_KEY, aggregate, main
 from tests.fixtures import CONFIGS, ROOT
 
@@ -181,11 +182,12 @@ def test_sweep_and_experiment_files_give_valid_points(group, name):
         job = [value if o.split("=")[0] == key else o for o in first]
         point = _compose([select, *job])
         settings = run_settings(point)
-        ModelSpec.from_config(point.model)
+        model = ModelSpec.from_config(point.model)
         for policy, pcfg in settings.policies.items():
-            build_policy(policy, pcfg)
+            policy_step(policy, pcfg, model, settings)
+        engine = build_engine(point)
         if group == "experiment":
-            assert settings.engine == "replay"
+            assert isinstance(engine, ReplayEngine)
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 from simlab.cache import PrefixCache
 from simlab.costmodel import BatchShape, Calibration, CostModel, Hardware
 from simlab.replay import replay
-from simlab.simulate import engine_summary
-from simlab.timed import TimedEngine, TimedSettings, unique_tokens
+from simlab.step import RequestStep
+from simlab.timed import SessionFeeder, TimedEngine, unique_tokens
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, model, policy_plugins
 from traces.arrivals import assign_arrivals
 from traces.format import Request
@@ -25,18 +25,11 @@ CKPT = HYBRID.ssm_state_bytes
 def timed_run(policy, trace, capacity, session_rate, seed=0, spec=HYBRID, **options):
     trace = assign_arrivals(trace, session_rate=session_rate, think_time_mean=2.0, seed=seed)
     admission, eviction = policy_plugins(policy)
-    cache = PrefixCache(spec, capacity)
-    engine = TimedEngine(
-        list(trace.requests()),
-        cache,
-        admission,
-        eviction,
-        CostModel(spec, A100),
-        TimedSettings(**options),
-        policy,
-    )
-    records = engine.run()
-    return engine, records, trace
+    step = RequestStep(PrefixCache(spec, capacity), admission, eviction, policy)
+    requests = list(trace.requests())
+    world = TimedEngine(hardware=A100, **options).world(requests, step)
+    records = world.run(SessionFeeder(requests, options.get("typing_wpm")))
+    return world, records, trace
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -58,7 +51,7 @@ def test_littles_law_for_the_queue():
     engine, records, _ = timed_run(
         "sglang_plus", chat_trace(seed=7, sessions=30), 30 * CKPT, session_rate=3.0, max_running=4
     )
-    stats = engine_summary(engine.stats, len(records))
+    stats = engine.stats.summary(len(records))
     mean_delay = float(np.mean([r.queue_delay for r in records]))
     assert mean_delay > 0.05, "fixture should queue"
     assert stats["mean_queue_len"] == pytest.approx(stats["arrival_rate"] * mean_delay, rel=0.02)
@@ -83,16 +76,8 @@ def test_prefix_hit_lowers_prefill_time_by_the_modelled_cost_of_the_skipped_part
         Request(1, 1, 0, 100.0, second, np.arange(30_000, 30_010, dtype=np.int32), 10),
     ]
     admission, eviction = policy_plugins("sglang_plus")
-    engine = TimedEngine(
-        reqs,
-        PrefixCache(HYBRID, math.inf),
-        admission,
-        eviction,
-        cost,
-        TimedSettings(),
-        "sglang_plus",
-    )
-    first, warm = engine.run()
+    step = RequestStep(PrefixCache(HYBRID, math.inf), admission, eviction, "sglang_plus")
+    first, warm = TimedEngine(hardware=A100).run(reqs, step).records
     assert warm.hit_tokens == 4050 and first.hit_tokens == 0
     # alone on the GPU, TTFT is exactly the predicted prefill of the uncached part
     assert warm.ttft == pytest.approx(cost.prefill_time(4050, 450))

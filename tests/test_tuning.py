@@ -8,22 +8,23 @@ import math
 import numpy as np
 import pytest
 
-from policies.alpha_tuning import (
+from policies.flop_aware import FlopAware
+from policies.judicious import Judicious
+from policies.marconi_plus import MarconiPlus
+from simlab.cache import PrefixCache
+from simlab.config import ConfigError, run_settings
+from simlab.records import records_frame
+from simlab.replay import replay
+from simlab.simulate import policy_step
+from simlab.snapshot import pack, unpack
+from simlab.tuning import (
+    AlphaTuner,
     TuningSettings,
     WindowImage,
     best_alpha,
-    pack,
     replay_window,
     snapshot,
-    unpack,
 )
-from policies.flop_aware import FlopAware
-from policies.judicious import Judicious
-from simlab.cache import PrefixCache
-from simlab.config import ConfigError
-from simlab.records import records_frame
-from simlab.replay import replay
-from simlab.simulate import build_policy
 from tests.fixtures import chat_trace, compose, model
 from traces.format import Trace, make_frame
 
@@ -32,14 +33,20 @@ CKPT = HYBRID.ssm_state_bytes
 GRID = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 
-def tuned(workers: int = 1, **settings) -> FlopAware:
-    return FlopAware(tuning={"enabled": True, "grid": GRID, "workers": workers, **settings})
+def tuned(workers: int = 1, eviction=None, **settings) -> tuple[FlopAware, AlphaTuner]:
+    """A FLOP-aware policy (or ``eviction``) and the alpha tuner that controls it."""
+    policy = FlopAware() if eviction is None else eviction
+    config = {"enabled": True, "grid": GRID, "workers": workers, **settings}
+    tuner = AlphaTuner.for_policy(config, policy, "marconi")
+    assert tuner is not None
+    return policy, tuner
 
 
-def run(trace: Trace, eviction, capacity: float):
+def run(trace: Trace, eviction, capacity: float, tuner: AlphaTuner | None = None):
     cache = PrefixCache(HYBRID, capacity)
-    frame = records_frame(replay(trace.requests(), cache, Judicious(), eviction, "marconi"))
-    return cache, frame
+    controllers = () if tuner is None else (tuner,)
+    records = replay(trace.requests(), cache, Judicious(), eviction, "marconi", controllers)
+    return cache, records_frame(records)
 
 
 def rate(frame) -> float:
@@ -113,11 +120,20 @@ def conversations_trace(rounds: int = 25) -> Trace:
 # ---------------------------------------------------------------------------------- settings
 def test_settings_from_the_policy_config():
     cfg = compose(["+policy=marconi", "policy.tuning.enabled=true", "policy.tuning.grid=[2,0,1]"])
-    _, eviction = build_policy("marconi", cfg.policy)
-    assert eviction.tuning.grid == (0.0, 1.0, 2.0) and eviction.tuning.bootstrap_multiplier == 5
-    assert eviction.alpha == 0.0  # the paper: alpha = 0 until the first tuning
-    _, plain = build_policy("marconi", compose(["+policy=marconi"]).policy)
-    assert plain.tuning is None and plain.run_summary() == {}
+    step = policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg))
+    (tuner,) = step.controllers
+    assert isinstance(tuner, AlphaTuner) and tuner.settings.grid == (0.0, 1.0, 2.0)
+    assert tuner.settings.bootstrap_multiplier == 5
+    assert step.eviction.alpha == 0.0  # the paper: alpha = 0 until the first tuning
+    assert tuner.template.alpha == 1.0 and tuner.template is not step.eviction
+    plain = compose(["+policy=marconi"])
+    assert policy_step("marconi", plain.policy, HYBRID, run_settings(plain)).controllers == ()
+
+
+def test_tuning_a_policy_without_set_alpha_fails_clearly():
+    cfg = compose(["+policy=sglang_plus", "+policy.tuning.enabled=true"])
+    with pytest.raises(ConfigError, match="set_alpha"):
+        policy_step("sglang_plus", cfg.policy, HYBRID, run_settings(cfg))
 
 
 @pytest.mark.parametrize(
@@ -135,7 +151,7 @@ def test_settings_from_the_policy_config():
 def test_bad_tuning_settings_fail_clearly(override, message):
     cfg = compose(["+policy=marconi", "policy.tuning.enabled=true", override])
     with pytest.raises(ConfigError, match=message):
-        build_policy("marconi", cfg.policy)
+        policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg))
 
 
 def test_ties_go_to_the_smallest_alpha():
@@ -209,10 +225,10 @@ def test_a_window_packs_into_one_array_and_back():
 # ---------------------------------------------------------------------------------- protocol
 def test_alpha_zero_until_the_window_is_replayed_then_the_winner():
     trace = conversations_trace()
-    policy = tuned(bootstrap_multiplier=2)
-    _, frame = run(trace, policy, 1.2e9)
-    history = policy.run_summary()["alpha_history"]
-    n = policy.run_summary()["bootstrap_requests"]
+    policy, tuner = tuned(bootstrap_multiplier=2)
+    _, frame = run(trace, policy, 1.2e9, tuner)
+    history = tuner.summary()["alpha_history"]
+    n = tuner.summary()["bootstrap_requests"]
     assert history[0] == {"request": 0, "alpha": 0.0}
     assert len(history) == 2 and history[1]["window"] == [n, 3 * n]
     assert history[1]["request"] == 3 * n
@@ -226,9 +242,9 @@ def test_the_grid_search_replays_the_window_exactly():
     """alpha = 0 replayed from the snapshot reproduces the real run's hits over the window
     (the run itself used alpha = 0 there): snapshot and replay follow the engine."""
     trace = conversations_trace()
-    policy = tuned(bootstrap_multiplier=2)
-    _, frame = run(trace, policy, 1.2e9)
-    step = policy.run_summary()["alpha_history"][1]
+    policy, tuner = tuned(bootstrap_multiplier=2)
+    _, frame = run(trace, policy, 1.2e9, tuner)
+    step = tuner.summary()["alpha_history"][1]
     lo, hi = step["window"]
     window = frame.iloc[lo:hi]
     assert step["scores"]["0.0"] == window["hit_tokens"].sum() / window["input_tokens"].sum()
@@ -236,9 +252,9 @@ def test_the_grid_search_replays_the_window_exactly():
 
 def test_tuning_picks_a_high_alpha_where_it_clearly_wins():
     trace = documents_trace()
-    policy = tuned(bootstrap_multiplier=4)
-    _, frame = run(trace, policy, 0.9e9)
-    step = policy.run_summary()["alpha_history"][1]
+    policy, tuner = tuned(bootstrap_multiplier=4)
+    _, frame = run(trace, policy, 0.9e9, tuner)
+    step = tuner.summary()["alpha_history"][1]
     scores = {float(a): v for a, v in step["scores"].items()}
     # every alpha > 0 keeps the documents (the same decisions, a tie): the smallest is adopted
     assert scores[0.0] == 0.0 and all(scores[a] == scores[8.0] > 0.3 for a in GRID[1:])
@@ -250,9 +266,9 @@ def test_tuning_picks_a_high_alpha_where_it_clearly_wins():
 
 def test_tuning_keeps_alpha_low_where_a_high_alpha_clearly_loses():
     trace = conversations_trace()
-    policy = tuned(bootstrap_multiplier=2)
-    _, frame = run(trace, policy, 1.2e9)
-    step = policy.run_summary()["alpha_history"][1]
+    policy, tuner = tuned(bootstrap_multiplier=2)
+    _, frame = run(trace, policy, 1.2e9, tuner)
+    step = tuner.summary()["alpha_history"][1]
     scores = {float(a): v for a, v in step["scores"].items()}
     # the window's hit rate falls as alpha grows; the one-offs' tokens are all misses
     assert [scores[a] for a in GRID] == sorted(scores.values(), reverse=True)
@@ -263,18 +279,18 @@ def test_tuning_keeps_alpha_low_where_a_high_alpha_clearly_loses():
 
 
 def test_flops_saved_objective():
-    policy = tuned(bootstrap_multiplier=4, objective="flops_saved")
-    run(documents_trace(), policy, 0.9e9)
-    step = policy.run_summary()["alpha_history"][1]
+    policy, tuner = tuned(bootstrap_multiplier=4, objective="flops_saved")
+    run(documents_trace(), policy, 0.9e9, tuner)
+    step = tuner.summary()["alpha_history"][1]
     assert step["objective"] == "flops_saved" and step["alpha"] == 0.5
     assert step["scores"]["0.5"] > 1e12 and step["scores"]["0.0"] == 0.0
 
 
 def test_periodic_retuning_on_a_sliding_window():
-    policy = tuned(bootstrap_multiplier=2, retune_every=10, window=15)
-    _, frame = run(documents_trace(), policy, 0.9e9)
-    history = policy.run_summary()["alpha_history"]
-    n = policy.run_summary()["bootstrap_requests"]
+    policy, tuner = tuned(bootstrap_multiplier=2, retune_every=10, window=15)
+    _, frame = run(documents_trace(), policy, 0.9e9, tuner)
+    history = tuner.summary()["alpha_history"]
+    n = tuner.summary()["bootstrap_requests"]
     first = 3 * n
     assert [h["request"] for h in history[1:]] == list(range(first, len(frame) + 1, 10))
     for h in history[2:]:
@@ -286,27 +302,29 @@ def test_tuned_run_is_deterministic_across_worker_counts():
     trace = documents_trace(cycles=6)
     out = {}
     for workers in (1, 2):
-        policy = tuned(workers=workers, bootstrap_multiplier=2, retune_every=15)
-        _, frame = run(trace, policy, 0.9e9)
-        out[workers] = (frame, policy.run_summary()["alpha_history"])
+        policy, tuner = tuned(workers=workers, bootstrap_multiplier=2, retune_every=15)
+        _, frame = run(trace, policy, 0.9e9, tuner)
+        out[workers] = (frame, tuner.summary()["alpha_history"])
     assert out[1][0].equals(out[2][0])
     assert out[1][1] == out[2][1]
 
 
 def test_no_eviction_no_tuning():
-    policy = tuned()
-    _, frame = run(chat_trace(seed=1), policy, math.inf)
-    summary = policy.run_summary()
+    policy, tuner = tuned()
+    _, frame = run(chat_trace(seed=1), policy, math.inf, tuner)
+    summary = tuner.summary()
     assert summary["alpha_history"] == [{"request": 0, "alpha": 0.0}]
     assert summary["bootstrap_requests"] is None and summary["alpha_tunings"] == 0
 
 
-@pytest.mark.parametrize("engine", ["replay", "timed"])
-def test_both_engines_record_the_alpha_history_in_the_summary(tmp_path, engine):
+@pytest.mark.parametrize(
+    ("policy", "engine"), [("marconi", "replay"), ("marconi", "timed"), ("marconi_plus", "replay")]
+)
+def test_every_engine_and_tunable_policy_record_the_alpha_history(tmp_path, policy, engine):
     from simlab.simulate import simulate
 
     overrides = [
-        "+policy=marconi",
+        f"+policy={policy}",
         "policy.tuning.enabled=true",
         "policy.tuning.bootstrap_multiplier=1",
         "policy.tuning.workers=1",
@@ -317,10 +335,21 @@ def test_both_engines_record_the_alpha_history_in_the_summary(tmp_path, engine):
         f"output_dir={tmp_path}",
     ]
     summary = simulate(compose(overrides))
-    history = json.loads((tmp_path / "summary.json").read_text())["policies"]["marconi"][
+    history = json.loads((tmp_path / "summary.json").read_text())["policies"][policy][
         "alpha_history"
     ]
-    assert history == summary.policies["marconi"]["alpha_history"]
+    assert history == summary.policies[policy]["alpha_history"]
     assert len(history) == 2 and history[1]["alpha"] in GRID
-    n = summary.policies["marconi"]["bootstrap_requests"]
+    n = summary.policies[policy]["bootstrap_requests"]
     assert history[1]["window"] == [n, 2 * n]
+
+
+def test_any_tunable_policy_is_tuned_through_set_alpha():
+    """The tuner is not Marconi's: Marconi+ (another Tunable) runs alpha 0 until the grid
+    search, which replays fresh copies of the policy as configured, then adopts the winner."""
+    policy, tuner = tuned(eviction=MarconiPlus(alpha=3.0), bootstrap_multiplier=4)
+    assert policy.alpha == 0.0 and tuner.template.alpha == 3.0
+    run(documents_trace(), policy, 0.9e9, tuner)
+    history = tuner.summary()["alpha_history"]
+    assert len(history) == 2 and policy.alpha == history[1]["alpha"]
+    assert len(history[1]["scores"]) == len(GRID)

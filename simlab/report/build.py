@@ -16,7 +16,7 @@ from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
 from simlab.report import run_pages, sweep_pages
-from simlab.report.describe import run_caption, sweep_caption
+from simlab.report.describe import engine_label, run_caption, sweep_caption
 from simlab.report.load import ReportInputError, RunResults, SweepResults, load_results
 from simlab.report.provenance import provenance_pages
 from simlab.report.run_pages import SkipPage, Style
@@ -116,7 +116,7 @@ def summary_pages(
     """The summary table (returned: its raw numbers) and the page(s) showing it."""
     table = run_table(results) if isinstance(results, RunResults) else sweep_table(results)
     base = results if isinstance(results, RunResults) else results.base
-    notes = table_notes(table, str((base.config.get("engine") or {}).get("kind", "?")))
+    notes = table_notes(table, engine_label(base.config))
     if isinstance(results, RunResults):
         notes.insert(0, trace_note(results.trace))
         bounds = results.summary.get("bounds") or {}

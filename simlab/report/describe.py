@@ -25,6 +25,13 @@ def trace_label(config: dict[str, Any], trace: dict[str, Any] | None = None) -> 
     return label
 
 
+def engine_label(config: dict[str, Any]) -> str:
+    """The engine a run used: ``engine.name`` (``engine.kind`` in results before engines were
+    objects), ``?`` when unknown."""
+    engine = config.get("engine") or {}
+    return str(engine.get("name", engine.get("kind", "?")))
+
+
 def cache_label(config: dict[str, Any]) -> str:
     cache = config.get("cache") or {}
     size = cache.get("size_gb", "?")
@@ -50,7 +57,7 @@ def run_parts(config: dict[str, Any], trace: dict[str, Any] | None) -> list[str]
         trace_label(config, trace),
         f"model {(config.get('model') or {}).get('name', '?')}",
         cache_label(config),
-        f"engine {(config.get('engine') or {}).get('kind', '?')}",
+        f"engine {engine_label(config)}",
         f"seed {config.get('seed', '?')}",
     ]
     if arrivals:

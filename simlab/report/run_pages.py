@@ -16,6 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
+from simlab.report.describe import engine_label
 from simlab.report.load import RunResults, metric
 from simlab.report.style import (
     KV_LABEL,
@@ -311,7 +312,7 @@ def occupancy_page(run: RunResults, style: Style) -> Figure:
     if occ.empty:
         raise SkipPage("no occupancy.parquet and no cache_kv_bytes/cache_ssm_bytes in records")
     capacity = capacity_gb(run.config)
-    engine = (run.config.get("engine") or {}).get("kind")
+    engine = engine_label(run.config)
     from_records = run.occupancy_source != "occupancy.parquet" or engine == "replay"
     title = "Cache occupancy over time: KV and SSM bytes"
     if from_records:

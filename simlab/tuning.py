@@ -15,23 +15,25 @@ Protocol, as the paper describes it:
    requests (default: the bootstrap window's length) are replayed again from a snapshot taken at
    their start (never earlier than the first eviction), and the winner adopted.
 
-Snapshot (:func:`simlab.cache.pack` / :func:`simlab.cache.unpack`). A :class:`CacheImage` is the cache as plain data: its
+Snapshot (:func:`simlab.snapshot.pack` / :func:`simlab.snapshot.unpack`). A :class:`CacheImage` is the cache as plain data: its
 attributes with every per-slot array copied and each tree node flattened to a row whose
 parent/children are slot numbers. Packing is iterative (no recursion, so no depth limit, unlike
 ``copy.deepcopy`` or ``pickle`` of a deep tree) and shares the token arrays, which the cache never
 writes in place. Pins are cleared: a replay has nothing in flight.
 
-Replay semantics are the replay engine's (``simlab.replay``): per request, advance the logical
-clock by one, match, let the eviction policy note the hit, plan the admission with the run's own
-admission policy, admit input + output. The engines call the policy's ``observe`` hook after
-every admission, so the window is the *admission order*: the arrival order with
-``engine=replay``, the completion order with ``engine=timed`` (its logical request order; the
-tuner replays that order without time, queueing or pins). Adoption is immediate: the grid
-search costs wall time, not simulated time (the paper runs it asynchronously in seconds).
+The tuner is an engine-level controller (:class:`simlab.step.Controller`): the request step
+calls :meth:`AlphaTuner.observe` after every admission, for any eviction policy that is
+:class:`policies.base.Tunable` (``set_alpha``), Marconi's and Marconi+'s. The window is the
+*admission order*: the arrival order with ``engine=replay``, the completion order with
+``engine=timed``. Window replays run through the same request step (without time, queueing or
+pins), one fresh copy of the policy per alpha. The first eviction is the first admission that
+evicted a node. Adoption is immediate: the grid search costs wall time, not simulated time
+(the paper runs it asynchronously in seconds).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -39,17 +41,18 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from policies.base import AdmissionPolicy, EvictionPolicy, Tunable
 from simlab.cache import PrefixCache
+from simlab.config import ConfigError
+from simlab.nodes import InsertResult
 from simlab.snapshot import CacheImage, pack, unpack
-
-if TYPE_CHECKING:
-    from policies.base import AdmissionPolicy, EvictionPolicy
-    from traces.format import Request
+from simlab.step import RequestStep
+from traces.format import Request
 
 log = logging.getLogger(__name__)
 
@@ -140,21 +143,14 @@ def replay_window(
     admission: AdmissionPolicy,
     eviction: EvictionPolicy,
 ) -> WindowResult:
-    """Replay ``requests`` on ``cache`` with the replay engine's per-request steps."""
-    model = cache.model
+    """Replay ``requests`` on ``cache`` through the one request step."""
+    step = RequestStep(cache, admission, eviction, "alpha-tuning")
     result = WindowResult()
     for req in requests:
-        cache.now += 1.0
-        lookup = cache.lookup(req.input_ids, admission.page_size)
-        eviction.on_hit(cache, lookup)
-        seq = req.full_sequence()
-        plan = admission.plan(lookup, req.input_len, int(seq.shape[0]))
-        cache.insert(seq, plan.ckpts, plan.end, eviction)
-        hit = req.hit_tokens(lookup.hit)
-        result.hit_tokens += hit
-        result.input_tokens += req.input_tokens
-        if hit:
-            result.flops_saved += model.prefill_flops(0, hit)
+        record = step.finish(step.start(req))
+        result.hit_tokens += record.hit_tokens
+        result.input_tokens += record.input_tokens
+        result.flops_saved += record.flops_saved
     return result
 
 
@@ -183,17 +179,17 @@ class WindowImage:
         return cls(ids, np.asarray(spans, dtype=np.int64).reshape(-1, 3), fields)
 
     def requests(self) -> list[Request]:
-        from traces.format import Request
-
         return [
             Request(**(f | {"input_ids": self.ids[a:b], "output_ids": self.ids[b:c]}))
             for f, (a, b, c) in zip(self.fields, self.spans.tolist(), strict=True)
         ]
 
 
-def with_alpha(template: Any, alpha: float) -> Any:
-    """A fresh copy of a dataclass eviction policy with ``alpha`` set."""
-    return dataclasses.replace(template, alpha=alpha)
+def with_alpha(template: EvictionPolicy, alpha: float) -> EvictionPolicy:
+    """A fresh copy of the (never run) ``template`` policy with ``alpha`` set."""
+    policy = copy.deepcopy(template)
+    policy.set_alpha(alpha)  # type: ignore[attr-defined]
+    return policy
 
 
 def evaluate(
@@ -256,13 +252,14 @@ def best_alpha(scores: Mapping[float, float]) -> float:
 class AlphaTuner:
     """Bookkeeping of the protocol in the module docstring; see :meth:`observe`.
 
-    ``template`` is the eviction policy the grid search clones per alpha (with tuning off).
+    ``template`` is the eviction policy, as built and never run, that the grid search copies
+    once per alpha.
     ``history`` lists each adopted alpha with the 0-based admission index of the first request
     that runs under it.
     """
 
     settings: TuningSettings
-    template: Any
+    template: EvictionPolicy
     seen: int = 0
     evicted: bool = False
     bootstrap_requests: int | None = None  # N: requests seen up to the first eviction
@@ -276,10 +273,33 @@ class AlphaTuner:
     _recent: deque[Request] = field(default_factory=deque)
     _next_snap: int = 0  # index into the schedule of the next snapshot to take
 
-    def note_eviction(self) -> None:
-        self.evicted = True
+    @classmethod
+    def for_policy(cls, tuning: Any, eviction: EvictionPolicy, policy: str) -> AlphaTuner | None:
+        """The tuner a policy's ``tuning`` config asks for (None when off); sets the policy's
+        alpha to 0 for the bootstrap period (:class:`ConfigError` if it cannot be tuned)."""
+        try:
+            settings = TuningSettings.from_config(tuning)
+        except ValueError as err:
+            raise ConfigError(f"policy {policy!r}: {err}") from err
+        if settings is None:
+            return None
+        if not isinstance(eviction, Tunable):
+            raise ConfigError(
+                f"policy {policy!r}: tuning.enabled needs an eviction policy with set_alpha "
+                f"({type(eviction).__name__} has none)"
+            )
+        template = copy.deepcopy(eviction)
+        eviction.set_alpha(0.0)
+        return cls(settings, template)
 
-    def observe(self, cache: PrefixCache, req: Request, admission: Any) -> float | None:
+    def observe(self, step: RequestStep, request: Request, admitted: InsertResult) -> None:
+        """Controller hook after each admission: account it, adopt a tuned alpha."""
+        self.evicted = self.evicted or admitted.evicted_nodes > 0
+        alpha = self.account(step.cache, request, step.admission)
+        if alpha is not None:
+            step.eviction.set_alpha(alpha)  # type: ignore[attr-defined]
+
+    def account(self, cache: PrefixCache, req: Request, admission: AdmissionPolicy) -> float | None:
         """Account one admitted request; returns the new alpha when one is adopted."""
         self.seen += 1
         if self.first_eviction is None:

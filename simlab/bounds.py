@@ -1,0 +1,61 @@
+"""The infinite-cache bound: the token hits no policy at any capacity can beat.
+
+(The other bound, the clairvoyant policy at the run's capacity, is a policy:
+:mod:`policies.clairvoyant`.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from policies.base import CacheView, EvictionPolicy
+from simlab.cache import PrefixCache
+from simlab.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class _TokenUnits:
+    """The parts of a model a prefix cache needs, for a bytes-free token-level tree."""
+
+    kv_bytes_per_token: int = 1
+    ssm_state_bytes: int = 0
+    is_hybrid: bool = False
+
+    def prefill_flops(self, prefix: int, new: int) -> float:
+        return 0.0
+
+    def prefill_flops_array(self, prefix: np.ndarray, new: np.ndarray) -> np.ndarray:
+        return np.zeros(np.broadcast(prefix, new).shape)
+
+
+class _Admit(EvictionPolicy):
+    evicts_inner_nodes = False
+    scores_depend_on_candidates = False
+
+    def scores(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
+        raise AssertionError("an infinite cache never evicts")
+
+
+def infinite_cache_hits(requests: Sequence[Any], page_size: int = 1) -> list[int]:
+    """Ideal reuse: per request (in order) the longest prefix shared with any earlier input +
+    output, rounded down to ``page_size`` and capped at ``input length - 1``.
+
+    This is what an infinite cache gives a Transformer, and a hybrid whose every position is
+    checkpointed; no policy at any capacity can hit more.
+    """
+    model = cast(ModelSpec, _TokenUnits())
+    cache = PrefixCache(model, math.inf, page_size)
+    admit = _Admit()
+    hits = []
+    for req in requests:
+        seq = np.asarray(getattr(req, "input_ids", req))
+        hits.append(cache.lookup(seq, page_size).hit)
+        out = getattr(req, "output_ids", None)
+        full = seq if out is None or len(out) == 0 else np.concatenate((seq, out))
+        cache.insert(full, [], int(full.shape[0]), admit)
+    return hits

@@ -1,0 +1,42 @@
+"""The engine contract: how a request sequence is driven through one policy's request step.
+
+An engine is the object a ``configs/engine/*.yaml`` names with ``_target_`` (replay, timed,
+offline). It decides *when* each request is started and finished; what happens to a request
+against the cache is :class:`simlab.step.RequestStep`'s alone. Adding an engine is one class
+with :meth:`Engine.run` and one YAML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from simlab.records import RequestRecord
+    from simlab.step import RequestStep
+    from traces.format import Request
+
+
+@dataclass
+class EngineRun:
+    """What an engine returns for one policy.
+
+    ``records``: one per request of the trace, sorted by (arrival, session, turn) for timed
+    engines, in processing order for replay. ``extras``: engine items for the policy's summary.
+    ``occupancy``: (time, KV bytes, SSM bytes) samples; empty means one sample per record.
+    """
+
+    records: list[RequestRecord]
+    extras: dict[str, Any] = field(default_factory=dict)
+    occupancy: list[tuple[float, int, int]] = field(default_factory=list)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """``run`` drives ``requests`` through ``step`` (a fresh cache per call)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun: ...

@@ -1,0 +1,147 @@
+"""The one request step: what happens to a request against the prefix cache.
+
+Every engine (replay, timed, offline) and the alpha tuner's window replays run a request through
+:class:`RequestStep`, and nothing else sequences these calls:
+
+* :meth:`RequestStep.start` (the request is scheduled): advance the cache's logical clock by one,
+  match the input, let the eviction policy note the hit (``on_hit``), ask the admission policy
+  for its checkpoints (``plan``) and pin the reused prefix;
+* :meth:`RequestStep.finish` (the request completed): admit input + output (evicting as needed),
+  release the pin, tell the eviction policy and the controllers (``observe``) and build the
+  request's :class:`~simlab.records.RequestRecord`, the one place a record is made.
+
+Between the two an engine may let time pass (the timed engine prefills and decodes there); the
+replay engine calls them back to back. Invariants: the clock advances once per started request,
+so recency is counted in requests on every engine; a started request's reused prefix stays
+pinned until it finishes, so it is never evicted under it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from policies.base import Admission, AdmissionPolicy, EvictionPolicy
+from simlab.cache import PrefixCache
+from simlab.nodes import InsertResult, Lookup
+from simlab.records import RequestRecord
+from traces.format import Request
+
+
+class Controller(Protocol):
+    """Engine-level logic that learns from the admitted stream (e.g. ``simlab.tuning``)."""
+
+    def observe(self, step: RequestStep, request: Request, admitted: InsertResult) -> None: ...
+
+    def summary(self) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class Started:
+    """A request between :meth:`RequestStep.start` and :meth:`RequestStep.finish`."""
+
+    req: Request
+    seq: np.ndarray  # input + output ids
+    lookup: Lookup
+    plan: Admission
+    hit: int  # tokens whose prefill is skipped
+    matched: int  # tokens of the longest cached prefix (checkpoint rule ignored)
+
+
+@dataclass(slots=True)
+class Timing:
+    """When a timed request passed each stage (simulated seconds)."""
+
+    arrival: float
+    scheduled: float
+    first_token: float
+    finished: float
+    prefill_time: float  # cost model: this request's uncached prefill, alone
+
+
+@dataclass
+class RequestStep:
+    """One policy's cache, plug-ins and controllers; see the module docstring."""
+
+    cache: PrefixCache
+    admission: AdmissionPolicy
+    eviction: EvictionPolicy
+    policy: str
+    controllers: Sequence[Controller] = field(default_factory=tuple)
+
+    def prepare(self, requests: Sequence[Request]) -> None:
+        """Show the plug-ins the whole run (processing order), before the first request."""
+        self.admission.prepare(requests)
+        self.eviction.prepare(requests)
+
+    def start(self, req: Request) -> Started:
+        cache = self.cache
+        cache.now += 1.0
+        lookup = cache.lookup(req.input_ids, self.admission.page_size)
+        self.eviction.on_hit(cache, lookup)
+        seq = req.full_sequence()
+        plan = self.admission.plan(lookup, req.input_len, int(seq.shape[0]))
+        cache.pin(lookup.hit_node)
+        return Started(
+            req, seq, lookup, plan, req.hit_tokens(lookup.hit), req.hit_tokens(lookup.matched)
+        )
+
+    def finish(self, started: Started, timing: Timing | None = None) -> RequestRecord:
+        cache, req = self.cache, started.req
+        admitted = cache.insert(started.seq, started.plan.ckpts, started.plan.end, self.eviction)
+        cache.unpin(started.lookup.hit_node)
+        self.eviction.observe(cache, req, admitted)
+        for controller in self.controllers:
+            controller.observe(self, req, admitted)
+        return self._record(started, admitted, timing)
+
+    def summary(self) -> dict[str, Any]:
+        """The plug-ins' and controllers' items for the policy's summary."""
+        items = dict(self.eviction.summary())
+        for controller in self.controllers:
+            items |= controller.summary()
+        return items
+
+    def _record(
+        self, started: Started, admitted: InsertResult, timing: Timing | None
+    ) -> RequestRecord:
+        req, model, hit = started.req, self.cache.model, started.hit
+        record = RequestRecord(
+            policy=self.policy,
+            request_id=req.request_id,
+            session_id=req.session_id,
+            turn=req.turn,
+            arrival=req.arrival if timing is None else timing.arrival,
+            input_tokens=req.input_tokens,
+            output_tokens=req.output_len,
+            matched_tokens=started.matched,
+            hit_tokens=hit,
+            prefill_flops=model.prefill_flops(0, req.input_tokens),
+            flops_saved=model.prefill_flops(0, hit) if hit else 0.0,
+            kv_bytes_admitted=admitted.kv_bytes,
+            ssm_bytes_admitted=admitted.ssm_bytes,
+            ckpts_admitted=admitted.ckpts,
+            bytes_evicted=admitted.evicted_bytes,
+            nodes_evicted=admitted.evicted_nodes,
+            admission_truncated=admitted.truncated,
+            cache_kv_bytes=self.cache.kv_bytes,
+            cache_ssm_bytes=self.cache.ssm_bytes,
+        )
+        if timing is not None:
+            add_timing(record, timing)
+        return record
+
+
+def add_timing(record: RequestRecord, t: Timing) -> None:
+    """Fill a record's latency columns (TTFT = first token - arrival, so queueing counts)."""
+    out = record.output_tokens
+    record.scheduled, record.first_token, record.finished = t.scheduled, t.first_token, t.finished
+    record.ttft = t.first_token - t.arrival
+    record.queue_delay = t.scheduled - t.arrival
+    record.tpot = (t.finished - t.first_token) / (out - 1) if out > 1 else math.nan
+    record.e2e = t.finished - t.arrival
+    record.prefill_time = t.prefill_time

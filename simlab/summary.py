@@ -1,0 +1,93 @@
+"""What a run reports: per-policy summaries, the bounds, the trace, and the table printed at the end."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simlab.provenance import provenance
+from traces.describe import input_tokens as trace_input_tokens
+from traces.format import Trace
+
+SUMMARY_COLUMNS = {
+    "token_hit_rate": "token hit",
+    "request_hit_rate": "req hit",
+    "flops_saved_ratio": "FLOPs saved",
+    "peak_kv_gb": "peak KV GB",
+    "peak_ssm_gb": "peak SSM GB",
+    "requests_per_s": "sim req/s",
+}
+TIMED_COLUMNS = {
+    "ttft_p5": "TTFT p5 s",
+    "ttft_p50": "TTFT p50 s",
+    "ttft_p95": "TTFT p95 s",
+    "throughput_rps": "served req/s",
+    "gpu_busy_frac": "GPU busy",
+}
+
+
+@dataclass
+class Summary:
+    """Per-policy results of one run plus what was run."""
+
+    policies: dict[str, dict[str, Any]]
+    trace: dict[str, Any]
+    config: dict[str, Any]
+    bounds: dict[str, float] = field(default_factory=dict)
+    out_dir: Path | None = None
+    records: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+
+    def table(self) -> str:
+        columns = dict(SUMMARY_COLUMNS)
+        if "clairvoyant" in self.bounds:
+            columns["hit_vs_clairvoyant"] = "of clairvoyant"
+        if any("ttft_p50" in p for p in self.policies.values()):
+            columns |= TIMED_COLUMNS
+        frame = pd.DataFrame(self.policies).T[list(columns)].rename(columns=columns)
+        text = frame.to_string(float_format=lambda v: f"{v:.4f}")
+        if self.bounds:
+            text += "\nbounds (token hit rate): " + ", ".join(
+                f"{name} {rate:.4f}" for name, rate in self.bounds.items()
+            )
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policies": self.policies,
+            "bounds": self.bounds,
+            "trace": self.trace,
+            "config": self.config,
+            "provenance": provenance(),
+        }
+
+
+def trace_stats(trace: Trace) -> dict[str, Any]:
+    frame = trace.frame
+    input_lens = pd.Series(trace_input_tokens(trace))
+    stats: dict[str, Any] = {
+        "name": trace.name,
+        "block_size": trace.block_size,
+        "requests": len(frame),
+        "sessions": trace.n_sessions,
+        "input_tokens": int(input_lens.sum()),
+        "output_tokens": int(frame["output_len"].sum()),
+        "input_len_p50": float(input_lens.median()),
+        "input_len_p95": float(input_lens.quantile(0.95)),
+    }
+    if {"ref_prompt_tokens", "ref_cached_tokens"} <= set(frame.columns):
+        prompt = float(frame["ref_prompt_tokens"].sum())
+        stats["ref_prompt_tokens"] = prompt
+        stats["ref_cached_tokens"] = float(frame["ref_cached_tokens"].sum())
+        stats["ref_cached_share"] = stats["ref_cached_tokens"] / prompt if prompt else 0.0
+    return stats
+
+
+def add_bound_ratios(policies: dict[str, dict[str, Any]], bounds: dict[str, float]) -> None:
+    """Each policy's token hit rate as a fraction of each bound."""
+    for summary in policies.values():
+        for name, rate in bounds.items():
+            summary[f"hit_vs_{name}"] = summary["token_hit_rate"] / rate if rate else math.nan

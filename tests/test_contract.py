@@ -1,0 +1,103 @@
+"""The plug-in and engine contracts, and the package boundaries they stand on."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from policies.base import AdmissionPolicy, EvictionPolicy, Tunable, in_units, token_fields
+from policies.fine_grained import FineGrained
+from policies.interval import Interval
+from policies.judicious import Judicious
+from simlab.engine import Engine
+from simlab.simulate import build_engine
+from tests.fixtures import CONFIGS, compose
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """Modules ``path`` imports outside ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", modules("policies"), ids=lambda p: p.name)
+def test_policies_import_nothing_from_simlab_at_run_time(path):
+    assert not {m for m in runtime_imports(path) if m.split(".")[0] == "simlab"}
+
+
+@pytest.mark.parametrize("path", modules("simlab"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_simulator_imports_only_the_policy_contract(path):
+    used = {m for m in runtime_imports(path) if m.split(".")[0] == "policies"}
+    assert used <= {"policies.base"}
+
+
+def plugin_configs(group: str) -> list[Path]:
+    return sorted((CONFIGS / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", plugin_configs("eviction"), ids=lambda p: p.stem)
+def test_every_eviction_config_names_an_eviction_policy(path):
+    cls = get_class(OmegaConf.load(path)["_target_"])
+    assert issubclass(cls, EvictionPolicy)
+
+
+@pytest.mark.parametrize("path", plugin_configs("admission"), ids=lambda p: p.stem)
+def test_every_admission_config_names_an_admission_policy(path):
+    cls = get_class(OmegaConf.load(path)["_target_"])
+    assert issubclass(cls, AdmissionPolicy)
+
+
+def test_tunable_policies_are_the_ones_with_an_alpha():
+    tunable = {
+        path.stem
+        for path in plugin_configs("eviction")
+        if isinstance(get_class(OmegaConf.load(path)["_target_"])(), Tunable)
+    }
+    assert tunable == {"flop_aware", "marconi_plus"}
+
+
+@pytest.mark.parametrize(
+    ("admission", "fields"),
+    [
+        (Judicious(), ("chunk_size", "page_size")),
+        (Interval(), ("interval", "chunk_size", "page_size")),
+        (FineGrained(), ("block_size",)),
+    ],
+)
+def test_token_parameters_are_typed_and_converted_to_trace_units(admission, fields):
+    assert token_fields(admission) == fields
+    blocks = in_units(admission, 16)
+    for name in fields:
+        assert getattr(blocks, name) == max(1, round(getattr(admission, name) / 16))
+    assert in_units(admission, 1) is admission
+
+
+@pytest.mark.parametrize("path", plugin_configs("engine"), ids=lambda p: p.stem)
+def test_every_engine_config_builds_an_engine_named_after_it(path):
+    engine = build_engine(compose([f"engine={path.stem}"]))
+    assert isinstance(engine, Engine) and engine.name == path.stem
