@@ -119,6 +119,11 @@ FIXED_CASES: list[Case] = [
     ("sglang_plus-mooncake-replay",
      ["+policy=sglang_plus", "trace=mooncake", "model=llama3_8b", "arrivals.mode=timestamps",
       "engine=replay", "cache.size_gb=20"]),
+    # a hybrid on a hash-id trace: the admission's token parameters (here the scan chunk that
+    # round_down aligns checkpoints to) are converted to blocks
+    ("marconi-rounddown-mooncake-replay",
+     ["+policy=marconi", "policy.admission.alignment=round_down", "trace=mooncake",
+      "arrivals.mode=timestamps", "engine=replay", "cache.size_gb=5"]),
 ]  # fmt: skip
 
 #: The matrix ``write`` runs: (stable case name, Hydra overrides).

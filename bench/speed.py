@@ -17,10 +17,8 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from simlab.config import run_settings
-from simlab.model import ModelSpec
 from simlab.records import write_json_atomic
-from simlab.simulate import build_engine, load_trace, run_policy
+from simlab.simulate import load_trace, plan_run, run_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {"sharegpt": ["cache.size_gb=2"], "swebench": ["cache.size_gb=60"]}
@@ -33,9 +31,8 @@ def bench_trace(
         cfg = compose(
             config_name="config", overrides=[f"trace={trace}", f"engine={engine}", *overrides]
         )
-    settings = run_settings(cfg)
-    model = ModelSpec.from_config(cfg.model)
-    engine = build_engine(cfg)
+    plan = plan_run(cfg)
+    settings, model, engine = plan.settings, plan.model, plan.engine
     t0 = time.perf_counter()
     requests = list(load_trace(cfg, settings).requests())
     load_s = time.perf_counter() - t0

@@ -123,8 +123,8 @@ def tiny_spec(spec: ModelSpec, dtype_bytes: int = 4) -> ModelSpec:
         n_heads=heads if spec.n_attn_layers else spec.n_heads,
         n_kv_heads=max(1, heads // min(gqa, heads)) if spec.n_attn_layers else spec.n_kv_heads,
         head_dim=16 if spec.n_attn_layers else spec.head_dim,
-        mlp_intermediate=max(16, int(round(ratio * D / 16)) * 16),
-        moe_intermediate=max(16, int(round(moe_ratio * D / 16)) * 16),
+        mlp_intermediate=max(16, round(ratio * D / 16) * 16),
+        moe_intermediate=max(16, round(moe_ratio * D / 16) * 16),
         moe_experts=min(spec.moe_experts, 4) if spec.n_moe_layers else spec.moe_experts,
         moe_top_k=min(spec.moe_top_k, 2) if spec.n_moe_layers else spec.moe_top_k,
         ssm_state_dim=16,
@@ -163,7 +163,7 @@ def moe_spec(spec: ModelSpec) -> ModelSpec:
     if spec.n_moe_layers:
         return base
     tiny = spec.d_model <= 256
-    inter = max(16, int(round(3.5 * spec.d_model / 16)) * 16)
+    inter = max(16, round(3.5 * spec.d_model / 16) * 16)
     return replace(
         base, n_moe_layers=1, moe_experts=4 if tiny else 16, moe_top_k=2, moe_intermediate=inter
     )
@@ -470,7 +470,7 @@ def _stack_cases(spec: ModelSpec, scale: Scale) -> Iterable[Case]:
         return
     for length in scale.stack_len:
         for hit in scale.stack_hits:
-            prefix = int(round(length * hit))
+            prefix = round(length * hit)
             loads = 1 if (prefix and spec.is_hybrid) else 0
             batch = BatchShape(prefill=[(prefix, length - prefix)], state_loads=loads)
             params = {

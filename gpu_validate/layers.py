@@ -320,7 +320,7 @@ class MoE:
         return out
 
     def __call__(self, x: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
-        order, token, counts, weight = self.route(x)
+        _order, token, counts, weight = self.route(x)
         xs = x[token]
         use = self.grouped if grouped is None else grouped
         ys = self.experts_grouped(xs, counts) if use else self.experts_loop(xs, counts)

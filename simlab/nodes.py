@@ -17,7 +17,7 @@ import numpy as np
 class Node:
     """A radix-tree node; per-node numbers live in the cache's arrays at ``slot``."""
 
-    __slots__ = ("tokens", "key", "parent", "children", "start", "end", "ckpt", "slot", "nid")
+    __slots__ = ("children", "ckpt", "end", "key", "nid", "parent", "slot", "start", "tokens")
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ def replay_step(requests: Sequence[Request], step: RequestStep) -> list[RequestR
     clock ``i + 1`` on a fresh cache.
     """
     step.prepare(requests)
-    return [step.finish(step.start(req)) for req in requests]
+    return [step.serve(req) for req in requests]
 
 
 def replay(

@@ -58,6 +58,29 @@ class PolicyRun:
     occupancy: pd.DataFrame
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """A composed config, validated: what a run needs before it loads anything."""
+
+    settings: RunSettings
+    model: ModelSpec
+    engine: Engine
+
+
+def plan_run(cfg: DictConfig) -> RunPlan:
+    """Every check of the composed config, in one place and before any work (the YAML only
+    picks): the typed run settings (:mod:`simlab.config`), the model, each selected policy's
+    plug-ins and controllers, and the engine. Raises :class:`ConfigError` naming the key."""
+    settings = run_settings(cfg)
+    try:
+        model = ModelSpec.from_config(cfg.model)
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from err
+    for name, pcfg in settings.policies.items():
+        policy_step(name, pcfg, model, settings)
+    return RunPlan(settings, model, build_engine(cfg))
+
+
 def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
     """Instantiate the configured loader and assign arrival times (seeded)."""
     trace: Trace = instantiate(cfg.trace, _convert_="all")
@@ -223,11 +246,8 @@ def finished_point(cfg: DictConfig) -> Summary | None:
 
 def simulate(cfg: DictConfig) -> Summary:
     """Validate, load, run every selected policy, write results; see the module docstring."""
-    settings = run_settings(cfg)
-    model = ModelSpec.from_config(cfg.model)
-    for name, pcfg in settings.policies.items():  # bad policy parameters fail before any work
-        policy_step(name, pcfg, model, settings)
-    engine = build_engine(cfg)
+    plan = plan_run(cfg)
+    settings, model, engine = plan.settings, plan.model, plan.engine
     done = finished_point(cfg)
     if done is not None:
         return done

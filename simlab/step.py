@@ -11,7 +11,7 @@ Every engine (replay, timed, offline) and the alpha tuner's window replays run a
   request's :class:`~simlab.records.RequestRecord`, the one place a record is made.
 
 Between the two an engine may let time pass (the timed engine prefills and decodes there); the
-replay engine calls them back to back. Invariants: the clock advances once per started request,
+replay engine and the tuner call them back to back (:meth:`RequestStep.serve`). Invariants: the clock advances once per started request,
 so recency is counted in requests on every engine; a started request's reused prefix stays
 pinned until it finishes, so it is never evicted under it.
 """
@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from policies.base import Admission, AdmissionPolicy, EvictionPolicy
+from policies.base import Admission, AdmissionPolicy, EvictionPolicy, overrides
 from simlab.cache import PrefixCache
-from simlab.nodes import InsertResult, Lookup
+from simlab.nodes import InsertResult, Lookup, Node
 from simlab.records import RequestRecord
 from traces.format import Request
 
@@ -50,6 +50,7 @@ class Started:
     plan: Admission
     hit: int  # tokens whose prefill is skipped
     matched: int  # tokens of the longest cached prefix (checkpoint rule ignored)
+    pinned: Node | None  # the node pinned until finish (None: nothing pinned)
 
 
 @dataclass(slots=True)
@@ -72,29 +73,52 @@ class RequestStep:
     eviction: EvictionPolicy
     policy: str
     controllers: Sequence[Controller] = field(default_factory=tuple)
+    _observes: bool = field(init=False, repr=False)  # the eviction policy overrides observe
+
+    def __post_init__(self) -> None:
+        self._observes = overrides(self.eviction, "observe", EvictionPolicy)
 
     def prepare(self, requests: Sequence[Request]) -> None:
         """Show the plug-ins the whole run (processing order), before the first request."""
         self.admission.prepare(requests)
         self.eviction.prepare(requests)
 
-    def start(self, req: Request) -> Started:
+    def serve(self, req: Request) -> RequestRecord:
+        """:meth:`start` and :meth:`finish` back to back (the replay engine, the tuner's window
+        replays). Nothing can happen between the two, so the reused prefix is not pinned on its
+        own: the insertion pins its matched path while it evicts, which protects the same nodes
+        (the hit node is on that path)."""
+        return self.finish(self.start(req, pin=False))
+
+    def start(self, req: Request, pin: bool = True) -> Started:
+        """The request is scheduled: tick, match, ``on_hit``, plan, pin the reused prefix."""
         cache = self.cache
         cache.now += 1.0
         lookup = cache.lookup(req.input_ids, self.admission.page_size)
         self.eviction.on_hit(cache, lookup)
         seq = req.full_sequence()
         plan = self.admission.plan(lookup, req.input_len, int(seq.shape[0]))
-        cache.pin(lookup.hit_node)
+        pinned = lookup.hit_node if pin else None
+        if pinned is not None:
+            cache.pin(pinned)
         return Started(
-            req, seq, lookup, plan, req.hit_tokens(lookup.hit), req.hit_tokens(lookup.matched)
+            req,
+            seq,
+            lookup,
+            plan,
+            req.hit_tokens(lookup.hit),
+            req.hit_tokens(lookup.matched),
+            pinned,
         )
 
     def finish(self, started: Started, timing: Timing | None = None) -> RequestRecord:
+        """The request completed: admit input + output, unpin, ``observe``, the record."""
         cache, req = self.cache, started.req
         admitted = cache.insert(started.seq, started.plan.ckpts, started.plan.end, self.eviction)
-        cache.unpin(started.lookup.hit_node)
-        self.eviction.observe(cache, req, admitted)
+        if started.pinned is not None:
+            cache.unpin(started.pinned)
+        if self._observes:
+            self.eviction.observe(cache, req, admitted)
         for controller in self.controllers:
             controller.observe(self, req, admitted)
         return self._record(started, admitted, timing)

@@ -111,7 +111,7 @@ def expected_jobs(sweep_dir: Path) -> list[list[str]] | None:
     try:
         overrides = OverridesParser.create().parse_overrides(args)
         batches = BasicSweeper.split_arguments(overrides, None)
-    except Exception as err:  # e.g. a sweep syntax only another sweeper knows
+    except Exception as err:  # noqa: BLE001 - e.g. a sweep syntax only another sweeper knows
         log.warning("%s: cannot list the sweep's jobs (%s); taking every point", path, err)
         return None
     return [job for batch in batches for job in batch]

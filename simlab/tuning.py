@@ -147,7 +147,7 @@ def replay_window(
     step = RequestStep(cache, admission, eviction, "alpha-tuning")
     result = WindowResult()
     for req in requests:
-        record = step.finish(step.start(req))
+        record = step.serve(req)
         result.hit_tokens += record.hit_tokens
         result.input_tokens += record.input_tokens
         result.flops_saved += record.flops_saved

@@ -222,7 +222,7 @@ def test_chain_eviction_stops_at_a_pinned_node_and_at_a_fresher_leaf():
     cache.now = 2.0
     new = _block_chain(cache, 10, first=1000)
     cache.pin(cache.lookup(old[: 8 * 4 + 1]).hit_node)  # blocks 1..8 of the old chain
-    freed, count = cache.evict(math.inf, LRU())
+    _freed, count = cache.evict(math.inf, LRU())
     assert count == 12 + 10  # the old chain down to the pin first, then the newer chain
     assert cache.lookup(old).hit == 8 * 4 and cache.lookup(new).hit == 0
     cache.check_invariants()

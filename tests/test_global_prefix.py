@@ -84,7 +84,7 @@ def test_table3_plans_partition_the_batch_in_r_group_order(table3):
 
 
 @pytest.mark.parametrize(
-    "prefix_len, paper", [(2000, "85.2"), (16000, "92.6")], ids=["2000/200", "16000/200"]
+    ("prefix_len", "paper"), [(2000, "85.2"), (16000, "92.6")], ids=["2000/200", "16000/200"]
 )
 def test_microbenchmark_upper_bounds(prefix_len, paper):
     """Sharing degree 16, distinct 200: 1 - (P + 16 x 200) / (16 (P + 200))."""

@@ -37,7 +37,7 @@ def test_low_load_hits_equal_replay(policy):
     """Sessions far apart: the timed engine sees requests in the replay's order, and the
     cache's logical clock makes every policy decide identically."""
     trace = chat_trace(seed=6, sessions=10)
-    engine, timed, arrived = timed_run(policy, trace, 12 * CKPT, session_rate=1e-4)
+    _engine, timed, arrived = timed_run(policy, trace, 12 * CKPT, session_rate=1e-4)
     admission, eviction = policy_plugins(policy)
     replayed = replay(
         arrived.requests(), PrefixCache(HYBRID, 12 * CKPT), admission, eviction, policy
@@ -128,7 +128,7 @@ def test_calibration_file_overrides_defaults(tmp_path):
     fast, slow = CostModel(HYBRID, A100), CostModel(HYBRID, A100, Calibration.load(path))
     assert slow.prefill_time(0, 4096) > fast.prefill_time(0, 4096)
     path.write_text('{"ops": {"warp_drive": {}}}')
-    with pytest.raises(ValueError, match="calib.json"):
+    with pytest.raises(ValueError, match=r"calib\.json"):
         Calibration.load(path)
 
 

@@ -5,6 +5,7 @@ tokenized traces are cached once per test session in a temporary directory."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import tarfile
@@ -106,7 +107,7 @@ def test_template_prefix_invariant(texts: list[str]) -> None:
     messages += [("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(texts)]
     positions = [i for i, (role, _) in enumerate(messages) if role == "assistant"]
     pairs = list(renderer.session(messages, positions))
-    for (inp, out), (nxt, _) in zip(pairs, pairs[1:], strict=False):
+    for (inp, out), (nxt, _) in itertools.pairwise(pairs):
         full = np.concatenate((inp, out))
         assert np.array_equal(nxt[: len(full)], full)
 
@@ -374,15 +375,15 @@ def test_trace_mode_uses_reference_gaps(sharegpt_trace: Trace) -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "key"),
     [
-        {"session_rate": 0.0, "think_time_mean": 1.0},
-        {"session_rate": -1.0, "think_time_mean": 1.0},
-        {"session_rate": float("nan"), "think_time_mean": 1.0},
-        {"session_rate": 1.0, "think_time_mean": -0.5},
-        {"session_rate": 1.0, "think_time_mean": 1.0, "mode": "bursty"},
+        ({"session_rate": 0.0, "think_time_mean": 1.0}, "session_rate"),
+        ({"session_rate": -1.0, "think_time_mean": 1.0}, "session_rate"),
+        ({"session_rate": float("nan"), "think_time_mean": 1.0}, "session_rate"),
+        ({"session_rate": 1.0, "think_time_mean": -0.5}, "think_time_mean"),
+        ({"session_rate": 1.0, "think_time_mean": 1.0, "mode": "bursty"}, "mode"),
     ],
 )
-def test_arrivals_reject_bad_parameters(kwargs: dict) -> None:
-    with pytest.raises(ValueError):
+def test_arrivals_reject_bad_parameters(kwargs: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=key):
         assign_arrivals(_synthetic_trace(2, 2), seed=0, **kwargs)

@@ -311,7 +311,7 @@ def test_tuned_run_is_deterministic_across_worker_counts():
 
 def test_no_eviction_no_tuning():
     policy, tuner = tuned()
-    _, frame = run(chat_trace(seed=1), policy, math.inf, tuner)
+    _, _frame = run(chat_trace(seed=1), policy, math.inf, tuner)
     summary = tuner.summary()
     assert summary["alpha_history"] == [{"request": 0, "alpha": 0.0}]
     assert summary["bootstrap_requests"] is None and summary["alpha_tunings"] == 0

@@ -631,7 +631,7 @@ def test_swebench_lenient_and_empty_archive(
     archive = tmp_path / TAR_RELATIVE
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"")
-    with pytest.raises(TraceFileError, match="not a readable .tar.gz"):
+    with pytest.raises(TraceFileError, match=r"not a readable \.tar\.gz"):
         load_swebench(data_dir=tmp_path, cache_dir=tmp_path / "c")
     good = json.dumps(
         {
@@ -651,7 +651,7 @@ def test_swebench_lenient_and_empty_archive(
             info = tarfile.TarInfo(name)
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))
-    with pytest.raises(TraceFileError, match="cut.traj.json: not valid JSON"):
+    with pytest.raises(TraceFileError, match=r"cut\.traj\.json: not valid JSON"):
         load_swebench(data_dir=tmp_path, limit=None, cache_dir=tmp_path / "c")
     with caplog.at_level(logging.WARNING):
         trace = load_swebench(data_dir=tmp_path, limit=None, cache_dir=tmp_path / "c", lenient=True)

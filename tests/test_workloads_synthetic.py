@@ -105,9 +105,9 @@ def test_reuse_kinds_follow_marconi_taxonomy() -> None:
     system = list(range(100, 110))
     trace = rows_trace(
         [
-            (system + [1, 2], [3, 4]),  # nothing before it
-            (system + [5], [6]),  # shares the system prompt: purely input (10)
-            (system + [1, 2, 3, 4, 7], [8]),  # runs through request 0's reply: input and output
+            ([*system, 1, 2], [3, 4]),  # nothing before it
+            ([*system, 5], [6]),  # shares the system prompt: purely input (10)
+            ([*system, 1, 2, 3, 4, 7], [8]),  # runs through request 0's reply: input and output
         ]
     )
     totals = ideal_reuse(trace)

@@ -78,7 +78,7 @@ def _read_entry(path: Path, name: str) -> Trace | None:
     started = time.perf_counter()
     try:
         trace = Trace.read_parquet(path, name)
-    except Exception as exc:  # a corrupt entry must never be fatal: it is rebuilt
+    except Exception as exc:  # noqa: BLE001 - a corrupt entry must never be fatal: it is rebuilt
         log.warning("trace cache entry %s is unreadable (%s): rebuilding", path, exc)
         return None
     log.info("trace cache hit for %s: %s (%.2f s)", name, path, time.perf_counter() - started)

@@ -20,7 +20,7 @@ _ID_BYTES = np.dtype(TOKEN_DTYPE).itemsize
 
 
 class _Node:
-    __slots__ = ("tokens", "key", "children")
+    __slots__ = ("children", "key", "tokens")
 
     def __init__(self, tokens: np.ndarray) -> None:
         self.tokens = tokens

@@ -86,7 +86,7 @@ def perturbed(rng: np.random.Generator, base: float, perturb: str, size: int | N
     if base < 0:
         raise ValueError(f"lengths must be >= 0, got {base}")
     if perturb == "none" or base == 0:
-        value = int(round(base))
+        value = round(base)
         return value if size is None else np.full(size, value, dtype=np.int64)
     return 1 + rng.poisson(max(base - 1.0, 0.0), size=size)
 
