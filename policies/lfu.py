@@ -59,13 +59,14 @@ class HitCounts:
         new = new[new != cache.root.slot]
         self.count[new] = self.initial
         for slot in new.tolist() if self.inherit else ():  # few: the last admission's nodes
-            node = cache.node_at(slot)
-            inherited = [
-                self.count[c.slot] for c in node.children.values() if self.nid[c.slot] == c.nid
-            ]
-            self.count[slot] = max(self.initial, sum(inherited))
+            self.count[slot] = max(self.initial, self._children_count(cache.node_at(slot)))
         self.nid[new] = cache.nids[new]
         return gone, new
+
+    def _children_count(self, node: Node) -> float:
+        """Hits counted on ``node``'s already tracked children (a split's lower half)."""
+        children = node.children.values()
+        return float(sum(self.count[c.slot] for c in children if self.nid[c.slot] == c.nid))
 
     def hit(self, cache: CacheView, nodes: list[Node]) -> None:
         self.sync(cache)

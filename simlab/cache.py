@@ -257,9 +257,8 @@ class PrefixCache:
 
         For a hybrid model KV past the last checkpoint is useless and is not admitted. When the
         admission does not fit even after evicting every unpinned candidate, it is truncated to
-        the longest prefix that fits (never over capacity); ``truncated`` then says so. The
-        policy's ``on_admit`` hears of every node the insertion created (split halves
-        included), after its evictions.
+        the longest prefix that fits (never over capacity; ``truncated`` says so). The policy's
+        ``on_admit`` hears of every node it created (split halves too), after its evictions.
         """
         wants_nodes = overrides(policy, "on_admit", EvictionPolicy)
         self._created = [] if wants_nodes else None

@@ -139,6 +139,14 @@ def truncate(cache: TreeShape, plan: InsertPlan, budget: float) -> InsertPlan:
         fit = int(budget // cache.kv_per_token) if cache.kv_per_token else plan.end
         cut.end = min(plan.end, plan.matched + (fit // cache.page_size) * cache.page_size)
         return cut
+    return _fit_new_ckpts(cache, plan, cut, budget)
+
+
+def _fit_new_ckpts(
+    cache: TreeShape, plan: InsertPlan, cut: InsertPlan, budget: float
+) -> InsertPlan:
+    """Hybrid: extend ``cut`` checkpoint by checkpoint (KV up to it plus its state) while the
+    bytes fit in ``budget``."""
     prev = plan.matched
     for c in plan.new_ckpts:
         cost = (c - prev) * cache.kv_per_token + cache.ckpt_bytes

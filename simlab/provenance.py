@@ -19,23 +19,19 @@ def project_version() -> str:
         return "unknown (simlab not installed)"
 
 
+def _git(root: Path, *args: str) -> str:
+    """Output of ``git -C root ARGS`` (raises on failure)."""
+    cmd = ["git", "-C", str(root), *args]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=10, check=True
+    ).stdout.strip()
+
+
 def git_commit(root: Path = PROJECT_ROOT) -> str:
     """``HEAD`` of the checkout simlab runs from, ``+dirty`` with uncommitted changes; or why not."""
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        head = _git(root, "rev-parse", "HEAD")
+        dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError) as err:
         log.debug("no git commit: %s", err)
         return "unavailable (not a git checkout)"

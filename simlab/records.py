@@ -89,18 +89,22 @@ def summarize(frame: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+#: Latency columns and the percentiles of each that a timed run's summary reports.
+LATENCY_PERCENTILES = {
+    "ttft": (5, 50, 95),
+    "tpot": (50, 95),
+    "e2e": (5, 50, 95),
+    "queue_delay": (50, 95),
+}
+
+
 def latency_summary(frame: pd.DataFrame) -> dict[str, Any]:
     """TTFT / TPOT / end-to-end / queueing percentiles and throughput of a timed run ({} for
     replay records, whose latency columns are NaN)."""
     if frame["ttft"].isna().all():
         return {}
     out: dict[str, Any] = {}
-    for col, pcts in (
-        ("ttft", (5, 50, 95)),
-        ("tpot", (50, 95)),
-        ("e2e", (5, 50, 95)),
-        ("queue_delay", (50, 95)),
-    ):
+    for col, pcts in LATENCY_PERCENTILES.items():
         values = frame[col].dropna().to_numpy()
         for p in pcts:
             out[f"{col}_p{p}"] = float(np.percentile(values, p)) if values.size else math.nan

@@ -161,8 +161,20 @@ def run_policy(
         run = engine.run(requests, step)
     wall = time.perf_counter() - start
     frame = records_frame(run.records)
+    summary = policy_summary(frame, run, step, wall)
+    rate, speed = summary["token_hit_rate"], summary["requests_per_s"]
+    log.info("%s: token hit rate %.4f, %.0f req/s", name, rate, speed)
+    return PolicyRun(frame, summary, occupancy_frame(name, run, frame))
+
+
+def policy_summary(
+    frame: pd.DataFrame, run: EngineRun, step: RequestStep, wall: float
+) -> dict[str, Any]:
+    """A policy's entry in ``summary.json``: hit and latency metrics, the engine's and the
+    plug-ins' items, peak cache bytes and simulation speed."""
     cache = step.cache
-    summary = (
+    speed = len(frame) / wall if wall > 0 else float("inf")
+    return (
         summarize(frame)
         | latency_summary(frame)
         | run.extras
@@ -171,17 +183,10 @@ def run_policy(
             "peak_ssm_gb": cache.peak_ssm_bytes / 1e9,
             "peak_gb": cache.peak_bytes / 1e9,
             "wall_s": wall,
-            "requests_per_s": len(requests) / wall if wall > 0 else float("inf"),
+            "requests_per_s": speed,
         }
         | step.summary()
     )
-    log.info(
-        "%s: token hit rate %.4f, %.0f req/s",
-        name,
-        summary["token_hit_rate"],
-        summary["requests_per_s"],
-    )
-    return PolicyRun(frame, summary, occupancy_frame(name, run, frame))
 
 
 def occupancy_frame(policy: str, run: EngineRun, frame: pd.DataFrame) -> pd.DataFrame:
@@ -200,7 +205,10 @@ def hit_rate_bounds(
 ) -> dict[str, float]:
     """Token hit rates no policy can beat: the infinite cache (ideal reuse at token
     granularity, as if every position were checkpointed) and the clairvoyant policy (Belady on
-    the prefix tree at this capacity, replayed in arrival order)."""
+    the prefix tree at this capacity, replayed in arrival order); none with ``bounds.enabled``
+    false."""
+    if not (cfg.get("bounds") and cfg.bounds.get("enabled")):
+        return {}
     total = sum(req.input_tokens for req in requests)
     ideal = infinite_cache_hits(requests)
     bounds = {
@@ -258,10 +266,8 @@ def simulate(cfg: DictConfig) -> Summary:
         for name, pcfg in settings.policies.items()
     }
     policies = {name: run.summary for name, run in runs.items()}
-    bounds: dict[str, float] = {}
-    if cfg.get("bounds") and cfg.bounds.get("enabled"):
-        bounds = hit_rate_bounds(cfg, requests, model, settings, trace.block_size)
-        add_bound_ratios(policies, bounds)
+    bounds = hit_rate_bounds(cfg, requests, model, settings, trace.block_size)
+    add_bound_ratios(policies, bounds)
     summary = Summary(
         policies=policies,
         bounds=bounds,
@@ -271,9 +277,14 @@ def simulate(cfg: DictConfig) -> Summary:
         records=pd.concat([run.frame for run in runs.values()], ignore_index=True),
     )
     if summary.out_dir is not None:
-        write_records(summary.records, summary.out_dir / "records.parquet")
-        occupancy = pd.concat([run.occupancy for run in runs.values()], ignore_index=True)
-        write_records(occupancy, summary.out_dir / "occupancy.parquet")
-        write_json_atomic(summary.to_dict(), summary.out_dir / "summary.json")
-        log.info("results written to %s", summary.out_dir)
+        write_results(summary, summary.out_dir, runs)
     return summary
+
+
+def write_results(summary: Summary, out_dir: Path, runs: dict[str, PolicyRun]) -> None:
+    """``records.parquet``, ``occupancy.parquet`` and ``summary.json``, each written atomically."""
+    write_records(summary.records, out_dir / "records.parquet")
+    occupancy = pd.concat([run.occupancy for run in runs.values()], ignore_index=True)
+    write_records(occupancy, out_dir / "occupancy.parquet")
+    write_json_atomic(summary.to_dict(), out_dir / "summary.json")
+    log.info("results written to %s", out_dir)

@@ -48,16 +48,16 @@ def pack(cache: PrefixCache, clear_pins: bool = True) -> CacheImage:
         attrs[key] = _copy_value(value)
     if clear_pins:
         attrs["pins"] = np.zeros_like(attrs["pins"])
-    rows: list[dict[str, Any] | None] = []
-    for node in cache._by_slot:
-        if node is None:
-            rows.append(None)
-            continue
-        row = {name: getattr(node, name) for name in Node.__slots__ if name not in _NODE_REFS}
-        row["parent"] = None if node.parent is None else node.parent.slot
-        row["children"] = {tok: child.slot for tok, child in node.children.items()}
-        rows.append(row)
+    rows = [None if node is None else _node_row(node) for node in cache._by_slot]
     return CacheImage(attrs, rows, cache.root.slot)
+
+
+def _node_row(node: Node) -> dict[str, Any]:
+    """A node as plain data: its fields, with parent and children as slot numbers."""
+    row = {name: getattr(node, name) for name in Node.__slots__ if name not in _NODE_REFS}
+    row["parent"] = None if node.parent is None else node.parent.slot
+    row["children"] = {tok: child.slot for tok, child in node.children.items()}
+    return row
 
 
 def unpack(image: CacheImage) -> PrefixCache:

@@ -146,18 +146,24 @@ class RequestStep:
             hit_tokens=hit,
             prefill_flops=model.prefill_flops(0, req.input_tokens),
             flops_saved=model.prefill_flops(0, hit) if hit else 0.0,
-            kv_bytes_admitted=admitted.kv_bytes,
-            ssm_bytes_admitted=admitted.ssm_bytes,
-            ckpts_admitted=admitted.ckpts,
-            bytes_evicted=admitted.evicted_bytes,
-            nodes_evicted=admitted.evicted_nodes,
-            admission_truncated=admitted.truncated,
-            cache_kv_bytes=self.cache.kv_bytes,
-            cache_ssm_bytes=self.cache.ssm_bytes,
+            **self._cache_columns(admitted),
         )
         if timing is not None:
             add_timing(record, timing)
         return record
+
+    def _cache_columns(self, admitted: InsertResult) -> dict[str, Any]:
+        """What the admission did to the cache, and the cache's bytes after it."""
+        return {
+            "kv_bytes_admitted": admitted.kv_bytes,
+            "ssm_bytes_admitted": admitted.ssm_bytes,
+            "ckpts_admitted": admitted.ckpts,
+            "bytes_evicted": admitted.evicted_bytes,
+            "nodes_evicted": admitted.evicted_nodes,
+            "admission_truncated": admitted.truncated,
+            "cache_kv_bytes": self.cache.kv_bytes,
+            "cache_ssm_bytes": self.cache.ssm_bytes,
+        }
 
 
 def add_timing(record: RequestRecord, t: Timing) -> None:

@@ -228,21 +228,16 @@ class TimedWorld:
     """One run of the timed world for one policy; see the module docstring."""
 
     def __init__(
-        self,
-        requests: Sequence[Request],
-        step: RequestStep,
-        cost: CostModel,
-        settings: TimedSettings,
+        self, requests: Sequence[Request], step: RequestStep, cost: CostModel, s: TimedSettings
     ):
-        self.step, self.cache = step, step.cache
-        self.cost, self.settings = cost, settings
-        self.model = step.cache.model
+        self.step, self.cache, self.model = step, step.cache, step.cache.model
+        self.cost, self.settings = cost, s
         self.env = simpy.Environment()
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.records: list[RequestRecord] = []
         self.stats = EngineStats()
-        self.memory_free = settings.running_memory_gb * 1e9
+        self.memory_free = s.running_memory_gb * 1e9
         self._queue_changed = 0.0
         self._wakeup = self.env.event()
         self._open_sources = 0
@@ -353,17 +348,9 @@ class TimedWorld:
     # ------------------------------------------------------------------ iterations
     def _iteration(self):
         """One mixed iteration: every decoder steps once; prefill chunks fill the budget."""
-        budget = self.settings.token_budget
         decoders = [j for j in self.running if not j.in_prefill and j.decode_left > 0]
-        budget -= len(decoders)
-        chunks: list[tuple[Job, int]] = []
-        for job in self.running:
-            if job.in_prefill and budget > 0:
-                take = self._chunk_size(job, budget)
-                chunks.append((job, take))
-                budget -= take
-        batch = self._batch(chunks, decoders)
-        duration = self.cost.time(batch)
+        chunks = self._prefill_chunks(self.settings.token_budget - len(decoders))
+        duration = self.cost.time(self._batch(chunks, decoders))
         yield self.env.timeout(duration)
         self.stats.busy += duration
         self.stats.iterations += 1
@@ -373,6 +360,16 @@ class TimedWorld:
             job.prefilled += take
             if not job.in_prefill:
                 job.first_token = self.env.now
+
+    def _prefill_chunks(self, budget: int) -> list[tuple[Job, int]]:
+        """Prefill chunks (job, tokens) of the running requests in order, within ``budget``."""
+        chunks: list[tuple[Job, int]] = []
+        for job in self.running:
+            if job.in_prefill and budget > 0:
+                take = self._chunk_size(job, budget)
+                chunks.append((job, take))
+                budget -= take
+        return chunks
 
     def _chunk_size(self, job: Job, budget: int) -> int:
         i = bisect.bisect_right(job.splits, job.prefilled)
@@ -413,9 +410,7 @@ class TimedWorld:
             yield self.env.timeout(float(ends[-1])) | self._wakeup
         else:
             yield self.env.timeout(float(ends[-1]))
-        elapsed = self.env.now - start
-        done = int(np.searchsorted(ends, elapsed - 1e-12, side="left")) + 1
-        done = min(done, steps)
+        done = min(int(np.searchsorted(ends, self.env.now - start - 1e-12)) + 1, steps)
         if self.env.now < start + float(ends[done - 1]):  # finish the step in progress
             yield self.env.timeout(start + float(ends[done - 1]) - self.env.now)
         self.stats.busy += float(ends[done - 1])

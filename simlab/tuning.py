@@ -87,14 +87,8 @@ class TuningSettings:
             raise ValueError(
                 f"policy.tuning.objective must be one of {OBJECTIVES}, got {self.objective!r}"
             )
-        for key in ("retune_every", "window"):
-            value = getattr(self, key)
-            if value is not None and not (isinstance(value, int) and value >= 1):
-                raise ValueError(
-                    f"policy.tuning.{key} must be an integer >= 1 or null, got {value!r}"
-                )
-        if not (isinstance(self.workers, int) and self.workers >= 1):
-            raise ValueError(f"policy.tuning.workers must be an integer >= 1, got {self.workers!r}")
+        for key, nullable in (("retune_every", True), ("window", True), ("workers", False)):
+            _check_count(key, getattr(self, key), nullable)
 
     @classmethod
     def from_config(cls, cfg: Any) -> TuningSettings | None:
@@ -116,6 +110,14 @@ class TuningSettings:
             values["grid"] = tuple(values["grid"] or ())
         settings = cls(**values)
         return settings if settings.enabled else None
+
+
+def _check_count(key: str, value: Any, nullable: bool) -> None:
+    """``policy.tuning.KEY`` must be an integer >= 1 (or null when ``nullable``)."""
+    if (value is None and nullable) or (isinstance(value, int) and value >= 1):
+        return
+    null = " or null" if nullable else ""
+    raise ValueError(f"policy.tuning.{key} must be an integer >= 1{null}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------- snapshot
@@ -218,12 +220,9 @@ def grid_scores(
     template: Any,
     settings: TuningSettings,
 ) -> dict[float, float]:
-    """Objective per grid alpha; worker processes take round-robin shares of the grid.
-
-    Each alpha's replay is a pure function of (snapshot, window, alpha), so the scores do not
-    depend on ``workers``. Nested inside a joblib worker (a joblib-launched sweep point) joblib
-    runs the shares in threads instead of starting more processes.
-    """
+    """Objective per grid alpha; worker processes take round-robin shares of the grid (each
+    replay is a pure function of snapshot, window and alpha: the scores do not depend on
+    ``workers``; inside a joblib worker, joblib runs the shares in threads)."""
     grid = list(settings.grid)
     n = min(settings.workers, len(grid))
     shares = [grid[i::n] for i in range(n)]
@@ -368,28 +367,25 @@ class AlphaTuner:
         window = list(self._recent)[len(self._recent) - (tune - start_at) :]
         start = time.perf_counter()
         scores = grid_scores(image, window, admission, self.template, self.settings)
-        alpha = best_alpha(scores)
         elapsed = time.perf_counter() - start
         self.tuning_wall_s += elapsed
+        return self._adopt(tune, start_at, scores, elapsed)
+
+    def _adopt(self, tune: int, start_at: int, scores: dict[float, float], elapsed: float) -> float:
+        """The grid search's winner, recorded in the history (and the log)."""
+        alpha, objective = best_alpha(scores), self.settings.objective
         self.history.append(
             {
                 "request": tune,
                 "alpha": alpha,
                 "window": [start_at, tune],
-                "objective": self.settings.objective,
+                "objective": objective,
                 "scores": {repr(a): v for a, v in scores.items()},
             }
         )
-        log.info(
-            "alpha tuning at request %d: window [%d, %d), %s %s -> alpha %g (%.2f s)",
-            tune,
-            start_at,
-            tune,
-            self.settings.objective,
-            ", ".join(f"{a:g}: {v:.4g}" for a, v in scores.items()),
-            alpha,
-            elapsed,
-        )
+        grid = ", ".join(f"{a:g}: {v:.4g}" for a, v in scores.items())
+        log.info("alpha tuning at request %d: window [%d, %d), %s %s -> alpha %g (%.2f s)",
+                 tune, start_at, tune, objective, grid, alpha, elapsed)  # fmt: skip
         return alpha
 
     def summary(self) -> dict[str, Any]:
