@@ -85,6 +85,8 @@ class PrefixCache:
         self.peak_bytes = 0
         self._next_nid = 0
         self._created: list[Node] | None = None  # nodes made by the insertion in progress
+        self._admit_policy: EvictionPolicy | None = None  # whose ``on_admit`` override
+        self._admits = False  # ... was checked: it has one
         self._alloc_arrays(_INITIAL_SLOTS)
         self.root = self._new_node(np.zeros(0, dtype=np.int32), None, 0)
 
@@ -157,7 +159,7 @@ class PrefixCache:
 
     @property
     def free_bytes(self) -> float:
-        return self.capacity - self.used_bytes
+        return self.capacity - self.kv_bytes - self.ssm_bytes  # hot: no nested property
 
     def _account(self, kv: int, ssm: int) -> None:
         self.kv_bytes += kv
@@ -260,8 +262,9 @@ class PrefixCache:
         the longest prefix that fits (never over capacity; ``truncated`` says so). The policy's
         ``on_admit`` hears of every node it created (split halves too), after its evictions.
         """
-        wants_nodes = overrides(policy, "on_admit", EvictionPolicy)
-        self._created = [] if wants_nodes else None
+        if policy is not self._admit_policy:  # checked once per policy object
+            self._admit_policy, self._admits = policy, overrides(policy, "on_admit", EvictionPolicy)
+        self._created = [] if self._admits else None
         try:
             result = self._insert(seq, ckpts, end, policy)
             created = self._created

@@ -29,6 +29,10 @@ class CacheImage:
     root: int
 
 
+#: Cache attributes that belong to the policy object inserting now, reset in a copy.
+_PER_RUN: dict[str, Any] = {"_admit_policy": None, "_admits": False, "_created": None}
+
+
 def _copy_value(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.copy()
@@ -46,6 +50,7 @@ def pack(cache: PrefixCache, clear_pins: bool = True) -> CacheImage:
         if isinstance(value, Node):
             raise TypeError(f"PrefixCache.{key} holds a node; teach pack() about it")
         attrs[key] = _copy_value(value)
+    attrs |= _PER_RUN  # the copy is used by other policy objects
     if clear_pins:
         attrs["pins"] = np.zeros_like(attrs["pins"])
     rows = [None if node is None else _node_row(node) for node in cache._by_slot]
