@@ -121,7 +121,10 @@ class RequestStep:
             self.eviction.observe(cache, req, admitted)
         for controller in self.controllers:
             controller.observe(self, req, admitted)
-        return self._record(started, admitted, timing)
+        record = self._record(started, admitted)
+        if timing is not None:
+            add_timing(record, timing)
+        return record
 
     def summary(self) -> dict[str, Any]:
         """The plug-ins' and controllers' items for the policy's summary."""
@@ -130,45 +133,36 @@ class RequestStep:
             items |= controller.summary()
         return items
 
-    def _record(
-        self, started: Started, admitted: InsertResult, timing: Timing | None
-    ) -> RequestRecord:
-        req, model, hit = started.req, self.cache.model, started.hit
-        record = RequestRecord(
+    def _record(self, started: Started, admitted: InsertResult) -> RequestRecord:
+        req, cache, hit = started.req, self.cache, started.hit
+        return RequestRecord(
             policy=self.policy,
             request_id=req.request_id,
             session_id=req.session_id,
             turn=req.turn,
-            arrival=req.arrival if timing is None else timing.arrival,
+            arrival=req.arrival,
             input_tokens=req.input_tokens,
             output_tokens=req.output_len,
             matched_tokens=started.matched,
             hit_tokens=hit,
-            prefill_flops=model.prefill_flops(0, req.input_tokens),
-            flops_saved=model.prefill_flops(0, hit) if hit else 0.0,
-            **self._cache_columns(admitted),
+            prefill_flops=cache.model.prefill_flops(0, req.input_tokens),
+            flops_saved=cache.model.prefill_flops(0, hit) if hit else 0.0,
+            kv_bytes_admitted=admitted.kv_bytes,
+            ssm_bytes_admitted=admitted.ssm_bytes,
+            ckpts_admitted=admitted.ckpts,
+            bytes_evicted=admitted.evicted_bytes,
+            nodes_evicted=admitted.evicted_nodes,
+            admission_truncated=admitted.truncated,
+            cache_kv_bytes=cache.kv_bytes,
+            cache_ssm_bytes=cache.ssm_bytes,
         )
-        if timing is not None:
-            add_timing(record, timing)
-        return record
-
-    def _cache_columns(self, admitted: InsertResult) -> dict[str, Any]:
-        """What the admission did to the cache, and the cache's bytes after it."""
-        return {
-            "kv_bytes_admitted": admitted.kv_bytes,
-            "ssm_bytes_admitted": admitted.ssm_bytes,
-            "ckpts_admitted": admitted.ckpts,
-            "bytes_evicted": admitted.evicted_bytes,
-            "nodes_evicted": admitted.evicted_nodes,
-            "admission_truncated": admitted.truncated,
-            "cache_kv_bytes": self.cache.kv_bytes,
-            "cache_ssm_bytes": self.cache.ssm_bytes,
-        }
 
 
 def add_timing(record: RequestRecord, t: Timing) -> None:
-    """Fill a record's latency columns (TTFT = first token - arrival, so queueing counts)."""
+    """Fill a record's latency columns (TTFT = first token - arrival, so queueing counts); a
+    timed request arrives when its session submitted it."""
     out = record.output_tokens
+    record.arrival = t.arrival
     record.scheduled, record.first_token, record.finished = t.scheduled, t.first_token, t.finished
     record.ttft = t.first_token - t.arrival
     record.queue_delay = t.scheduled - t.arrival
