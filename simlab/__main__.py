@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -19,12 +21,24 @@ from traces.paths import TraceFileError
 USER_ERRORS = (ConfigError, TraceFileError, TraceFormatError, FileNotFoundError)
 
 
+@contextmanager
+def reported_as_one_line() -> Iterator[None]:
+    """A user error becomes one line on stderr and exit status 2, Ctrl-C one line and 130
+    (the shell's convention for SIGINT); neither prints a traceback."""
+    try:
+        yield
+    except USER_ERRORS as err:
+        print(f"simlab: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("simlab: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> None:
-    try:
+    with reported_as_one_line():
         summary = simulate(cfg)
-    except USER_ERRORS as err:
-        raise SystemExit(f"simlab: error: {err}") from err
     print(
         f"\n{summary.trace['name']}: {summary.trace['requests']} requests, "
         f"{summary.trace['sessions']} sessions, cache {cfg.cache.size_gb} GB, model {cfg.model.name}"

@@ -16,10 +16,18 @@ from omegaconf import DictConfig, OmegaConf
 
 GB = 1e9
 ARRIVAL_MODES = ("poisson", "trace", "timestamps", "azure")
+AZURE_FILES = ("conv", "code")
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key."""
+
+
+def number(key: str, value: Any) -> float:
+    """``value`` if it is a real number (not a bool or a string); :class:`ConfigError` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}: must be a number (got {value!r})")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -28,7 +36,11 @@ class CacheSettings:
     page_size: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size_gb, int | float) or not self.size_gb > 0:
+        if (
+            isinstance(self.size_gb, bool)
+            or not isinstance(self.size_gb, int | float)
+            or not self.size_gb > 0
+        ):
             raise ConfigError(
                 f"cache.size_gb must be a positive number of GB (or inf), got {self.size_gb!r}"
             )
@@ -50,6 +62,12 @@ class ArrivalSettings:
     time_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        for key in ("session_rate", "think_time_mean", "time_scale"):
+            number(f"arrivals.{key}", getattr(self, key))
+        if self.azure not in AZURE_FILES:
+            raise ConfigError(f"arrivals.azure: must be one of {AZURE_FILES} (got {self.azure!r})")
+        if not self.time_scale > 0:
+            raise ConfigError(f"arrivals.time_scale: must be > 0 (got {self.time_scale!r})")
         if self.mode not in ARRIVAL_MODES:
             raise ConfigError(f"arrivals.mode must be one of {ARRIVAL_MODES}, got {self.mode!r}")
         if not self.session_rate > 0:

@@ -9,8 +9,6 @@ import dataclasses
 import json
 import math
 import operator
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from traces.atomic import atomic_path
 from traces.format import write_frame_atomic
 
 
@@ -130,13 +129,5 @@ def _jsonable(value: Any) -> Any:
 
 def write_json_atomic(data: dict[str, Any], path: Path) -> None:
     """Write JSON through a temp file and a rename, so readers never see a partial file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True, default=_jsonable)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, tmp.open("w") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True, default=_jsonable)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,14 +77,47 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         model = ModelSpec.from_config(cfg.model)
     except ValueError as err:
         raise ConfigError(f"model: {err}") from err
+    check_capacity(settings, model)
     for name, pcfg in settings.policies.items():
         policy_step(name, pcfg, model, settings)
-    return RunPlan(settings, model, build_engine(cfg))
+    engine = build_engine(cfg)
+    check_writable(output_dir(cfg))
+    return RunPlan(settings, model, engine)
+
+
+def check_capacity(settings: RunSettings, model: ModelSpec) -> None:
+    """The cache must hold one KV page, plus one SSM checkpoint for a hybrid: a smaller one
+    can never admit anything, and every hit rate would be a silent 0."""
+    need = settings.cache.page_size * model.kv_bytes_per_token
+    need += model.ssm_state_bytes if model.is_hybrid else 0
+    if settings.cache.capacity_bytes < need:
+        what = "one KV page plus one SSM checkpoint" if model.is_hybrid else "one KV page"
+        raise ConfigError(
+            f"cache.size_gb: smaller than {what} of {model.name} ({need / 1e9:.4g} GB), "
+            f"so nothing could ever be cached (got {settings.cache.size_gb})"
+        )
+
+
+def check_writable(out_dir: Path | None) -> None:
+    """Fail before any work when results could not be written to ``out_dir``."""
+    if out_dir is None:
+        return
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"output_dir: cannot write to {out_dir} ({err.strerror or err})") from err
 
 
 def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
     """Instantiate the configured loader and assign arrival times (seeded)."""
-    trace: Trace = instantiate(cfg.trace, _convert_="all")
+    try:
+        trace: Trace = instantiate(cfg.trace, _convert_="all")
+    except InstantiationException as err:  # a missing or malformed file: the loader's message
+        if isinstance(err.__cause__, FileNotFoundError | ValueError):
+            raise ConfigError(f"trace: {err.__cause__}") from err
+        raise
     arrivals = settings.arrivals
     return assign_arrival_times(
         trace,

@@ -38,9 +38,7 @@ import argparse
 import json
 import logging
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +51,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+
+from traces.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -216,14 +216,8 @@ def write_points(frame: pd.DataFrame, keys: Sequence[str], path: Path) -> None:
     table = pa.Table.from_pandas(frame, preserve_index=False)
     meta = dict(table.schema.metadata or {}) | {META_KEY: json.dumps(list(keys)).encode()}
     table = table.replace_schema_metadata(meta)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def aggregate(sweep_dir: Path) -> pd.DataFrame:

@@ -82,6 +82,8 @@ def _malformed_tar(data_dir: Path) -> None:
 def test_bad_input_fails_clearly_before_work(tmp_path, args, message):
     proc = simlab(tmp_path, *args)
     assert proc.returncode != 0
+    if "Could not find" not in message:  # Hydra's own composition errors exit 1
+        assert proc.returncode == 2 and proc.stderr.startswith("simlab: error: ")
     assert message in proc.stderr, proc.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
     assert "Traceback" not in proc.stderr

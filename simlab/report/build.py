@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +27,7 @@ from simlab.report.tables import (
     table_notes,
     trace_note,
 )
+from traces.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 # matplotlib's PDF backend subsets fonts through fontTools, which logs every table at INFO
@@ -183,25 +182,10 @@ def build_report(
 def write_pdf(path: Path, figures: Sequence[Figure], title: str) -> None:
     """All pages into one PDF, atomically (temp file + rename), without a creation date so the
     same results give the same bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        metadata = {"CreationDate": None, "Creator": "simlab.report", "Title": title}
-        with PdfPages(tmp, metadata=metadata) as pdf:
-            for fig in figures:
-                pdf.savefig(fig)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    metadata = {"CreationDate": None, "Creator": "simlab.report", "Title": title}
+    with atomic_path(path) as tmp, PdfPages(tmp, metadata=metadata) as pdf:
+        for fig in figures:
+            pdf.savefig(fig)
 
 
 def default_out(results: RunResults | SweepResults) -> Path:

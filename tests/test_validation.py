@@ -1,0 +1,47 @@
+"""Bad input fails before any work, as one line naming the key (issue 18, item 1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simlab.__main__ import reported_as_one_line
+from simlab.config import ConfigError
+from simlab.simulate import plan_run
+from tests.fixtures import compose
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["arrivals.session_rate=fast"], "arrivals.session_rate: must be a number (got 'fast')"),
+        (["arrivals.think_time_mean=abc"], "arrivals.think_time_mean: must be a number"),
+        (["arrivals.time_scale=0"], "arrivals.time_scale: must be > 0 (got 0)"),
+        (["arrivals.time_scale=abc"], "arrivals.time_scale: must be a number"),
+        (["arrivals.azure=foo"], "arrivals.azure: must be one of"),
+        (["cache.size_gb=true"], "cache.size_gb"),
+        (["+policy=marconi", "policy.alpha=abc"], "policy.alpha must be a finite number"),
+        # one 7B-hybrid checkpoint is 26.8 MB: a 1 MB cache could never admit anything
+        (["cache.size_gb=0.001"], "cache.size_gb: smaller than one KV page plus one SSM"),
+        # llama3_8b: 128 KiB of KV per token, so a 16-token page is 2.1 MB
+        (["model=llama3_8b", "cache.page_size=16", "cache.size_gb=0.002"], "one KV page of"),
+        (["output_dir=/proc/simlab-x"], "output_dir: cannot write to /proc/simlab-x"),
+    ],
+)
+def test_bad_values_fail_before_work_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        plan_run(compose(overrides))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_smallest_useful_cache_is_accepted():
+    plan_run(compose(["cache.size_gb=0.0269"]))  # one checkpoint + one token of KV
+
+
+def test_user_errors_and_ctrl_c_are_one_line_with_their_exit_status(capsys):
+    with pytest.raises(SystemExit) as stop, reported_as_one_line():
+        raise ConfigError("cache.size_gb: must be > 0 (got -1)")
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == "simlab: error: cache.size_gb: must be > 0 (got -1)\n"
+    with pytest.raises(SystemExit) as stop, reported_as_one_line():
+        raise KeyboardInterrupt
+    assert stop.value.code == 130 and capsys.readouterr().err == "simlab: interrupted\n"
