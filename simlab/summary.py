@@ -19,7 +19,7 @@ SUMMARY_COLUMNS = {
     "flops_saved_ratio": "FLOPs saved",
     "peak_kv_gb": "peak KV GB",
     "peak_ssm_gb": "peak SSM GB",
-    "requests_per_s": "sim req/s",
+    "peak_gb": "peak total GB",  # KV and SSM peak at different times: not their sum
 }
 TIMED_COLUMNS = {
     "ttft_p5": "TTFT p5 s",
@@ -53,7 +53,12 @@ class Summary:
             text += "\nbounds (token hit rate): " + ", ".join(
                 f"{name} {rate:.4f}" for name, rate in self.bounds.items()
             )
-        return text
+        return text + "\n" + self.speed_line()
+
+    def speed_line(self) -> str:
+        """How fast the simulator ran (wall clock of each policy's run): not a result column."""
+        speeds = {n: p["requests_per_s"] for n, p in self.policies.items() if "requests_per_s" in p}
+        return "simulator speed: " + ", ".join(f"{n} {v:,.0f} req/s" for n, v in speeds.items())
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -45,3 +45,16 @@ def test_user_errors_and_ctrl_c_are_one_line_with_their_exit_status(capsys):
     with pytest.raises(SystemExit) as stop, reported_as_one_line():
         raise KeyboardInterrupt
     assert stop.value.code == 130 and capsys.readouterr().err == "simlab: interrupted\n"
+
+
+def test_the_result_table_has_total_peak_and_no_simulator_speed_column():
+    from simlab.summary import Summary
+
+    policy = {
+        "token_hit_rate": 0.5, "request_hit_rate": 0.9, "flops_saved_ratio": 0.4,
+        "peak_kv_gb": 1.5, "peak_ssm_gb": 0.9, "peak_gb": 2.0, "requests_per_s": 12345.6,
+    }  # fmt: skip
+    lines = Summary(policies={"lru": policy}, trace={}, config={}).table().splitlines()
+    assert "peak total GB" in lines[0] and "req/s" not in lines[0]
+    assert "2.0000" in lines[1] and "12345" not in lines[1]
+    assert lines[-1] == "simulator speed: lru 12,346 req/s"
