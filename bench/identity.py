@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -190,10 +191,14 @@ def trace_cache(directory: Path | None) -> Iterator[Path]:
 
 
 def run_case(overrides: list[str], out_dir: Path, data_dir: Path | None) -> None:
-    """Compose the config for one case and simulate it into ``out_dir``."""
+    """Compose the config for one case and simulate it into ``out_dir`` (emptied first: a
+    case's earlier records are this bench's own output, and the simulator refuses to write
+    over results of other code)."""
     from hydra import compose, initialize_config_dir
 
     from simlab.simulate import simulate
+
+    shutil.rmtree(out_dir, ignore_errors=True)
 
     extra = [f"data_dir={data_dir}"] if data_dir is not None else []
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.metadata
 import logging
 import subprocess
@@ -38,5 +40,21 @@ def git_commit(root: Path = PROJECT_ROOT) -> str:
     return head + (" +uncommitted changes" if dirty else "")
 
 
+@functools.cache
+def code_version(root: Path = PROJECT_ROOT) -> str:
+    """What results depend on besides their config: the commit, plus a digest of uncommitted
+    changes to tracked files (``SHA+DIGEST``); the package version outside a git checkout."""
+    try:
+        head = _git(root, "rev-parse", "HEAD")
+        diff = _git(root, "diff", "HEAD")
+    except (OSError, subprocess.SubprocessError):
+        return f"simlab {project_version()}"
+    return f"{head}+{hashlib.sha256(diff.encode()).hexdigest()[:12]}" if diff else head
+
+
 def provenance() -> dict[str, str]:
-    return {"simlab_version": project_version(), "git_commit": git_commit()}
+    return {
+        "simlab_version": project_version(),
+        "git_commit": git_commit(),
+        "code_version": code_version(),
+    }

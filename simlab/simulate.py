@@ -32,6 +32,7 @@ from simlab.cache import PrefixCache
 from simlab.config import ConfigError, RunSettings, run_settings
 from simlab.engine import Engine, EngineRun
 from simlab.model import ModelSpec
+from simlab.provenance import code_version
 from simlab.records import (
     latency_summary,
     records_frame,
@@ -42,7 +43,7 @@ from simlab.records import (
 from simlab.replay import ReplayEngine
 from simlab.step import Controller, RequestStep
 from simlab.summary import Summary, add_bound_ratios, trace_stats
-from simlab.sweep import finished_summary, is_multirun
+from simlab.sweep import check_no_overwrite, finished_summary, is_multirun
 from simlab.tuning import AlphaTuner
 from traces.arrival_modes import assign as assign_arrival_times
 from traces.format import Request, Trace
@@ -273,12 +274,16 @@ def output_dir(cfg: DictConfig) -> Path | None:
 
 def finished_point(cfg: DictConfig) -> Summary | None:
     """In a multirun, the stored summary of this point if it already finished with the same
-    config (``simlab.sweep``: rerunning an interrupted sweep skips its finished points)."""
+    config and code (``simlab.sweep``: rerunning an interrupted sweep skips its finished
+    points). Results of another config or code in the output directory are never replaced
+    silently (:func:`simlab.sweep.check_no_overwrite`)."""
     out_dir = output_dir(cfg)
-    if out_dir is None or not is_multirun():
+    if out_dir is None:
         return None
-    done = finished_summary(out_dir, saved_config(cfg))
+    config = saved_config(cfg)
+    done = finished_summary(out_dir, config, code_version()) if is_multirun() else None
     if done is None:
+        check_no_overwrite(out_dir, config, code_version(), bool(cfg.get("overwrite", False)))
         return None
     log.info("sweep point already finished, skipped: %s", out_dir)
     return Summary(

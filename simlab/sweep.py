@@ -7,11 +7,13 @@ Ray or submitit/SLURM). Each point is one Hydra job that writes ``records.parque
 ``<sweep dir>/<job num>``.
 
 Resume. The sweep configs set a fixed ``hydra.sweep.dir``, so rerunning an interrupted sweep
-finds its points again: a point is *finished* when its ``summary.json`` exists and the config
-stored in it equals the point's config; :func:`simlab.simulate.simulate` then returns the stored
-summary without running anything (and logs ``sweep point already finished``). A point whose
-config changed is run again. After a code change, remove the sweep directory (or pass another
-``hydra.sweep.dir``): the stored config does not record the code.
+finds its points again: a point is *finished* when its ``summary.json`` exists and the config and
+code version stored in it (``provenance.code_version``: commit plus a digest of uncommitted
+changes) equal the point's; :func:`simlab.simulate.simulate` then returns the stored summary
+without running anything (and logs ``sweep point already finished``). A directory holding results
+of another config or code version is never written over silently: the point stops with a
+:class:`~simlab.config.ConfigError` naming what differs, unless ``overwrite=true``
+(:func:`check_no_overwrite`).
 
 Table. :func:`aggregate` (``python -m simlab.sweep aggregate DIR``, and automatically at the end
 of a multirun through :class:`AggregatePoints`) writes ``<sweep dir>/points.parquet``, one row
@@ -52,6 +54,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from simlab.config import ConfigError
 from traces.atomic import atomic_path
 
 log = logging.getLogger(__name__)
@@ -73,8 +76,8 @@ def _normalised(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def finished_summary(out_dir: Path, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The stored summary of a finished point whose stored config equals ``config``, else None."""
+def stored_results(out_dir: Path) -> dict[str, Any] | None:
+    """The summary of the results in ``out_dir`` (None when there are none, or unreadable)."""
     path = Path(out_dir) / SUMMARY
     if not (path.is_file() and (Path(out_dir) / RECORDS).is_file()):
         return None
@@ -83,12 +86,51 @@ def finished_summary(out_dir: Path, config: dict[str, Any]) -> dict[str, Any] | 
     except (OSError, ValueError) as err:
         log.warning("%s unreadable (%s): running the point again", path, err)
         return None
-    if not isinstance(stored, dict) or not stored.get("policies"):
-        return None
-    if _normalised(stored.get("config")) != _normalised(config):
-        log.info("%s has another config: running the point again", path)
-        return None
-    return stored
+    return stored if isinstance(stored, dict) and stored.get("policies") else None
+
+
+def differences(stored: dict[str, Any], config: dict[str, Any], code: str) -> list[str]:
+    """How stored results differ from a run of ``config`` on code ``code`` (empty: the same).
+    ``overwrite`` is a permission, not a parameter: it is not compared."""
+    old, new = _flat(_normalised(stored.get("config"))), _flat(_normalised(config))
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    keys = [k for k in keys if k != "overwrite"]
+    out = [f"config ({', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''})"] if keys else []
+    stored_code = (stored.get("provenance") or {}).get("code_version", "unrecorded")
+    if stored_code != code:
+        out.append(f"code version ({stored_code} -> {code})")
+    return out
+
+
+def finished_summary(out_dir: Path, config: dict[str, Any], code: str) -> dict[str, Any] | None:
+    """The stored summary of a finished point of ``config`` run by code ``code``, else None."""
+    stored = stored_results(out_dir)
+    return stored if stored is not None and not differences(stored, config, code) else None
+
+
+def check_no_overwrite(out_dir: Path, config: dict[str, Any], code: str, overwrite: bool) -> None:
+    """Refuse (:class:`ConfigError`) to write over results of another config or code version
+    in ``out_dir`` unless ``overwrite``; they are replaced only when asked."""
+    stored = stored_results(out_dir)
+    changed = [] if stored is None else differences(stored, config, code)
+    if not changed:
+        return
+    if overwrite:
+        log.warning("replacing the results in %s (other %s)", out_dir, " and ".join(changed))
+        return
+    raise ConfigError(
+        f"output_dir: {out_dir} holds results of another {' and '.join(changed)}; "
+        "pass overwrite=true to replace them, or another output_dir / hydra.sweep.dir"
+    )
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        out |= _flat(item, f"{prefix}.{key}" if prefix else str(key))
+    return out
 
 
 # ---------------------------------------------------------------------------------- points

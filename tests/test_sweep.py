@@ -31,11 +31,11 @@ SWEEP_FILES = sorted(
 )
 
 
-def multirun(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess:
+def multirun(sweep_dir: Path, *args: str, status: int = 0) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "simlab", "-m", *args, f"hydra.sweep.dir={sweep_dir}"]
     env = os.environ | {"HYDRA_FULL_ERROR": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == status, proc.stderr[-3000:]
     return proc
 
 
@@ -78,11 +78,17 @@ def test_joblib_sweep_aggregates_and_resumes_without_redoing_points(tmp_path):
     check_points(sweep, points=2, policies=3)
 
 
-def test_a_point_whose_config_changed_runs_again(tmp_path):
+def test_results_of_another_config_are_replaced_only_when_asked(tmp_path):
+    """Issue 18: a second sweep into the same directory used to rerun and overwrite the first
+    one's points silently; now it refuses, naming the key, until overwrite=true."""
     sweep = tmp_path / "sweep"
     multirun(sweep, "+policy=sglang_plus", *SMALL, "cache.size_gb=0.5,1")
     before = (sweep / "1" / "summary.json").stat().st_mtime_ns
-    multirun(sweep, "+policy=sglang_plus", *SMALL, "cache.size_gb=0.5,2")
+    refused = multirun(sweep, "+policy=sglang_plus", *SMALL, "cache.size_gb=0.5,2", status=2)
+    assert "holds results of another config (cache.size_gb)" in refused.stderr
+    assert "overwrite=true" in refused.stderr
+    assert (sweep / "1" / "summary.json").stat().st_mtime_ns == before
+    multirun(sweep, "+policy=sglang_plus", *SMALL, "cache.size_gb=0.5,2", "overwrite=true")
     assert (sweep / "1" / "summary.json").stat().st_mtime_ns != before
     assert main(["aggregate", str(sweep)]) == 0
     frame = check_points(sweep, points=2, policies=1)

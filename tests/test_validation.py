@@ -58,3 +58,28 @@ def test_the_result_table_has_total_peak_and_no_simulator_speed_column():
     assert "peak total GB" in lines[0] and "req/s" not in lines[0]
     assert "2.0000" in lines[1] and "12345" not in lines[1]
     assert lines[-1] == "simulator speed: lru 12,346 req/s"
+
+
+def test_results_of_other_code_are_neither_resumed_nor_overwritten(tmp_path):
+    """Issue 18: resume compared the config only; results of another code version count as
+    another run, and a run never writes over them without overwrite=true."""
+    import json
+
+    from simlab.provenance import code_version
+    from simlab.simulate import saved_config, simulate
+    from simlab.sweep import finished_summary
+
+    out = tmp_path / "run"
+    cfg = compose(["+policy=sglang_plus", "engine=replay", "trace=chat", "trace.n_sessions=3",
+                   "bounds.enabled=false", f"output_dir={out}"])  # fmt: skip
+    simulate(cfg)
+    assert finished_summary(out, saved_config(cfg), code_version()) is not None
+    summary = json.loads((out / "summary.json").read_text())
+    summary["provenance"]["code_version"] = "0123abc"
+    (out / "summary.json").write_text(json.dumps(summary))
+    assert finished_summary(out, saved_config(cfg), code_version()) is None
+    with pytest.raises(ConfigError, match=r"another code version \(0123abc -> "):
+        simulate(cfg)
+    cfg.overwrite = True
+    simulate(cfg)
+    assert json.loads((out / "summary.json").read_text())["provenance"]["code_version"] != "0123abc"
