@@ -27,7 +27,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.speed $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check simlab policies traces gpu_validate tests bench
+	$(BIN)/ruff check simlab policies traces gpu_validate tests bench examples
 	$(BIN)/mypy
 
 clean:

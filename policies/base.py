@@ -81,10 +81,38 @@ class CacheView(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """Checkpoint positions (1..end, sorted) and how many tokens of the sequence to admit."""
+    """What a request leaves in the cache.
+
+    ``ckpts``: SSM checkpoint positions (1..end, sorted; ignored for a pure Transformer);
+    ``end``: how many ids of the sequence to admit; ``cuts``: positions that become node
+    boundaries without a state (a production radix tree splits its nodes where a request's
+    match, prompt and committed sequence end, so eviction frees a request's output before its
+    prompt); ``held_from``: when set, the running request holds every id of its sequence from
+    this position on (a production engine allocates all of them: those the tree already holds
+    are duplicates, and a block pool's partial tail block is never cached), so eviction makes
+    room for all of them, not only for the admitted tail.
+    """
 
     ckpts: list[int]
     end: int
+    cuts: Sequence[int] = ()
+    held_from: int | None = None
+    stateless_kv: bool = False  # hybrids: KV past the last checkpoint is cached too (vLLM)
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """How requests are keyed in the cache (``simlab.keys`` builds the keys).
+
+    ``block_size``: None, the radix tree is keyed by token (by id, for hash-id traces); an
+    integer B, by blocks of B ids, each identified by its content under its parent (vLLM's hash
+    chain), one node per block, only full blocks cached. ``committed``: the sequence a request
+    leaves is ``input + output - 1`` tokens (a production engine never feeds back the last
+    sampled token, so its KV and state are never computed), not ``input + output``.
+    """
+
+    block_size: int | None = None
+    committed: bool = False
 
 
 class AdmissionPolicy:
@@ -97,6 +125,16 @@ class AdmissionPolicy:
     def page_size(self) -> int:
         """KV paging granularity this admission implies; Transformer hits round down to it."""
         return 1
+
+    @property
+    def keys(self) -> Keys:
+        """How the requests are keyed in the cache (tokens, input + output, by default)."""
+        return Keys()
+
+    def for_model(self, model: ModelSpec, unit_tokens: int = 1) -> AdmissionPolicy:
+        """This admission as configured for ``model`` (ids of ``unit_tokens`` tokens); most
+        admissions do not depend on the model."""
+        return self
 
     def prepare(self, requests: Sequence[Request]) -> None:
         """Called once with every request, in processing order, before the first."""
@@ -124,6 +162,9 @@ class EvictionPolicy:
 
     evicts_inner_nodes: bool = False
     scores_depend_on_candidates: bool = False
+    #: True: an insertion refreshes (``touch``) every node its walk passes, the one it stops
+    #: inside included (SGLang's ``_insert_helper``); False: only ``on_hit`` refreshes.
+    refreshes_insert_path: bool = False
 
     def prepare(self, requests: Sequence[Request]) -> None:
         """Called once with every request, in processing order, before the first."""
@@ -198,6 +239,7 @@ __all__ = [
     "AdmissionPolicy",
     "CacheView",
     "EvictionPolicy",
+    "Keys",
     "Tokens",
     "Tunable",
     "in_units",

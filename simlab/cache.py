@@ -62,7 +62,12 @@ class PrefixCache:
     """Radix tree + capacity + pins; see the module docstring for the invariants."""
 
     def __init__(
-        self, model: ModelSpec, capacity_bytes: float, page_size: int = 1, unit_tokens: int = 1
+        self,
+        model: ModelSpec,
+        capacity_bytes: float,
+        page_size: int = 1,
+        unit_tokens: int = 1,
+        block_nodes: bool = False,
     ):
         if not capacity_bytes > 0:
             raise ValueError(f"cache capacity must be positive, got {capacity_bytes} bytes")
@@ -77,6 +82,7 @@ class PrefixCache:
         self.kv_per_token = int(model.kv_bytes_per_token) * self.unit
         self.ckpt_bytes = int(model.ssm_state_bytes) if model.is_hybrid else 0
         self.hybrid = bool(model.is_hybrid)
+        self.block_nodes = bool(block_nodes)  # one node per id (a block pool's blocks)
         self.now = 0.0
         self.kv_bytes = 0
         self.ssm_bytes = 0
@@ -253,9 +259,18 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ insertion
     def insert(
-        self, seq: np.ndarray, ckpts: Sequence[int], end: int, policy: EvictionPolicy
+        self,
+        seq: np.ndarray,
+        ckpts: Sequence[int],
+        end: int,
+        policy: EvictionPolicy,
+        *,
+        cuts: Sequence[int] = (),
+        held_from: int | None = None,
+        stateless_kv: bool = False,
     ) -> InsertResult:
-        """Admit ``seq[:end]`` with SSM checkpoints at ``ckpts`` (positions in 1..end).
+        """Admit ``seq[:end]`` with SSM checkpoints at ``ckpts`` (positions in 1..end) and node
+        boundaries at ``cuts`` (see :class:`policies.base.Admission`, also for ``held_from``).
 
         For a hybrid model KV past the last checkpoint is useless and is not admitted. When the
         admission does not fit even after evicting every unpinned candidate, it is truncated to
@@ -266,7 +281,7 @@ class PrefixCache:
             self._admit_policy, self._admits = policy, overrides(policy, "on_admit", EvictionPolicy)
         self._created = [] if self._admits else None
         try:
-            result = self._insert(seq, ckpts, end, policy)
+            result = self._insert(seq, ckpts, end, policy, cuts, held_from, stateless_kv)
             created = self._created
         finally:
             self._created = None
@@ -275,18 +290,31 @@ class PrefixCache:
         return result
 
     def _insert(
-        self, seq: np.ndarray, ckpts: Sequence[int], end: int, policy: EvictionPolicy
+        self,
+        seq: np.ndarray,
+        ckpts: Sequence[int],
+        end: int,
+        policy: EvictionPolicy,
+        cuts: Sequence[int],
+        held_from: int | None,
+        stateless_kv: bool,
     ) -> InsertResult:
         end = min(int(end), int(seq.shape[0]))
         path, matched, partial = self._walk(seq[:end])
-        plan = plan_admission(self, path, matched, sorted({c for c in ckpts if 0 < c <= end}), end)
+        if policy.refreshes_insert_path:
+            self.touch(path if partial is None else [*path, partial])
+        wanted = sorted({c for c in ckpts if 0 < c <= end})
+        plan = plan_admission(self, path, matched, wanted, end, cuts, stateless_kv)
         deepest = partial if partial is not None else (path[-1] if path else None)
         result = InsertResult()
         with self.pinned(deepest):
             need = plan_bytes(self, plan)
+            if held_from is not None:  # the running request's whole allocation must fit
+                held = (int(seq.shape[0]) - held_from) * self.kv_per_token
+                need = max(need, held + need - (plan.end - plan.matched) * self.kv_per_token)
             if need > self.free_bytes:
                 result.evicted_bytes, result.evicted_nodes = self.evict(need, policy)
-            if need > self.free_bytes:
+            if plan_bytes(self, plan) > self.free_bytes:
                 plan = truncate(self, plan, self.free_bytes)
                 result.truncated = True
             self._apply(plan, path, partial, seq, result)
@@ -302,6 +330,8 @@ class PrefixCache:
         result: InsertResult,
     ) -> None:
         along = list(path) + ([partial] if partial is not None else [])
+        for c in plan.old_cuts:
+            self._node_ending_at(along, c)
         for c in plan.old_ckpts:
             node = self._node_ending_at(along, c)
             self._set_ckpt(node, result)
@@ -309,7 +339,7 @@ class PrefixCache:
         if plan.end <= plan.matched:
             return
         parent = self._node_ending_at(along, plan.matched) if plan.matched else self.root
-        self._append_chain(parent, seq, plan.matched, plan.end, plan.new_ckpts)
+        self._append_chain(parent, seq, plan.matched, plan.end, plan.new_ckpts, plan.new_cuts)
         kv = self.kv_per_token * (plan.end - plan.matched)
         ssm = self.ckpt_bytes * len(plan.new_ckpts)
         self._account(kv, ssm)
@@ -318,17 +348,29 @@ class PrefixCache:
         result.ckpts += len(plan.new_ckpts)
 
     def _append_chain(
-        self, parent: Node, seq: np.ndarray, start: int, end: int, ckpts: list[int]
+        self,
+        parent: Node,
+        seq: np.ndarray,
+        start: int,
+        end: int,
+        ckpts: list[int],
+        cuts: list[int],
     ) -> None:
         """Hang ``seq[start:end]`` under ``parent`` (a leaf or branch ending at ``start``) as a
         chain of nodes cut after each checkpoint in ``ckpts`` (sorted, distinct, in
-        ``(start, end]``; each cut node holds one). A long chain's per-node arrays are filled
-        in bulk: a fine-grained admission appends hundreds of nodes at a time."""
-        stops = [c for c in ckpts if c < end] + [end]
+        ``(start, end]``; the node ending there holds it), at each of ``cuts`` (in
+        ``(start, end)``), and after every id for a block pool (``block_nodes``). A long chain's
+        per-node arrays are filled in bulk: a fine-grained admission or a block pool appends
+        hundreds of nodes at a time."""
+        if self.block_nodes:
+            stops = list(range(start + 1, end + 1))
+        else:
+            stops = sorted({*ckpts, *cuts, end})
+        held = set(ckpts)
         if len(stops) <= _BULK_MIN_NODES:  # numpy's per-call cost outweighs a short loop
             pos = start
-            for i, stop in enumerate(stops):
-                child = self._new_node(seq[pos:stop], parent, pos, ckpt=i < len(ckpts))
+            for stop in stops:
+                child = self._new_node(seq[pos:stop], parent, pos, ckpt=stop in held)
                 self._attach(parent, child)
                 parent, pos = child, stop
             return
@@ -340,9 +382,10 @@ class PrefixCache:
         self._next_nid += len(stops)
         starts = [start, *stops[:-1]]
         firsts = seq[starts].tolist()
-        by_slot, n_ckpt = self._by_slot, len(ckpts)
+        by_slot = self._by_slot
+        flags = [stop in held for stop in stops]
         for i, slot in enumerate(slots):
-            node = Node(seq[starts[i] : stops[i]], parent, starts[i], slot, nid0 + i, i < n_ckpt)
+            node = Node(seq[starts[i] : stops[i]], parent, starts[i], slot, nid0 + i, flags[i])
             parent.children[firsts[i]] = node
             by_slot[slot] = node
             if created is not None:
@@ -358,7 +401,7 @@ class PrefixCache:
         self.n_children[idx] = 1
         self.n_children[idx[-1]] = 0
         self.node_bytes[idx] = lengths * self.kv_per_token
-        self.node_bytes[idx[: len(ckpts)]] += self.ckpt_bytes
+        self.node_bytes[idx[np.asarray(flags, dtype=bool)]] += self.ckpt_bytes
         self.saved_flops[idx] = self.model.prefill_flops_array(
             bounds[:-1] * self.unit, lengths * self.unit
         )

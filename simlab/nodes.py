@@ -8,6 +8,7 @@ the prefix the node represents.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -88,12 +89,16 @@ class InsertResult:
 
 @dataclass(slots=True)
 class InsertPlan:
-    """Checkpoints to add on the existing path (``old``) and the new tail to append."""
+    """Checkpoints and state-less node boundaries (cuts) to add on the existing path
+    (``old``) and on the new tail to append (``new``)."""
 
     matched: int
     end: int
     old_ckpts: list[int] = field(default_factory=list)
     new_ckpts: list[int] = field(default_factory=list)
+    old_cuts: list[int] = field(default_factory=list)
+    new_cuts: list[int] = field(default_factory=list)
+    stateless_kv: bool = False  # hybrid: KV past the last checkpoint is admitted too
 
 
 class TreeShape(Protocol):
@@ -106,18 +111,31 @@ class TreeShape(Protocol):
 
 
 def plan_admission(
-    cache: TreeShape, path: list[Node], matched: int, ckpts: list[int], end: int
+    cache: TreeShape,
+    path: list[Node],
+    matched: int,
+    ckpts: list[int],
+    end: int,
+    cuts: Sequence[int] = (),
+    stateless_kv: bool = False,
 ) -> InsertPlan:
-    """Split the wanted checkpoints into those on cached tokens and those on the new tail."""
-    plan = InsertPlan(matched=matched, end=end)
+    """Split the wanted checkpoints and cuts into those on cached tokens and those on the new
+    tail (cuts past the admitted end are dropped). For a hybrid, KV past the last checkpoint
+    is useless for hits and is not admitted, unless ``stateless_kv``."""
+    plan = InsertPlan(matched=matched, end=end, stateless_kv=stateless_kv)
     if not cache.hybrid:
         if cache.page_size > 1:
             plan.end = max(matched, (end // cache.page_size) * cache.page_size)
-        return plan
-    present = {n.end for n in path if n.ckpt}
-    plan.old_ckpts = [c for c in ckpts if c <= matched and c not in present]
-    plan.new_ckpts = [c for c in ckpts if c > matched]
-    plan.end = plan.new_ckpts[-1] if plan.new_ckpts else matched
+    else:
+        present = {n.end for n in path if n.ckpt}
+        plan.old_ckpts = [c for c in ckpts if c <= matched and c not in present]
+        plan.new_ckpts = [c for c in ckpts if c > matched]
+        if not stateless_kv:
+            plan.end = plan.new_ckpts[-1] if plan.new_ckpts else matched
+    if cuts:
+        bounds = {n.end for n in path}
+        plan.old_cuts = sorted({c for c in cuts if 0 < c <= matched and c not in bounds})
+        plan.new_cuts = sorted({c for c in cuts if matched < c < plan.end})
     return plan
 
 
@@ -135,11 +153,18 @@ def truncate(cache: TreeShape, plan: InsertPlan, budget: float) -> InsertPlan:
         budget -= cache.ckpt_bytes
         old.append(c)
     cut = InsertPlan(matched=plan.matched, end=plan.matched, old_ckpts=old)
+    cut.old_cuts = plan.old_cuts
     if not cache.hybrid:
         fit = int(budget // cache.kv_per_token) if cache.kv_per_token else plan.end
         cut.end = min(plan.end, plan.matched + (fit // cache.page_size) * cache.page_size)
-        return cut
-    return _fit_new_ckpts(cache, plan, cut, budget)
+    else:
+        cut = _fit_new_ckpts(cache, plan, cut, budget)
+        if plan.stateless_kv and cut.new_ckpts == plan.new_ckpts:  # then KV while it fits
+            left = budget - plan_bytes(cache, cut) + len(old) * cache.ckpt_bytes
+            fit = int(left // cache.kv_per_token) if cache.kv_per_token else plan.end
+            cut.end = min(plan.end, max(cut.end, plan.matched) + max(0, fit))
+    cut.new_cuts = [c for c in plan.new_cuts if c < cut.end]
+    return cut
 
 
 def _fit_new_ckpts(

@@ -28,7 +28,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from policies.base import AdmissionPolicy, EvictionPolicy, in_units
 from simlab.bounds import infinite_cache_hits
-from simlab.cache import PrefixCache
 from simlab.config import ConfigError, RunSettings, run_settings
 from simlab.engine import Engine, EngineRun
 from simlab.model import ModelSpec
@@ -160,12 +159,26 @@ def policy_step(
     admission, eviction = build_policy(name, pcfg)
     admission = in_units(admission, unit_tokens)
     page = max(1, round(settings.cache.page_size / unit_tokens))
-    cache = PrefixCache(model, settings.cache.capacity_bytes, page, unit_tokens)
+    block = admission.keys.block_size
+    if block is not None and settings.cache.page_size not in (1, pcfg.get("block_size")):
+        raise ConfigError(
+            f"cache.page_size: policy {name!r} pages by its own block_size "
+            f"({pcfg.get('block_size')}); leave cache.page_size at 1 (got {settings.cache.page_size})"
+        )
     controllers: list[Controller] = []
     tuner = AlphaTuner.for_policy(pcfg.get("tuning"), eviction, name)
     if tuner is not None:
         controllers.append(tuner)
-    return RequestStep(cache, admission, eviction, name, tuple(controllers))
+    return RequestStep.build(
+        model,
+        settings.cache.capacity_bytes,
+        admission,
+        eviction,
+        name,
+        page_size=page,
+        unit_tokens=unit_tokens,
+        controllers=controllers,
+    )
 
 
 @contextmanager

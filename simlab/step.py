@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from policies.base import Admission, AdmissionPolicy, EvictionPolicy, overrides
 from simlab.cache import PrefixCache
+from simlab.keys import BlockKeys, KeyScheme, key_scheme
 from simlab.nodes import InsertResult, Lookup, Node
 from simlab.records import RequestRecord
+
+if TYPE_CHECKING:
+    from simlab.model import ModelSpec
 from traces.format import Request
 
 
@@ -45,7 +49,7 @@ class Started:
     """A request between :meth:`RequestStep.start` and :meth:`RequestStep.finish`."""
 
     req: Request
-    seq: np.ndarray  # input + output ids
+    seq: np.ndarray  # the ids the request allocates (:class:`simlab.keys.KeyedRequest`)
     lookup: Lookup
     plan: Admission
     hit: int  # tokens whose prefill is skipped
@@ -74,12 +78,47 @@ class RequestStep:
     policy: str
     controllers: Sequence[Controller] = field(default_factory=tuple)
     _observes: bool = field(init=False, repr=False)  # the eviction policy overrides observe
+    _keys: KeyScheme = field(init=False, repr=False)
+    _page: int = field(init=False, repr=False)  # Transformer hits round down to it
+
+    @classmethod
+    def build(
+        cls,
+        model: ModelSpec,
+        capacity_bytes: float,
+        admission: AdmissionPolicy,
+        eviction: EvictionPolicy,
+        policy: str,
+        *,
+        page_size: int = 1,
+        unit_tokens: int = 1,
+        controllers: Sequence[Controller] = (),
+    ) -> RequestStep:
+        """A step on a fresh cache shaped for the admission's keys (``page_size`` in ids): a
+        block-keyed cache counts one id per block, which is its page, one node per block."""
+        admission = admission.for_model(model, unit_tokens)
+        block = admission.keys.block_size
+        if block is None:
+            cache = PrefixCache(model, capacity_bytes, page_size, unit_tokens)
+        else:
+            cache = PrefixCache(model, capacity_bytes, 1, unit_tokens * block, block_nodes=True)
+        return cls(cache, admission, eviction, policy, tuple(controllers))
 
     def __post_init__(self) -> None:
         self._observes = overrides(self.eviction, "observe", EvictionPolicy)
+        self._keys = key_scheme(self.admission.keys)
+        self._page = math.lcm(self.cache.page_size, self.admission.page_size)
+
+    @property
+    def page_size(self) -> int:
+        """KV page of this step, in ids: the cache's and the admission's (their lcm)."""
+        return self._page
 
     def prepare(self, requests: Sequence[Request]) -> None:
-        """Show the plug-ins the whole run (processing order), before the first request."""
+        """Show the plug-ins the whole run (processing order), before the first request; with
+        block keys they see each request's keyed input (``input_ids``) instead of its tokens."""
+        if isinstance(self._keys, BlockKeys):
+            requests = [replace(r, input_ids=self._keys.view(r).lookup) for r in requests]
         self.admission.prepare(requests)
         self.eviction.prepare(requests)
 
@@ -94,27 +133,42 @@ class RequestStep:
         """The request is scheduled: tick, match, ``on_hit``, plan, pin the reused prefix."""
         cache = self.cache
         cache.now += 1.0
-        lookup = cache.lookup(req.input_ids, self.admission.page_size)
+        keyed = self._keys.view(req)
+        lookup = cache.lookup(keyed.lookup, self._page)
         self.eviction.on_hit(cache, lookup)
-        seq = req.full_sequence()
-        plan = self.admission.plan(lookup, req.input_len, int(seq.shape[0]))
+        plan = self.admission.plan(lookup, int(keyed.lookup.shape[0]), keyed.cacheable)
         pinned = lookup.hit_node if pin else None
         if pinned is not None:
             cache.pin(pinned)
         return Started(
             req,
-            seq,
+            keyed.sequence,
             lookup,
             plan,
-            req.hit_tokens(lookup.hit),
-            req.hit_tokens(lookup.matched),
+            self._tokens(req, lookup.hit),
+            self._tokens(req, lookup.matched),
             pinned,
         )
+
+    def _tokens(self, req: Request, ids: int) -> int:
+        """Tokens covered by the first ``ids`` keyed ids of ``req``'s input."""
+        if isinstance(self._keys, BlockKeys):
+            ids *= self._keys.block_size
+        return req.hit_tokens(ids)
 
     def finish(self, started: Started, timing: Timing | None = None) -> RequestRecord:
         """The request completed: admit input + output, unpin, ``observe``, the record."""
         cache, req = self.cache, started.req
-        admitted = cache.insert(started.seq, started.plan.ckpts, started.plan.end, self.eviction)
+        plan = started.plan
+        admitted = cache.insert(
+            started.seq,
+            plan.ckpts,
+            plan.end,
+            self.eviction,
+            cuts=plan.cuts,
+            held_from=plan.held_from,
+            stateless_kv=plan.stateless_kv,
+        )
         if started.pinned is not None:
             cache.unpin(started.pinned)
         if self._observes:

@@ -339,7 +339,7 @@ class TimedWorld:
         if not (self.settings.ckpt_split and self.model.is_hybrid):
             return []
         chunk = self.settings.ssm_chunk
-        page = self.step.admission.page_size
+        page = self.step.page_size
         if page > 1:
             chunk = min(chunk, page * self.cache.unit)
         start, stop = job.hit, job.input_tokens

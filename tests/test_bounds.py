@@ -15,7 +15,8 @@ from policies.judicious import Judicious
 from policies.lru import LRU
 from simlab.bounds import infinite_cache_hits
 from simlab.cache import PrefixCache
-from simlab.replay import replay
+from simlab.replay import replay, replay_step
+from simlab.step import RequestStep
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, ideal_hits, model, policy_plugins
 from traces.format import Trace, make_frame
 
@@ -32,7 +33,9 @@ def eviction(name: str, **overrides):
 
 
 def hits(trace, spec, capacity, admission, evict) -> int:
-    records = replay(list(trace.requests()), PrefixCache(spec, capacity), admission, evict, "p")
+    records = replay_step(
+        list(trace.requests()), RequestStep.build(spec, capacity, admission, evict, "p")
+    )
     return sum(r.hit_tokens for r in records)
 
 

@@ -15,7 +15,8 @@ from policies.judicious import Judicious
 from policies.lru import LRU
 from simlab.cache import PrefixCache
 from simlab.records import records_frame
-from simlab.replay import replay
+from simlab.replay import replay_step
+from simlab.step import RequestStep
 from tests.fixtures import (
     POLICIES,
     chat_trace,
@@ -34,9 +35,9 @@ CKPT = HYBRID.ssm_state_bytes
 
 def run(policy: str, trace, spec, capacity, overrides=None):
     admission, eviction = policy_plugins(policy, overrides)
-    cache = PrefixCache(spec, capacity)
-    records = replay(trace.requests(), cache, admission, eviction, policy)
-    return cache, records_frame(records)
+    step = RequestStep.build(spec, capacity, admission, eviction, policy)
+    records = replay_step(list(trace.requests()), step)
+    return step.cache, records_frame(records)
 
 
 def test_standard_policy_set_is_configured():
@@ -58,18 +59,16 @@ def test_never_over_capacity(policy, capacity_ckpts):
 def test_never_evicts_a_pinned_node(policy):
     """Keep the hit path of every third request pinned (in flight) while the rest replays."""
     admission, eviction = policy_plugins(policy)
-    cache = PrefixCache(HYBRID, 25 * CKPT)
+    step = RequestStep.build(HYBRID, 25 * CKPT, admission, eviction, policy)
+    cache = step.cache
     pinned = []
     for tick, req in enumerate(chat_trace(seed=2).requests(), start=1):
-        cache.now = float(tick)
-        look = cache.lookup(req.input_ids, admission.page_size)
-        eviction.on_hit(cache, look)
+        started = step.start(req, pin=False)
+        look = started.lookup
         if tick % 3 == 0 and look.hit_node is not None and len(pinned) < 4:
             cache.pin(look.hit_node)
             pinned.append((look.hit_node, look.hit))
-        seq = req.full_sequence()
-        plan = admission.plan(look, req.input_len, len(seq))
-        cache.insert(seq, plan.ckpts, plan.end, eviction)
+        step.finish(started)
         for node, hit_end in pinned:
             assert cache._by_slot[node.slot] is node and node.end >= hit_end
         assert cache.used_bytes <= cache.capacity
@@ -230,14 +229,14 @@ def test_heap_eviction_follows_the_rescoring_order(policy, capacity_ckpts):
     in the same order: records and the final tree are the same."""
     trace = chat_trace(seed=4, sessions=16)
     admission, eviction = policy_plugins(policy)
-    fast = PrefixCache(HYBRID, capacity_ckpts * CKPT)
-    a = records_frame(replay(trace.requests(), fast, admission, eviction, policy))
+    fast = RequestStep.build(HYBRID, capacity_ckpts * CKPT, admission, eviction, policy)
+    a = records_frame(replay_step(list(trace.requests()), fast))
     admission, eviction = policy_plugins(policy)
-    slow = PrefixCache(HYBRID, capacity_ckpts * CKPT)
-    b = records_frame(replay(trace.requests(), slow, admission, _Rescoring(eviction), policy))
+    slow = RequestStep.build(HYBRID, capacity_ckpts * CKPT, admission, _Rescoring(eviction), policy)
+    b = records_frame(replay_step(list(trace.requests()), slow))
     assert a["nodes_evicted"].sum() > 0
     assert a.equals(b)
-    assert sorted(n.nid for n in fast.nodes()) == sorted(n.nid for n in slow.nodes())
+    assert sorted(n.nid for n in fast.cache.nodes()) == sorted(n.nid for n in slow.cache.nodes())
 
 
 # --------------------------------------------------------------------------- FIFO vs recency

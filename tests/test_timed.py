@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from simlab.cache import PrefixCache
 from simlab.costmodel import BatchShape, Calibration, CostModel, Hardware
-from simlab.replay import replay
+from simlab.replay import replay_step
 from simlab.step import RequestStep
 from simlab.timed import SessionFeeder, TimedEngine, unique_tokens
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, model, policy_plugins
@@ -25,7 +25,7 @@ CKPT = HYBRID.ssm_state_bytes
 def timed_run(policy, trace, capacity, session_rate, seed=0, spec=HYBRID, **options):
     trace = assign_arrivals(trace, session_rate=session_rate, think_time_mean=2.0, seed=seed)
     admission, eviction = policy_plugins(policy)
-    step = RequestStep(PrefixCache(spec, capacity), admission, eviction, policy)
+    step = RequestStep.build(spec, capacity, admission, eviction, policy)
     requests = list(trace.requests())
     world = TimedEngine(hardware=A100, **options).world(requests, step)
     records = world.run(SessionFeeder(requests, options.get("typing_wpm")))
@@ -39,8 +39,9 @@ def test_low_load_hits_equal_replay(policy):
     trace = chat_trace(seed=6, sessions=10)
     _engine, timed, arrived = timed_run(policy, trace, 12 * CKPT, session_rate=1e-4)
     admission, eviction = policy_plugins(policy)
-    replayed = replay(
-        arrived.requests(), PrefixCache(HYBRID, 12 * CKPT), admission, eviction, policy
+    replayed = replay_step(
+        list(arrived.requests()),
+        RequestStep.build(HYBRID, 12 * CKPT, admission, eviction, policy),
     )
     by_id = {r.request_id: r.hit_tokens for r in replayed}
     assert [r.hit_tokens for r in timed] == [by_id[r.request_id] for r in timed]

@@ -1,0 +1,194 @@
+"""The production engines' own prefix caches: SGLang 0.5.23's radix tree, vLLM 0.33.0's block pool.
+
+The paper's baselines (``sglang_plus``, ``vllm_plus``) stay as the paper defines them; these
+follow the engines' code (``crosscheck/README.md`` drives the real cache managers and
+``tests/fixtures/crosscheck`` holds their per-request hits). Rules, each with its source:
+
+Both engines
+    * Committed length: a request leaves ``input + output - 1`` tokens; the last sampled token
+      is never fed back (SGLang ``kv_committed_len``, vLLM's last decode step), so its KV and
+      state are never computed (:class:`policies.base.Keys` ``committed``).
+    * The running request allocates everything past its hit (``held_from``): eviction makes
+      room for all of it, duplicates of cached tokens included (SGLang frees them at insert,
+      vLLM keeps the duplicate block).
+
+SGLang (``mem_cache/radix_cache.py``, ``unified_cache``)
+    * Node boundaries (``cuts``): the match (limit ``len(input) - 1``) splits the node it stops
+      inside; the prefill publish (``checkpoint_kv_cache``) puts one at the prompt end, the
+      finish one at the committed end. Eviction therefore frees a request's output before its
+      prompt.
+    * Recency: a match or insert walk refreshes every node it passes, the one it stops inside
+      included, before splitting it (:class:`RadixLRU`). Eviction: LRU over leaves.
+    * Hybrid, ``no_buffer``: Mamba states are published at the prompt end (after prefill) and
+      at the committed end, never at branch points; a hit is the deepest matched node holding a
+      state within ``len(input) - 1`` (the cache's hybrid hit rule).
+
+vLLM (``v1/core/block_pool.py``, ``kv_cache_manager.py``)
+    * Blocks of ``block_size`` tokens identified by the hash chain; only full blocks are cached
+      and shared, a branch inside a block duplicates it, memory is counted in whole blocks
+      (:class:`policies.base.Keys` ``block_size``: one tree node per block).
+    * A hit is the longest chain of cached full blocks within ``len(input) - 1`` tokens.
+    * Eviction pops one block at a time from an LRU free queue to which a finished request's
+      blocks return tail first (:class:`BlockLRU`: leaves only, so a request's deepest block
+      goes first); its partial tail block is held while it runs and freed uncached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from policies.base import Admission, AdmissionPolicy, CacheView, Keys, Tokens
+from policies.lru import LRU
+
+if TYPE_CHECKING:
+    from simlab.model import ModelSpec
+    from simlab.nodes import Lookup
+
+#: SGLang's Mamba radix-cache strategies (``--mamba-radix-cache-strategy``).
+SGLANG_MAMBA = ("no_buffer",)
+#: vLLM's ``mamba_cache_mode`` values per modelled engine version.
+VLLM_MAMBA_MODES = {"0.33.0": ("align", "none")}
+
+
+def positive_int(value: object, key: str) -> int:
+    """``value`` if it is an integer >= 1, else a ValueError naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass
+class SGLang(AdmissionPolicy):
+    """SGLang's radix cache (see the module docstring); ``mamba``: the hybrid strategy."""
+
+    mamba: str = "no_buffer"
+
+    def __post_init__(self) -> None:
+        if self.mamba not in SGLANG_MAMBA:
+            raise ValueError(f"policy.mamba must be one of {SGLANG_MAMBA}, got {self.mamba!r}")
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(committed=True)
+
+    def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
+        match_end = min(lookup.matched, input_len - 1)
+        return Admission(
+            ckpts=sorted({input_len, seq_len}),
+            end=seq_len,
+            cuts=(match_end, input_len, seq_len),
+            held_from=lookup.hit,
+        )
+
+
+@dataclass
+class BlockPool(AdmissionPolicy):
+    """A paged KV pool keyed by blocks: hash-chained full blocks, one node per block, whole
+    blocks counted; for a hybrid, a state after every block. With ``committed`` false (input +
+    output cached) and a clairvoyant eviction it is the block-trie Belady bound
+    (``policy=clairvoyant_blocks``)."""
+
+    block_size: Tokens = 16
+    committed: bool = False
+
+    def __post_init__(self) -> None:
+        positive_int(self.block_size, "policy.block_size")
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(block_size=self.block_size, committed=self.committed)
+
+    def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
+        return Admission(ckpts=list(range(1, seq_len + 1)), end=seq_len, held_from=lookup.hit)
+
+
+def vllm_hybrid_block_size(model: ModelSpec, minimum: int) -> int:
+    """Tokens per block of a hybrid under ``align`` (vLLM 0.33.0
+    ``Platform._align_hybrid_block_size``): raised from ``minimum`` until one layer's KV page
+    of a block holds one layer's Mamba state (conv state over ``kernel - 1`` steps plus the SSM
+    state), in multiples of 16 (the attention kernels' block). Nemotron-H-8B with a BF16 state:
+    528 (vLLM #40696)."""
+    mamba_page = (
+        model.ssm_state_channels * model.ssm_state_dim * model.ssm_state_dtype_bytes
+        + model.ssm_conv_channels * (model.ssm_conv_kernel - 1) * model.dtype_bytes
+    )
+    align = max(16, minimum)
+    block = align * -(-mamba_page // (align * model.kv_bytes_per_token_per_layer))
+    return max(minimum, 16 * -(-block // 16))
+
+
+@dataclass
+class VLLM(BlockPool):
+    """vLLM's block prefix cache (see the module docstring).
+
+    Hybrids, ``mamba_cache_mode: align`` (0.33.0's default for them, its default
+    ``prefix_cache_retention_interval`` 0): the block size is raised to hold a Mamba state
+    (:func:`vllm_hybrid_block_size`); a request caches one state, where its prefill stops on
+    the last block boundary below the prompt end, ``floor((L - 1) / B)`` blocks
+    (``_mamba_block_aligned_split``), plus one at the junction when its attention hit is
+    longer than its Mamba hit (Marconi-style admission, vLLM #37898), and the KV of every full
+    block. A hit is the deepest cached state within the attention hit (the minimum over the
+    KV-cache groups), so a prompt of at most one block never hits. ``none``: no Mamba
+    prefix caching, no hits.
+    """
+
+    committed: bool = True
+    mamba_cache_mode: str = "align"
+    version: str = "0.33.0"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        modes = VLLM_MAMBA_MODES.get(self.version)
+        if modes is None:
+            raise ValueError(
+                f"policy.version: vLLM {self.version!r} is not modelled "
+                f"(known: {sorted(VLLM_MAMBA_MODES)})"
+            )
+        if self.mamba_cache_mode not in modes:
+            raise ValueError(
+                f"policy.mamba_cache_mode: vLLM {self.version} supports {modes}, "
+                f"got {self.mamba_cache_mode!r}"
+            )
+
+    def for_model(self, model: ModelSpec, unit_tokens: int = 1) -> VLLM:
+        if not model.is_hybrid or self.mamba_cache_mode != "align":
+            return self
+        tokens = vllm_hybrid_block_size(model, self.block_size * unit_tokens)
+        return replace(self, block_size=-(-tokens // unit_tokens))
+
+    def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
+        if self.mamba_cache_mode == "none":
+            return Admission(ckpts=[], end=seq_len, held_from=lookup.hit, stateless_kv=True)
+        prompt = input_len - 1  # floor((L - 1) / B): the last block boundary below the prompt end
+        junction = min(lookup.matched, prompt)
+        states = sorted({p for p in (junction, prompt) if p > lookup.hit})
+        return Admission(ckpts=states, end=seq_len, held_from=lookup.hit, stateless_kv=True)
+
+
+@dataclass
+class RadixLRU(LRU):
+    """SGLang's LRU: a match refreshes every node it passes and the one it stops inside; so
+    does an insertion's walk (``refreshes_insert_path``)."""
+
+    refreshes_insert_path: bool = True
+
+    def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
+        partial = lookup.partial
+        cache.touch(lookup.path if partial is None else [*lookup.path, partial])
+
+
+@dataclass
+class BlockLRU(LRU):
+    """vLLM's free queue: a hit takes its blocks out of the queue and the finished request
+    returns every block it used (``refreshes_insert_path``), tail first."""
+
+    refreshes_insert_path: bool = True
+
+    def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
+        node = lookup.hit_node
+        touched = []
+        while node is not None and node is not cache.root:
+            touched.append(node)
+            node = node.parent
+        cache.touch(touched)

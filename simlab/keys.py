@@ -1,0 +1,110 @@
+"""How a request is keyed in the prefix cache (:class:`policies.base.Keys`).
+
+A :class:`KeyedRequest` is what the request step matches and admits:
+
+* ``lookup``: the ids the input is matched with (the hit rule caps a hit at ``len - 1``);
+* ``sequence``: the ids the running request allocates;
+* ``cacheable``: how many leading ids of ``sequence`` may stay in the cache.
+
+Schemes:
+
+* **tokens** (the paper's policies, and SGLang's radix tree): the trace's own ids. The sequence
+  is input + output, or with ``committed`` input + output - 1: a production engine never feeds
+  back the last sampled token, so its KV and state are never computed. Everything is cacheable.
+* **blocks of B ids** (vLLM's block pool): each full block becomes one id, identified by its
+  content; under its parent in the tree that is the block hash chain, so two sequences share a
+  block only if they agree on all of it and on everything before it (a branch inside a block
+  duplicates the block). A partial tail block gets an id of its own that matches nothing and
+  is never cached, but the running request holds it (``sequence`` includes it).
+
+Hash-id traces (ids of many tokens) keep their ids; ``committed`` then has nothing to trim (an
+id is the smallest unit the trace knows). Invariants: ``lookup`` is a prefix of the sequence
+the input would allocate, except for a partial block; ids are deterministic in content, so the
+same requests give the same keys in any order of calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from policies.base import Keys
+from traces.format import TOKEN_DTYPE, Request
+
+_ID_BYTES = np.dtype(TOKEN_DTYPE).itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedRequest:
+    """A request as the cache sees it (see the module docstring)."""
+
+    lookup: np.ndarray
+    sequence: np.ndarray
+    cacheable: int
+
+
+def sequence_ids(req: Request, committed: bool) -> np.ndarray:
+    """Input + output ids, without the last output token when ``committed`` (token traces)."""
+    seq = req.full_sequence()
+    if committed and req.block_size == 1 and req.output_ids.shape[0] > 0:
+        return seq[:-1]
+    return seq
+
+
+@dataclass(frozen=True, slots=True)
+class TokenKeys:
+    """The trace's own ids (see the module docstring)."""
+
+    committed: bool = False
+
+    def view(self, req: Request) -> KeyedRequest:
+        seq = sequence_ids(req, self.committed)
+        return KeyedRequest(req.input_ids, seq, int(seq.shape[0]))
+
+
+@dataclass
+class BlockKeys:
+    """Blocks of ``block_size`` ids, one id per distinct block content (module docstring)."""
+
+    block_size: int
+    committed: bool = True
+    _ids: dict[bytes, int] = field(default_factory=dict, repr=False)
+    _partial: itertools.count = field(default_factory=lambda: itertools.count(-1, -1), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+
+    def view(self, req: Request) -> KeyedRequest:
+        seq = sequence_ids(req, self.committed)
+        full = self._full_blocks(seq)
+        n_input = req.input_len
+        lookup = full[: n_input // self.block_size]
+        if n_input % self.block_size:
+            lookup = np.append(lookup, next(self._partial)).astype(TOKEN_DTYPE)
+        sequence = full
+        if seq.shape[0] % self.block_size:
+            sequence = np.append(full, next(self._partial)).astype(TOKEN_DTYPE)
+        return KeyedRequest(lookup, sequence, int(full.shape[0]))
+
+    def _full_blocks(self, seq: np.ndarray) -> np.ndarray:
+        """One id per full block of ``seq``; a new content gets the next id."""
+        width = self.block_size * _ID_BYTES
+        buf = np.ascontiguousarray(seq, dtype=TOKEN_DTYPE).tobytes()
+        ids, setdefault = self._ids, self._ids.setdefault
+        out = [
+            setdefault(buf[i : i + width], len(ids)) for i in range(0, len(buf) - width + 1, width)
+        ]
+        return np.asarray(out, dtype=TOKEN_DTYPE)
+
+
+KeyScheme = TokenKeys | BlockKeys
+
+
+def key_scheme(keys: Keys) -> KeyScheme:
+    """The scheme a policy's :class:`~policies.base.Keys` asks for (a fresh id table)."""
+    if keys.block_size is None:
+        return TokenKeys(keys.committed)
+    return BlockKeys(keys.block_size, keys.committed)

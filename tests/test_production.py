@@ -1,0 +1,198 @@
+"""The engine-faithful policies (``policies/production.py``), rule by rule, on hand-made requests.
+
+The request-for-request check against the real engines is ``tests/test_crosscheck.py``; these
+pin each rule on its own so that a regression names the rule it broke.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from policies.lru import LRU
+from policies.production import VLLM, BlockLRU, RadixLRU, SGLang, vllm_hybrid_block_size
+from simlab.config import ConfigError
+from simlab.keys import BlockKeys, TokenKeys
+from simlab.model import ModelSpec
+from simlab.simulate import plan_run
+from simlab.step import RequestStep
+from tests.fixtures import CONFIGS, compose, model, policy_plugins
+from traces.format import Request
+
+LLAMA = model("llama3_8b")
+KV = LLAMA.kv_bytes_per_token
+
+
+def req(i: int, tokens, output, session: int = 0, turn: int = 0) -> Request:
+    return Request(
+        request_id=i,
+        session_id=session,
+        turn=turn,
+        arrival=float(i),
+        input_ids=np.asarray(tokens, dtype=np.int32),
+        output_ids=np.asarray(output, dtype=np.int32),
+        output_len=len(output),
+    )
+
+
+def ids(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+def step_for(policy: str, capacity: float = math.inf, overrides=None) -> RequestStep:
+    admission, eviction = policy_plugins(policy, overrides)
+    return RequestStep.build(LLAMA, capacity, admission, eviction, policy)
+
+
+# --------------------------------------------------------------------------- committed length
+def test_the_last_sampled_token_is_never_cached():
+    """Turn 0 has 9 + 10 tokens; turn 1 repeats them: SGLang hits 18, the paper's policy 19."""
+    first = req(0, ids(0, 9), ids(100, 10))
+    second = req(1, [*ids(0, 9), *ids(100, 10), *ids(500, 5)], [7])
+    for policy, hit in (("sglang", 18), ("sglang_plus", 19)):
+        step = step_for(policy)
+        step.serve(first)
+        assert step.serve(second).hit_tokens == hit, policy
+
+
+def test_token_keys_trim_only_the_last_output_token():
+    r = req(0, ids(0, 5), ids(10, 3))
+    assert TokenKeys(committed=True).view(r).sequence.tolist() == [0, 1, 2, 3, 4, 10, 11]
+    assert TokenKeys().view(r).sequence.tolist() == [0, 1, 2, 3, 4, 10, 11, 12]
+
+
+# --------------------------------------------------------------------------- SGLang radix
+def test_the_prompt_end_is_a_node_boundary():
+    step = step_for("sglang")
+    step.serve(req(0, ids(0, 30), ids(100, 11)))
+    assert sorted((n.start, n.end) for n in step.cache.nodes()) == [(0, 30), (30, 40)]
+    assert sorted((n.start, n.end) for n in step_for_tree("sglang_plus").cache.nodes()) == [(0, 41)]
+
+
+def step_for_tree(policy: str) -> RequestStep:
+    step = step_for(policy)
+    step.serve(req(0, ids(0, 30), ids(100, 11)))
+    return step
+
+
+def test_eviction_frees_the_output_before_the_prompt():
+    step = step_for("sglang", capacity=45 * KV)
+    step.serve(req(0, ids(0, 30), ids(100, 11)))  # 40 cached tokens
+    step.serve(req(1, ids(1000, 6), [5]))  # needs 6: the 10-token output goes, the prompt stays
+    assert step.serve(req(2, [*ids(0, 30), 9], [1])).hit_tokens == 30
+
+
+def test_a_walk_that_stops_inside_a_node_refreshes_all_of_it():
+    """A (t1), B (t2), then C shares A's first 4 tokens (t3): SGLang's match stamps A's whole
+    leaf at t3, so the next eviction takes B; plain LRU takes A's unmatched tail."""
+    a, b = req(0, ids(0, 50), [1]), req(1, ids(1000, 50), [2])
+    c = req(2, [*ids(0, 4), *ids(2000, 6)], [3])
+    for eviction, survivor in ((RadixLRU(), "a"), (LRU(), "b")):
+        step = RequestStep.build(LLAMA, 110 * KV, SGLang(), eviction, "p")
+        for r in (a, b, c):
+            step.serve(r)
+        step.serve(req(3, ids(5000, 40), [4]))  # forces one eviction
+        kept = {n.start: n for n in step.cache.nodes()}
+        has_a_tail = any(n.tokens[0] == 4 for n in kept.values())
+        assert has_a_tail == (survivor == "a"), type(eviction).__name__
+
+
+def test_the_match_splits_where_it_stops():
+    step = step_for("sglang")
+    step.serve(req(0, ids(0, 40), [1]))
+    step.serve(req(1, ids(0, 25), [2]))  # input inside the cached edge: match stops at 24
+    ends = sorted(n.end for n in step.cache.nodes())
+    assert {24, 25} <= set(ends)
+
+
+# --------------------------------------------------------------------------- vLLM blocks
+def test_only_full_blocks_are_shared():
+    """Two sequences agree on 10 tokens of a 16-token block: vLLM shares nothing and holds the
+    block twice; a token radix shares the 10 tokens."""
+    step = step_for("vllm")
+    step.serve(req(0, [*ids(0, 10), *ids(100, 30)], [1]))
+    second = step.serve(req(1, [*ids(0, 10), *ids(200, 30)], [2]))
+    assert second.hit_tokens == 0
+    assert step.cache.kv_bytes == 4 * 16 * KV  # 2 full blocks each
+
+
+def test_hits_are_whole_blocks_within_input_minus_one():
+    step = step_for("vllm")
+    step.serve(req(0, ids(0, 40), ids(100, 9)))  # 48 committed tokens = 3 full blocks
+    assert step.serve(req(1, ids(0, 48), [1])).hit_tokens == 32  # limit 47 -> 2 blocks
+    assert step.serve(req(2, [*ids(0, 40), *ids(100, 8), 7], [1])).hit_tokens == 48
+
+
+def test_block_keys_identify_a_block_by_content_and_give_the_tail_its_own_id():
+    keys = BlockKeys(4)
+    one = keys.view(req(0, ids(0, 10), ids(50, 3)))  # 12 committed tokens: 3 full blocks
+    two = keys.view(req(1, ids(0, 8), [9]))
+    assert one.cacheable == 3 and one.sequence.shape[0] == 3
+    assert one.lookup[:2].tolist() == two.lookup[:2].tolist()
+    assert one.lookup.shape[0] == 3 and one.lookup[2] < 0  # a partial input block: unique id
+    assert keys.view(req(2, ids(0, 13), [1])).sequence[-1] < 0  # partial tail: held, not cached
+
+
+def test_the_running_request_also_holds_its_partial_block():
+    """Capacity 4 blocks. A leaves 3 full blocks. B needs 1 full + 1 partial block, so vLLM
+    evicts one of A's blocks (room for the partial one, freed uncached when B ends): A then
+    hits 2 blocks, not 3."""
+    step = step_for("vllm", capacity=4 * 16 * KV)
+    step.serve(req(0, ids(0, 48), [1]))  # 48 committed tokens: 3 blocks
+    step.serve(req(1, ids(1000, 20), [1]))  # 20 tokens: 1 full + 1 partial
+    assert step.cache.kv_bytes == 3 * 16 * KV
+    assert step.serve(req(2, ids(0, 49), [1])).hit_tokens == 32
+
+
+def test_block_lru_evicts_a_requests_tail_block_first():
+    step = RequestStep.build(LLAMA, 3 * 16 * KV, VLLM(), BlockLRU(), "vllm")
+    step.serve(req(0, ids(0, 48), [1]))
+    step.serve(req(1, ids(1000, 16), [1]))  # one block: A's last block goes
+    assert step.serve(req(2, ids(0, 49), [1])).hit_tokens == 32
+
+
+# --------------------------------------------------------------------------- config errors
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["+policy=vllm", "policy.block_size=0"], "policy.block_size must be a positive integer"),
+        (["+policy=vllm", "policy.block_size=1.5"], "policy.block_size must be a positive integer"),
+        (["+policy=vllm", "policy.mamba_cache_mode=all"], "policy.mamba_cache_mode"),
+        (["+policy=vllm", "cache.page_size=32"], "cache.page_size"),
+        (["+policy=sglang", "policy.mamba=ring"], "policy.mamba must be one of"),
+    ],
+)
+def test_bad_policy_settings_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_run(compose(overrides))
+
+
+# --------------------------------------------------------------------------- vLLM hybrids
+def test_vllm_hybrid_block_size_is_computed_from_the_model():
+    """Nemotron-H-8B with a BF16 state: 528 tokens (vLLM #40696); FP32 state: 1040."""
+    nemotron = model("nemotron_h_8b")
+    assert vllm_hybrid_block_size(nemotron, 16) == 528
+    fp32 = ModelSpec.from_config(
+        OmegaConf.merge(
+            OmegaConf.load(CONFIGS / "model" / "nemotron_h_8b.yaml"), {"ssm_state_dtype_bytes": 4}
+        )
+    )
+    assert vllm_hybrid_block_size(fp32, 16) == 1040
+    assert VLLM().for_model(LLAMA).block_size == 16
+
+
+def test_vllm_align_never_hits_a_prompt_of_one_block_or_less():
+    """The block-size cliff: a state is cached only on a block boundary below the prompt end,
+    so a prompt of at most 528 tokens is never a hit, however often it repeats."""
+    nemotron = model("nemotron_h_8b")
+    admission, eviction = policy_plugins("vllm")
+    step = RequestStep.build(nemotron, math.inf, admission, eviction, "vllm")
+    short, long = ids(0, 500), ids(0, 1200)
+    hits = [
+        step.serve(req(i, r, [1, 2])).hit_tokens for i, r in enumerate([short] * 3 + [long] * 3)
+    ]
+    assert hits[:3] == [0, 0, 0]
+    assert hits[3:] == [0, 1056, 1056]  # floor(1199 / 528) = 2 blocks, after the first sighting
