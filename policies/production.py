@@ -35,6 +35,7 @@ vLLM (``v1/core/block_pool.py``, ``kv_cache_manager.py``)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from simlab.nodes import Lookup
 
 #: SGLang's Mamba radix-cache strategies (``--mamba-radix-cache-strategy``).
-SGLANG_MAMBA = ("no_buffer",)
+SGLANG_MAMBA = ("no_buffer", "extra_buffer")
 #: vLLM's ``mamba_cache_mode`` values per modelled engine version.
 VLLM_MAMBA_MODES = {"0.33.0": ("align", "none")}
 
@@ -60,13 +61,26 @@ def positive_int(value: object, key: str) -> int:
 
 @dataclass
 class SGLang(AdmissionPolicy):
-    """SGLang's radix cache (see the module docstring); ``mamba``: the hybrid strategy."""
+    """SGLang's radix cache (see the module docstring); ``mamba``: the hybrid strategy.
+
+    ``extra_buffer`` (from the engine's code, not yet checked against it: the scheduler's
+    tracking state is not driven on CPU): a prefill extending ``e >= checkpoint_grid`` tokens
+    past the hit ``h`` tracks one state, at ``h + floor(e / grid) * grid``, or at the branch
+    point ``floor(kv_match / grid) * grid`` when that lies inside the extend on the same grid
+    (``schedule_batch.py``); decoding tracks one every ``lcm(grid, mamba_track_interval)``
+    tokens and the finish publishes the last one (``components/mamba.py``
+    ``_select_finished_checkpoint``). KV is published only up to a published state.
+    """
 
     mamba: str = "no_buffer"
+    checkpoint_grid: Tokens = 256  # lcm(max(mamba chunk size, page), page)
+    mamba_track_interval: Tokens = 256
 
     def __post_init__(self) -> None:
         if self.mamba not in SGLANG_MAMBA:
             raise ValueError(f"policy.mamba must be one of {SGLANG_MAMBA}, got {self.mamba!r}")
+        positive_int(self.checkpoint_grid, "policy.admission.checkpoint_grid")
+        positive_int(self.mamba_track_interval, "policy.admission.mamba_track_interval")
 
     @property
     def keys(self) -> Keys:
@@ -74,12 +88,33 @@ class SGLang(AdmissionPolicy):
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
         match_end = min(lookup.matched, input_len - 1)
+        if self.mamba == "no_buffer":
+            states = sorted({input_len, seq_len})
+        else:
+            states = self._tracked_states(lookup, input_len, seq_len)
         return Admission(
-            ckpts=sorted({input_len, seq_len}),
+            ckpts=states,
             end=seq_len,
-            cuts=(match_end, input_len, seq_len),
+            cuts=(match_end, input_len, seq_len) if self.mamba == "no_buffer" else (match_end,),
             held_from=lookup.hit,
         )
+
+    def _tracked_states(self, lookup: Lookup, input_len: int, seq_len: int) -> list[int]:
+        """``extra_buffer``: the prefill's tracked state and the last decode-tracked one."""
+        grid, hit = self.checkpoint_grid, lookup.hit
+        states = []
+        extend = input_len - hit
+        if extend >= grid:
+            track = hit + (extend // grid) * grid
+            branch = (min(lookup.matched, input_len - 1) // grid) * grid
+            if hit < branch < input_len and (branch - hit) % grid == 0:
+                track = branch
+            states.append(track)
+        every = math.lcm(grid, self.mamba_track_interval)
+        last = (seq_len // every) * every
+        if last > input_len:
+            states.append(last)
+        return states
 
 
 @dataclass
@@ -130,12 +165,15 @@ class VLLM(BlockPool):
     longer than its Mamba hit (Marconi-style admission, vLLM #37898), and the KV of every full
     block. A hit is the deepest cached state within the attention hit (the minimum over the
     KV-cache groups), so a prompt of at most one block never hits. ``none``: no Mamba
-    prefix caching, no hits.
+    prefix caching, no hits. ``junction: false`` drops the junction state (vLLM before #37898);
+    the sub-block junction of #53945 (``enable_mamba_shared_prefix_checkpoint``, EAGLE only)
+    is not modelled.
     """
 
     committed: bool = True
     mamba_cache_mode: str = "align"
     version: str = "0.33.0"
+    junction: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -161,7 +199,7 @@ class VLLM(BlockPool):
         if self.mamba_cache_mode == "none":
             return Admission(ckpts=[], end=seq_len, held_from=lookup.hit, stateless_kv=True)
         prompt = input_len - 1  # floor((L - 1) / B): the last block boundary below the prompt end
-        junction = min(lookup.matched, prompt)
+        junction = min(lookup.matched, prompt) if self.junction else 0
         states = sorted({p for p in (junction, prompt) if p > lookup.hit})
         return Admission(ckpts=states, end=seq_len, held_from=lookup.hit, stateless_kv=True)
 

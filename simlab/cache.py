@@ -68,6 +68,7 @@ class PrefixCache:
         page_size: int = 1,
         unit_tokens: int = 1,
         block_nodes: bool = False,
+        ssm_capacity_bytes: float | None = None,
     ):
         if not capacity_bytes > 0:
             raise ValueError(f"cache capacity must be positive, got {capacity_bytes} bytes")
@@ -76,7 +77,9 @@ class PrefixCache:
                 f"page_size and unit_tokens must be >= 1, got {page_size}, {unit_tokens}"
             )
         self.model = model
-        self.capacity = float(capacity_bytes)
+        self.capacity = float(capacity_bytes)  # KV's bytes, and the states' unless separate
+        #: None: states count against ``capacity``; else their own pool (SGLang's Mamba pool)
+        self.ssm_capacity = None if ssm_capacity_bytes is None else float(ssm_capacity_bytes)
         self.page_size = int(page_size)
         self.unit = int(unit_tokens)
         self.kv_per_token = int(model.kv_bytes_per_token) * self.unit
@@ -165,7 +168,17 @@ class PrefixCache:
 
     @property
     def free_bytes(self) -> float:
-        return self.capacity - self.kv_bytes - self.ssm_bytes  # hot: no nested property
+        """Bytes free for KV (and for states, when they share the budget)."""
+        if self.ssm_capacity is None:
+            return self.capacity - self.kv_bytes - self.ssm_bytes  # hot: no nested property
+        return self.capacity - self.kv_bytes
+
+    @property
+    def ssm_free(self) -> float:
+        """Bytes free for SSM states (their own pool's, or the shared budget's)."""
+        if self.ssm_capacity is None:
+            return self.free_bytes
+        return self.ssm_capacity - self.ssm_bytes
 
     def _account(self, kv: int, ssm: int) -> None:
         self.kv_bytes += kv
@@ -308,18 +321,33 @@ class PrefixCache:
         deepest = partial if partial is not None else (path[-1] if path else None)
         result = InsertResult()
         with self.pinned(deepest):
-            need = plan_bytes(self, plan)
+            need, states = plan_bytes(self, plan), 0
+            if self.ssm_capacity is not None:  # states come from their own pool
+                states = (len(plan.old_ckpts) + len(plan.new_ckpts)) * self.ckpt_bytes
+                need -= states
             if held_from is not None:  # the running request's whole allocation must fit
                 held = (int(seq.shape[0]) - held_from) * self.kv_per_token
                 need = max(need, held + need - (plan.end - plan.matched) * self.kv_per_token)
+            if states > self.ssm_free:
+                freed, count = evictor.evict_states(self, states, policy)
+                result.evicted_bytes, result.evicted_nodes = freed, count
             if need > self.free_bytes:
-                result.evicted_bytes, result.evicted_nodes = self.evict(need, policy)
-            if plan_bytes(self, plan) > self.free_bytes:
-                plan = truncate(self, plan, self.free_bytes)
+                freed, count = self.evict(need, policy)
+                result.evicted_bytes += freed
+                result.evicted_nodes += count
+            if not self._fits(plan):
+                split = None if self.ssm_capacity is None else self.ssm_free
+                plan = truncate(self, plan, self.free_bytes, split)
                 result.truncated = True
             self._apply(plan, path, partial, seq, result)
         self._note_peaks()
         return result
+
+    def _fits(self, plan: InsertPlan) -> bool:
+        if self.ssm_capacity is None:
+            return plan_bytes(self, plan) <= self.free_bytes
+        states = (len(plan.old_ckpts) + len(plan.new_ckpts)) * self.ckpt_bytes
+        return plan_bytes(self, plan) - states <= self.free_bytes and states <= self.ssm_free
 
     def _apply(
         self,
@@ -497,6 +525,14 @@ class PrefixCache:
         self._release(node)
         return freed_ckpt
 
+    def drop_state(self, node: Node) -> int:
+        """Free an unpinned inner node's SSM state and keep its KV (SGLang's tombstone)."""
+        assert self.pins[node.slot] == 0 and node.ckpt, node
+        node.ckpt = False
+        self._refresh_numbers(node)
+        self.ssm_bytes -= self.ckpt_bytes
+        return self.ckpt_bytes
+
     def _drop_leaf(self, node: Node) -> int:
         """Delete an unpinned leaf; returns the bytes freed (the hot path of eviction)."""
         parent = node.parent
@@ -538,4 +574,7 @@ class PrefixCache:
             self.kv_bytes,
             self.ssm_bytes,
         )
-        assert self.used_bytes <= self.capacity or math.isinf(self.capacity)
+        if self.ssm_capacity is None:
+            assert self.used_bytes <= self.capacity or math.isinf(self.capacity)
+        else:
+            assert self.kv_bytes <= self.capacity and self.ssm_bytes <= self.ssm_capacity

@@ -32,8 +32,13 @@ def number(key: str, value: Any) -> float:
 
 @dataclass(frozen=True)
 class CacheSettings:
+    """``size_gb``: the cache's bytes. ``ssm_gb``: None, KV and SSM states share them; a number,
+    SSM states get a pool of their own of that size (SGLang's Mamba slot pool) and KV the rest
+    (SGLang's default ``--mamba-full-memory-ratio 0.9`` is ``ssm_gb = size_gb * 0.9 / 1.9``)."""
+
     size_gb: float
     page_size: int = 1
+    ssm_gb: float | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -46,10 +51,28 @@ class CacheSettings:
             )
         if not isinstance(self.page_size, int) or self.page_size < 1:
             raise ConfigError(f"cache.page_size must be an integer >= 1, got {self.page_size!r}")
+        if self.ssm_gb is not None and not 0 < number("cache.ssm_gb", self.ssm_gb) < self.size_gb:
+            raise ConfigError(
+                f"cache.ssm_gb: the SSM pool must be more than 0 and less than cache.size_gb "
+                f"({self.size_gb}), got {self.ssm_gb!r}"
+            )
 
     @property
     def capacity_bytes(self) -> float:
+        """All the cache's bytes (KV and states together)."""
         return math.inf if math.isinf(self.size_gb) else self.size_gb * GB
+
+    @property
+    def kv_bytes(self) -> float:
+        """Bytes for KV: all of them with one shared budget, else what the SSM pool leaves."""
+        if self.ssm_gb is None:
+            return self.capacity_bytes
+        return self.capacity_bytes - self.ssm_gb * GB
+
+    @property
+    def ssm_bytes(self) -> float | None:
+        """The SSM pool's bytes (None: shared with KV)."""
+        return None if self.ssm_gb is None else self.ssm_gb * GB
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,33 @@ def evict(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int,
     return _evict_heap(cache, need, policy)
 
 
+def evict_states(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
+    """With a separate SSM pool (SGLang's Mamba slots), free states until ``need`` bytes of the
+    pool are free: the unpinned node holding a state that the policy scores lowest goes first
+    (ties: oldest); a leaf is evicted whole (its KV too), an inner node keeps its KV and loses
+    its state (a tombstone; ``components/mamba.py`` ``_evict_device_next_node``). Returns
+    (bytes freed, nodes evicted)."""
+    freed = count = 0
+    notify = eviction_listener(policy)
+    while need > cache.ssm_free:
+        slots = np.array(
+            [n.slot for n in cache.nodes() if n.ckpt and not cache.pins[n.slot]], dtype=np.int64
+        )
+        if slots.size == 0:
+            break
+        scores = policy.scores(cache, slots)
+        tied = slots[scores == scores.min()]
+        victim = cache.node_at(int(tied[np.argmin(cache.nids[tied])]))
+        if victim.children:
+            freed += cache.drop_state(victim)
+            continue
+        freed += cache._drop_leaf(victim)
+        count += 1
+        if notify is not None:
+            notify(cache, [victim])
+    return freed, count
+
+
 def next_victim(cache: PrefixCache, policy: EvictionPolicy) -> Node | None:
     """The candidate the policy scores lowest (ties: oldest node); None if there is none."""
     cand = cache.candidates(policy.evicts_inner_nodes)
@@ -143,7 +170,7 @@ def _evict_up(
         top_score, top_nid = heap[0][0], heap[0][1]
         below = (scores < top_score) | ((scores == top_score) & (nids < top_nid))
         n = int(np.argmin(below)) if not below.all() else n
-    deficit = need - (cache.capacity - cache.kv_bytes - cache.ssm_bytes)
+    deficit = need - cache.free_bytes
     if n and deficit > 0:  # stop once enough is freed
         n = min(n, int(np.searchsorted(np.cumsum(cache.node_bytes[slots[:n]]), deficit)) + 1)
     elif deficit <= 0:

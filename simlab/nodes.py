@@ -144,8 +144,24 @@ def plan_bytes(cache: TreeShape, plan: InsertPlan) -> int:
     return max(0, plan.end - plan.matched) * cache.kv_per_token + n_ckpt * cache.ckpt_bytes
 
 
-def truncate(cache: TreeShape, plan: InsertPlan, budget: float) -> InsertPlan:
-    """Longest prefix of the plan whose bytes fit in ``budget``."""
+@dataclass(slots=True)
+class _KVOnly:
+    """A tree shape whose states cost nothing (they come from a pool of their own)."""
+
+    hybrid: bool
+    page_size: int
+    kv_per_token: int
+    ckpt_bytes: int = 0
+
+
+def truncate(
+    cache: TreeShape, plan: InsertPlan, budget: float, ssm_budget: float | None = None
+) -> InsertPlan:
+    """Longest prefix of the plan whose bytes fit in ``budget``; with ``ssm_budget`` (states in a
+    pool of their own) the states that fit in it first, then the KV that fits in ``budget``."""
+    if ssm_budget is not None:
+        plan = _states_within(cache, plan, ssm_budget)
+        cache = _KVOnly(cache.hybrid, cache.page_size, cache.kv_per_token)
     old = []
     for c in plan.old_ckpts:
         if budget < cache.ckpt_bytes:
@@ -165,6 +181,26 @@ def truncate(cache: TreeShape, plan: InsertPlan, budget: float) -> InsertPlan:
             cut.end = min(plan.end, max(cut.end, plan.matched) + max(0, fit))
     cut.new_cuts = [c for c in plan.new_cuts if c < cut.end]
     return cut
+
+
+def _states_within(cache: TreeShape, plan: InsertPlan, ssm_budget: float) -> InsertPlan:
+    """The plan's first checkpoints that fit in ``ssm_budget`` (its KV cut after the last kept
+    one, unless ``stateless_kv``)."""
+    n = int(ssm_budget // cache.ckpt_bytes) if cache.ckpt_bytes else len(plan.new_ckpts)
+    old = plan.old_ckpts[:n]
+    new = plan.new_ckpts[: max(0, n - len(old))]
+    end = plan.end
+    if cache.hybrid and not plan.stateless_kv:
+        end = new[-1] if new else plan.matched
+    return InsertPlan(
+        plan.matched,
+        end,
+        old,
+        new,
+        plan.old_cuts,
+        [c for c in plan.new_cuts if c < end],
+        plan.stateless_kv,
+    )
 
 
 def _fit_new_ckpts(

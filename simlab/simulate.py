@@ -88,6 +88,10 @@ def plan_run(cfg: DictConfig) -> RunPlan:
 def check_capacity(settings: RunSettings, model: ModelSpec) -> None:
     """The cache must hold one KV page, plus one SSM checkpoint for a hybrid: a smaller one
     can never admit anything, and every hit rate would be a silent 0."""
+    cache = settings.cache
+    if cache.ssm_gb is not None:
+        check_separate_pools(settings, model)
+        return
     need = settings.cache.page_size * model.kv_bytes_per_token
     need += model.ssm_state_bytes if model.is_hybrid else 0
     if settings.cache.capacity_bytes < need:
@@ -95,6 +99,38 @@ def check_capacity(settings: RunSettings, model: ModelSpec) -> None:
         raise ConfigError(
             f"cache.size_gb: smaller than {what} of {model.name} ({need / 1e9:.4g} GB), "
             f"so nothing could ever be cached (got {settings.cache.size_gb})"
+        )
+
+
+def check_separate_pools(settings: RunSettings, model: ModelSpec) -> None:
+    """With ``cache.ssm_gb`` the model must have SSM states, the SSM pool must hold one and
+    the KV pool one page."""
+    cache = settings.cache
+    if not model.is_hybrid:
+        raise ConfigError(f"cache.ssm_gb: {model.name} has no SSM states; leave it null")
+    if cache.ssm_bytes is not None and cache.ssm_bytes < model.ssm_state_bytes:
+        raise ConfigError(
+            f"cache.ssm_gb: smaller than one SSM state of {model.name} "
+            f"({model.ssm_state_bytes / 1e9:.4g} GB), got {cache.ssm_gb}"
+        )
+    if cache.kv_bytes < cache.page_size * model.kv_bytes_per_token:
+        raise ConfigError(
+            f"cache.size_gb - cache.ssm_gb: the KV pool ({cache.kv_bytes / 1e9:.4g} GB) is "
+            f"smaller than one KV page of {model.name}"
+        )
+
+
+def check_request_fits(settings: RunSettings, model: ModelSpec, requests: list[Request]) -> None:
+    """With separate pools, the KV pool must hold the longest request: the engine could never
+    run it (a shared budget only truncates what it caches)."""
+    if settings.cache.ssm_gb is None or not requests:
+        return
+    longest = max(req.input_tokens + req.output_len for req in requests)
+    if longest * model.kv_bytes_per_token > settings.cache.kv_bytes:
+        raise ConfigError(
+            f"cache.size_gb - cache.ssm_gb: the KV pool ({settings.cache.kv_bytes / 1e9:.4g} GB) "
+            f"cannot hold the longest request ({longest} tokens, "
+            f"{longest * model.kv_bytes_per_token / 1e9:.4g} GB)"
         )
 
 
@@ -171,13 +207,14 @@ def policy_step(
         controllers.append(tuner)
     return RequestStep.build(
         model,
-        settings.cache.capacity_bytes,
+        settings.cache.kv_bytes,
         admission,
         eviction,
         name,
         page_size=page,
         unit_tokens=unit_tokens,
         controllers=controllers,
+        ssm_capacity_bytes=settings.cache.ssm_bytes,
     )
 
 
@@ -313,6 +350,7 @@ def simulate(cfg: DictConfig) -> Summary:
         return done
     trace = load_trace(cfg, settings)
     requests = list(trace.requests())
+    check_request_fits(settings, model, requests)
     runs = {
         name: run_policy(name, pcfg, requests, model, settings, engine, trace.block_size)
         for name, pcfg in settings.policies.items()

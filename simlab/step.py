@@ -93,15 +93,22 @@ class RequestStep:
         page_size: int = 1,
         unit_tokens: int = 1,
         controllers: Sequence[Controller] = (),
+        ssm_capacity_bytes: float | None = None,
     ) -> RequestStep:
         """A step on a fresh cache shaped for the admission's keys (``page_size`` in ids): a
-        block-keyed cache counts one id per block, which is its page, one node per block."""
+        block-keyed cache counts one id per block, which is its page, one node per block.
+        ``ssm_capacity_bytes``: SSM states in a pool of their own (``capacity_bytes`` is then
+        KV's)."""
         admission = admission.for_model(model, unit_tokens)
         block = admission.keys.block_size
-        if block is None:
-            cache = PrefixCache(model, capacity_bytes, page_size, unit_tokens)
-        else:
-            cache = PrefixCache(model, capacity_bytes, 1, unit_tokens * block, block_nodes=True)
+        shape = (page_size, unit_tokens) if block is None else (1, unit_tokens * block)
+        cache = PrefixCache(
+            model,
+            capacity_bytes,
+            *shape,
+            block_nodes=block is not None,
+            ssm_capacity_bytes=ssm_capacity_bytes,
+        )
         return cls(cache, admission, eviction, policy, tuple(controllers))
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ from policies.production import VLLM, BlockLRU, RadixLRU, SGLang, vllm_hybrid_bl
 from simlab.config import ConfigError
 from simlab.keys import BlockKeys, TokenKeys
 from simlab.model import ModelSpec
-from simlab.simulate import plan_run
+from simlab.simulate import plan_run, simulate
 from simlab.step import RequestStep
 from tests.fixtures import CONFIGS, compose, model, policy_plugins
 from traces.format import Request
@@ -196,3 +196,73 @@ def test_vllm_align_never_hits_a_prompt_of_one_block_or_less():
     ]
     assert hits[:3] == [0, 0, 0]
     assert hits[3:] == [0, 1056, 1056]  # floor(1199 / 528) = 2 blocks, after the first sighting
+
+
+def test_sglang_extra_buffer_tracks_states_on_the_grid():
+    """A 600-token miss tracks a prefill state at 512 (2 grid steps from the hit) and, with
+    300 output tokens (899 committed), the last decode-tracked one at 768; the prompt end and
+    the committed end get none."""
+    admission, eviction = policy_plugins("sglang", ["policy.mamba=extra_buffer"])
+    step = RequestStep.build(model("nemotron_h_8b"), math.inf, admission, eviction, "sglang")
+    step.serve(req(0, ids(0, 600), ids(5000, 300)))
+    assert sorted(n.end for n in step.cache.nodes() if n.ckpt) == [512, 768]
+    assert step.serve(req(1, [*ids(0, 600), *ids(5000, 299), 1], [1])).hit_tokens == 768
+
+
+# --------------------------------------------------------------------------- separate pools
+NEMOTRON = model("nemotron_h_8b")
+STATE = NEMOTRON.ssm_state_bytes
+
+
+def test_separate_pools_never_overflow_either_and_tombstone_inner_states():
+    """KV and SSM states in pools of their own (SGLang's sizing): neither is ever exceeded;
+    a full SSM pool frees states, an inner node's alone (it keeps its KV)."""
+    admission, eviction = policy_plugins("sglang")
+    step = RequestStep.build(
+        NEMOTRON,
+        4000 * NEMOTRON.kv_bytes_per_token,
+        admission,
+        eviction,
+        "sglang",
+        ssm_capacity_bytes=3 * STATE,
+    )
+    system = ids(0, 300)
+    tombstones = 0
+    for i in range(12):
+        step.serve(req(i, [*system, *ids(1000 * (i + 1), 40)], ids(50000 + 100 * i, 20)))
+        cache = step.cache
+        assert cache.kv_bytes <= cache.capacity and cache.ssm_bytes <= 3 * STATE
+        cache.check_invariants()
+        tombstones += sum(1 for n in cache.nodes() if n.children and not n.ckpt)
+    assert tombstones > 0
+    assert step.cache.ssm_bytes == 3 * STATE
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model=llama3_8b", "cache.ssm_gb=1"], "has no SSM states"),
+        (["model=nemotron_h_8b", "cache.size_gb=2", "cache.ssm_gb=2"], "less than cache.size_gb"),
+        (["model=nemotron_h_8b", "cache.ssm_gb=0.01"], "smaller than one SSM state"),
+        (["model=nemotron_h_8b", "cache.ssm_gb=abc"], "cache.ssm_gb: must be a number"),
+    ],
+)
+def test_bad_separate_pools_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_run(compose(["+policy=sglang", *overrides]))
+
+
+def test_a_kv_pool_that_cannot_hold_the_longest_request_is_refused():
+    cfg = compose(
+        [
+            "+policy=sglang",
+            "model=nemotron_h_8b",
+            "engine=replay",
+            "cache.size_gb=0.12",
+            "cache.ssm_gb=0.11",
+            "bounds.enabled=false",
+            "report=false",
+        ]
+    )
+    with pytest.raises(ConfigError, match="cannot hold the longest request"):
+        simulate(cfg)
