@@ -90,7 +90,10 @@ class Admission:
     prompt); ``held_from``: when set, the running request holds every id of its sequence from
     this position on (a production engine allocates all of them: those the tree already holds
     are duplicates, and a block pool's partial tail block is never cached), so eviction makes
-    room for all of them, not only for the admitted tail.
+    room for all of them, not only for the admitted tail; ``publishes_prompt``: the prompt's
+    KV (and its states) enter the cache when the prefill ends, not when the request finishes
+    (SGLang's ``checkpoint_kv_cache``; vLLM caches each block once it is computed), so a timed
+    engine's later requests can hit it while this one still decodes.
     """
 
     ckpts: list[int]
@@ -98,6 +101,7 @@ class Admission:
     cuts: Sequence[int] = ()
     held_from: int | None = None
     stateless_kv: bool = False  # hybrids: KV past the last checkpoint is cached too (vLLM)
+    publishes_prompt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

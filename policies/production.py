@@ -97,6 +97,7 @@ class SGLang(AdmissionPolicy):
             end=seq_len,
             cuts=(match_end, input_len, seq_len) if self.mamba == "no_buffer" else (match_end,),
             held_from=lookup.hit,
+            publishes_prompt=True,
         )
 
     def _tracked_states(self, lookup: Lookup, input_len: int, seq_len: int) -> list[int]:
@@ -196,12 +197,18 @@ class VLLM(BlockPool):
         return replace(self, block_size=-(-tokens // unit_tokens))
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
-        if self.mamba_cache_mode == "none":
-            return Admission(ckpts=[], end=seq_len, held_from=lookup.hit, stateless_kv=True)
-        prompt = input_len - 1  # floor((L - 1) / B): the last block boundary below the prompt end
-        junction = min(lookup.matched, prompt) if self.junction else 0
-        states = sorted({p for p in (junction, prompt) if p > lookup.hit})
-        return Admission(ckpts=states, end=seq_len, held_from=lookup.hit, stateless_kv=True)
+        states: list[int] = []
+        if self.mamba_cache_mode == "align":
+            prompt = input_len - 1  # floor((L - 1) / B): the last block boundary below the end
+            junction = min(lookup.matched, prompt) if self.junction else 0
+            states = sorted({p for p in (junction, prompt) if p > lookup.hit})
+        return Admission(
+            ckpts=states,
+            end=seq_len,
+            held_from=lookup.hit,
+            stateless_kv=True,
+            publishes_prompt=True,
+        )
 
 
 @dataclass

@@ -243,6 +243,11 @@ class PrefixCache:
                 return node
         return partial
 
+    def deepest_cached(self, tokens: np.ndarray) -> Node | None:
+        """The deepest node wholly on the cached prefix of ``tokens`` (None if none)."""
+        path, _matched, _partial = self._walk(tokens)
+        return path[-1] if path else None
+
     def touch(self, nodes: Sequence[Node]) -> None:
         """Mark nodes as accessed now (recency bookkeeping for eviction policies)."""
         for node in nodes:

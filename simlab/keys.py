@@ -4,7 +4,8 @@ A :class:`KeyedRequest` is what the request step matches and admits:
 
 * ``lookup``: the ids the input is matched with (the hit rule caps a hit at ``len - 1``);
 * ``sequence``: the ids the running request allocates;
-* ``cacheable``: how many leading ids of ``sequence`` may stay in the cache.
+* ``cacheable``: how many leading ids of ``sequence`` may stay in the cache;
+* ``prompt``: how many of those the prompt alone fills (what a prefill can publish).
 
 Schemes:
 
@@ -43,6 +44,7 @@ class KeyedRequest:
     lookup: np.ndarray
     sequence: np.ndarray
     cacheable: int
+    prompt: int  # leading ids of ``sequence`` that the prompt fills (cacheable after prefill)
 
 
 def sequence_ids(req: Request, committed: bool) -> np.ndarray:
@@ -61,7 +63,7 @@ class TokenKeys:
 
     def view(self, req: Request) -> KeyedRequest:
         seq = sequence_ids(req, self.committed)
-        return KeyedRequest(req.input_ids, seq, int(seq.shape[0]))
+        return KeyedRequest(req.input_ids, seq, int(seq.shape[0]), min(req.input_len, len(seq)))
 
 
 @dataclass
@@ -87,7 +89,8 @@ class BlockKeys:
         sequence = full
         if seq.shape[0] % self.block_size:
             sequence = np.append(full, next(self._partial)).astype(TOKEN_DTYPE)
-        return KeyedRequest(lookup, sequence, int(full.shape[0]))
+        prompt = min(n_input // self.block_size, int(full.shape[0]))
+        return KeyedRequest(lookup, sequence, int(full.shape[0]), prompt)
 
     def _full_blocks(self, seq: np.ndarray) -> np.ndarray:
         """One id per full block of ``seq``; a new content gets the next id."""

@@ -55,6 +55,8 @@ class Started:
     hit: int  # tokens whose prefill is skipped
     matched: int  # tokens of the longest cached prefix (checkpoint rule ignored)
     pinned: Node | None  # the node pinned until finish (None: nothing pinned)
+    prompt: int = 0  # ids of ``seq`` the prompt fills (:meth:`RequestStep.prefilled`)
+    published: InsertResult | None = None  # what the prefill published
 
 
 @dataclass(slots=True)
@@ -155,7 +157,32 @@ class RequestStep:
             self._tokens(req, lookup.hit),
             self._tokens(req, lookup.matched),
             pinned,
+            keyed.prompt,
         )
+
+    def prefilled(self, started: Started) -> None:
+        """The request's prefill ended (timed engines). A plan that ``publishes_prompt`` admits
+        the prompt now, so requests scheduled from now on can hit it, and the request's pin
+        moves to the published prompt (SGLang moves its lock there)."""
+        plan, cache = started.plan, self.cache
+        if not plan.publishes_prompt or started.prompt <= 0:
+            return
+        prompt = started.prompt
+        started.published = cache.insert(
+            started.seq,
+            [c for c in plan.ckpts if c <= prompt],
+            prompt,
+            self.eviction,
+            cuts=[c for c in plan.cuts if c <= prompt],
+            stateless_kv=plan.stateless_kv,
+        )
+        if plan.held_from is not None:  # the published prompt's slots are the tree's now
+            started.plan = replace(plan, held_from=max(plan.held_from, prompt))
+        if started.pinned is not None:
+            deepest = cache.deepest_cached(started.seq[:prompt])
+            cache.pin(deepest)
+            cache.unpin(started.pinned)
+            started.pinned = deepest
 
     def _tokens(self, req: Request, ids: int) -> int:
         """Tokens covered by the first ``ids`` keyed ids of ``req``'s input."""
@@ -178,6 +205,8 @@ class RequestStep:
         )
         if started.pinned is not None:
             cache.unpin(started.pinned)
+        if started.published is not None:
+            admitted = merged(started.published, admitted)
         if self._observes:
             self.eviction.observe(cache, req, admitted)
         for controller in self.controllers:
@@ -217,6 +246,19 @@ class RequestStep:
             cache_kv_bytes=cache.kv_bytes,
             cache_ssm_bytes=cache.ssm_bytes,
         )
+
+
+def merged(first: InsertResult, second: InsertResult) -> InsertResult:
+    """A request's two admissions (prompt at prefill, the rest at finish) as one."""
+    return InsertResult(
+        kv_bytes=first.kv_bytes + second.kv_bytes,
+        ssm_bytes=first.ssm_bytes + second.ssm_bytes,
+        ckpts=first.ckpts + second.ckpts,
+        admitted_end=second.admitted_end,
+        truncated=first.truncated or second.truncated,
+        evicted_bytes=first.evicted_bytes + second.evicted_bytes,
+        evicted_nodes=first.evicted_nodes + second.evicted_nodes,
+    )
 
 
 def add_timing(record: RequestRecord, t: Timing) -> None:

@@ -360,6 +360,8 @@ class TimedWorld:
             job.prefilled += take
             if not job.in_prefill:
                 job.first_token = self.env.now
+                assert job.started is not None
+                self.step.prefilled(job.started)
 
     def _prefill_chunks(self, budget: int) -> list[tuple[Job, int]]:
         """Prefill chunks (job, tokens) of the running requests in order, within ``budget``."""

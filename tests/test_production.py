@@ -15,14 +15,17 @@ from omegaconf import OmegaConf
 from policies.lru import LRU
 from policies.production import VLLM, BlockLRU, RadixLRU, SGLang, vllm_hybrid_block_size
 from simlab.config import ConfigError
+from simlab.costmodel import Hardware
 from simlab.keys import BlockKeys, TokenKeys
 from simlab.model import ModelSpec
 from simlab.simulate import plan_run, simulate
 from simlab.step import RequestStep
+from simlab.timed import SessionFeeder, TimedEngine
 from tests.fixtures import CONFIGS, compose, model, policy_plugins
 from traces.format import Request
 
 LLAMA = model("llama3_8b")
+A100 = Hardware.from_config(OmegaConf.load(CONFIGS / "hardware" / "a100_40gb.yaml"))
 KV = LLAMA.kv_bytes_per_token
 
 
@@ -266,3 +269,30 @@ def test_a_kv_pool_that_cannot_hold_the_longest_request_is_refused():
     )
     with pytest.raises(ConfigError, match="cannot hold the longest request"):
         simulate(cfg)
+
+
+def test_a_timed_engine_publishes_the_prompt_when_its_prefill_ends():
+    """Two sessions send the same 3,000-token prompt 0.05 s apart; the first is still decoding
+    (200 tokens) when the second is scheduled. SGLang and vLLM publish the prompt at the end of
+    its prefill, so the second hits it; the paper's sglang_plus admits only at the finish."""
+    prompt = ids(0, 3000)
+    requests = [
+        Request(
+            i,
+            i,
+            0,
+            0.05 * i,
+            np.asarray([*prompt, 9000 + i], np.int32),
+            np.asarray(ids(20000, 200), np.int32),
+            200,
+        )
+        for i in range(2)
+    ]
+    hits = {}
+    for policy in ("sglang", "vllm", "sglang_plus"):
+        admission, eviction = policy_plugins(policy)
+        step = RequestStep.build(LLAMA, math.inf, admission, eviction, policy)
+        world = TimedEngine(hardware=A100).world(requests, step)
+        records = world.run(SessionFeeder(requests))
+        hits[policy] = sorted(r.hit_tokens for r in records)
+    assert hits == {"sglang": [0, 3000], "vllm": [0, 2992], "sglang_plus": [0, 0]}
