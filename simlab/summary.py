@@ -53,7 +53,16 @@ class Summary:
             text += "\nbounds (token hit rate): " + ", ".join(
                 f"{name} {rate:.4f}" for name, rate in self.bounds.items()
             )
-        return text + "\n" + self.speed_line()
+        return text + "\n" + self.speed_line() + self.saturation_lines()
+
+    def saturation_lines(self) -> str:
+        """A warning per saturated timed run: its latencies measure the backlog."""
+        return "".join(
+            f"\nwarning: {name} saturates the GPU ({p['saturation']}); lower the load "
+            f"(arrivals.session_rate) to compare latencies"
+            for name, p in self.policies.items()
+            if p.get("saturated")
+        )
 
     def speed_line(self) -> str:
         """How fast the simulator ran (wall clock of each policy's run): not a result column."""

@@ -29,6 +29,7 @@ planned batch in :mod:`simlab.offline`.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from collections import deque
 from collections.abc import Generator, Sequence
@@ -46,6 +47,8 @@ from simlab.nodes import Node
 from simlab.records import RequestRecord
 from simlab.step import RequestStep, Started, Timing
 from traces.format import Request
+
+log = logging.getLogger(__name__)
 
 TOKENS_PER_WORD = 1.33  # cl100k on English prose; converts tokens to words for typing time
 
@@ -188,7 +191,32 @@ class TimedEngine(TimedSettings):
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
         world = self.world(requests, step)
         records = world.run(SessionFeeder(requests, self.typing_wpm))
-        return EngineRun(records, world.stats.summary(len(records)), world.stats.occupancy)
+        extras = world.stats.summary(len(records)) | saturation(world.stats, records)
+        if extras["saturated"]:
+            log.warning("%s: the GPU is saturated (%s)", step.policy, extras["saturation"])
+        return EngineRun(records, extras, world.stats.occupancy)
+
+
+#: GPU busy fraction above which a timed run counts as saturated
+SATURATED_BUSY = 0.95
+
+
+def saturation(stats: EngineStats, records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Whether the load exceeded what the GPU serves: busy more than 95% of the time, or a queue
+    that grows to the end (the last quarter of requests, by arrival, waits more than twice as
+    long as the first quarter and over a second). Latencies of a saturated run measure the
+    backlog, not the policy."""
+    busy = stats.summary(len(records))["gpu_busy_frac"]
+    delays = [r.queue_delay for r in sorted(records, key=lambda r: r.arrival)]
+    quarter = len(delays) // 4
+    first = sum(delays[:quarter]) / quarter if quarter else 0.0
+    last = sum(delays[-quarter:]) / quarter if quarter else 0.0
+    reasons = []
+    if busy > SATURATED_BUSY:
+        reasons.append(f"GPU busy {busy:.2f} > {SATURATED_BUSY}")
+    if quarter and last > max(1.0, 2 * first):
+        reasons.append(f"queue delay grows from {first:.2f} s to {last:.2f} s")
+    return {"saturated": bool(reasons), "saturation": "; ".join(reasons)}
 
 
 @dataclass

@@ -12,7 +12,8 @@ from simlab.cache import PrefixCache
 from simlab.costmodel import BatchShape, Calibration, CostModel, Hardware
 from simlab.replay import replay_step
 from simlab.step import RequestStep
-from simlab.timed import SessionFeeder, TimedEngine, unique_tokens
+from simlab.summary import Summary
+from simlab.timed import EngineStats, SessionFeeder, TimedEngine, saturation, unique_tokens
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, model, policy_plugins
 from traces.arrivals import assign_arrivals
 from traces.format import Request
@@ -148,3 +149,27 @@ def test_pins_hold_while_running_and_capacity_is_never_exceeded():
     assert all(r.cache_kv_bytes + r.cache_ssm_bytes <= 6 * CKPT for r in records)
     assert not engine.cache.pins.any()
     engine.cache.check_invariants()
+
+
+def test_a_saturated_run_is_flagged_and_a_light_one_is_not():
+    """GPU busy above 0.95 or a queue that grows to the end: the summary says so."""
+    trace = chat_trace(seed=7, sessions=40)
+    heavy, records, _ = timed_run("sglang_plus", trace, 30 * CKPT, session_rate=50.0, max_running=2)
+    flags = saturation(heavy.stats, records)
+    assert flags["saturated"] and "GPU busy 1.00" in flags["saturation"]
+    light, records, _ = timed_run("sglang_plus", trace, 30 * CKPT, session_rate=1e-3)
+    assert saturation(light.stats, records) == {"saturated": False, "saturation": ""}
+    policy = {"token_hit_rate": 0.5, "saturated": True, "saturation": "GPU busy 0.99 > 0.95"}
+    assert (
+        "warning: lru saturates the GPU (GPU busy 0.99"
+        in Summary(policies={"lru": policy}, trace={}, config={}).saturation_lines()
+    )
+
+
+def test_a_queue_that_grows_to_the_end_is_saturation():
+    _, records, _ = timed_run("sglang_plus", chat_trace(seed=7), 30 * CKPT, session_rate=1e-3)
+    records = sorted(records, key=lambda r: r.arrival)
+    for i, record in enumerate(records):  # delays growing linearly to 10 s
+        record.queue_delay = 10.0 * i / len(records)
+    stats = EngineStats(busy=0.5, first_arrival=0.0, last_departure=1.0)
+    assert "queue delay grows" in saturation(stats, records)["saturation"]
