@@ -76,6 +76,35 @@ class CacheSettings:
 
 
 @dataclass(frozen=True)
+class MetricSettings:
+    """What counts as a request hit: at least ``request_hit_min_tokens`` reused tokens and at
+    least ``request_hit_min_share`` of the input (a 3-token chat-template prefix is no hit)."""
+
+    request_hit_min_tokens: int = 16
+    request_hit_min_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        tokens = self.request_hit_min_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ConfigError(
+                f"metrics.request_hit_min_tokens: must be an integer >= 1 (got {tokens!r})"
+            )
+        if not 0 <= number("metrics.request_hit_min_share", self.request_hit_min_share) <= 1:
+            raise ConfigError(
+                f"metrics.request_hit_min_share: must be in [0, 1] "
+                f"(got {self.request_hit_min_share!r})"
+            )
+
+    @property
+    def rule(self) -> str:
+        """The rule in words, for summaries and reports."""
+        rule = f">= {self.request_hit_min_tokens} tokens"
+        if self.request_hit_min_share > 0:
+            rule += f" and >= {self.request_hit_min_share:.0%} of the input"
+        return rule
+
+
+@dataclass(frozen=True)
 class ArrivalSettings:
     mode: str = "poisson"
     session_rate: float = 1.0
@@ -109,6 +138,7 @@ class RunSettings:
     cache: CacheSettings
     arrivals: ArrivalSettings
     policies: dict[str, DictConfig]
+    metrics: MetricSettings = MetricSettings()
 
 
 def _section(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -143,4 +173,5 @@ def run_settings(cfg: DictConfig) -> RunSettings:
         cache=CacheSettings(**_section(cfg, "cache")),
         arrivals=ArrivalSettings(**_section(cfg, "arrivals")),
         policies=selected_policies(cfg),
+        metrics=MetricSettings(**(_section(cfg, "metrics") if cfg.get("metrics") else {})),
     )

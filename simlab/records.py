@@ -60,8 +60,11 @@ def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
     return pd.DataFrame.from_records([_as_row(r) for r in records], columns=RECORD_COLUMNS)
 
 
-def summarize(frame: pd.DataFrame) -> dict[str, Any]:
-    """Hit rates, FLOPs and bytes of one policy's records."""
+def summarize(
+    frame: pd.DataFrame, min_hit_tokens: int = 1, min_hit_share: float = 0.0
+) -> dict[str, Any]:
+    """Hit rates, FLOPs and bytes of one policy's records. A request counts as a hit when it
+    reuses at least ``min_hit_tokens`` tokens and ``min_hit_share`` of its input."""
     input_tokens = int(frame["input_tokens"].sum())
     flops = float(frame["prefill_flops"].sum())
     cache_total = frame["cache_kv_bytes"] + frame["cache_ssm_bytes"]
@@ -71,7 +74,12 @@ def summarize(frame: pd.DataFrame) -> dict[str, Any]:
         "input_tokens": input_tokens,
         "hit_tokens": int(frame["hit_tokens"].sum()),
         "token_hit_rate": float(frame["hit_tokens"].sum() / input_tokens) if input_tokens else 0.0,
-        "request_hit_rate": float((frame["hit_tokens"] > 0).mean()),
+        "request_hit_rate": float(
+            (
+                (frame["hit_tokens"] >= max(1, min_hit_tokens))
+                & (frame["hit_tokens"] >= min_hit_share * frame["input_tokens"])
+            ).mean()
+        ),
         "matched_tokens": int(frame["matched_tokens"].sum()),
         "prefill_flops": flops,
         "flops_saved": float(frame["flops_saved"].sum()),

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from policies.base import AdmissionPolicy, EvictionPolicy, in_units
 from simlab.bounds import infinite_cache_hits
-from simlab.config import ConfigError, RunSettings, run_settings
+from simlab.config import ConfigError, MetricSettings, RunSettings, run_settings
 from simlab.engine import Engine, EngineRun
 from simlab.model import ModelSpec
 from simlab.provenance import code_version
@@ -246,21 +246,27 @@ def run_policy(
         run = engine.run(requests, step)
     wall = time.perf_counter() - start
     frame = records_frame(run.records)
-    summary = policy_summary(frame, run, step, wall)
+    summary = policy_summary(frame, run, step, wall, settings.metrics)
     rate, speed = summary["token_hit_rate"], summary["requests_per_s"]
     log.info("%s: token hit rate %.4f, %.0f req/s", name, rate, speed)
     return PolicyRun(frame, summary, occupancy_frame(name, run, frame))
 
 
 def policy_summary(
-    frame: pd.DataFrame, run: EngineRun, step: RequestStep, wall: float
+    frame: pd.DataFrame,
+    run: EngineRun,
+    step: RequestStep,
+    wall: float,
+    metrics: MetricSettings | None = None,
 ) -> dict[str, Any]:
     """A policy's entry in ``summary.json``: hit and latency metrics, the engine's and the
     plug-ins' items, peak cache bytes and simulation speed."""
     cache = step.cache
+    metrics = metrics or MetricSettings()
     speed = len(frame) / wall if wall > 0 else float("inf")
     return (
-        summarize(frame)
+        summarize(frame, metrics.request_hit_min_tokens, metrics.request_hit_min_share)
+        | {"request_hit_rule": metrics.rule}
         | latency_summary(frame)
         | run.extras
         | {

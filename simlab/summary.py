@@ -47,6 +47,9 @@ class Summary:
             columns["hit_vs_clairvoyant"] = "of clairvoyant"
         if any("ttft_p50" in p for p in self.policies.values()):
             columns |= TIMED_COLUMNS
+        rules = {p.get("request_hit_rule") for p in self.policies.values()} - {None}
+        if len(rules) == 1:
+            columns["request_hit_rate"] = f"req hit ({rules.pop()})"
         frame = pd.DataFrame(self.policies).T[list(columns)].rename(columns=columns)
         text = frame.to_string(float_format=lambda v: f"{v:.4f}")
         if self.bounds:

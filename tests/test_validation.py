@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from simlab.__main__ import reported_as_one_line
-from simlab.config import ConfigError
+from simlab.config import ConfigError, MetricSettings, run_settings
+from simlab.records import summarize
 from simlab.simulate import plan_run
 from tests.fixtures import compose
 
@@ -83,3 +85,42 @@ def test_results_of_other_code_are_neither_resumed_nor_overwritten(tmp_path):
     cfg.overwrite = True
     simulate(cfg)
     assert json.loads((out / "summary.json").read_text())["provenance"]["code_version"] != "0123abc"
+
+
+def test_a_request_hit_needs_the_threshold():
+    """A 3-token chat-template prefix is no request hit: the default counts >= 16 tokens."""
+    frame = pd.DataFrame(
+        {
+            "session_id": [0, 0, 1, 2],
+            "input_tokens": [100, 100, 100, 1000],
+            "hit_tokens": [0, 3, 16, 90],
+            "matched_tokens": [0, 3, 16, 90],
+            "prefill_flops": [1.0] * 4,
+            "flops_saved": [0.0] * 4,
+            "kv_bytes_admitted": [0] * 4,
+            "ssm_bytes_admitted": [0] * 4,
+            "ckpts_admitted": [0] * 4,
+            "bytes_evicted": [0] * 4,
+            "nodes_evicted": [0] * 4,
+            "admission_truncated": [False] * 4,
+            "cache_kv_bytes": [0] * 4,
+            "cache_ssm_bytes": [0] * 4,
+        }
+    )
+    assert summarize(frame)["request_hit_rate"] == 0.75  # any hit
+    assert summarize(frame, 16)["request_hit_rate"] == 0.5
+    assert summarize(frame, 16, 0.1)["request_hit_rate"] == 0.25
+    assert MetricSettings(16, 0.1).rule == ">= 16 tokens and >= 10% of the input"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("metrics.request_hit_min_tokens=0", "metrics.request_hit_min_tokens"),
+        ("metrics.request_hit_min_share=2", "metrics.request_hit_min_share"),
+        ("metrics.request_hit_min_share=abc", "metrics.request_hit_min_share"),
+    ],
+)
+def test_bad_metric_settings_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        run_settings(compose([override]))

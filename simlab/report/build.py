@@ -115,7 +115,9 @@ def summary_pages(
     """The summary table (returned: its raw numbers) and the page(s) showing it."""
     table = run_table(results) if isinstance(results, RunResults) else sweep_table(results)
     base = results if isinstance(results, RunResults) else results.base
-    notes = table_notes(table, engine_label(base.config))
+    policies = base.summary.get("policies") or {}
+    rules = [p["request_hit_rule"] for p in policies.values() if p.get("request_hit_rule")]
+    notes = table_notes(table, engine_label(base.config), rules[0] if rules else None)
     if isinstance(results, RunResults):
         notes.insert(0, trace_note(results.trace))
         bounds = results.summary.get("bounds") or {}

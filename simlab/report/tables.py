@@ -227,10 +227,13 @@ def sweep_summary_pages(
     return pages
 
 
-def table_notes(frame: pd.DataFrame, engine: str) -> list[str]:
+def table_notes(frame: pd.DataFrame, engine: str, hit_rule: str | None = None) -> list[str]:
+    """The table's definitions; ``hit_rule``: what counts as a request hit (summary.json's
+    ``request_hit_rule``; results without one counted any hit)."""
+    counted = f"reusing {hit_rule}" if hit_rule else "with any hit"
     notes = [
         "Token hit rate = tokens whose prefill was skipped / all input tokens; request hit rate = "
-        "share of requests with any hit; FLOPs saved = prefill FLOPs skipped (share of all "
+        f"share of requests {counted}; FLOPs saved = prefill FLOPs skipped (share of all "
         "prefill FLOPs, and PFLOP = 1e15 FLOPs)."
     ]
     if frame[list(TIMED_KEYS)].isna().any().any():
