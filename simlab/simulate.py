@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import tempfile
 import time
 from collections.abc import Iterator
@@ -43,6 +44,7 @@ from simlab.replay import ReplayEngine
 from simlab.step import Controller, RequestStep
 from simlab.summary import Summary, add_bound_ratios, trace_stats
 from simlab.sweep import check_no_overwrite, finished_summary, is_multirun
+from simlab.timed import TimedEngine
 from simlab.tuning import AlphaTuner
 from traces.arrival_modes import assign as assign_arrival_times
 from traces.format import Request, Trace
@@ -81,6 +83,8 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     for name, pcfg in settings.policies.items():
         policy_step(name, pcfg, model, settings)
     engine = build_engine(cfg)
+    if isinstance(engine, TimedEngine) and math.isfinite(settings.cache.size_gb):
+        engine.check_memory(model, settings.cache.size_gb)
     check_writable(output_dir(cfg))
     return RunPlan(settings, model, engine)
 

@@ -65,6 +65,7 @@ class TimedSettings:
     radix_mlp: bool = False
     shared_prefix_attention: bool = False
     typing_wpm: float | None = None
+    memory_check: bool = True  # false: what-if studies beyond the GPU's memory
 
     def __post_init__(self) -> None:
         for key in ("token_budget", "max_running", "ssm_chunk"):
@@ -181,6 +182,22 @@ class TimedEngine(TimedSettings):
         except (TypeError, ValueError) as err:
             raise ConfigError(f"engine/hardware: {err}") from err
         object.__setattr__(self, "_calibration", calibration)
+
+    def check_memory(self, model: ModelSpec, cache_gb: float) -> None:
+        """Prefix cache + memory for running sequences + weights must fit the GPUs' memory
+        (``hardware.mem_gb`` x ``tp``); ``engine.memory_check=false`` allows what-if studies."""
+        if not self.memory_check:
+            return
+        weights = (model.layer_params + model.embedding_params) * model.dtype_bytes / 1e9
+        need = cache_gb + self.running_memory_gb + weights
+        have = self.hardware.mem_gb * self.tp
+        if need > have:
+            raise ConfigError(
+                f"cache.size_gb: {cache_gb:g} GB of cache + {self.running_memory_gb:g} GB for "
+                f"running sequences (engine.running_memory_gb) + {weights:.1f} GB of "
+                f"{model.name} weights exceed {have:g} GB ({self.hardware.name} x tp "
+                f"{self.tp}); engine.memory_check=false for a what-if study"
+            )
 
     def cost_model(self, model: ModelSpec) -> CostModel:
         return CostModel(model, self.hardware, self._calibration, self.tp)

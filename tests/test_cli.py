@@ -26,7 +26,12 @@ def simlab(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Co
 
 def test_one_policy_on_swebench(tmp_path):
     proc = simlab(
-        tmp_path, "+policy=marconi", "trace=swebench", "cache.size_gb=60", "trace.limit=3"
+        tmp_path,
+        "+policy=marconi",
+        "trace=swebench",
+        "cache.size_gb=60",
+        "hardware=h200",
+        "trace.limit=3",
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -124,3 +124,14 @@ def test_a_request_hit_needs_the_threshold():
 def test_bad_metric_settings_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         run_settings(compose([override]))
+
+
+def test_a_cache_beyond_the_gpus_memory_is_refused_unless_asked_for():
+    """60 GB of cache + 16 GB for running sequences + 13 GB of marconi_7b weights > 40 GB."""
+    with pytest.raises(
+        ConfigError, match=r"cache.size_gb: 60 GB .* exceed 40 GB \(a100_40gb x tp 1\)"
+    ):
+        plan_run(compose(["cache.size_gb=60"]))
+    plan_run(compose(["cache.size_gb=60", "engine.memory_check=false"]))
+    plan_run(compose(["cache.size_gb=60", "engine.tp=4"]))
+    plan_run(compose(["cache.size_gb=60", "engine=replay"]))  # no GPU in a replay
