@@ -159,17 +159,20 @@ def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
             raise ConfigError(f"trace: {err.__cause__}") from err
         raise
     arrivals = settings.arrivals
-    return assign_arrival_times(
-        trace,
-        mode=arrivals.mode,
-        session_rate=arrivals.session_rate,
-        think_time_mean=arrivals.think_time_mean,
-        seed=settings.seed,
-        azure=arrivals.azure,
-        azure_path=arrivals.azure_path,
-        data_dir=cfg.get("data_dir"),
-        time_scale=arrivals.time_scale,
-    )
+    try:
+        return assign_arrival_times(
+            trace,
+            mode=arrivals.mode,
+            session_rate=arrivals.session_rate,
+            think_time_mean=arrivals.think_time_mean,
+            seed=settings.seed,
+            azure=arrivals.azure,
+            azure_path=arrivals.azure_path,
+            data_dir=cfg.get("data_dir"),
+            time_scale=arrivals.time_scale,
+        )
+    except ValueError as err:  # e.g. timestamps on a trace without them
+        raise ConfigError(f"arrivals.mode={arrivals.mode}: {err}") from err
 
 
 def build_policy(name: str, pcfg: DictConfig) -> tuple[AdmissionPolicy, EvictionPolicy]:

@@ -245,6 +245,9 @@ def test_cli_writes_report_and_reports_errors_in_one_line(run_dir, tmp_path):
     bad = shutil.copytree(run_dir, tmp_path / "bad")
     (bad / "summary.json").write_text("{not json")
     proc = report_cli(str(bad))
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "summary.json" in proc.stderr
+    proc = report_cli(str(run_dir), "--out", "/proc/simlab/r.pdf")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("simlab.report: error: --out: cannot write /proc/simlab")

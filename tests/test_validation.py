@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
 
 from simlab.__main__ import reported_as_one_line
 from simlab.config import ConfigError, MetricSettings, run_settings
 from simlab.records import summarize
-from simlab.simulate import plan_run
-from tests.fixtures import compose
+from simlab.simulate import plan_run, simulate
+from tests.fixtures import ROOT, compose
 
 
 @pytest.mark.parametrize(
@@ -135,3 +138,34 @@ def test_a_cache_beyond_the_gpus_memory_is_refused_unless_asked_for():
     plan_run(compose(["cache.size_gb=60", "engine.memory_check=false"]))
     plan_run(compose(["cache.size_gb=60", "engine.tp=4"]))
     plan_run(compose(["cache.size_gb=60", "engine=replay"]))  # no GPU in a replay
+
+
+def test_arrival_errors_name_their_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"arrivals\.mode=timestamps: .*ref_timestamp"):
+        simulate(compose(["arrivals.mode=timestamps", f"output_dir={tmp_path}", "report=false"]))
+    with pytest.raises(
+        FileNotFoundError, match=r"arrivals\.azure_path=/nonexistent\.csv was given"
+    ):
+        simulate(
+            compose(
+                [
+                    "arrivals.mode=azure",
+                    "arrivals.azure_path=/nonexistent.csv",
+                    f"output_dir={tmp_path}",
+                    "report=false",
+                ]
+            )
+        )
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_traces_describe_reports_an_unknown_trace_in_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "traces", "describe", "nosuch"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "traces: error: In 'config': Could not find 'trace/nosuch'"

@@ -70,8 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         trace = load_configured_trace(args.trace, args.overrides)
     except (*USER_ERRORS, HydraException) as exc:
         cause = exc.__cause__ if isinstance(exc, HydraException) and exc.__cause__ else exc
-        sys.stderr.write(f"error: {cause}\n")
+        lines = str(cause).strip().splitlines() or [type(cause).__name__]
+        sys.stderr.write(f"traces: error: {lines[0]}\n")  # Hydra's search path is noise here
         return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("traces: interrupted\n")
+        return 130
     loaded = time.perf_counter() - started
     stats = describe(trace)
     stats["load_seconds"] = loaded

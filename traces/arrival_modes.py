@@ -73,7 +73,9 @@ def assign(
     if mode == "azure":
         if not np.isfinite(time_scale) or time_scale <= 0:
             raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
-        starts = load_azure_arrivals(resolve_azure_path(azure, azure_path, data_dir)).timestamps_s
+        starts = load_azure_arrivals(
+            resolve_azure_path(azure, azure_path, data_dir, "arrivals.azure_path")
+        ).timestamps_s
         return assign_session_starts(trace, starts * float(time_scale), think_time_mean, seed)
     raise ValueError(f"arrivals mode must be one of {MODES}, got {mode!r}")
 

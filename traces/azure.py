@@ -98,11 +98,20 @@ def azure_path(
     kind: str = "conv",
     path: str | os.PathLike[str] | None = None,
     data_dir: str | os.PathLike[str] | None = None,
+    key: str = "trace.path",
 ) -> Path:
-    """``path`` if given, else the ``kind`` (conv|code) CSV under the data dir; must exist."""
+    """``path`` if given, else the ``kind`` (conv|code) CSV under the data dir; must exist
+    (``key``: the config key ``path`` came from, for the error)."""
     if kind not in KINDS:
         raise ValueError(f"azure kind must be one of {sorted(KINDS)}, got {kind!r}")
-    return resolve_source(path, data_dir, KINDS[kind], f"Azure LLM trace ({kind})", HOW_TO_GET)
+    return resolve_source(
+        path,
+        data_dir,
+        KINDS[kind],
+        f"Azure LLM trace ({kind})",
+        HOW_TO_GET,
+        key=key,
+    )
 
 
 def load_azure_arrivals(path: str | os.PathLike[str], lenient: bool = False) -> AzureArrivals:

@@ -16,16 +16,17 @@ def resolve_source(
     how_to_get: str,
     *,
     allow_dir: bool = False,
+    key: str = "trace.path",
 ) -> Path:
     """``path`` when given (the user's own file in the loader's format), else
     ``<data_dir>/<relative>`` (data dir resolved by :func:`traces.paths.resolve_data_dir`).
 
     A directory is accepted only with ``allow_dir`` (loaders that read a folder of files).
-    Raises :class:`traces.paths.DataFileMissingError` naming the path and ``how_to_get``.
+    ``key``: the config key ``path`` came from, named in the error. Raises :class:`traces.paths.DataFileMissingError` naming the path and ``how_to_get``.
     """
     if path is not None and str(path) != "":
         chosen = Path(path).expanduser().resolve()
-        how = f"trace.path={path} was given; {how_to_get}"
+        how = f"{key}={path} was given; {how_to_get}"
     else:
         chosen = resolve_data_dir(data_dir) / relative
         how = how_to_get

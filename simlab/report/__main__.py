@@ -1,6 +1,7 @@
 """``python -m simlab.report DIR [--out PDF | --in-dir] [--diff A B] [-v]``.
 
-Prints the report's path; a bad results directory is reported as one line (exit status 1).
+Prints the report's path; a bad results directory or an unwritable output is reported as one
+line before any page is drawn (exit status 2), Ctrl-C as one line (130).
 """
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from simlab.report.build import REPORTS_DIR, render_report
 from simlab.report.load import ReportInputError
@@ -47,12 +50,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("simlab").setLevel(logging.INFO)
     out = f"{args.results_dir}/report.pdf" if args.in_dir else args.out
     try:
+        if out is not None:
+            check_writable(Path(out))
         report = render_report(args.results_dir, out, args.diff)
     except ReportInputError as err:
         print(f"simlab.report: error: {err}", file=sys.stderr)
-        return 1
+        return 2
+    except KeyboardInterrupt:
+        print("simlab.report: interrupted", file=sys.stderr)
+        return 130
     print(f"report: {report.path} ({len(report.pages)} pages)")
     return 0
+
+
+def check_writable(pdf: Path) -> None:
+    """The PDF's folder exists (or can be made) and takes a file: checked before rendering."""
+    try:
+        pdf.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=pdf.parent):
+            pass
+    except OSError as err:
+        raise ReportInputError(f"--out: cannot write {pdf} ({err.strerror or err})") from err
 
 
 if __name__ == "__main__":
