@@ -656,3 +656,91 @@ def test_swebench_lenient_and_empty_archive(
     with caplog.at_level(logging.WARNING):
         trace = load_swebench(data_dir=tmp_path, limit=None, cache_dir=tmp_path / "c", lenient=True)
     assert trace.n_sessions == 1 and "skipped 2 malformed trajectories" in caplog.text
+
+
+def test_binary_lines_name_file_and_line_and_lenient_skips_them(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(
+        (mooncake_line(0, 1024, [0, 1]) + "\n").encode()
+        + b"\x98\xffgarbage\n"
+        + (mooncake_line(1, 1024, [1, 1]) + "\n").encode()
+    )
+    with pytest.raises(
+        TraceFileError, match=r"mixed\.jsonl:2: not UTF-8 text \(byte 0x98 at column 1\)"
+    ):
+        load_mooncake(path=str(path))
+    assert len(load_mooncake(path=str(path), lenient=True)) == 2
+
+
+def test_a_truncated_archive_names_the_file_and_the_last_member(tmp_path: Path) -> None:
+    full = tmp_path / "full.tar.gz"
+    rng = np.random.default_rng(0)
+    with tarfile.open(full, "w:gz") as tar:
+        for name in ("a", "b"):
+            data = rng.bytes(200_000)  # incompressible: the cut lands inside the second member
+            info = tarfile.TarInfo(f"trajs/{name}/{name}.traj.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(full.read_bytes()[:300_000])
+    with pytest.raises(
+        TraceFileError, match=r"cut\.tar\.gz: archive truncated or corrupt after member trajs/"
+    ):
+        load_swebench(path=str(cut))
+
+
+def corrupted(data: bytes, rng: np.random.Generator) -> bytes:
+    """``data`` with a few random bytes overwritten, inserted, deleted, or the tail cut."""
+    buf = bytearray(data)
+    for _ in range(int(rng.integers(1, 6))):
+        pos = int(rng.integers(0, len(buf)))
+        kind = int(rng.integers(0, 4))
+        if kind == 0:
+            buf[pos] = int(rng.integers(0, 256))
+        elif kind == 1:
+            buf.insert(pos, int(rng.integers(0, 256)))
+        elif kind == 2 and len(buf) > 1:
+            del buf[pos]
+        else:
+            del buf[pos:]
+            break
+    return bytes(buf)
+
+
+FUZZED_LOADERS = {
+    "mooncake": (
+        "\n".join(mooncake_line(t, 1024, [t, 1]) for t in range(20)) + "\n",
+        lambda p, lenient: load_mooncake(path=str(p), lenient=lenient),
+    ),
+    "lmsys": (
+        "\n".join(json.dumps(lmsys_record(4, cid=f"c{i}")) for i in range(6)) + "\n",
+        lambda p, lenient: load_lmsys(
+            path=p, cache_dir=p.parent / "c", min_turns=1, lenient=lenient
+        ),
+    ),
+    "azure": (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        + "".join(f"2023-11-16 18:15:{i:02d}.0000000,{100 + i},{10 + i}\n" for i in range(20)),
+        lambda p, lenient: load_azure(path=str(p), lenient=lenient),
+    ),
+}
+
+
+@pytest.mark.parametrize("loader", sorted(FUZZED_LOADERS))
+@pytest.mark.parametrize("lenient", [False, True])
+def test_corrupted_files_give_a_clear_error_or_a_lenient_skip(
+    tmp_path: Path, loader: str, lenient: bool
+) -> None:
+    """Random byte corruptions: the loader returns a trace or raises an error that names the
+    file (TraceFileError); never another exception."""
+    text, load = FUZZED_LOADERS[loader]
+    rng = np.random.default_rng(7)
+    errors = []
+    for i in range(40):
+        path = tmp_path / f"{i}.data"
+        path.write_bytes(corrupted(text.encode(), rng))
+        try:
+            load(path, lenient)
+        except TraceFileError as exc:
+            errors.append((str(path), str(exc)))
+    assert all(path in message for path, message in errors)

@@ -85,8 +85,8 @@ def _count(text: str, column: str, minimum: int) -> int:
 
 
 def _check_header(path: Path) -> None:
-    with path.open("r", encoding="utf-8", newline="") as handle:
-        first = handle.readline()
+    with path.open("rb") as handle:  # the header alone: a bad byte further down is a record's
+        first = handle.readline().decode("utf-8", errors="replace")
     if not first.strip():
         raise TraceFileError(f"{path}: empty file (no header, no records)")
     names = [f.strip() for f in next(csv.reader([first]))]

@@ -61,19 +61,21 @@ class LineRecords(Generic[T]):
     def __iter__(self) -> Iterator[tuple[int, T]]:
         self.parsed = self.skipped = 0
         self.first_fault = None
-        with self.path.open("r", encoding="utf-8", newline="") as handle:
-            for number, line in enumerate(handle, start=1):
+        with self.path.open("rb") as handle:  # decoded per line: a bad byte is one bad record
+            for number, raw in enumerate(handle, start=1):
+                line = raw.decode("utf-8", errors="replace")
                 if number <= self.skip_lines or not line.strip():
                     continue
-                record = self._parse_line(number, line)
+                record = self._parse_line(number, line, raw)
                 if record is not None:
                     self.parsed += 1
                     yield number, record[0]
         self._check_not_empty()
 
-    def _parse_line(self, number: int, line: str) -> tuple[T] | None:
+    def _parse_line(self, number: int, line: str, raw: bytes) -> tuple[T] | None:
         """``(record,)`` for a good line; None for a bad one when lenient; raise otherwise."""
         try:
+            check_utf8(raw)
             return (self.parse(line),)
         except RecordError as exc:
             fault = str(exc)
@@ -106,6 +108,16 @@ class LineRecords(Generic[T]):
             )
         else:
             log.info("%s: read %d records", self.path, self.parsed)
+
+
+def check_utf8(raw: bytes) -> None:
+    """:class:`RecordError` naming the first byte that is not UTF-8 (a binary or corrupt file)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(
+            f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+        ) from None
 
 
 def json_object(line: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ import math
 import os
 import re
 import tarfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -74,13 +75,25 @@ def tar_path(data_dir: str | os.PathLike[str] | None = None) -> Path:
     return require_file(path, "SWE-bench mini-swe-agent trajectories", HOW_TO_GET)
 
 
+#: what reading a cut-short or corrupt gzip/tar stream raises
+ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
+
+
 def trajectory_members(archive: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
-    """Instance id -> member, for every ``trajs/<id>/<id>.traj.json`` regular file."""
-    members = {}
-    for info in archive.getmembers():
-        match = _MEMBER.match(info.name)
-        if match and info.isfile():
-            members[match.group(1)] = info
+    """Instance id -> member, for every ``trajs/<id>/<id>.traj.json`` regular file; a cut-short
+    or corrupt archive is a :class:`TraceFileError` naming the file and the last good member."""
+    members: dict[str, tarfile.TarInfo] = {}
+    last = "none"
+    try:
+        for info in archive:
+            last = info.name
+            match = _MEMBER.match(info.name)
+            if match and info.isfile():
+                members[match.group(1)] = info
+    except ARCHIVE_ERRORS as exc:
+        raise TraceFileError(
+            f"{archive.name!s}: archive truncated or corrupt after member {last} ({exc})"
+        ) from exc
     return members
 
 
@@ -143,10 +156,14 @@ def read_trajectories(
 def _read_member(
     archive: tarfile.TarFile, info: tarfile.TarInfo, where: str, instance_id: str
 ) -> list[dict[str, Any]]:
-    handle = archive.extractfile(info)
-    if handle is None:
+    try:
+        handle = archive.extractfile(info)
+        raw = handle.read() if handle is not None else None
+    except ARCHIVE_ERRORS as exc:
+        raise TraceFileError(f"{where}: member cannot be read ({exc})") from exc
+    if raw is None:
         raise TraceFileError(f"{where}: member cannot be read")
-    return parse_trajectory(handle.read(), where, instance_id)
+    return parse_trajectory(raw, where, instance_id)
 
 
 def parse_trajectory(raw: bytes, where: str, instance_id: str) -> list[dict[str, Any]]:
