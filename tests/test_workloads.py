@@ -744,3 +744,12 @@ def test_corrupted_files_give_a_clear_error_or_a_lenient_skip(
         except TraceFileError as exc:
             errors.append((str(path), str(exc)))
     assert all(path in message for path, message in errors)
+
+
+def test_a_missing_field_is_called_missing(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 5}\n')
+    with pytest.raises(
+        TraceFileError, match=r"m\.jsonl:1: field 'hash_ids' is missing, expected a list"
+    ):
+        load_mooncake(path=str(path))

@@ -125,14 +125,19 @@ def json_object(line: str) -> dict[str, Any]:
     try:
         value = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise RecordError(f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
+        what = exc.msg.removesuffix(" at")  # "Invalid control character at"
+        raise RecordError(f"invalid JSON ({what} at column {exc.colno})") from exc
     if not isinstance(value, dict):
         raise RecordError(f"record is a JSON {type(value).__name__}, expected an object")
     return value
 
 
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
+def _described(record: dict[str, Any], key: str) -> str:
+    """What a bad field holds, for an error: ``missing``, ``null`` or its type and value."""
+    if key not in record:
+        return "missing"
+    value = record[key]
+    return "null" if value is None else f"{type(value).__name__} {value!r:.40}"
 
 
 def get_int(record: dict[str, Any], key: str, *, minimum: int | None = None) -> int:
@@ -142,7 +147,7 @@ def get_int(record: dict[str, Any], key: str, *, minimum: int | None = None) -> 
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise RecordError(
-            f"field {key!r} is {_type_name(value)} {value!r:.40}, expected an integer"
+            f"field {key!r} is {_described(record, key)}, expected an integer"
         )
     if minimum is not None and value < minimum:
         raise RecordError(f"field {key!r} is {value}, expected >= {minimum}")
@@ -153,7 +158,7 @@ def get_number(record: dict[str, Any], key: str, *, minimum: float | None = None
     """``record[key]`` as a finite float (ints accepted, bools rejected)."""
     value = record.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise RecordError(f"field {key!r} is {_type_name(value)} {value!r:.40}, expected a number")
+        raise RecordError(f"field {key!r} is {_described(record, key)}, expected a number")
     if minimum is not None and value < minimum:
         raise RecordError(f"field {key!r} is {value}, expected >= {minimum}")
     return float(value)
@@ -165,7 +170,7 @@ def get_str(record: dict[str, Any], key: str, *, optional: bool = False) -> str 
     if value is None and optional:
         return None
     if not isinstance(value, str):
-        raise RecordError(f"field {key!r} is {_type_name(value)}, expected a string")
+        raise RecordError(f"field {key!r} is {_described(record, key)}, expected a string")
     return value
 
 
@@ -173,5 +178,5 @@ def get_list(record: dict[str, Any], key: str) -> list[Any]:
     """``record[key]`` as a list."""
     value = record.get(key)
     if not isinstance(value, list):
-        raise RecordError(f"field {key!r} is {_type_name(value)}, expected a list")
+        raise RecordError(f"field {key!r} is {_described(record, key)}, expected a list")
     return value
