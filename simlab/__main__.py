@@ -41,7 +41,8 @@ def main(cfg: DictConfig) -> None:
         summary = simulate(cfg)
     print(
         f"\n{summary.trace['name']}: {summary.trace['requests']} requests, "
-        f"{summary.trace['sessions']} sessions, cache {cfg.cache.size_gb} GB, model {cfg.model.name}"
+        f"{summary.trace['sessions']} sessions, cache {float(cfg.cache.size_gb):g} GB, "
+        f"model {cfg.model.name}"
     )
     print(summary.table())
     if summary.out_dir is not None:

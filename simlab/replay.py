@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from policies.base import AdmissionPolicy, EvictionPolicy
 from simlab.cache import PrefixCache
 from simlab.engine import EngineRun
+from simlab.progress import Progress
 from simlab.records import RequestRecord
 from simlab.step import Controller, RequestStep
 from traces.format import Request
@@ -26,7 +27,12 @@ def replay_step(requests: Sequence[Request], step: RequestStep) -> list[RequestR
     clock ``i + 1`` on a fresh cache.
     """
     step.prepare(requests)
-    return [step.serve(req) for req in requests]
+    records = []
+    with Progress(len(requests), f"{step.policy} (replay)") as progress:
+        for req in requests:
+            records.append(step.serve(req))
+            progress.update()
+    return records
 
 
 def replay(

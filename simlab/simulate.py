@@ -158,6 +158,7 @@ def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
         if isinstance(err.__cause__, FileNotFoundError | ValueError):
             raise ConfigError(f"trace: {err.__cause__}") from err
         raise
+    trace.name = str(cfg.trace.get("name") or trace.name)  # the config's name labels results
     arrivals = settings.arrivals
     try:
         return assign_arrival_times(

@@ -44,6 +44,7 @@ from simlab.costmodel import BatchShape, Calibration, CostModel, Hardware
 from simlab.engine import EngineRun
 from simlab.model import ModelSpec
 from simlab.nodes import Node
+from simlab.progress import Progress
 from simlab.records import RequestRecord
 from simlab.step import RequestStep, Started, Timing
 from traces.format import Request
@@ -287,6 +288,8 @@ class TimedWorld:
         self._wakeup = self.env.event()
         self._open_sources = 0
         self._feeder: Feeder = SessionFeeder(requests)
+        self._total = len(requests)
+        self._progress: Progress | None = None
         step.prepare(sorted(requests, key=lambda r: (r.arrival, r.session_id, r.turn)))
 
     # ------------------------------------------------------------------ world
@@ -297,7 +300,8 @@ class TimedWorld:
             self._open_sources += 1
             self.env.process(self._source(process))
         self.env.process(self._gpu())
-        self.env.run()
+        with Progress(self._total, f"{self.step.policy} (timed)") as self._progress:
+            self.env.run()
         stuck = len(self.waiting) + len(self.running)
         if stuck:
             raise RuntimeError(f"{stuck} requests never completed (running memory too small?)")
@@ -484,6 +488,8 @@ class TimedWorld:
         record = self.step.finish(job.started, timing)
         if self._feeder.finished(job):
             self.records.append(record)
+            if self._progress is not None:
+                self._progress.update()
         self.memory_free += job.reserved
         self.stats.last_departure = max(self.stats.last_departure, job.finished)
         self.stats.occupancy.append((job.finished, self.cache.kv_bytes, self.cache.ssm_bytes))
