@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-all bench lint clean
+.PHONY: install run test test-all bench lint clean crosscheck
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,50 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.speed $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check simlab policies traces gpu_validate tests bench examples
+	$(BIN)/ruff check simlab policies traces gpu_validate tests bench examples crosscheck
 	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .mypy_cache .ruff_cache
+
+## Regenerate tests/fixtures/crosscheck/ by driving SGLang's and vLLM's own prefix caches on the
+## CPU over simlab's request sequence (crosscheck/README.md). Slow, and not part of CI. Set
+## XC_WHEELS to a folder holding the sglang/vllm wheels to skip downloading them.
+XC_VENV := .venv-crosscheck
+XC_BIN := $(XC_VENV)/bin
+XC_STAMP := $(XC_VENV)/.installed
+XC_OUT := .crosscheck
+XC_FIXTURES := tests/fixtures/crosscheck
+XC_WHEELS ?=
+XC_SHARE := $(XC_OUT)/sharegpt_llama3_8b.npz
+XC_SHARE_H := $(XC_OUT)/sharegpt_nemotron_h_8b.npz
+XC_SWE := $(XC_OUT)/swebench10_llama3_8b.npz
+XC_SWE_H := $(XC_OUT)/swebench10_nemotron_h_8b.npz
+
+$(XC_STAMP): crosscheck/requirements.txt
+	python3.11 -m venv $(XC_VENV)
+	$(XC_BIN)/pip install --quiet --upgrade pip
+	$(XC_BIN)/pip install --quiet torch==2.13.0
+	$(XC_BIN)/pip install --quiet --no-deps $(if $(XC_WHEELS),--find-links $(XC_WHEELS)) \
+		sglang==0.5.23 vllm==0.33.0
+	$(XC_BIN)/pip install --quiet -r crosscheck/requirements.txt
+	touch $(XC_STAMP)
+
+crosscheck: $(STAMP) $(XC_STAMP)
+	$(BIN)/python -m crosscheck.export --out $(XC_SHARE) trace=sharegpt model=llama3_8b
+	$(BIN)/python -m crosscheck.export --out $(XC_SHARE_H) trace=sharegpt model=nemotron_h_8b
+	$(BIN)/python -m crosscheck.export --out $(XC_SWE) trace=swebench trace.limit=10 model=llama3_8b
+	$(BIN)/python -m crosscheck.export --out $(XC_SWE_H) trace=swebench trace.limit=10 model=nemotron_h_8b
+	rm -f $(XC_FIXTURES)/*.csv $(XC_FIXTURES)/manifest.json
+	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SHARE) --name sharegpt_llama3_8b \
+		--cache radix unified --size-gb inf 2 5 --rust-check
+	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_SHARE) --name sharegpt_llama3_8b \
+		--block-size 16 32 --size-gb inf 2 5
+	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
+		--size-gb inf 5
+	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SWE) --name swebench10_llama3_8b \
+		--cache radix --size-gb inf 8
+	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_SWE) --name swebench10_llama3_8b \
+		--block-size 16 --size-gb inf 8
+	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
+		--size-gb inf

@@ -102,6 +102,7 @@ class PrefixCache:
     # ------------------------------------------------------------------ arrays and nodes
     def _alloc_arrays(self, n: int) -> None:
         self.last_access = np.zeros(n, dtype=np.float64)
+        self.state_access = np.zeros(n, dtype=np.float64)  # its state's admission or last use
         self.pins = np.zeros(n, dtype=np.int64)
         self.n_children = np.zeros(n, dtype=np.int64)
         self.node_bytes = np.zeros(n, dtype=np.float64)
@@ -113,7 +114,15 @@ class PrefixCache:
 
     def _grow(self) -> None:
         old = len(self.alive)
-        for name in ("last_access", "pins", "n_children", "node_bytes", "saved_flops", "nids"):
+        for name in (
+            "last_access",
+            "state_access",
+            "pins",
+            "n_children",
+            "node_bytes",
+            "saved_flops",
+            "nids",
+        ):
             arr = getattr(self, name)
             setattr(self, name, np.concatenate((arr, np.zeros_like(arr))))
         self.alive = np.concatenate((self.alive, np.zeros(old, dtype=bool)))
@@ -132,6 +141,7 @@ class PrefixCache:
         self._by_slot[slot] = node
         self.nids[slot] = node.nid
         self.last_access[slot] = self.now
+        self.state_access[slot] = self.now
         self.pins[slot] = 0
         self.n_children[slot] = 0
         self._refresh_numbers(node)
@@ -242,6 +252,12 @@ class PrefixCache:
             if node.end >= pos:
                 return node
         return partial
+
+    def use_state(self, node: Node | None) -> None:
+        """A request resumes from ``node``'s state: only that state counts as recently used
+        in the SSM pool's own LRU (SGLang: a hit refreshes only the consumed Mamba node)."""
+        if node is not None and node.ckpt:
+            self.state_access[node.slot] = self.now
 
     def deepest_cached(self, tokens: np.ndarray) -> Node | None:
         """The deepest node wholly on the cached prefix of ``tokens`` (None if none)."""
@@ -430,6 +446,7 @@ class PrefixCache:
         self.alive[idx] = True
         self.nids[idx] = np.arange(nid0, nid0 + len(stops))
         self.last_access[idx] = self.now
+        self.state_access[idx] = self.now
         self.pins[idx] = 0
         self.n_children[idx] = 1
         self.n_children[idx[-1]] = 0
@@ -476,6 +493,7 @@ class PrefixCache:
         node.ckpt = True
         self._refresh_numbers(node)
         self.last_access[node.slot] = self.now
+        self.state_access[node.slot] = self.now
         self._account(0, self.ckpt_bytes)
         result.ssm_bytes += self.ckpt_bytes
         result.ckpts += 1

@@ -63,6 +63,8 @@ def overrides_for(case: dict[str, Any], policy: str | None = None) -> list[str]:
     name = policy or FAITHFUL[case["engine"]]
     out = [*case["overrides"], f"+policy={name}", "engine=replay", "bounds.enabled=false"]
     out.append(f"cache.size_gb={case['size_gb']}")
+    if case.get("ssm_gb") is not None:  # SGLang's separate Mamba pool
+        out.append(f"cache.ssm_gb={case['ssm_gb']}")
     block = case.get("block_size")
     if case["engine"] == "vllm" and block and name in BLOCK_KEYS:
         out.append(f"{BLOCK_KEYS[name]}={block}")

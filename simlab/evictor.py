@@ -54,10 +54,11 @@ def evict(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int,
 
 def evict_states(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
     """With a separate SSM pool (SGLang's Mamba slots), free states until ``need`` bytes of the
-    pool are free: the unpinned node holding a state that the policy scores lowest goes first
-    (ties: oldest); a leaf is evicted whole (its KV too), an inner node keeps its KV and loses
-    its state (a tombstone; ``components/mamba.py`` ``_evict_device_next_node``). Returns
-    (bytes freed, nodes evicted)."""
+    pool are free, least recently used state first (``state_access``: admitted, or resumed
+    from; ties: oldest node; SGLang's Mamba LRU list, not the KV recency): a leaf is evicted
+    whole (its KV too), an inner node keeps its KV and loses its state (a tombstone;
+    ``components/mamba.py`` ``_evict_device_next_node``). Returns (bytes freed, nodes
+    evicted)."""
     freed = count = 0
     notify = eviction_listener(policy)
     while need > cache.ssm_free:
@@ -66,7 +67,7 @@ def evict_states(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tup
         )
         if slots.size == 0:
             break
-        scores = policy.scores(cache, slots)
+        scores = cache.state_access[slots]
         tied = slots[scores == scores.min()]
         victim = cache.node_at(int(tied[np.argmin(cache.nids[tied])]))
         if victim.children:

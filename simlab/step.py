@@ -144,6 +144,7 @@ class RequestStep:
         cache.now += 1.0
         keyed = self._keys.view(req)
         lookup = cache.lookup(keyed.lookup, self._page)
+        cache.use_state(lookup.hit_node)
         self.eviction.on_hit(cache, lookup)
         plan = self.admission.plan(lookup, int(keyed.lookup.shape[0]), keyed.cacheable)
         pinned = lookup.hit_node if pin else None

@@ -1,0 +1,82 @@
+"""Export simlab's tokenized request sequence for the engine drivers (run with simlab's venv).
+
+    .venv/bin/python -m crosscheck.export --out .crosscheck/sharegpt.npz trace=sharegpt model=llama3_8b
+
+Composes simlab's Hydra config from ``OVERRIDES`` exactly as ``python -m simlab`` does, loads the
+trace with its arrival times (:func:`simlab.simulate.load_trace`) and writes the requests in
+simlab's replay order (:meth:`traces.format.Trace.requests`) to one ``.npz``:
+
+* ``request_id``, ``input_len``, ``output_len``: one row per request, in replay order;
+* ``input_ids`` / ``output_ids``: all requests' tokens concatenated, sliced by
+  ``input_offsets`` / ``output_offsets`` (``len + 1`` entries each);
+* ``overrides``, ``model``, ``kv_bytes_per_token``, ``ssm_state_bytes``: what was exported.
+
+The drivers (``crosscheck.sglang_radix`` and friends) read this file with NumPy only, so they
+never import simlab, and this module never imports torch or an engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+
+from simlab.config import run_settings
+from simlab.model import ModelSpec
+from simlab.simulate import load_trace
+
+log = logging.getLogger(__name__)
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def export(overrides: list[str], out: Path) -> int:
+    """Write the replay-order requests of the config composed from ``overrides`` to ``out``;
+    returns the number of requests."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    model = ModelSpec.from_config(cfg.model)
+    trace = load_trace(cfg, run_settings(cfg))
+    if trace.block_size != 1:
+        raise ValueError(f"trace {trace.name!r} holds hash ids (block_size {trace.block_size})")
+    requests = list(trace.requests())
+    for r in requests:
+        if r.output_ids.shape[0] != r.output_len:
+            raise ValueError(f"request {r.request_id}: output tokens unknown")
+    input_lens = np.array([r.input_len for r in requests], dtype=np.int64)
+    output_lens = np.array([r.output_len for r in requests], dtype=np.int64)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        out,
+        request_id=np.array([r.request_id for r in requests], dtype=np.int64),
+        input_len=input_lens,
+        output_len=output_lens,
+        input_ids=np.concatenate([r.input_ids for r in requests]).astype(np.int64),
+        output_ids=np.concatenate([r.output_ids for r in requests]).astype(np.int64),
+        input_offsets=np.concatenate(([0], np.cumsum(input_lens))),
+        output_offsets=np.concatenate(([0], np.cumsum(output_lens))),
+        overrides=np.array(overrides),
+        model=np.array(model.name),
+        kv_bytes_per_token=np.array(model.kv_bytes_per_token),
+        ssm_state_bytes=np.array(model.ssm_state_bytes),
+    )
+    return len(requests)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m crosscheck.export", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="the .npz to write")
+    parser.add_argument("overrides", nargs="*", help="simlab Hydra overrides")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    n = export(args.overrides, args.out)
+    print(f"{args.out}: {n} requests ({' '.join(args.overrides)})")  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

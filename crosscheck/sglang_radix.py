@@ -1,0 +1,133 @@
+"""SGLang's attention-only prefix caches, driven over a ``crosscheck.export`` file.
+
+    .venv-crosscheck/bin/python -m crosscheck.sglang_radix --export .crosscheck/sharegpt_llama3_8b.npz \
+        --name sharegpt_llama3_8b --cache radix unified --size-gb inf 2 5
+
+* ``radix``: ``RadixCache`` (``radix_cache.py``), page size 1.
+* ``unified``: ``UnifiedRadixCache`` with the FULL component, what 0.5.23's default factory
+  (``registry.create_unified_radix_cache``) builds, on the Python ``UnifiedTreeCore``. With
+  ``--rust-check`` the same case is also run on the Rust ``RustUnifiedTreeCore`` (when it loads)
+  and the hits must agree request for request.
+
+Pools: SGLang's ``TokenToKVPoolAllocator`` over a one-layer ``MHATokenToKVPool`` and a
+``ReqToTokenPool`` on the CPU; the KV capacity is ``floor(size_gb·1e9 / kv_bytes_per_token)``
+tokens. The request lifecycle is :class:`crosscheck.sglang_common.SglangReplay`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+
+from crosscheck import stubs
+
+stubs.install()
+
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixCache  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler  # noqa: E402
+
+from crosscheck.common import (  # noqa: E402
+    Export,
+    base_parser,
+    capacity_tokens,
+    manifest_size,
+    run_case,
+    setup_logging,
+    size_label,
+    versions,
+)
+from crosscheck.sglang_common import SglangReplay  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+CACHES = {"radix": "RadixCache", "unified": "UnifiedRadixCache[FULL]"}
+
+
+def build_cache(kind: str, capacity: int, max_context_len: int, core: str = "python"):
+    """A fresh ``RadixCache`` or ``UnifiedRadixCache[FULL]`` over CPU pools of ``capacity``
+    KV slots (one request row)."""
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1))
+    req_to_token_pool = ReqToTokenPool(
+        size=1, max_context_len=max_context_len, device="cpu", enable_memory_saver=False
+    )
+    kv_pool = MHATokenToKVPool(
+        size=capacity,
+        page_size=1,
+        dtype=torch.bfloat16,
+        head_num=1,
+        head_dim=1,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    allocator = TokenToKVPoolAllocator(
+        size=capacity, dtype=torch.bfloat16, device="cpu", kvcache=kv_pool, need_sort=False
+    )
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=req_to_token_pool,
+        token_to_kv_pool_allocator=allocator,
+        page_size=1,
+        eviction_policy="lru",
+    )
+    if kind == "radix":
+        return RadixCache(params)
+    params.tree_components = (ComponentType.FULL,)
+    params.tree_core_backend = core
+    cache = UnifiedRadixCache(params=params)
+    if cache._tree_core_backend != core:
+        raise RuntimeError(f"asked for the {core} TreeCore, got {cache._tree_core_backend}")
+    return cache
+
+
+def replay(kind: str, export: Export, capacity: int, core: str = "python") -> list[int]:
+    """Hit tokens of every request of ``export`` through a fresh cache."""
+    cache = build_cache(kind, capacity, export.max_sequence + 1, core)
+    return SglangReplay(cache, capacity).run(export.requests())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser("python -m crosscheck.sglang_radix", __doc__)
+    parser.add_argument("--cache", nargs="+", choices=sorted(CACHES), default=["radix"])
+    parser.add_argument(
+        "--rust-check", action="store_true", help="unified: also run the Rust TreeCore and compare"
+    )
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    export = Export.load(args.export)
+    kv_bytes = export.kv_bytes_per_token
+    for kind in args.cache:
+        for size_gb in args.size_gb:
+            capacity = capacity_tokens(size_gb, kv_bytes, export)
+            case = {
+                "case": f"{args.name}-sglang_{kind}-{size_label(size_gb)}",
+                "engine": "sglang",
+                "engine_version": versions()["sglang"],
+                "cache": CACHES[kind],
+                "block_size": 1,
+                "size_gb": manifest_size(size_gb),
+                "capacity_tokens": capacity,
+            }
+
+            def run(kind: str = kind, capacity: int = capacity) -> list[int]:
+                return replay(kind, export, capacity)
+
+            hits = run_case(case, export, run, args.fixtures)
+            if kind == "unified" and args.rust_check:
+                rust = replay(kind, export, capacity, core="rust")
+                same = sum(a == b for a, b in zip(hits, rust, strict=True))
+                print(f"  rust TreeCore: {same}/{len(hits)} requests agree with Python")  # noqa: T201
+                if same != len(hits):
+                    return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
