@@ -146,9 +146,7 @@ def get_int(record: dict[str, Any], key: str, *, minimum: int | None = None) -> 
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RecordError(
-            f"field {key!r} is {_described(record, key)}, expected an integer"
-        )
+        raise RecordError(f"field {key!r} is {_described(record, key)}, expected an integer")
     if minimum is not None and value < minimum:
         raise RecordError(f"field {key!r} is {value}, expected >= {minimum}")
     return value
