@@ -286,6 +286,57 @@ def aggregate(sweep_dir: Path) -> pd.DataFrame:
     return frame
 
 
+def _task_overrides(cfg: DictConfig) -> dict[str, Any]:
+    """A multirun's parameters: its sweeper's parameters and its command-line overrides, less
+    ``overwrite`` (a permission, not a parameter)."""
+    task = OmegaConf.select(cfg, "hydra.overrides.task", default=None) or []
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    return {
+        "params": {str(k): str(v) for k, v in dict(params).items()},
+        "overrides": sorted(str(o) for o in task if not str(o).startswith("overwrite=")),
+    }
+
+
+def sweep_dir_conflict(sweep_dir: Path, cfg: DictConfig, code: str) -> str | None:
+    """Why a multirun of ``cfg`` must not write into ``sweep_dir`` (None: it may, fresh or a
+    resume): the directory holds another sweep (other parameters or overrides), or points run
+    by another code version."""
+    previous = Path(sweep_dir) / "multirun.yaml"
+    if not previous.is_file():
+        return None
+    old, new = _task_overrides(OmegaConf.load(previous)), _task_overrides(cfg)
+    if old != new:
+        return f"{sweep_dir} holds another sweep ({old} -> {new})"
+    for point in sorted(point_dirs(sweep_dir).values()):
+        stored = stored_results(point)
+        stored_code = ((stored or {}).get("provenance") or {}).get("code_version")
+        if stored_code is not None and stored_code != code:
+            return f"{point} holds results of code version {stored_code} (now {code})"
+    return None
+
+
+class ProtectSweepDir(Callback):
+    """Hydra callback: before a multirun writes anything (its ``multirun.yaml`` included),
+    refuse a sweep directory that holds another sweep or another code version's points, with
+    one line and exit status 2, unless ``overwrite=true``."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from simlab.provenance import code_version
+
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        problem = sweep_dir_conflict(sweep_dir, config, code_version())
+        if problem is None:
+            return
+        if config.get("overwrite"):
+            log.warning("overwrite=true: replacing results: %s", problem)
+            return
+        sys.stderr.write(  # the command line's one-line error (Hydra would add a traceback)
+            f"simlab: error: hydra.sweep.dir: {problem}; pass overwrite=true to replace them, "
+            "or choose another hydra.sweep.dir\n"
+        )
+        raise SystemExit(2)
+
+
 class AggregatePoints(Callback):
     """Hydra callback: aggregate the sweep directory when a multirun ends."""
 

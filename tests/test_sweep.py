@@ -17,12 +17,14 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from simlab.config import run_settings
 from simlab.model import ModelSpec
+from simlab.provenance import code_version
 from simlab.replay import ReplayEngine
 from simlab.simulate import build_engine, policy_step
-from simlab.sweep import META_KEY, aggregate, main
+from simlab.sweep import META_KEY, aggregate, main, sweep_dir_conflict
 from tests.fixtures import CONFIGS, ROOT
 
 SMALL = ("engine=replay", "trace=chat", "trace.n_sessions=6")
@@ -208,3 +210,19 @@ def test_cluster_launcher_configs_compose(launcher, plugin, target):
         pytest.skip(f"{plugin} not installed")
     cfg = _compose(["+sweep=cache_size", f"hydra/launcher={launcher}"], hydra=True)
     assert cfg.hydra.launcher._target_.endswith(target)
+
+
+def test_another_sweep_is_refused_before_anything_is_written(tmp_path):
+    """Issue 18: the refusal used to come point by point, after Hydra had already replaced the
+    first sweep's multirun.yaml; the sweep directory is now checked before the multirun starts."""
+    sweep = tmp_path / "sweep"
+    multirun(sweep, "+sweep=cache_size", *SMALL, "cache.size_gb=0.5,1")
+    before = {p: p.read_bytes() for p in [sweep / "multirun.yaml", sweep / "points.parquet"]}
+    refused = multirun(sweep, "+sweep=cache_size", *SMALL, "cache.size_gb=0.5,2", status=2)
+    assert refused.stderr.strip().count("\n") == 0
+    assert refused.stderr.startswith("simlab: error: hydra.sweep.dir: ")
+    assert "holds another sweep" in refused.stderr and "overwrite=true" in refused.stderr
+    assert {p: p.read_bytes() for p in before} == before
+    same = OmegaConf.load(sweep / "multirun.yaml")
+    assert sweep_dir_conflict(sweep, same, code_version()) is None  # a resume
+    assert "holds results of code version" in sweep_dir_conflict(sweep, same, "other")
