@@ -52,7 +52,7 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from simlab.config import ConfigError
 from traces.atomic import atomic_path
@@ -286,7 +286,7 @@ def aggregate(sweep_dir: Path) -> pd.DataFrame:
     return frame
 
 
-def _task_overrides(cfg: DictConfig) -> dict[str, Any]:
+def _task_overrides(cfg: DictConfig | ListConfig) -> dict[str, Any]:
     """A multirun's parameters: its sweeper's parameters and its command-line overrides, less
     ``overwrite`` (a permission, not a parameter)."""
     task = OmegaConf.select(cfg, "hydra.overrides.task", default=None) or []

@@ -251,3 +251,33 @@ def test_cli_writes_report_and_reports_errors_in_one_line(run_dir, tmp_path):
     proc = report_cli(str(run_dir), "--out", "/proc/simlab/r.pdf")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("simlab.report: error: --out: cannot write /proc/simlab")
+
+
+def test_page_one_shows_the_bounds_and_the_caption_the_gpu(timed_dir):
+    """Issue 18: page 1's chart had no bounds, its caption no hardware."""
+    from simlab.report.describe import run_caption
+    from simlab.report.load import load_run
+    from simlab.report.style import new_page
+    from simlab.report.tables import draw_glance, run_table
+
+    run = load_run(timed_dir)
+    assert " | engine timed on a100_40gb | " in run_caption(run)
+    _fig, axes = new_page("t", "c")
+    bounds = run.summary["bounds"]
+    draw_glance(axes[0, 0], run_table(run), palette(run.policies), bounds)
+    labels = [t.get_text() for t in axes[0, 0].texts]
+    assert any(t.startswith("infinite bound ") for t in labels)
+    assert any(t.startswith("clairvoyant bound ") for t in labels)
+
+
+def test_the_per_request_hit_rate_is_a_cdf_that_names_its_two_modes(run_dir):
+    from simlab.report.load import load_run
+    from simlab.report.run_pages import draw_hit_cdf
+    from simlab.report.style import new_page
+
+    run = load_run(run_dir)
+    _fig, axes = new_page("t", "c")
+    draw_hit_cdf(axes[0, 0], run, palette(run.policies))
+    legend = [t.get_text() for t in axes[0, 0].get_legend().get_texts()]
+    assert len(legend) == len(run.policies)
+    assert all(re.search(r"\d+% of requests below 10%, \d+% at 90% or more", t) for t in legend)

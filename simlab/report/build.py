@@ -69,7 +69,7 @@ def _not_a_sweep(what: str) -> Builder:
 
 def run_sections(run: RunResults) -> list[tuple[str, Builder]]:
     return [
-        (BOXES, lambda s: run_pages.hit_boxes_page(run, s)),
+        (BOXES, lambda s: run_pages.hit_cdf_page(run, s)),
         (TTFT, lambda s: run_pages.ttft_page(run, s)),
         (CONTENTION, _not_a_sweep("cache.size_gb")),
         (DIFF, lambda s: run_pages.hit_diff_page(run, s)),
@@ -131,7 +131,10 @@ def summary_pages(
         notes.append("Pages left out:")
         notes += [f"  - {name}: {why}" for name, why in skipped.items()]
     if isinstance(results, RunResults):
-        page = run_summary_page("Summary per policy", style.caption, table, notes, style.colours)
+        bounds = results.summary.get("bounds") or {}
+        page = run_summary_page(
+            "Summary per policy", style.caption, table, notes, style.colours, bounds
+        )
         return table, [page]
     labels = ["point", *results.keys, "policy"]
     title = "Summary per sweep point and policy"

@@ -32,6 +32,16 @@ def engine_label(config: dict[str, Any]) -> str:
     return str(engine.get("name", engine.get("kind", "?")))
 
 
+def hardware_label(config: dict[str, Any]) -> str:
+    """`` on <GPU> x tp N`` for an engine that times requests on a GPU; empty for a replay."""
+    engine = config.get("engine") or {}
+    hardware = engine.get("hardware") or {}
+    if not isinstance(hardware, dict) or "name" not in hardware:
+        return ""
+    tp = engine.get("tp", 1)
+    return f" on {hardware['name']}" + (f" x tp {tp}" if tp and tp != 1 else "")
+
+
 def cache_label(config: dict[str, Any]) -> str:
     cache = config.get("cache") or {}
     size = cache.get("size_gb", "?")
@@ -57,7 +67,7 @@ def run_parts(config: dict[str, Any], trace: dict[str, Any] | None) -> list[str]
         trace_label(config, trace),
         f"model {(config.get('model') or {}).get('name', '?')}",
         cache_label(config),
-        f"engine {engine_label(config)}",
+        f"engine {engine_label(config)}{hardware_label(config)}",
         f"seed {config.get('seed', '?')}",
     ]
     if arrivals:

@@ -134,7 +134,7 @@ def _style_table(
     ncols = len(label_columns) + len(COLUMNS)
     for c in range(ncols):
         table[0, c].set_facecolor("#E8E8E8")
-        table[0, c].set_text_props(fontweight="bold")
+        table[0, c].set_text_props(fontweight="bold", fontsize=8)  # two-line labels fit
     policy_col = list(label_columns).index("policy")
     for r, policy in enumerate(frame["policy"], start=1):
         colour = colours.get(str(policy), "black")
@@ -153,8 +153,14 @@ def draw_notes(ax: Axes, notes: Sequence[str], width: int = 80) -> None:
     ax.text(0, 1, "\n".join(lines), va="top", ha="left", fontsize=9.5, transform=ax.transAxes)
 
 
-def draw_glance(ax: Axes, table: pd.DataFrame, colours: dict[str, str]) -> None:
-    """Grouped bars: token hit rate, request hit rate and FLOPs saved per policy (%)."""
+def draw_glance(
+    ax: Axes,
+    table: pd.DataFrame,
+    colours: dict[str, str],
+    bounds: dict[str, float] | None = None,
+) -> None:
+    """Grouped bars: token hit rate, request hit rate and FLOPs saved per policy (%); the
+    token-hit-rate bounds (infinite cache, clairvoyant) as dashed lines over their group."""
     keys = [
         ("token_hit_rate", "Token hit rate"),
         ("request_hit_rate", "Request hit rate"),
@@ -174,6 +180,16 @@ def draw_glance(ax: Axes, table: pd.DataFrame, colours: dict[str, str]) -> None:
             linewidth=0.5,
         )
         ax.bar_label(bars, fmt="%.1f", fontsize=8, padding=2)
+    for name, rate in (bounds or {}).items():
+        ax.hlines(100 * rate, -0.45, 0.45, colors="black", linestyles="--", linewidth=1.0)
+        ax.annotate(
+            f"{name} bound {100 * rate:.1f}%",
+            (0.45, 100 * rate),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7.5,
+        )
     ax.set_xticks(range(len(keys)), [label for _, label in keys])
     ax.set_ylim(0, 112)
     ax.set_yticks(range(0, 101, 20))
@@ -184,7 +200,12 @@ def draw_glance(ax: Axes, table: pd.DataFrame, colours: dict[str, str]) -> None:
 
 
 def run_summary_page(
-    title: str, caption: str, table: pd.DataFrame, notes: Sequence[str], colours: dict[str, str]
+    title: str,
+    caption: str,
+    table: pd.DataFrame,
+    notes: Sequence[str],
+    colours: dict[str, str],
+    bounds: dict[str, float] | None = None,
 ) -> Figure:
     """The run's first page: the table on top; notes and an at-a-glance bar chart below."""
     fig = blank_page(title, caption)
@@ -197,7 +218,7 @@ def run_summary_page(
     axes["table"].set_axis_off()
     draw_table(axes["table"], table.rename_axis("policy").reset_index(), ["policy"], colours)
     draw_notes(axes["notes"], notes, width=72)
-    draw_glance(axes["glance"], table, colours)
+    draw_glance(axes["glance"], table, colours, bounds)
     return fig
 
 
