@@ -281,3 +281,59 @@ def test_the_per_request_hit_rate_is_a_cdf_that_names_its_two_modes(run_dir):
     legend = [t.get_text() for t in axes[0, 0].get_legend().get_texts()]
     assert len(legend) == len(run.policies)
     assert all(re.search(r"\d+% of requests below 10%, \d+% at 90% or more", t) for t in legend)
+
+
+def test_the_contention_curve_is_on_a_log_axis_with_seed_bands_and_bounds():
+    """Issue 18: categorical cache sizes, no bounds, seeds as separate points."""
+    from matplotlib.collections import PolyCollection
+
+    from simlab.report.run_pages import Style
+    from simlab.report.style import new_page
+    from simlab.report.sweep_pages import draw_vs_key, x_positions
+
+    assert x_positions([0.5, 1, 2, 5], "cache.size_gb") == (
+        {0.5: 0.5, 1: 1.0, 2: 2.0, 5: 5.0},
+        True,
+    )
+    assert x_positions([0.5, 1, 2, 5], "policy.alpha")[1] is False
+    assert x_positions([1, 2], "cache.size_gb")[1] is False  # too narrow a span for a log axis
+    rows = []
+    for size, rate in ((0.5, 0.2), (2.0, 0.5), (8.0, 0.8)):
+        for seed, noise in ((0, -0.02), (1, 0.02)):
+            rows.append(
+                {
+                    "cache.size_gb": size,
+                    "seed": seed,
+                    "policy": "lru",
+                    "token_hit_rate": rate + noise,
+                    "hit_vs_infinite": (rate + noise) / 0.9,
+                }
+            )
+    points = pd.DataFrame(rows)
+    _fig, axes = new_page("t", "c")
+    ax = axes[0, 0]
+    style = Style(colours={"lru": "#000000"}, caption="c", diff=None)
+    draw_vs_key(ax, points, "cache.size_gb", ("token_hit_rate", "%", 100.0), ["lru"], style)
+    assert ax.get_xscale() == "log"
+    mean = ax.get_lines()[0].get_ydata()
+    assert np.allclose(mean, [20, 50, 80])  # the seeds' mean
+    assert any(isinstance(c, PolyCollection) for c in ax.collections)  # +-1 sd band
+    bound = [line for line in ax.get_lines() if line.get_label() == "bound: infinite cache"]
+    assert np.allclose(bound[0].get_ydata(), [90, 90, 90])
+
+
+def test_only_swept_keys_get_pages_and_fixed_ones_are_named_fixed(tmp_path):
+    """Issue 18: fixed overrides (engine=replay, trace=...) made pages of their own."""
+    from simlab.report.load import SweepResults
+
+    points = pd.DataFrame(
+        {
+            "point": [0, 1],
+            "cache.size_gb": [1.0, 2.0],
+            "engine": ["replay", "replay"],
+            "policy": ["lru", "lru"],
+        }
+    )
+    sweep = SweepResults(tmp_path, points, ["cache.size_gb", "engine"], {})
+    assert sweep.swept_keys == ["cache.size_gb"]
+    assert sweep.fixed == {"engine": "replay"}

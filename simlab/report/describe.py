@@ -84,7 +84,8 @@ def run_caption(run: RunResults) -> str:
 
 
 def sweep_caption(sweep: SweepResults) -> str:
-    swept = [f"{k} in {{{', '.join(swept_values(sweep, k))}}}" for k in sweep.keys]
+    swept = [f"{k} in {{{', '.join(swept_values(sweep, k))}}}" for k in sweep.swept_keys]
+    swept += [f"{k}={fmt_value(v)} (fixed)" for k, v in sweep.fixed.items()]
     base = run_parts(sweep.base.config, None)
     parts = [f"{len(sweep.point_ids)} points", f"swept {'; '.join(swept) or 'nothing'}"]
     text = "Sweep: " + " | ".join(parts) + "\nBase (point 0 values for swept keys): "

@@ -181,6 +181,17 @@ class SweepResults:
     def point_ids(self) -> list[int]:
         return sorted(self.point_dirs)
 
+    @property
+    def swept_keys(self) -> list[str]:
+        """Override keys that take more than one value across the points (the others are
+        fixed overrides of every point, e.g. ``engine=replay``)."""
+        return [k for k in self.keys if self.points[k].nunique(dropna=False) > 1]
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        """Override keys with one value for every point, and that value."""
+        return {k: self.points[k].iloc[0] for k in self.keys if k not in self.swept_keys}
+
     def run(self, point: int) -> RunResults:
         if point not in self._runs:
             self._runs[point] = load_run(self.point_dirs[point])
@@ -192,8 +203,9 @@ class SweepResults:
         return self.run(self.point_ids[0])
 
     def values(self, point: int) -> dict[str, Any]:
+        """The swept keys' values at ``point`` (fixed overrides are the same everywhere)."""
         row = self.points[self.points["point"] == point].iloc[0]
-        return {k: row[k] for k in self.keys}
+        return {k: row[k] for k in self.swept_keys}
 
     def files(self) -> list[Path]:
         return [self.path / POINTS] + [f for p in self.point_ids for f in self.run(p).files()]

@@ -74,7 +74,8 @@ def run_lines(run: RunResults) -> list[str]:
 def sweep_lines(sweep: SweepResults) -> list[str]:
     lines = [*software_lines(), "", "== Sweep ==", f"results: {sweep.path}"]
     lines.append(f"points: {len(sweep.point_ids)}; policies: {', '.join(sweep.policies)}")
-    lines += [f"swept {k}: {', '.join(swept_values(sweep, k))}" for k in sweep.keys]
+    lines += [f"swept {k}: {', '.join(swept_values(sweep, k))}" for k in sweep.swept_keys]
+    lines += [f"fixed {k}: {v}" for k, v in sweep.fixed.items()]
     lines += ["", "== Points =="]
     for p in sweep.point_ids:
         values = ", ".join(f"{k}={fmt_value(v)}" for k, v in sweep.values(p).items())

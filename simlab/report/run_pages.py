@@ -109,10 +109,11 @@ def _colour_box(box: dict, colour: str) -> None:
         line.set(color="black", linewidth=2.2)
 
 
-def draw_hit_cdf(ax: Axes, run: RunResults, colours: dict[str, str]) -> None:
+def draw_hit_cdf(ax: Axes, run: RunResults, colours: dict[str, str], compact: bool = False) -> None:
     """Empirical CDF of the per-request token hit rate per policy. The distribution is usually
     bimodal (a request reuses almost nothing or almost everything), which a box plot hides; the
-    legend gives the share of requests at the two ends and the pooled token hit rate."""
+    legend gives the share of requests at the two ends and the pooled token hit rate
+    (``compact``, for small multiples: no legend, the page has one)."""
     for policy in run.policies:
         rates = np.sort(100 * request_hit_rate(run.policy_records(policy)).to_numpy(dtype=float))
         if rates.size == 0:
@@ -134,9 +135,14 @@ def draw_hit_cdf(ax: Axes, run: RunResults, colours: dict[str, str]) -> None:
     ax.set_ylim(0, 101)
     ax.xaxis.set_major_formatter(PercentFormatter())
     ax.yaxis.set_major_formatter(PercentFormatter())
-    ax.set_xlabel("Per-request token hit rate (hit tokens / input tokens)")
+    ax.set_xlabel(
+        "Per-request token hit rate"
+        if compact
+        else "Per-request token hit rate (hit tokens / input tokens)"
+    )
     ax.set_ylabel("Requests with a hit rate <= x (%)")
-    ax.legend(loc="upper left", fontsize=8.5)
+    if not compact:
+        ax.legend(loc="upper left", fontsize=8.5)
 
 
 def hit_cdf_page(run: RunResults, style: Style) -> Figure:

@@ -22,6 +22,7 @@ from simlab.report.run_pages import (
     SkipPage,
     Style,
     draw_hit_boxes,
+    draw_hit_cdf,
     draw_hit_diff,
     draw_ttft_cdf,
 )
@@ -35,6 +36,7 @@ from simlab.report.style import (
 )
 
 CACHE_KEY = "cache.size_gb"
+SEED_KEY = "seed"  # swept seeds are repetitions: a band over them, not a facet or a page
 POINTS_PER_BOX_PAGE = 8
 PANELS_PER_PAGE = 6
 FACETS_PER_PAGE = 6
@@ -78,8 +80,8 @@ def metric_panels(points: pd.DataFrame) -> list[tuple[str, str, float]]:
 
 
 def facets(sweep: SweepResults, key: str) -> list[dict[str, object]]:
-    """Combinations of the other swept keys that take more than one value."""
-    others = [k for k in sweep.keys if k != key and sweep.points[k].nunique(dropna=False) > 1]
+    """Combinations of the other swept keys (seeds excepted: they are averaged)."""
+    others = [k for k in sweep.swept_keys if k not in (key, SEED_KEY)]
     values = [unique_in_order(sweep.points[k]) for k in others]
     return [dict(zip(others, combo, strict=True)) for combo in itertools.product(*values)]
 
@@ -91,6 +93,29 @@ def select(points: pd.DataFrame, fixed: dict[str, object]) -> pd.DataFrame:
     return points[mask]
 
 
+def x_positions(xs: Sequence[object], key: str) -> tuple[dict[object, float], bool]:
+    """Where each value of ``key`` goes on the x axis, and whether the axis is logarithmic:
+    cache sizes (finite, positive, spanning more than 3x) at their values on a log axis, any
+    other key as equally spaced categories (like the paper's Figs. 11-13)."""
+    values = [float(v) for v in xs if isinstance(v, int | float | np.number)]
+    if (
+        key == CACHE_KEY
+        and len(values) == len(xs) > 1
+        and all(math.isfinite(v) and v > 0 for v in values)
+        and max(values) / min(values) > 3
+    ):
+        return {v: float(v) for v in xs}, True  # type: ignore[arg-type]
+    return {v: float(i) for i, v in enumerate(xs)}, False
+
+
+def _mean_and_spread(rows: pd.DataFrame, key: str, name: str, scale: float) -> pd.DataFrame:
+    """Per value of ``key``: the mean of ``name`` over seeds and its standard deviation (0
+    for a single seed)."""
+    grouped = rows.groupby(key, sort=False, dropna=False)[name]
+    out = pd.DataFrame({"mean": grouped.mean() * scale, "sd": grouped.std(ddof=1) * scale})
+    return out.fillna({"sd": 0.0})
+
+
 def draw_vs_key(
     ax: Axes,
     points: pd.DataFrame,
@@ -99,35 +124,71 @@ def draw_vs_key(
     policies: Sequence[str],
     style: Style,
 ) -> None:
-    """One line per policy over the key's values (equally spaced categories, like the paper's
-    Figs. 11-13); the relative gain of the diff pair's A over B annotated above A's markers."""
+    """One line per policy over the key's values (a log axis for cache sizes), averaged over
+    swept seeds with a +-1 standard deviation band; the hit-rate bounds (infinite cache,
+    clairvoyant) as grey lines; the relative gain of the diff pair's A over B above A's
+    markers."""
     name, ylabel, scale = panel
     xs = unique_in_order(points[key]) if len(points) else []
-    pos = {v: i for i, v in enumerate(xs)}
+    pos, log_x = x_positions(xs, key)
     numeric = all(isinstance(v, int | float | np.number) for v in xs)
     series: dict[str, dict[object, float]] = {}
     for policy in policies:
         rows = points[points["policy"] == policy]
         if rows.empty or name not in rows:
             continue
-        series[policy] = {v: float(y) * scale for v, y in zip(rows[key], rows[name], strict=True)}
-        ordered = sorted(series[policy].items(), key=lambda kv: pos[kv[0]])
+        stats = _mean_and_spread(rows, key, name, scale).sort_index(key=lambda i: i.map(pos))
+        x = [pos[v] for v in stats.index]
+        colour = style.colours[policy]
         ax.plot(
-            [pos[v] for v, _ in ordered],
-            [y for _, y in ordered],
-            marker="o",
-            ls="-" if numeric else "none",  # no line between unordered categories (traces)
-            color=style.colours[policy],
-            label=policy,
+            x, stats["mean"], marker="o", ls="-" if numeric else "none", color=colour, label=policy
         )
+        if (stats["sd"] > 0).any():
+            lo, hi = stats["mean"] - stats["sd"], stats["mean"] + stats["sd"]
+            ax.fill_between(x, lo, hi, color=colour, alpha=0.18, linewidth=0)
+        series[policy] = dict(zip(stats.index, stats["mean"], strict=True))
+    if name == "token_hit_rate":
+        _draw_bounds(ax, points, key, pos, scale)
     if style.diff and all(p in series for p in style.diff) and name == "token_hit_rate":
         _annotate_gain(ax, series[style.diff[0]], series[style.diff[1]], pos, style)
-    ax.set_xticks(range(len(xs)), [fmt_value(v) for v in xs])
-    ax.set_xlim(-0.4, max(len(xs) - 0.6, 0.4))
-    ax.set_xlabel(key_axis_label(key))
+    if log_x:
+        ax.set_xscale("log")
+        ax.minorticks_off()
+    ax.set_xticks([pos[v] for v in xs], [fmt_value(v) for v in xs])
+    if not log_x:
+        ax.set_xlim(-0.4, max(len(xs) - 0.6, 0.4))
+    ax.set_xlabel(key_axis_label(key) + (" (log scale)" if log_x else ""))
     ax.set_ylabel(ylabel)
     if name == "token_hit_rate":
         ax.yaxis.set_major_formatter(PercentFormatter())
+
+
+#: bound -> (line style, label)
+BOUND_LINES = {"infinite": ("--", "infinite cache"), "clairvoyant": (":", "clairvoyant")}
+
+
+def _draw_bounds(
+    ax: Axes, points: pd.DataFrame, key: str, pos: dict[object, float], scale: float
+) -> None:
+    """Each point's bounds, recovered from a policy's ``hit_vs_<bound>`` ratio (the bound =
+    token hit rate / ratio), as a grey line over the key's values."""
+    for bound, (style, label) in BOUND_LINES.items():
+        ratio = f"hit_vs_{bound}"
+        if ratio not in points:
+            continue
+        rows = points[(points[ratio] > 0) & points["token_hit_rate"].notna()]
+        if rows.empty:
+            continue
+        values = (rows["token_hit_rate"] / rows[ratio]).groupby(rows[key], sort=False).mean()
+        values = values.sort_index(key=lambda i: i.map(pos))
+        ax.plot(
+            [pos[v] for v in values.index],
+            values.to_numpy() * scale,
+            ls=style,
+            color="grey",
+            lw=1.2,
+            label=f"bound: {label}",
+        )
 
 
 def _annotate_gain(ax: Axes, a: dict, b: dict, pos: dict, style: Style) -> None:
@@ -139,7 +200,7 @@ def _annotate_gain(ax: Axes, a: dict, b: dict, pos: dict, style: Style) -> None:
         ax.annotate(
             f"{round(100 * (ya / yb - 1)) or 0:+d}%",
             (pos[v], ya),
-            xytext=(0, 7),
+            xytext=(0, 10),
             textcoords="offset points",
             ha="center",
             fontsize=8.5,
@@ -152,7 +213,9 @@ def key_pages(sweep: SweepResults, key: str, style: Style) -> list[Figure]:
     """Metric vs ``key``: one panel per metric (rows) for each combination of the other swept
     keys (facets, up to :data:`FACETS_PER_PAGE` per page in rows of three)."""
     panels = metric_panels(sweep.points)
-    gain = f"labels: {style.diff[0]} gain\nover {style.diff[1]}" if style.diff else None
+    gain = (
+        f"labels: {style.diff[0]}'s relative\ngain over {style.diff[1]} (%)" if style.diff else None
+    )
     pages = []
     for chunk in chunks(facets(sweep, key), FACETS_PER_PAGE // len(panels)):
         facet_rows, cols = grid_shape(len(chunk))
@@ -189,20 +252,21 @@ def key_pages(sweep: SweepResults, key: str, style: Style) -> list[Figure]:
 
 
 def contention_pages(sweep: SweepResults, style: Style) -> list[Figure]:
-    if CACHE_KEY not in sweep.keys:
+    if CACHE_KEY not in sweep.swept_keys:
         raise SkipPage(f"{CACHE_KEY} was not swept")
     return key_pages(sweep, CACHE_KEY, style)
 
 
 def alpha_pages(sweep: SweepResults, style: Style) -> list[Figure]:
-    keys = [k for k in sweep.keys if is_alpha(k)]
+    keys = [k for k in sweep.swept_keys if is_alpha(k)]
     if not keys:
         raise SkipPage("no alpha key (e.g. policy.alpha) was swept")
     return [fig for k in keys for fig in key_pages(sweep, k, style)]
 
 
 def other_key_pages(sweep: SweepResults, style: Style) -> list[Figure]:
-    keys = [k for k in sweep.keys if k != CACHE_KEY and not is_alpha(k)]
+    """A page per other swept key (fixed overrides and seeds have none)."""
+    keys = [k for k in sweep.swept_keys if k not in (CACHE_KEY, SEED_KEY) and not is_alpha(k)]
     return [fig for k in keys for fig in key_pages(sweep, k, style)]
 
 
@@ -210,16 +274,24 @@ def other_key_pages(sweep: SweepResults, style: Style) -> list[Figure]:
 
 
 def hit_boxes_pages(sweep: SweepResults, style: Style) -> list[Figure]:
-    """Marconi Figs. 7-8 with sweep points in place of traces."""
+    """Marconi Figs. 7-8 with sweep points in place of traces (boxes, for comparison with the
+    paper), then the per-request CDF of every point, which shows the two modes a box hides."""
     pages = []
     groups = [(point_label(sweep.values(p)), sweep.run(p)) for p in sweep.point_ids]
     for chunk in chunks(groups, POINTS_PER_BOX_PAGE):
         fig, axes = new_page("Token hit rate per request, by sweep point and policy", style.caption)
         draw_hit_boxes(axes[0, 0], list(chunk), sweep.policies, style.colours)
         axes[0, 0].set_xlabel("Sweep point")
-        axes[0, 0].set_title(BOX_NOTE, fontsize=10)
+        axes[0, 0].set_title(BOX_NOTE + " (Marconi Figs. 7-8 style; CDFs follow)", fontsize=10)
         pages.append(fig)
-    return pages
+
+    def draw(ax: Axes, run: RunResults) -> None:
+        draw_hit_cdf(ax, run, style.colours, compact=True)
+
+    title = "Token hit rate per request: CDF per policy and sweep point"
+    return pages + small_multiples(
+        sweep, title, style, draw, sweep.point_ids, legend=sweep.policies
+    )
 
 
 def small_multiples(
