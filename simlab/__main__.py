@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -51,5 +52,30 @@ def main(cfg: DictConfig) -> None:
             print(f"report: {build_report(summary.out_dir, summary.out_dir / 'report.pdf')}")
 
 
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def unknown_choice(args: list[str]) -> str | None:
+    """The first command-line override that picks a config file simlab does not have, as an
+    error line (Hydra's own message is a multi-line search-path dump); None if all exist.
+    Hydra's groups (``hydra/...``, launchers from plugins) and sweep expressions are left to
+    Hydra."""
+    for arg in args:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        group = key.split("@")[0]
+        folder = CONFIGS / group
+        if not sep or group.startswith("hydra") or not folder.is_dir() or "(" in value:
+            continue
+        options = sorted(p.stem for p in folder.glob("*.yaml"))
+        for choice in value.split(","):
+            if choice not in ("", "null") and choice not in options:
+                return f"{group}: no config {choice!r} (available: {', '.join(options)})"
+    return None
+
+
 if __name__ == "__main__":
+    problem = unknown_choice(sys.argv[1:])
+    if problem is not None:
+        print(f"simlab: error: {problem}", file=sys.stderr)
+        sys.exit(2)
     sys.exit(main())

@@ -163,11 +163,23 @@ def selected_policies(cfg: DictConfig) -> dict[str, DictConfig]:
     return chosen
 
 
+#: top-level switches: true or false, nothing else
+SWITCHES = ("bounds.enabled", "report", "overwrite")
+
+
+def check_switches(cfg: DictConfig) -> None:
+    for key in SWITCHES:
+        value = OmegaConf.select(cfg, key, default=False)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: must be true or false (got {value!r})")
+
+
 def run_settings(cfg: DictConfig) -> RunSettings:
     """Validate the composed config and return its typed view (raises :class:`ConfigError`)."""
     seed = cfg.get("seed", 0)
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    check_switches(cfg)
     return RunSettings(
         seed=seed,
         cache=CacheSettings(**_section(cfg, "cache")),

@@ -58,8 +58,9 @@ class Hardware:
 
     def __post_init__(self) -> None:
         for key in ("peak_tflops", "mem_bw_gbps", "mem_gb", "link_bw_gbps"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"hardware.{key} must be > 0, got {getattr(self, key)!r}")
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"hardware.{key} must be a number > 0, got {value!r}")
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Hardware:

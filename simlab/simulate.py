@@ -15,6 +15,7 @@ import logging
 import math
 import tempfile
 import time
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from policies.base import AdmissionPolicy, EvictionPolicy, in_units
@@ -80,6 +81,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     except ValueError as err:
         raise ConfigError(f"model: {err}") from err
     check_capacity(settings, model)
+    check_loader_options(cfg.trace)
     for name, pcfg in settings.policies.items():
         policy_step(name, pcfg, model, settings)
     engine = build_engine(cfg)
@@ -150,6 +152,30 @@ def check_writable(out_dir: Path | None) -> None:
         raise ConfigError(f"output_dir: cannot write to {out_dir} ({err.strerror or err})") from err
 
 
+def check_loader_options(trace_cfg: DictConfig) -> None:
+    """Each ``trace.*`` option typed ``int``, ``float`` or ``bool`` in the loader's signature
+    must be one (or null where the loader allows None): a loader's own ``int("abc")`` would
+    name neither the key nor the value."""
+    target = get_method(str(trace_cfg._target_))
+    hints = typing.get_type_hints(target)
+    for key, value in trace_cfg.items():
+        hint = hints.get(str(key))
+        if hint is None or (value is None and type(None) in typing.get_args(hint)):
+            continue
+        kinds = {t for t in (*typing.get_args(hint), hint) if t in (int, float, bool)}
+        if not kinds:
+            continue
+        numbers = tuple(kinds - {bool}) + ((int,) if float in kinds else ())
+        ok = (
+            isinstance(value, bool)
+            if kinds == {bool}
+            else (not isinstance(value, bool) and isinstance(value, numbers))
+        )
+        if not ok:
+            wanted = " or ".join(sorted(k.__name__ for k in kinds))
+            raise ConfigError(f"trace.{key!s}: must be {wanted} (got {value!r})")
+
+
 def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
     """Instantiate the configured loader and assign arrival times (seeded)."""
     try:
@@ -191,6 +217,8 @@ def build_engine(cfg: DictConfig) -> Engine:
     try:
         engine: Engine = instantiate(cfg.engine, _convert_="all")
     except InstantiationException as err:
+        if isinstance(err.__cause__, ConfigError):  # the engine named the key itself
+            raise err.__cause__ from err
         raise ConfigError(f"engine: {err.__cause__ or err}") from err
     return engine
 

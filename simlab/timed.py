@@ -78,6 +78,9 @@ class TimedSettings:
             raise ValueError(
                 f"engine.running_memory_gb must be > 0, got {self.running_memory_gb!r}"
             )
+        for key in ("ckpt_split", "radix_mlp", "shared_prefix_attention", "memory_check"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"engine.{key} must be true or false, got {getattr(self, key)!r}")
         if self.typing_wpm is not None and not self.typing_wpm > 0:
             raise ValueError(f"engine.typing_wpm must be > 0 or null, got {self.typing_wpm!r}")
 
@@ -159,6 +162,14 @@ class EngineStats:
         }
 
 
+def load_calibration(path: str | None) -> Calibration | None:
+    """The gpu_validate calibration at ``path`` (None: default efficiencies)."""
+    try:
+        return Calibration.load(path) if path else None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"engine.calibration: {err}") from err
+
+
 @dataclass(frozen=True)
 class TimedEngine(TimedSettings):
     """``engine=timed``: the settings plus the GPU (``hardware``, ``tp``, ``calibration``), with
@@ -179,9 +190,9 @@ class TimedEngine(TimedSettings):
                 object.__setattr__(self, "hardware", Hardware.from_config(self.hardware))
             if not (isinstance(self.tp, int) and self.tp >= 1):
                 raise ValueError(f"engine.tp must be an integer >= 1, got {self.tp!r}")
-            calibration = Calibration.load(self.calibration) if self.calibration else None
+            calibration = load_calibration(self.calibration)
         except (TypeError, ValueError) as err:
-            raise ConfigError(f"engine/hardware: {err}") from err
+            raise ConfigError(str(err)) from err  # the message names its key
         object.__setattr__(self, "_calibration", calibration)
 
     def check_memory(self, model: ModelSpec, cache_gb: float) -> None:
