@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.util import find_spec
 from pathlib import Path
 
 import hydra
@@ -73,8 +75,34 @@ def unknown_choice(args: list[str]) -> str | None:
     return None
 
 
+#: launcher -> (what it needs on this machine, the check, the advice)
+LAUNCHER_NEEDS = {
+    "slurm": ("srun (a SLURM cluster)", lambda: shutil.which("srun") is not None),
+    "ray": ("the ray package (pip install -e '.[ray]')", lambda: find_spec("ray") is not None),
+    "ray_local": (
+        "the ray package (pip install -e '.[ray]')",
+        lambda: find_spec("ray") is not None,
+    ),
+}
+
+
+def unusable_launcher(args: list[str]) -> str | None:
+    """``hydra/launcher=NAME`` whose prerequisites this machine lacks, as an error line (the
+    launcher would fail with a traceback only once the sweep starts)."""
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") == "hydra/launcher" and value in LAUNCHER_NEEDS:
+            needs, present = LAUNCHER_NEEDS[value]
+            if not present():
+                return (
+                    f"hydra/launcher={value}: needs {needs}, not found here; the default "
+                    "launcher (joblib) runs a sweep on this machine"
+                )
+    return None
+
+
 if __name__ == "__main__":
-    problem = unknown_choice(sys.argv[1:])
+    problem = unknown_choice(sys.argv[1:]) or unusable_launcher(sys.argv[1:])
     if problem is not None:
         print(f"simlab: error: {problem}", file=sys.stderr)
         sys.exit(2)

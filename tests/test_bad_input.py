@@ -8,6 +8,7 @@ and nothing under the output directory may be created. The loaders' malformed-fi
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,29 @@ def test_the_command_line_reports_bad_input_in_one_line_with_status_2(tmp_path, 
     assert proc.stderr.strip().splitlines()[-1].startswith(message)
     assert "Traceback" not in proc.stderr
     assert not Path(run_dir, "summary.json").exists()
+
+
+def test_a_launcher_this_machine_cannot_run_is_refused_in_one_line(tmp_path):
+    if shutil.which("srun") is not None:
+        pytest.skip("srun exists here: the SLURM launcher can run")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simlab",
+            "-m",
+            "hydra/launcher=slurm",
+            "cache.size_gb=1,2",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "simlab: error: hydra/launcher=slurm: needs srun (a SLURM cluster), not found here; "
+        "the default launcher (joblib) runs a sweep on this machine"
+    )
+    assert not (tmp_path / "sweep").exists()
