@@ -80,6 +80,7 @@ class PrefixCache:
         self.capacity = float(capacity_bytes)  # KV's bytes, and the states' unless separate
         #: None: states count against ``capacity``; else their own pool (SGLang's Mamba pool)
         self.ssm_capacity = None if ssm_capacity_bytes is None else float(ssm_capacity_bytes)
+        self._states_share = self.ssm_capacity is None
         self.page_size = int(page_size)
         self.unit = int(unit_tokens)
         self.kv_per_token = int(model.kv_bytes_per_token) * self.unit
@@ -179,7 +180,7 @@ class PrefixCache:
     @property
     def free_bytes(self) -> float:
         """Bytes free for KV (and for states, when they share the budget)."""
-        if self.ssm_capacity is None:
+        if self._states_share:
             return self.capacity - self.kv_bytes - self.ssm_bytes  # hot: no nested property
         return self.capacity - self.kv_bytes
 
@@ -349,14 +350,15 @@ class PrefixCache:
             if held_from is not None:  # the running request's whole allocation must fit
                 held = (int(seq.shape[0]) - held_from) * self.kv_per_token
                 need = max(need, held + need - (plan.end - plan.matched) * self.kv_per_token)
-            if states > self.ssm_free:
+            if states and states > self.ssm_free:
                 freed, count = evictor.evict_states(self, states, policy)
                 result.evicted_bytes, result.evicted_nodes = freed, count
             if need > self.free_bytes:
                 freed, count = self.evict(need, policy)
                 result.evicted_bytes += freed
                 result.evicted_nodes += count
-            if not self._fits(plan):
+            short = need > self.free_bytes or (states and states > self.ssm_free)
+            if short and not self._fits(plan):  # need >= the plan's bytes: usually it fits
                 split = None if self.ssm_capacity is None else self.ssm_free
                 plan = truncate(self, plan, self.free_bytes, split)
                 result.truncated = True
@@ -413,8 +415,10 @@ class PrefixCache:
         hundreds of nodes at a time."""
         if self.block_nodes:
             stops = list(range(start + 1, end + 1))
-        else:
+        elif cuts:
             stops = sorted({*ckpts, *cuts, end})
+        else:  # the common case: ckpts are sorted, distinct, in (start, end]
+            stops = [c for c in ckpts if c < end] + [end]
         held = set(ckpts)
         if len(stops) <= _BULK_MIN_NODES:  # numpy's per-call cost outweighs a short loop
             pos = start

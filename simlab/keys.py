@@ -37,7 +37,7 @@ from traces.format import TOKEN_DTYPE, Request
 _ID_BYTES = np.dtype(TOKEN_DTYPE).itemsize
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KeyedRequest:
     """A request as the cache sees it (see the module docstring)."""
 
@@ -62,8 +62,13 @@ class TokenKeys:
     committed: bool = False
 
     def view(self, req: Request) -> KeyedRequest:
-        seq = sequence_ids(req, self.committed)
-        return KeyedRequest(req.input_ids, seq, int(seq.shape[0]), min(req.input_len, len(seq)))
+        inputs, outputs = req.input_ids, req.output_ids
+        if outputs.shape[0] == 0:
+            return KeyedRequest(inputs, inputs, inputs.shape[0], inputs.shape[0])
+        seq = np.concatenate(
+            (inputs, outputs[:-1] if self.committed and req.block_size == 1 else outputs)
+        )
+        return KeyedRequest(inputs, seq, seq.shape[0], inputs.shape[0])
 
 
 @dataclass

@@ -82,6 +82,7 @@ class RequestStep:
     _observes: bool = field(init=False, repr=False)  # the eviction policy overrides observe
     _keys: KeyScheme = field(init=False, repr=False)
     _page: int = field(init=False, repr=False)  # Transformer hits round down to it
+    _ids_per_key: int = field(init=False, repr=False)  # trace ids one key stands for
 
     @classmethod
     def build(
@@ -116,6 +117,7 @@ class RequestStep:
     def __post_init__(self) -> None:
         self._observes = overrides(self.eviction, "observe", EvictionPolicy)
         self._keys = key_scheme(self.admission.keys)
+        self._ids_per_key = self._keys.block_size if isinstance(self._keys, BlockKeys) else 1
         self._page = math.lcm(self.cache.page_size, self.admission.page_size)
 
     @property
@@ -144,7 +146,8 @@ class RequestStep:
         cache.now += 1.0
         keyed = self._keys.view(req)
         lookup = cache.lookup(keyed.lookup, self._page)
-        cache.use_state(lookup.hit_node)
+        if cache.hybrid:
+            cache.use_state(lookup.hit_node)
         self.eviction.on_hit(cache, lookup)
         plan = self.admission.plan(lookup, int(keyed.lookup.shape[0]), keyed.cacheable)
         pinned = lookup.hit_node if pin else None
@@ -155,8 +158,8 @@ class RequestStep:
             keyed.sequence,
             lookup,
             plan,
-            self._tokens(req, lookup.hit),
-            self._tokens(req, lookup.matched),
+            req.hit_tokens(lookup.hit * self._ids_per_key),
+            req.hit_tokens(lookup.matched * self._ids_per_key),
             pinned,
             keyed.prompt,
         )
@@ -184,12 +187,6 @@ class RequestStep:
             cache.pin(deepest)
             cache.unpin(started.pinned)
             started.pinned = deepest
-
-    def _tokens(self, req: Request, ids: int) -> int:
-        """Tokens covered by the first ``ids`` keyed ids of ``req``'s input."""
-        if isinstance(self._keys, BlockKeys):
-            ids *= self._keys.block_size
-        return req.hit_tokens(ids)
 
     def finish(self, started: Started, timing: Timing | None = None) -> RequestRecord:
         """The request completed: admit input + output, unpin, ``observe``, the record."""

@@ -24,7 +24,7 @@ from traces.paths import cache_dir as default_cache_dir
 log = logging.getLogger(__name__)
 
 #: Bump when the layout of cached frames changes (columns, dtypes, request semantics).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: inputs stored as prefix chains (traces.columnar)
 
 
 def source_fingerprint(path: Path) -> dict[str, Any]:

@@ -29,6 +29,7 @@ whenever ``output_ids`` is non-empty.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from traces.atomic import atomic_path
 TOKEN_DTYPE = np.int32
 #: Parquet schema-metadata key (and ``DataFrame.attrs`` key) holding a trace's block size.
 BLOCK_SIZE_KEY = "simlab.block_size"
+COLUMNS_KEY = "simlab.columns"  # the frame's column order (the file stores inputs as chains)
 REQUIRED_COLUMNS = ("session_id", "turn", "arrival", "input_ids", "output_ids", "output_len")
 
 
@@ -151,17 +153,28 @@ class Trace:
             )
 
     def to_parquet(self, path: Path) -> None:
-        write_frame_atomic(self.frame, path, {BLOCK_SIZE_KEY: str(self.block_size)})
+        """Write the trace with its inputs stored as prefix chains (:mod:`traces.columnar`)."""
+        from traces.columnar import encode
+
+        metadata = {
+            BLOCK_SIZE_KEY: str(self.block_size),
+            COLUMNS_KEY: json.dumps([str(c) for c in self.frame.columns]),
+        }
+        write_frame_atomic(encode(self.frame), path, metadata)
 
     @classmethod
     def read_parquet(cls, path: Path, name: str) -> Trace:
+        """The trace :meth:`to_parquet` wrote; token columns are views of one buffer each."""
+        from traces.columnar import decode
+
         table = pq.read_table(path)
         metadata = table.schema.metadata or {}
         block_size = int(metadata.get(BLOCK_SIZE_KEY.encode(), b"1"))
-        frame = table.to_pandas()
+        frame = decode(table)
         frame.attrs.pop(BLOCK_SIZE_KEY, None)
-        for col in ("input_ids", "output_ids"):
-            frame[col] = [as_tokens(v) for v in frame[col]]
+        columns = metadata.get(COLUMNS_KEY.encode())
+        if columns is not None:
+            frame = frame[json.loads(columns)]
         return cls(name=name, frame=frame, block_size=block_size)
 
 
