@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from policies.base import AdmissionPolicy, EvictionPolicy
 from simlab.cache import PrefixCache
 from simlab.engine import EngineRun
-from simlab.progress import Progress
 from simlab.records import RequestRecord
 from simlab.step import Controller, RequestStep
 from traces.format import Request
+from traces.progress import Progress
 
 
 def replay_step(requests: Sequence[Request], step: RequestStep) -> list[RequestRecord]:

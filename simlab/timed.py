@@ -44,10 +44,10 @@ from simlab.costmodel import BatchShape, Calibration, CostModel, Hardware
 from simlab.engine import EngineRun
 from simlab.model import ModelSpec
 from simlab.nodes import Node
-from simlab.progress import Progress
 from simlab.records import RequestRecord
 from simlab.step import RequestStep, Started, Timing
 from traces.format import Request
+from traces.progress import Progress
 
 log = logging.getLogger(__name__)
 

@@ -51,6 +51,7 @@ from traces.agent_history import AgentMessage, HistoryOptions, agent_requests
 from traces.cache import cached_trace, source_fingerprint
 from traces.format import Trace, make_frame, request_row
 from traces.paths import TraceFileError, require_file, resolve_data_dir
+from traces.progress import Progress
 from traces.sources import resolve_source
 from traces.tokenizer import TEMPLATE_VERSION, TOKENIZER_NAME, ChatRenderer
 
@@ -277,9 +278,11 @@ def build_swebench(
         raise TraceFileError(f"{path}: every selected trajectory is malformed")
     renderer = ChatRenderer()
     rows: list[dict[str, Any]] = []
-    for session_id, instance_id in enumerate(kept):
-        messages = trajectories.pop(instance_id)
-        rows.extend(session_rows(renderer, session_id, instance_id, messages, opts))
+    with Progress(len(kept), "swebench: tokenizing sessions", check_every=1) as progress:
+        for session_id, instance_id in enumerate(kept):
+            messages = trajectories.pop(instance_id)
+            rows.extend(session_rows(renderer, session_id, instance_id, messages, opts))
+            progress.update()
     log.info(
         "swebench: %d sessions, %d requests, %d unique messages tokenized",
         len(kept),

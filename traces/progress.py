@@ -29,7 +29,7 @@ class Progress:
         self._check_every = check_every
         self._start = self._last = time.perf_counter()
         self._bar = (
-            tqdm(total=total, desc=what, unit="req", leave=False, mininterval=0.5)
+            tqdm(total=total, desc=what, leave=False, mininterval=0.5)
             if sys.stderr.isatty()
             else None
         )
