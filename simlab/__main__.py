@@ -15,7 +15,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from simlab.config import ConfigError
-from simlab.report import build_report
 from simlab.simulate import simulate
 from traces.format import TraceFormatError
 from traces.paths import TraceFileError
@@ -51,6 +50,8 @@ def main(cfg: DictConfig) -> None:
     if summary.out_dir is not None:
         print(f"results: {summary.out_dir}")
         if cfg.get("report") and HydraConfig.get().mode == RunMode.RUN:
+            from simlab.report import build_report  # matplotlib: imported only to draw
+
             print(f"report: {build_report(summary.out_dir, summary.out_dir / 'report.pdf')}")
 
 
