@@ -1,0 +1,127 @@
+"""``python -m simlab.predict``: how long a prefill takes, from the timed engine's cost model.
+
+    python -m simlab.predict model=nemotron_h_8b hardware=h100_sxm engine.tp=2 'prefill=[1000,10000]'
+    python -m simlab.predict prefix=8000 'prefill=[500]'     # a prefix hit: 500 new tokens
+
+For each length in ``prefill`` it prints the predicted time of ``batch`` identical requests
+prefilled together after a cached ``prefix`` (one iteration, nothing else running) and the ops
+that take most of it, and writes ``prediction.json`` (atomically) into the run directory:
+``prefill_tokens``, ``prefill_ms``, ``breakdown_ms`` (op name -> one time per length), and the
+model, hardware, tensor-parallel degree and calibration used. The timed engine times its
+iterations with exactly this model (:class:`simlab.costmodel.CostModel`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from simlab.__main__ import reported_as_one_line
+from simlab.config import ConfigError
+from simlab.costmodel import BatchShape, CostModel
+from simlab.model import ModelSpec
+from simlab.simulate import build_engine
+from simlab.timed import TimedEngine
+from traces.atomic import atomic_path
+
+TOP_OPS = 4  # ops named per length in the printed table
+
+
+def lengths(cfg: DictConfig) -> tuple[list[int], int, int]:
+    """``prefill``, ``prefix`` and ``batch``, checked (:class:`ConfigError` naming the key)."""
+    prefill = cfg.get("prefill")
+    if isinstance(prefill, int) and not isinstance(prefill, bool):
+        prefill = [prefill]
+    if not prefill or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in prefill
+    ):
+        raise ConfigError(f"prefill: must be a list of token counts > 0 (got {prefill!r})")
+    prefix, batch = cfg.get("prefix", 0), cfg.get("batch", 1)
+    if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
+        raise ConfigError(f"prefix: must be an integer >= 0 (got {prefix!r})")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"batch: must be an integer >= 1 (got {batch!r})")
+    return [int(n) for n in prefill], prefix, batch
+
+
+def cost_model(cfg: DictConfig) -> CostModel:
+    """The timed engine's cost model for the configured model, hardware, tp, calibration."""
+    try:
+        model = ModelSpec.from_config(cfg.model)
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from err
+    engine = build_engine(cfg)
+    if not isinstance(engine, TimedEngine):
+        raise ConfigError("engine: simlab.predict needs a timed engine (engine=timed)")
+    return engine.cost_model(model)
+
+
+def predict(cfg: DictConfig) -> dict[str, Any]:
+    """The prediction as ``prediction.json`` holds it (see the module docstring)."""
+    prefill, prefix, batch = lengths(cfg)
+    cost = cost_model(cfg)
+    loads = batch if (prefix and cost.model.is_hybrid) else 0
+    shapes = [BatchShape(prefill=[(prefix, n)] * batch, state_loads=loads) for n in prefill]
+    breakdowns = [cost.breakdown(shape) for shape in shapes]
+    return {
+        "model": cost.model.name,
+        "hardware": cost.hw.name,
+        "tp": cost.tp,
+        "calibration": cfg.engine.get("calibration") or "default efficiencies (uncalibrated)",
+        "prefix_tokens": prefix,
+        "batch": batch,
+        "prefill_tokens": prefill,
+        "prefill_ms": [1000 * cost.time(shape) for shape in shapes],
+        "breakdown_ms": {op: [1000 * b[op] for b in breakdowns] for op in breakdowns[0]},
+    }
+
+
+def table(prediction: dict[str, Any]) -> str:
+    """One line per length: the time and the ops that take most of it."""
+    lines = [
+        f"{prediction['model']} on {prediction['hardware']} x tp {prediction['tp']}, "
+        f"{prediction['calibration']}; prefix {prediction['prefix_tokens']} tokens, "
+        f"batch {prediction['batch']}"
+    ]
+    ops = prediction["breakdown_ms"]
+    for i, (n, ms) in enumerate(
+        zip(prediction["prefill_tokens"], prediction["prefill_ms"], strict=True)
+    ):
+        top = sorted(ops, key=lambda op: -ops[op][i])[:TOP_OPS]
+        parts = ", ".join(f"{op} {ops[op][i]:.2f}" for op in top)
+        lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms)")
+    return "\n".join(lines)
+
+
+def write(prediction: dict[str, Any], out_dir: Path) -> Path:
+    path = out_dir / "prediction.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(prediction, indent=2) + "\n")
+    return path
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="predict")
+def main(cfg: DictConfig) -> None:
+    with reported_as_one_line():
+        prediction = predict(cfg)
+        path = write(prediction, Path(HydraConfig.get().runtime.output_dir))
+    print(table(prediction))
+    print(f"prediction: {path}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    from simlab.__main__ import unknown_choice
+
+    problem = unknown_choice(sys.argv[1:])
+    if problem is not None:
+        print(f"simlab.predict: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    main()
