@@ -1,0 +1,214 @@
+"""Calibration from Vidur's measured operator times, without a GPU (``python -m gpu_validate.vidur``).
+
+Vidur (github microsoft/vidur, MIT) profiled every position-wise operator of a Llama decoder
+layer on A100 and H100 against the token count and the tensor-parallel degree
+(``<data_dir>/vidur_profiling/compute/<gpu>/meta-llama/<model>/mlp.csv``: medians in ms). Each
+row becomes one record per simlab op of a one-layer model with the row's dimensions, its time the
+sum of the Vidur operators the op covers (:data:`COVERS`):
+
+* ``attn_qkv_proj`` = ``attn_pre_proj``; ``attn_out_proj`` = ``attn_post_proj`` (class gemm);
+* ``mlp`` = ``mlp_up_proj`` + ``mlp_act`` + ``mlp_down_proj`` (class gemm; the cost model folds
+  the activation into the MLP);
+* ``norms_residuals`` = both RMSNorms + two residual adds (class elementwise).
+
+The efficiencies are fitted (``gpu_validate.fit.fit_class``) on the rows of the ``--fit``
+models and checked on the others (held back): median and P90 relative error per op class, by
+model and by token range. The output is a calibration file
+(:meth:`simlab.costmodel.Calibration.load`) with that provenance; classes Vidur does not measure
+(attention kernels, SSM scans, all-reduce) keep their defaults and the file says so.
+
+    python -m gpu_validate.vidur --gpu a100 --hardware a100_80gb --out gpu_validate/calibration/a100_80gb.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpu_validate.cases import load_hardware
+from gpu_validate.fit import fit_class, hardware_json, roofline
+from simlab.costmodel import DEFAULT_EFFICIENCY, BatchShape, CostModel, Efficiency, Hardware
+from simlab.model import ModelSpec
+from traces.atomic import atomic_path
+from traces.paths import resolve_data_dir
+
+log = logging.getLogger(__name__)
+
+#: simlab op (one layer) -> the Vidur operators whose times it sums (and how many of each)
+COVERS: dict[str, tuple[tuple[str, int], ...]] = {
+    "attn_qkv_proj": (("attn_pre_proj", 1),),
+    "attn_out_proj": (("attn_post_proj", 1),),
+    "mlp": (("mlp_up_proj", 1), ("mlp_act", 1), ("mlp_down_proj", 1)),
+    "norms_residuals": (("input_layernorm", 1), ("post_attention_layernorm", 1), ("add", 2)),
+}
+TOKEN_RANGES = ((1, 64), (65, 512), (513, 2048), (2049, 1 << 20))
+UNMEASURED = ("attn_prefill", "attn_decode", "ssm_scan", "ssm_step", "state_copy", "allreduce")
+
+
+def one_layer(row: pd.Series) -> ModelSpec:
+    """A one-layer model with a Vidur row's dimensions (BF16)."""
+    d, heads = int(row["n_embd"]), int(row["n_head"])
+    return ModelSpec.from_config(
+        {
+            "name": "vidur-layer",
+            "flop_formula": "exact",
+            "d_model": d,
+            "n_attn_layers": 1,
+            "n_ssm_layers": 0,
+            "n_mlp_layers": 1,
+            "n_moe_layers": 0,
+            "n_heads": heads,
+            "n_kv_heads": int(row["n_kv_head"]),
+            "head_dim": d // heads,
+            "mlp_intermediate": int(row["n_expanded_embd"]),
+            "mlp_gated": bool(row["use_gated_mlp"]),
+            "dtype_bytes": 2,
+            "vocab_size": int(row["vocab_size"]),
+            "tie_embeddings": False,
+        }
+    )
+
+
+def records_of(path: Path, model: str, hw: Hardware) -> list[dict[str, Any]]:
+    """One record per (row, simlab op): the cost model's FLOPs, bytes and launches for the
+    row's shape and the measured seconds."""
+    frame = pd.read_csv(path)
+    out = []
+    for _, row in frame.iterrows():
+        tokens, tp = int(row["num_tokens"]), int(row["num_tensor_parallel_workers"])
+        ops = CostModel(one_layer(row), hw, tp=tp).ops(BatchShape(prefill=[(0, tokens)]))
+        by_name = {op.name: op for op in ops}
+        for name, covered in COVERS.items():
+            ms = sum(float(row[f"time_stats.{op}.median"]) * k for op, k in covered)
+            op = by_name[name]
+            out.append(
+                {
+                    "model": model,
+                    "op_name": name,
+                    "op_class": op.op_class,
+                    "tokens": tokens,
+                    "tp": tp,
+                    "flops": op.flops,
+                    "bytes": op.bytes,
+                    "launches": op.launches,
+                    "median_s": ms / 1e3,
+                }
+            )
+    return out
+
+
+def load_records(gpu: str, hw: Hardware, data_dir: str | None = None) -> list[dict[str, Any]]:
+    root = resolve_data_dir(data_dir) / "vidur_profiling" / "compute" / gpu / "meta-llama"
+    files = sorted(root.glob("*/mlp.csv"))
+    if not files:
+        raise FileNotFoundError(
+            f"no Vidur profiles under {root}: get data/profiling/compute from GitHub "
+            "microsoft/vidur and place it under <data_dir>/vidur_profiling/compute"
+        )
+    return [r for f in files for r in records_of(f, f.parent.name, hw)]
+
+
+def errors(records: Sequence[dict], hw: Hardware, fitted: dict[str, Efficiency]) -> pd.DataFrame:
+    """Relative error ``predicted / measured - 1`` of every record under ``fitted``."""
+    frame = pd.DataFrame(records)
+    pred = np.empty(len(frame))
+    for cls, rows in frame.groupby("op_class").groups.items():
+        sub = frame.loc[rows]
+        eff = fitted.get(str(cls), DEFAULT_EFFICIENCY[str(cls)])
+        pred[frame.index.get_indexer(rows)] = roofline(
+            sub["flops"].to_numpy(), sub["bytes"].to_numpy(), sub["launches"].to_numpy(), hw, eff
+        )
+    frame["rel_err"] = pred / frame["median_s"].to_numpy() - 1.0
+    return frame
+
+
+def error_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Median and P90 of |relative error| per (held-back model, op class, token range)."""
+    bins = pd.IntervalIndex.from_tuples(TOKEN_RANGES, closed="both")
+    frame = frame.assign(abs_err=frame["rel_err"].abs(), tokens=pd.cut(frame["tokens"], bins))
+    grouped = frame.groupby(["model", "op_class", "tokens"], observed=True)["abs_err"]
+    return pd.DataFrame(
+        {"n": grouped.size(), "median": grouped.median(), "p90": grouped.quantile(0.9)}
+    )
+
+
+def calibrate(
+    gpu: str, hardware: str, fit_models: Sequence[str], data_dir: str | None = None
+) -> dict[str, Any]:
+    """The calibration file's content: fitted classes, held-back errors, provenance."""
+    hw = load_hardware(hardware)
+    records = load_records(gpu, hw, data_dir)
+    train = [r for r in records if r["model"] in fit_models]
+    test = [r for r in records if r["model"] not in fit_models]
+    if not train:
+        raise ValueError(f"--fit {list(fit_models)}: no Vidur profile of these models for {gpu}")
+    fits = {
+        cls: fit_class([r for r in train if r["op_class"] == cls], hw, DEFAULT_EFFICIENCY[cls], cls)
+        for cls in sorted({r["op_class"] for r in train})
+    }
+    fitted = {cls: fit.efficiency for cls, fit in fits.items()}
+    overall = errors(test, hw, fitted) if test else pd.DataFrame()
+    held = error_table(overall) if test else pd.DataFrame()
+    summary = {}
+    if test:
+        for cls, sub in overall.groupby("op_class"):
+            err = sub["rel_err"].abs()
+            summary[str(cls)] = {"median": float(err.median()), "p90": float(err.quantile(0.9))}
+    return {
+        "hardware": hardware_json(hw, f"preset {hardware}"),
+        "device": f"Vidur {gpu}",
+        "ops": {cls: fit.as_json() for cls, fit in fits.items()},
+        "unmeasured": {cls: "not in Vidur's profiles: cost-model default" for cls in UNMEASURED},
+        "fit": {
+            "model": "t = max(F/(eta_c*peak), B/(eta_m*bw)) + launches*t0",
+            "source": f"vidur_profiling/compute/{gpu}/meta-llama/*/mlp.csv (medians)",
+            "fitted_on": list(fit_models),
+            "held_back": sorted({r["model"] for r in test}),
+            "records": {"fit": len(train), "held_back": len(test)},
+            "covers": {op: [f"{k}x {v}" for v, k in ops] for op, ops in COVERS.items()},
+        },
+        "held_back_error": summary,
+        "held_back_table": [
+            {"model": m, "op_class": c, "tokens": str(t), **{k: float(v) for k, v in row.items()}}
+            for (m, c, t), row in held.iterrows()
+        ],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpu_validate.vidur", description=__doc__)
+    parser.add_argument("--gpu", default="a100", help="Vidur device folder (a100, h100)")
+    parser.add_argument("--hardware", default="a100_80gb", help="simlab hardware preset")
+    parser.add_argument("--fit", nargs="+", default=["Llama-2-7b-hf"], help="models to fit on")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        result = calibrate(args.gpu, args.hardware, args.fit, args.data_dir)
+    except (FileNotFoundError, ValueError) as err:
+        sys.stderr.write(f"gpu_validate.vidur: error: {err}\n")
+        return 2
+    with atomic_path(args.out) as tmp:
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+    for cls, held in result["held_back_error"].items():
+        fit = result["ops"][cls]
+        sys.stdout.write(
+            f"{cls:12s} eta_c {fit['eta_c']:.3f} eta_m {fit['eta_m']:.3f} t0 {fit['t0'] * 1e6:.1f} us"
+            f" | held back ({', '.join(result['fit']['held_back'])}): median {100 * held['median']:.1f}%,"
+            f" P90 {100 * held['p90']:.1f}%\n"
+        )
+    sys.stdout.write(f"calibration: {args.out}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
