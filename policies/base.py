@@ -102,6 +102,52 @@ class Admission:
     held_from: int | None = None
     stateless_kv: bool = False  # hybrids: KV past the last checkpoint is cached too (vLLM)
     publishes_prompt: bool = False
+    #: hybrids: a state is also taken where the admitted sequence branches off inside an
+    #: existing edge, found when it is inserted (the Marconi reference code's
+    #: ``_insert_helper`` split), instead of a branch point planned from the input's match
+    branch_at_insert: bool = False
+
+
+CLOCKS = ("request", "operation")
+
+
+@dataclass(frozen=True, slots=True)
+class Semantics:
+    """How the cache runs a request where the Marconi reference code (github
+    ``ruipeterpan/marconi``, ``radix_cache_hybrid.py``; ``../shared/notes/marconi_reference.md``)
+    differs from simlab. The defaults are simlab's (the paper's text); ``policy.compat=reference``
+    (:mod:`simlab.compat`) sets all of them to the reference's.
+
+    ``clock``: ``request``, the logical clock ticks once per request; ``operation``, it ticks on
+    every cache operation as the reference's ``logical_ts`` does (the match, the insertion, the
+    insertion's speculative match, an eviction: 3-4 per request). ``pin_insert``: an insertion
+    pins the path it matched while it evicts (the reference pins nothing, so an eviction may
+    take a node of the request's own path). ``reference_insert``: the insertion sizes its
+    eviction with the reference's estimate (one SSM state, two when the sequence diverges
+    inside an edge, plus the KV past the longest match), evicts that many bytes as the policy
+    counts them, then inserts regardless of capacity (the tree may exceed it), checkpointing
+    where the whole sequence branches off inside an edge (``_insert_helper``'s split), not where
+    the input does. ``whole_input_hit``: a hit may cover the whole input (the reference credits
+    every fully matched node), not at most ``len(input) - 1`` tokens.
+    """
+
+    clock: str = "request"
+    pin_insert: bool = True
+    reference_insert: bool = False
+    whole_input_hit: bool = False
+
+    def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"policy.semantics.clock must be one of {CLOCKS}, got {self.clock!r}")
+        for name in ("pin_insert", "reference_insert", "whole_input_hit"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"policy.semantics.{name} must be true or false, got {getattr(self, name)!r}"
+                )
+
+    @property
+    def ticks_per_operation(self) -> bool:
+        return self.clock == "operation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +215,14 @@ class EvictionPolicy:
     #: True: an insertion refreshes (``touch``) every node its walk passes, the one it stops
     #: inside included (SGLang's ``_insert_helper``); False: only ``on_hit`` refreshes.
     refreshes_insert_path: bool = False
+    #: Which of equally scored candidates goes first: ``oldest`` (smallest creation id) or
+    #: ``dfs`` (the first in depth-first pre-order, children in insertion order: the Marconi
+    #: reference code's ``_collect_leaf_and_single_child_nodes`` then ``min``).
+    ties: str = "oldest"
+    #: With ``Semantics.reference_insert``: the eviction loop counts a deleted leaf's KV as the
+    #: last candidate's edge, not the victim's (the reference's bug at
+    #: ``radix_cache_hybrid.py:555``), so it stops early or late.
+    miscounts_freed_bytes: bool = False
 
     def prepare(self, requests: Sequence[Request]) -> None:
         """Called once with every request, in processing order, before the first."""
@@ -244,6 +298,7 @@ __all__ = [
     "CacheView",
     "EvictionPolicy",
     "Keys",
+    "Semantics",
     "Tokens",
     "Tunable",
     "in_units",

@@ -14,6 +14,18 @@ candidates; the lowest utility is evicted first (ties: oldest node).
 
 ``alpha = 0`` ranks exactly like recency (LRU over the extended candidate set).
 
+Reference-code switches (``policy.compat=reference`` sets them all; :mod:`simlab.compat`):
+
+* ``memory: path`` divides by one SSM state plus the KV of the node's *whole path* (prefix
+  included), as ``radix_cache_hybrid.py`` (FLOP-efficiency block, line 528) does; ``own`` (the
+  default) by the bytes evicting the node frees;
+* ``recency: inverse_age`` is the reference's ``1 / (now - last_access)`` (its clock ticks per
+  cache operation, so the age is never 0; an age of 0 counts as one tick);
+* ``mlp_bug``: the MLP term subtracts the parent's *attention* FLOPs per MLP layer instead of
+  its MLP FLOPs (``28 * (mlp(T) - attn(P))``, line 526), which inflates short prefixes and goes
+  negative past about 10K tokens;
+* ``ties: dfs`` and ``miscounts_freed_bytes`` (:class:`policies.base.EvictionPolicy`).
+
 ``alpha`` is :class:`policies.base.Tunable`: with ``policy.tuning.enabled`` the paper's
 retrospective tuning (``simlab.tuning``) starts it at 0 and sets it through :meth:`set_alpha`.
 """
@@ -29,7 +41,13 @@ import numpy as np
 from policies.base import CacheView, EvictionPolicy, min_max
 
 if TYPE_CHECKING:
+    from simlab.model import ModelSpec
     from simlab.nodes import Lookup
+
+
+MEMORY_TERMS = ("own", "path")
+RECENCY_TERMS = ("shifted", "inverse_age")
+TIE_ORDERS = ("oldest", "dfs")
 
 
 def checked_alpha(alpha: float) -> float:
@@ -42,11 +60,26 @@ def checked_alpha(alpha: float) -> float:
 @dataclass
 class FlopAware(EvictionPolicy):
     alpha: float = 1.0
+    memory: str = "own"
+    recency: str = "shifted"
+    mlp_bug: bool = False
+    ties: str = "oldest"
+    miscounts_freed_bytes: bool = False
     evicts_inner_nodes: bool = True
     scores_depend_on_candidates: bool = True
 
     def __post_init__(self) -> None:
         self.set_alpha(self.alpha)
+        for key, value, allowed in (
+            ("memory", self.memory, MEMORY_TERMS),
+            ("recency", self.recency, RECENCY_TERMS),
+            ("ties", self.ties, TIE_ORDERS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"eviction.{key} must be one of {allowed}, got {value!r}")
+        for key in ("mlp_bug", "miscounts_freed_bytes"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"eviction.{key} must be true or false")
 
     def set_alpha(self, alpha: float) -> None:
         self.alpha = checked_alpha(alpha)
@@ -57,8 +90,37 @@ class FlopAware(EvictionPolicy):
 
     def scores(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
         """Marconi's utility score of each candidate slot (higher = keep)."""
-        recency = 1.0 / (1.0 + cache.now - cache.last_access[candidates])
+        age = cache.now - cache.last_access[candidates]
+        shifted = self.recency == "shifted"
+        recency = 1.0 / (1.0 + age) if shifted else 1.0 / np.maximum(age, 1.0)
         if self.alpha == 0.0:
             return recency
-        efficiency = cache.saved_flops[candidates] / cache.node_bytes[candidates]
-        return min_max(recency) + self.alpha * min_max(efficiency)
+        return min_max(recency) + self.alpha * min_max(self.efficiency(cache, candidates))
+
+    def efficiency(self, cache: CacheView, candidates: np.ndarray) -> np.ndarray:
+        """FLOPs saved per byte of each candidate, under the configured terms."""
+        if self.memory == "own" and not self.mlp_bug:
+            return cache.saved_flops[candidates] / cache.node_bytes[candidates]
+        nodes = [cache.node_at(int(s)) for s in candidates]
+        start = np.array([n.start for n in nodes], dtype=np.float64)
+        end = np.array([n.end for n in nodes], dtype=np.float64)
+        flops = cache.saved_flops[candidates]
+        if self.mlp_bug:
+            flops = flops + parent_mlp_bug(cache.model, start * cache.unit)
+        if self.memory == "own":
+            return flops / cache.node_bytes[candidates]
+        return flops / (cache.ckpt_bytes + cache.kv_per_token * end)
+
+
+def parent_mlp_bug(model: ModelSpec, prefix: np.ndarray) -> np.ndarray:
+    """What the reference's MLP term adds to a node's saved FLOPs: it subtracts the parent
+    prefix's attention FLOPs per MLP layer where the prefix's MLP FLOPs belong, i.e.
+    ``mlp(P) - n_mlp * attn_layer(P)``."""
+    per_layer = 1.0 / model.n_attn_layers if model.n_attn_layers else 0.0
+    return np.array(
+        [
+            model.mlp_flops(0, p) - model.n_mlp_layers * per_layer * model.attention_flops(0, p)
+            for p in prefix.astype(np.int64).tolist()
+        ],
+        dtype=np.float64,
+    )

@@ -5,6 +5,11 @@ Before prefill, a speculative insertion of the input finds whether it creates a 
 state at the branch point is checkpointed during prefill. The state after the last decoded token
 is always checkpointed.
 
+``branch_on: sequence`` finds the branch point where the whole admitted sequence (input +
+output) diverges inside an edge when it is inserted, as the Marconi reference code does
+(``radix_cache_hybrid.py`` ``insert``: its speculative match runs on input + output); the paper
+(and the default, ``input``) speculatively inserts the input before prefill.
+
 A branch point that is not on a chunk boundary is taken either exactly (``alignment: exact``,
 costing a second prefill pass) or rounded down to the previous chunk boundary
 (``alignment: round_down``), which may lose the checkpoint altogether inside the first chunk.
@@ -21,6 +26,7 @@ if TYPE_CHECKING:
     from simlab.nodes import Lookup
 
 ALIGNMENTS = ("exact", "round_down")
+BRANCH_ON = ("input", "sequence")
 
 
 def aligned(pos: int, alignment: str, chunk_size: int) -> int:
@@ -35,8 +41,13 @@ class Judicious(AdmissionPolicy):
     alignment: str = "exact"
     chunk_size: Tokens = 256
     page_size: Tokens = 1
+    branch_on: str = "input"
 
     def __post_init__(self) -> None:
+        if self.branch_on not in BRANCH_ON:
+            raise ValueError(
+                f"admission.branch_on must be one of {BRANCH_ON}, got {self.branch_on!r}"
+            )
         if self.alignment not in ALIGNMENTS:
             raise ValueError(
                 f"admission.alignment must be one of {ALIGNMENTS}, got {self.alignment!r}"
@@ -46,6 +57,8 @@ class Judicious(AdmissionPolicy):
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
         ckpts = [seq_len]
+        if self.branch_on == "sequence":
+            return Admission(ckpts=ckpts, end=seq_len, branch_at_insert=True)
         branch = lookup.branch_point()
         if branch is not None:
             pos = aligned(branch, self.alignment, self.chunk_size)

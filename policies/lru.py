@@ -19,6 +19,9 @@ class LRU(EvictionPolicy):
 
     evicts_inner_nodes: bool = False
     scores_depend_on_candidates: bool = False
+    #: true: the insertion's walk refreshes the nodes it passes too (SGLang's ``_insert_helper``,
+    #: and the Marconi reference code's SGLang+, ``policy.compat=reference``)
+    refreshes_insert_path: bool = False
 
     def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
         cache.touch(lookup.path)

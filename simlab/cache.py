@@ -7,7 +7,9 @@ positions the edge covers, so ``node.end`` is the length of the prefix the node 
 
 Invariants (checked by :meth:`PrefixCache.check_invariants`):
   * a node's children start with distinct tokens; every non-root edge is non-empty;
-  * ``used_bytes == kv_bytes + ssm_bytes == sum(node bytes)`` and ``used_bytes <= capacity``;
+  * ``used_bytes == kv_bytes + ssm_bytes == sum(node bytes)`` and ``used_bytes <= capacity``
+    (except under ``Semantics.reference_insert``, which reproduces the Marconi reference code's
+    insertion past capacity);
   * ``pins[n] > 0`` for every ancestor of a pinned node (pins walk up to the root), and pinned
     nodes are never evicted nor merged;
   * per-node arrays (``last_access``, ``pins``, ``n_children``, ``node_bytes``, ``saved_flops``)
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import EvictionPolicy, overrides
+from policies.base import EvictionPolicy, Semantics, overrides
 from simlab import evictor
 from simlab.nodes import (
     InsertPlan,
@@ -69,6 +71,7 @@ class PrefixCache:
         unit_tokens: int = 1,
         block_nodes: bool = False,
         ssm_capacity_bytes: float | None = None,
+        semantics: Semantics | None = None,
     ):
         if not capacity_bytes > 0:
             raise ValueError(f"cache capacity must be positive, got {capacity_bytes} bytes")
@@ -87,6 +90,8 @@ class PrefixCache:
         self.ckpt_bytes = int(model.ssm_state_bytes) if model.is_hybrid else 0
         self.hybrid = bool(model.is_hybrid)
         self.block_nodes = bool(block_nodes)  # one node per id (a block pool's blocks)
+        self.semantics = semantics or Semantics()
+        self._hit_slack = 0 if self.semantics.whole_input_hit else 1  # ids a hit leaves
         self.now = 0.0
         self.kv_bytes = 0
         self.ssm_bytes = 0
@@ -234,7 +239,7 @@ class PrefixCache:
     def lookup(self, tokens: np.ndarray, page_size: int | None = None) -> Lookup:
         """Match an input and apply the hit rule (no state change; see :meth:`touch`)."""
         path, matched, partial = self._walk(tokens)
-        limit = int(tokens.shape[0]) - 1
+        limit = int(tokens.shape[0]) - self._hit_slack
         if self.hybrid:
             hit_node = next((n for n in reversed(path) if n.ckpt and n.end <= limit), None)
             hit = hit_node.end if hit_node is not None else 0
@@ -303,6 +308,7 @@ class PrefixCache:
         cuts: Sequence[int] = (),
         held_from: int | None = None,
         stateless_kv: bool = False,
+        branch_at_insert: bool = False,
     ) -> InsertResult:
         """Admit ``seq[:end]`` with SSM checkpoints at ``ckpts`` (positions in 1..end) and node
         boundaries at ``cuts`` (see :class:`policies.base.Admission`, also for ``held_from``).
@@ -311,12 +317,20 @@ class PrefixCache:
         admission does not fit even after evicting every unpinned candidate, it is truncated to
         the longest prefix that fits (never over capacity; ``truncated`` says so). The policy's
         ``on_admit`` hears of every node it created (split halves too), after its evictions.
+        ``branch_at_insert``: a hybrid also checkpoints where ``seq`` diverges inside an edge.
+        With ``semantics.reference_insert`` the Marconi reference code's insertion runs instead
+        (:meth:`_insert_reference`).
         """
         if policy is not self._admit_policy:  # checked once per policy object
             self._admit_policy, self._admits = policy, overrides(policy, "on_admit", EvictionPolicy)
         self._created = [] if self._admits else None
         try:
-            result = self._insert(seq, ckpts, end, policy, cuts, held_from, stateless_kv)
+            if self.semantics.reference_insert:
+                result = self._insert_reference(seq, ckpts, end, policy, branch_at_insert)
+            else:
+                result = self._insert(
+                    seq, ckpts, end, policy, cuts, held_from, stateless_kv, branch_at_insert
+                )
             created = self._created
         finally:
             self._created = None
@@ -333,16 +347,19 @@ class PrefixCache:
         cuts: Sequence[int],
         held_from: int | None,
         stateless_kv: bool,
+        branch_at_insert: bool,
     ) -> InsertResult:
         end = min(int(end), int(seq.shape[0]))
+        if self.semantics.ticks_per_operation:
+            self.now += 1.0
         path, matched, partial = self._walk(seq[:end])
         if policy.refreshes_insert_path:
             self.touch(path if partial is None else [*path, partial])
-        wanted = sorted({c for c in ckpts if 0 < c <= end})
+        wanted = self._wanted(ckpts, end, matched, branch_at_insert and partial is not None)
         plan = plan_admission(self, path, matched, wanted, end, cuts, stateless_kv)
         deepest = partial if partial is not None else (path[-1] if path else None)
         result = InsertResult()
-        with self.pinned(deepest):
+        with self.pinned(deepest if self.semantics.pin_insert else None):
             need, states = plan_bytes(self, plan), 0
             if self.ssm_capacity is not None:  # states come from their own pool
                 states = (len(plan.old_ckpts) + len(plan.new_ckpts)) * self.ckpt_bytes
@@ -354,6 +371,8 @@ class PrefixCache:
                 freed, count = evictor.evict_states(self, states, policy)
                 result.evicted_bytes, result.evicted_nodes = freed, count
             if need > self.free_bytes:
+                if self.semantics.ticks_per_operation:
+                    self.now += 1.0
                 freed, count = self.evict(need, policy)
                 result.evicted_bytes += freed
                 result.evicted_nodes += count
@@ -363,6 +382,55 @@ class PrefixCache:
                 plan = truncate(self, plan, self.free_bytes, split)
                 result.truncated = True
             self._apply(plan, path, partial, seq, result)
+        self._note_peaks()
+        return result
+
+    @staticmethod
+    def _wanted(ckpts: Sequence[int], end: int, matched: int, branch: bool) -> list[int]:
+        """The checkpoint positions to take: ``ckpts`` within ``1..end``, plus ``matched`` when
+        the sequence branches off there inside an edge and ``branch`` asks for its state."""
+        wanted = {c for c in ckpts if 0 < c <= end}
+        if branch and matched > 0:
+            wanted.add(matched)
+        return sorted(wanted)
+
+    def _insert_reference(
+        self,
+        seq: np.ndarray,
+        ckpts: Sequence[int],
+        end: int,
+        policy: EvictionPolicy,
+        branch_at_insert: bool,
+    ) -> InsertResult:
+        """The Marconi reference code's insertion (``radix_cache_hybrid.py`` ``insert``;
+        :class:`policies.base.Semantics`): the clock ticks for the insertion and for its
+        speculative match, which refreshes nodes as a match does (``policy.on_hit``); the bytes
+        to free are estimated as one SSM state (two when the sequence ends or diverges inside
+        an edge) plus the KV past the match; the eviction (one more tick) frees that many bytes
+        as the policy counts them (:func:`simlab.evictor.evict_counted`); then the sequence is
+        inserted whole, whatever the capacity, by a fresh walk (``_insert_helper``) that
+        splits the edge it diverges in."""
+        end = min(int(end), int(seq.shape[0]))
+        tokens = seq[:end]
+        if self.semantics.ticks_per_operation:
+            self.now += 2.0
+        speculative = self.lookup(tokens)
+        policy.on_hit(self, speculative)
+        states = (2 if speculative.partial is not None else 1) if self.hybrid else 0
+        need = (end - speculative.matched) * self.kv_per_token + states * self.ckpt_bytes
+        result = InsertResult()
+        if need > self.free_bytes:
+            if self.semantics.ticks_per_operation:
+                self.now += 1.0
+            pin = speculative.deepest if self.semantics.pin_insert else None
+            with self.pinned(pin):
+                freed, count = evictor.evict_counted(self, need - self.free_bytes, policy)
+            result.evicted_bytes, result.evicted_nodes = freed, count
+        path, matched, partial = self._walk(tokens)
+        if policy.refreshes_insert_path:
+            self.touch(path)
+        wanted = self._wanted(ckpts, end, matched, branch_at_insert and partial is not None)
+        self._apply(plan_admission(self, path, matched, wanted, end), path, partial, seq, result)
         self._note_peaks()
         return result
 
@@ -602,6 +670,10 @@ class PrefixCache:
             self.ssm_bytes,
         )
         if self.ssm_capacity is None:
-            assert self.used_bytes <= self.capacity or math.isinf(self.capacity)
+            assert (
+                self.used_bytes <= self.capacity
+                or math.isinf(self.capacity)
+                or self.semantics.reference_insert  # inserts whatever the capacity
+            )
         else:
             assert self.kv_bytes <= self.capacity and self.ssm_bytes <= self.ssm_capacity

@@ -47,7 +47,7 @@ def evict(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int,
     """
     if need <= cache.free_bytes:
         return 0, 0
-    if policy.scores_depend_on_candidates:
+    if policy.scores_depend_on_candidates or policy.ties == "dfs":
         return _evict_rescoring(cache, need, policy)
     return _evict_heap(cache, need, policy)
 
@@ -80,8 +80,64 @@ def evict_states(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tup
     return freed, count
 
 
+def dfs_candidates(cache: PrefixCache, inner: bool) -> list[Node]:
+    """Unpinned candidates (leaves, and one-child nodes if ``inner``) in depth-first pre-order,
+    children in insertion order: the order of the Marconi reference code's
+    ``_collect_leaf_and_single_child_nodes``, whose first minimum is evicted."""
+    out: list[Node] = []
+    pins, most = cache.pins, 1 if inner else 0
+    stack = list(reversed(cache.root.children.values()))
+    while stack:
+        node = stack.pop()
+        if len(node.children) <= most and not pins[node.slot]:
+            out.append(node)
+        stack.extend(reversed(node.children.values()))
+    return out
+
+
+def evict_counted(cache: PrefixCache, to_remove: float, policy: EvictionPolicy) -> tuple[int, int]:
+    """The Marconi reference code's eviction loop (``evict``/``evict_v1``/``evict_v2``): evict
+    the policy's lowest-scored candidate, re-scoring every time, until the bytes *it counts*
+    reach ``to_remove`` or no candidate is left. A merged one-child node counts its state; a
+    deleted leaf its state plus its edge's KV, or the last candidate's edge's KV under
+    ``policy.miscounts_freed_bytes`` (the reference's bug), so the loop may stop early or
+    late. Returns (bytes actually freed, nodes evicted)."""
+    counted = 0.0
+    freed = count = 0
+    notify = eviction_listener(policy)
+    while counted < to_remove:
+        order = dfs_candidates(cache, policy.evicts_inner_nodes)
+        if not order:
+            break
+        victim = _first_lowest(cache, policy, order)
+        counted += cache.ckpt_bytes if victim.ckpt else 0
+        if not victim.children:
+            edge = order[-1] if policy.miscounts_freed_bytes else victim
+            counted += (edge.end - edge.start) * cache.kv_per_token
+        freed += cache._evict_node(victim)
+        count += 1
+        if notify is not None:
+            notify(cache, [victim])
+    return freed, count
+
+
+def _first_lowest(cache: PrefixCache, policy: EvictionPolicy, order: list[Node]) -> Node:
+    """The lowest-scored of ``order`` (a non-empty candidate list); ties: the first in
+    ``order`` under ``policy.ties == "dfs"``, else the oldest node."""
+    slots = np.fromiter((n.slot for n in order), dtype=np.int64, count=len(order))
+    scores = policy.scores(cache, slots)
+    if policy.ties == "dfs":
+        return order[int(np.argmin(scores))]
+    tied = slots[scores == scores.min()]
+    return cache.node_at(int(tied[np.argmin(cache.nids[tied])]))
+
+
 def next_victim(cache: PrefixCache, policy: EvictionPolicy) -> Node | None:
-    """The candidate the policy scores lowest (ties: oldest node); None if there is none."""
+    """The candidate the policy scores lowest (ties: oldest node, or the first in depth-first
+    order under ``policy.ties == "dfs"``); None if there is none."""
+    if policy.ties == "dfs":
+        order = dfs_candidates(cache, policy.evicts_inner_nodes)
+        return _first_lowest(cache, policy, order) if order else None
     cand = cache.candidates(policy.evicts_inner_nodes)
     if cand.size == 0:
         return None

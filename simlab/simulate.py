@@ -28,8 +28,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from policies.base import AdmissionPolicy, EvictionPolicy, in_units
+from policies.base import AdmissionPolicy, EvictionPolicy, Semantics, in_units
 from simlab.bounds import infinite_cache_hits
+from simlab.compat import semantics_for, with_compat
 from simlab.config import ConfigError, MetricSettings, RunSettings, run_settings
 from simlab.engine import Engine, EngineRun
 from simlab.model import ModelSpec
@@ -203,11 +204,23 @@ def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
 
 
 def build_policy(name: str, pcfg: DictConfig) -> tuple[AdmissionPolicy, EvictionPolicy]:
-    """Instantiate a policy's admission and eviction plug-ins (:class:`ConfigError` if invalid)."""
+    """Instantiate a policy's admission and eviction plug-ins, with its ``compat`` preset's
+    switches (:mod:`simlab.compat`; :class:`ConfigError` if invalid)."""
     try:
+        pcfg = with_compat(pcfg)
         return instantiate(pcfg.admission), instantiate(pcfg.eviction)
+    except ValueError as err:
+        raise ConfigError(f"policy {name!r}: {err}") from err
     except InstantiationException as err:
         raise ConfigError(f"policy {name!r}: {err.__cause__ or err}") from err
+
+
+def policy_semantics(name: str, pcfg: DictConfig) -> Semantics:
+    """The cache semantics of a policy (``policy.compat`` / ``policy.semantics``)."""
+    try:
+        return semantics_for(pcfg)
+    except ValueError as err:
+        raise ConfigError(f"policy {name!r}: {err}") from err
 
 
 def build_engine(cfg: DictConfig) -> Engine:
@@ -251,6 +264,7 @@ def policy_step(
         unit_tokens=unit_tokens,
         controllers=controllers,
         ssm_capacity_bytes=settings.cache.ssm_bytes,
+        semantics=policy_semantics(name, pcfg),
     )
 
 

@@ -3,7 +3,8 @@
 Every engine (replay, timed, offline) and the alpha tuner's window replays run a request through
 :class:`RequestStep`, and nothing else sequences these calls:
 
-* :meth:`RequestStep.start` (the request is scheduled): advance the cache's logical clock by one,
+* :meth:`RequestStep.start` (the request is scheduled): advance the cache's logical clock by one
+  (the match; with ``Semantics.clock == "operation"`` the insertion ticks it again),
   match the input, let the eviction policy note the hit (``on_hit``), ask the admission policy
   for its checkpoints (``plan``) and pin the reused prefix;
 * :meth:`RequestStep.finish` (the request completed): admit input + output (evicting as needed),
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from policies.base import Admission, AdmissionPolicy, EvictionPolicy, overrides
+from policies.base import Admission, AdmissionPolicy, EvictionPolicy, Semantics, overrides
 from simlab.cache import PrefixCache
 from simlab.keys import BlockKeys, KeyScheme, key_scheme
 from simlab.nodes import InsertResult, Lookup, Node
@@ -97,11 +98,13 @@ class RequestStep:
         unit_tokens: int = 1,
         controllers: Sequence[Controller] = (),
         ssm_capacity_bytes: float | None = None,
+        semantics: Semantics | None = None,
     ) -> RequestStep:
         """A step on a fresh cache shaped for the admission's keys (``page_size`` in ids): a
         block-keyed cache counts one id per block, which is its page, one node per block.
         ``ssm_capacity_bytes``: SSM states in a pool of their own (``capacity_bytes`` is then
-        KV's)."""
+        KV's). ``semantics``: where the cache follows the Marconi reference code
+        (:class:`policies.base.Semantics`; default simlab's)."""
         admission = admission.for_model(model, unit_tokens)
         block = admission.keys.block_size
         shape = (page_size, unit_tokens) if block is None else (1, unit_tokens * block)
@@ -111,6 +114,7 @@ class RequestStep:
             *shape,
             block_nodes=block is not None,
             ssm_capacity_bytes=ssm_capacity_bytes,
+            semantics=semantics,
         )
         return cls(cache, admission, eviction, policy, tuple(controllers))
 
@@ -200,6 +204,7 @@ class RequestStep:
             cuts=plan.cuts,
             held_from=plan.held_from,
             stateless_kv=plan.stateless_kv,
+            branch_at_insert=plan.branch_at_insert,
         )
         if started.pinned is not None:
             cache.unpin(started.pinned)

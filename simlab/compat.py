@@ -1,0 +1,122 @@
+"""``policy.compat``: run a paper policy with the Marconi reference code's semantics.
+
+The Marconi paper's numbers come from its authors' code (github ``ruipeterpan/marconi``, HEAD
+``0801661``), which differs from the paper's text, and from simlab's default, in four semantic
+choices and four bugs (``../shared/notes/marconi_reference.md``). Each is a switch of its own; a
+compat preset sets them all at once:
+
+=========================  =================================================================
+switch (config key)        the reference's behaviour (file: place)
+=========================  =================================================================
+eviction.memory=path       FLOP efficiency per byte of SSM state + the KV of the node's whole
+                           path (``radix_cache_hybrid.py``: FLOP-efficiency block, l. 528)
+eviction.recency=          ``1 / (now - last_access)`` (``evict_v2``) on a clock that ticks on
+inverse_age, semantics.    every match, insert, speculative match and evict (``logical_ts``,
+clock=operation            ``use_logical_ts=True``)
+eviction.ties=dfs          the first minimum in depth-first order
+                           (``_collect_leaf_and_single_child_nodes`` then ``min``)
+semantics.pin_insert=false nothing is pinned while an insertion evicts
+semantics.reference_insert bytes to free estimated from the speculative match (1 state, 2 on a
+                           branch inside an edge, + KV past the match), then insert anyway
+admission.branch_on=       the branch state is where input + output diverges (``insert``'s
+sequence                   speculative ``match_prefix`` on the whole sequence)
+semantics.whole_input_hit  every fully matched node is reused, the whole input included
+eviction.                  SGLang+ (``evict_policy_version=1``): the insertion's walk refreshes
+refreshes_insert_path      the nodes it passes
+eviction.mlp_bug           bug: ``28 * (mlp(T) - attn(P))`` (l. 526)
+eviction.                  bug: a deleted leaf counts the last candidate's KV, not its own
+miscounts_freed_bytes      (``node`` for ``node_to_evict``, l. 555)
+=========================  =================================================================
+
+Presets: ``reference`` (all of the above, bugs included: the published numbers' code) and
+``reference_fixed`` (the same semantics with the two bugs fixed). ``null`` keeps simlab's
+semantics (the paper's text). A preset sets all of its switches; without one, each switch can be
+set on its own (``policy.eviction.memory=path``, ``policy.semantics.clock=operation``, ...) to
+measure what it alone changes.
+
+Not reproduced (documented in the notes; differences of at most ~0.1 point there): the
+reference vLLM+'s partial tail blocks (cached with a state and extended in place) and its
+insertion past capacity; the reference's descent into a partially matched edge's children
+(``_match_prefix_helper``, l. 360-362), which credits hits that are not prefixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from policies.base import Semantics
+
+PRESETS = ("reference", "reference_fixed")
+
+#: Semantics of each preset (cache level).
+_SEMANTICS: dict[str, dict[str, Any]] = {
+    "reference": {
+        "clock": "operation",
+        "pin_insert": False,
+        "reference_insert": True,
+        "whole_input_hit": True,
+    },
+}
+_SEMANTICS["reference_fixed"] = _SEMANTICS["reference"]
+
+#: Plug-in switches of each preset, by the plug-in's ``_target_``.
+_FLOP_AWARE = {"memory": "path", "recency": "inverse_age", "ties": "dfs"}
+_BUGS = {"mlp_bug": True, "miscounts_freed_bytes": True}
+_PLUGINS: dict[str, dict[str, dict[str, Any]]] = {
+    "reference": {
+        "policies.flop_aware.FlopAware": _FLOP_AWARE | _BUGS,
+        "policies.lru.LRU": {"refreshes_insert_path": True},
+        "policies.judicious.Judicious": {"branch_on": "sequence"},
+    },
+    "reference_fixed": {
+        "policies.flop_aware.FlopAware": _FLOP_AWARE | dict.fromkeys(_BUGS, False),
+        "policies.lru.LRU": {"refreshes_insert_path": True},
+        "policies.judicious.Judicious": {"branch_on": "sequence"},
+    },
+}
+
+
+def compat_preset(pcfg: Mapping[str, Any] | DictConfig) -> str | None:
+    """The policy's ``compat`` preset (None for simlab's semantics); ValueError naming
+    ``policy.compat`` for an unknown one."""
+    compat = pcfg.get("compat")
+    if compat is None:
+        return None
+    if compat not in PRESETS:
+        raise ValueError(f"policy.compat must be null or one of {PRESETS}, got {compat!r}")
+    return str(compat)
+
+
+def semantics_for(pcfg: Mapping[str, Any] | DictConfig) -> Semantics:
+    """The cache semantics of a policy: its preset's, then its own ``semantics`` keys."""
+    preset = compat_preset(pcfg)
+    values = dict(_SEMANTICS[preset]) if preset else {}
+    own = pcfg.get("semantics") or {}
+    if isinstance(own, DictConfig):
+        own = OmegaConf.to_container(own, resolve=True)
+    if not isinstance(own, Mapping):
+        raise ValueError(f"policy.semantics must be a mapping, got {own!r}")
+    known = set(Semantics.__dataclass_fields__)
+    unknown = sorted(set(own) - known)
+    if unknown:
+        raise ValueError(f"policy.semantics: unknown key(s) {unknown}; known: {sorted(known)}")
+    return Semantics(**(values | dict(own)))
+
+
+def with_compat(pcfg: DictConfig) -> DictConfig:
+    """``pcfg`` with its preset's plug-in switches set (a preset sets all of its switches; a
+    plug-in it does not know is left as it is). Without a preset, ``pcfg`` itself."""
+    preset = compat_preset(pcfg)
+    if preset is None:
+        return pcfg
+    out = OmegaConf.create(OmegaConf.to_container(pcfg, resolve=True))
+    assert isinstance(out, DictConfig)
+    for part in ("admission", "eviction"):
+        plugin = out.get(part)
+        if plugin is not None:
+            for key, value in _PLUGINS[preset].get(str(plugin.get("_target_")), {}).items():
+                plugin[key] = value
+    return out

@@ -1,0 +1,173 @@
+"""``policy.compat=reference``: simlab's paper policies with the Marconi reference code's
+semantics, checked request by request against an independent model of that code
+(``tests/marconi_reference_model.py``; the reference itself cannot be run here)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from policies.base import Semantics
+from policies.flop_aware import FlopAware
+from policies.judicious import Judicious
+from simlab.cache import PrefixCache
+from simlab.compat import semantics_for, with_compat
+from simlab.config import ConfigError, run_settings
+from simlab.model import ModelSpec
+from simlab.replay import replay_step
+from simlab.simulate import load_trace, policy_step
+from simlab.step import RequestStep
+from tests.fixtures import compose, model
+from tests.marconi_reference_model import HybridShape, ReferenceTree
+from traces.format import Request
+from traces.paths import resolve_data_dir
+from traces.swebench import TAR_RELATIVE
+
+HYBRID = model("marconi_7b")
+
+
+@functools.cache
+def requests(trace: str) -> tuple[Request, ...]:
+    overrides = [f"trace={trace}"] + (["trace.limit=10"] if trace == "swebench" else [])
+    cfg = compose(overrides)
+    return tuple(load_trace(cfg, run_settings(cfg)).requests())
+
+
+def simlab_hits(trace: str, policy: str, gb: float, alpha: float, compat: str) -> list[int]:
+    overrides = [f"+policy={policy}", f"policy.compat={compat}", f"cache.size_gb={gb}"]
+    if policy == "marconi":
+        overrides += [f"policy.alpha={alpha}", "policy.tuning.enabled=false"]
+    cfg = compose(overrides)
+    step = policy_step(policy, cfg.policy, ModelSpec.from_config(cfg.model), run_settings(cfg))
+    return [r.hit_tokens for r in replay_step(list(requests(trace)), step)]
+
+
+def reference_hits(trace: str, policy: str, gb: float, alpha: float, bugs: bool) -> list[int]:
+    tree = ReferenceTree(gb * 1e9, 2 if policy == "marconi" else 1, alpha=alpha, bugs=bugs)
+    return [tree.serve(r.input_ids.tolist(), r.output_ids.tolist()) for r in requests(trace)]
+
+
+def needs_data(trace: str) -> None:
+    tar = resolve_data_dir() / TAR_RELATIVE
+    if trace == "swebench" and not tar.is_file():
+        pytest.skip(f"SWE-bench trajectories not at {tar}")
+
+
+CASES = [
+    ("sharegpt", policy, gb, alpha)
+    for gb in (1.0, 2.0)
+    for policy, alpha in (("marconi", 0.0), ("marconi", 1.0), ("sglang_plus", 0.0))
+] + [
+    ("swebench", policy, gb, alpha)
+    for gb in (4.0, 8.0)
+    for policy, alpha in (("marconi", 0.0), ("marconi", 1.0), ("sglang_plus", 0.0))
+]
+
+
+def test_the_model_shape_is_the_paper_preset():
+    shape = HybridShape()
+    assert (shape.kv_per_token, shape.state_bytes) == (
+        HYBRID.kv_bytes_per_token,
+        HYBRID.ssm_state_bytes,
+    )
+
+
+@pytest.mark.parametrize(("trace", "policy", "gb", "alpha"), CASES)
+def test_compat_reference_hits_equal_the_reference_model(trace, policy, gb, alpha):
+    needs_data(trace)
+    sim = simlab_hits(trace, policy, gb, alpha, "reference")
+    ref = reference_hits(trace, policy, gb, alpha, bugs=True)
+    assert sum(ref) < sum(len(r.input_ids) for r in requests(trace))  # contended: evictions
+    assert sim == ref
+
+
+def test_reference_fixed_is_the_reference_without_its_bugs():
+    fixed = simlab_hits("sharegpt", "marconi", 2.0, 1.0, "reference_fixed")
+    assert fixed == reference_hits("sharegpt", "marconi", 2.0, 1.0, bugs=False)
+    assert fixed != reference_hits("sharegpt", "marconi", 2.0, 1.0, bugs=True)
+
+
+def test_simlab_semantics_differ_from_the_reference():
+    """The four choices of the notes move hits even at alpha = 0 (pinning, ties, the branch
+    point, the clock), so the differential test above can fail."""
+    default = simlab_hits("sharegpt", "marconi", 2.0, 0.0, "null")
+    assert default != reference_hits("sharegpt", "marconi", 2.0, 0.0, bugs=True)
+
+
+# ------------------------------------------------------------------------ the switches
+def test_presets_set_every_switch():
+    cfg = compose(["+policy=marconi", "policy.compat=reference"])
+    pcfg = with_compat(cfg.policy)
+    assert pcfg.eviction.memory == "path" and pcfg.eviction.recency == "inverse_age"
+    assert pcfg.eviction.ties == "dfs" and pcfg.eviction.mlp_bug is True
+    assert pcfg.eviction.miscounts_freed_bytes is True
+    assert pcfg.admission.branch_on == "sequence"
+    assert semantics_for(pcfg) == Semantics("operation", False, True, True)
+    fixed = with_compat(compose(["+policy=marconi", "policy.compat=reference_fixed"]).policy)
+    assert fixed.eviction.mlp_bug is False and fixed.eviction.memory == "path"
+    plain = compose(["+policy=marconi"]).policy
+    assert with_compat(plain) is plain and semantics_for(plain) == Semantics()
+
+
+def test_a_switch_alone_changes_the_run():
+    """``memory=path`` on its own (simlab's semantics otherwise) keeps shallow shared
+    prefixes where ``own`` keeps deep leaves: the hits differ."""
+    base = simlab_hits("sharegpt", "marconi", 2.0, 1.0, "null")
+    cfg = compose(
+        [
+            "+policy=marconi",
+            "cache.size_gb=2",
+            "policy.alpha=1",
+            "policy.tuning.enabled=false",
+            "policy.eviction.memory=path",
+        ]
+    )
+    step = policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg))
+    assert [r.hit_tokens for r in replay_step(list(requests("sharegpt")), step)] != base
+
+
+def test_reference_insertion_may_exceed_the_capacity():
+    """The reference inserts whatever the capacity: a sequence larger than the cache is
+    admitted whole (simlab's own insertion truncates it)."""
+    seq = np.arange(1, 40_001, dtype=np.int32)
+    capacity = 1e9  # about 15K tokens of KV with states
+    ref = RequestStep.build(
+        HYBRID,
+        capacity,
+        Judicious(branch_on="sequence"),
+        FlopAware(alpha=0.0),
+        "marconi",
+        semantics=Semantics(reference_insert=True, pin_insert=False),
+    )
+    ref.serve(Request(0, 0, 0, 0.0, seq[:30_000], seq[30_000:], 10_000))
+    assert ref.cache.used_bytes > capacity
+    ref.cache.check_invariants()
+    own = RequestStep.build(HYBRID, capacity, Judicious(), FlopAware(alpha=0.0), "marconi")
+    record = own.serve(Request(0, 0, 0, 0.0, seq[:30_000], seq[30_000:], 10_000))
+    assert record.admission_truncated and own.cache.used_bytes <= capacity
+
+
+def test_the_whole_input_may_hit_under_the_reference():
+    seq = np.arange(1, 101, dtype=np.int32)
+    for whole, expected in ((True, 100), (False, 0)):
+        cache = PrefixCache(HYBRID, 1e12, semantics=Semantics(whole_input_hit=whole))
+        cache.insert(seq, [100], 100, FlopAware())
+        assert cache.lookup(seq).hit == expected
+
+
+# ------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("policy.compat=referense", "policy.compat"),
+        ("+policy.semantics.clok=operation", "policy.semantics"),
+        ("+policy.semantics.clock=tick", "policy.semantics.clock"),
+        ("policy.eviction.memory=edge", "eviction.memory"),
+    ],
+)
+def test_bad_compat_settings_name_the_key(override, key):
+    cfg = compose(["+policy=marconi", override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg))
