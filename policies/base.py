@@ -128,18 +128,22 @@ class Semantics:
     counts them, then inserts regardless of capacity (the tree may exceed it), checkpointing
     where the whole sequence branches off inside an edge (``_insert_helper``'s split), not where
     the input does. ``whole_input_hit``: a hit may cover the whole input (the reference credits
-    every fully matched node), not at most ``len(input) - 1`` tokens.
+    every fully matched node), not at most ``len(input) - 1`` tokens. ``partial_descent`` (a
+    bug of the reference, ``_match_prefix_helper`` lines 360-362): after a mismatch inside an
+    edge, the match goes on into that node's children with the rest of the input, and credits
+    the ones it matches whole as reusable although they are not on the input's prefix.
     """
 
     clock: str = "request"
     pin_insert: bool = True
     reference_insert: bool = False
     whole_input_hit: bool = False
+    partial_descent: bool = False
 
     def __post_init__(self) -> None:
         if self.clock not in CLOCKS:
             raise ValueError(f"policy.semantics.clock must be one of {CLOCKS}, got {self.clock!r}")
-        for name in ("pin_insert", "reference_insert", "whole_input_hit"):
+        for name in ("pin_insert", "reference_insert", "whole_input_hit", "partial_descent"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"policy.semantics.{name} must be true or false, got {getattr(self, name)!r}"

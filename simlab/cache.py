@@ -236,8 +236,43 @@ class PrefixCache:
             return path, pos, child
         return path, pos, None
 
+    def _walk_descending(self, tokens: np.ndarray) -> Lookup:
+        """The Marconi reference code's match with its descent bug
+        (``Semantics.partial_descent``): after a mismatch inside an edge the walk enters that
+        node and goes on with the rest of the input; the nodes it matches whole are credited
+        (``hit``: their total length, the deepest is ``hit_node``), ``matched`` counts every
+        matched token, ``partial`` is the first node matched in part, and ``path`` lists
+        every node the walk entered, in order (the reference's SGLang+ refreshes them)."""
+        n = int(tokens.shape[0])
+        node, pos = self.root, 0
+        entered: list[Node] = []
+        credited: list[Node] = []
+        partial: Node | None = None
+        while pos < n:
+            child = node.children.get(int(tokens[pos]))
+            if child is None:
+                break
+            length = child.end - child.start
+            span = min(length, n - pos)
+            diff = np.flatnonzero(child.tokens[:span] != tokens[pos : pos + span])
+            common = int(diff[0]) if diff.size else span
+            pos += common
+            entered.append(child)
+            if common == length:
+                credited.append(child)
+            elif partial is None:
+                partial = child
+            node = child
+        limit = n - self._hit_slack
+        while credited and sum(c.end - c.start for c in credited) > limit:
+            credited.pop()
+        hit = sum(c.end - c.start for c in credited)
+        return Lookup(pos, hit, credited[-1] if credited else None, entered, partial)
+
     def lookup(self, tokens: np.ndarray, page_size: int | None = None) -> Lookup:
         """Match an input and apply the hit rule (no state change; see :meth:`touch`)."""
+        if self.semantics.partial_descent:
+            return self._walk_descending(tokens)
         path, matched, partial = self._walk(tokens)
         limit = int(tokens.shape[0]) - self._hit_slack
         if self.hybrid:

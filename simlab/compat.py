@@ -2,7 +2,7 @@
 
 The Marconi paper's numbers come from its authors' code (github ``ruipeterpan/marconi``, HEAD
 ``0801661``), which differs from the paper's text, and from simlab's default, in four semantic
-choices and four bugs (``../shared/notes/marconi_reference.md``). Each is a switch of its own; a
+choices and three bugs (a fourth, in its vLLM+, is not reproduced) (``../shared/notes/marconi_reference.md``). Each is a switch of its own; a
 compat preset sets them all at once:
 
 =========================  =================================================================
@@ -26,18 +26,20 @@ refreshes_insert_path      the nodes it passes
 eviction.mlp_bug           bug: ``28 * (mlp(T) - attn(P))`` (l. 526)
 eviction.                  bug: a deleted leaf counts the last candidate's KV, not its own
 miscounts_freed_bytes      (``node`` for ``node_to_evict``, l. 555)
+semantics.partial_descent  bug: after a mismatch inside an edge the match descends into that
+                           node's children and credits what it matches (l. 360-362)
 =========================  =================================================================
 
 Presets: ``reference`` (all of the above, bugs included: the published numbers' code) and
-``reference_fixed`` (the same semantics with the two bugs fixed). ``null`` keeps simlab's
+``reference_fixed`` (the same semantics with the three bugs fixed). ``null`` keeps simlab's
 semantics (the paper's text). A preset sets all of its switches; without one, each switch can be
 set on its own (``policy.eviction.memory=path``, ``policy.semantics.clock=operation``, ...) to
 measure what it alone changes.
 
 Not reproduced (documented in the notes; differences of at most ~0.1 point there): the
-reference vLLM+'s partial tail blocks (cached with a state and extended in place) and its
-insertion past capacity; the reference's descent into a partially matched edge's children
-(``_match_prefix_helper``, l. 360-362), which credits hits that are not prefixes.
+reference vLLM+'s partial tail blocks (cached with a state and extended in place), its
+``bytes_needed`` estimate and its insertion past capacity: ``vllm_plus`` takes only the clock,
+pinning and whole-input switches.
 """
 
 from __future__ import annotations
@@ -58,9 +60,15 @@ _SEMANTICS: dict[str, dict[str, Any]] = {
         "pin_insert": False,
         "reference_insert": True,
         "whole_input_hit": True,
+        "partial_descent": True,
     },
 }
-_SEMANTICS["reference_fixed"] = _SEMANTICS["reference"]
+_SEMANTICS["reference_fixed"] = _SEMANTICS["reference"] | {"partial_descent": False}
+#: What the presets leave out for an admission whose reference counterpart differs: the
+#: reference vLLM+ (``radix_cache_vllm.py``) has its own insertion and block match.
+_NOT_FOR = {
+    "policies.fine_grained.FineGrained": {"reference_insert": False, "partial_descent": False},
+}
 
 #: Plug-in switches of each preset, by the plug-in's ``_target_``.
 _FLOP_AWARE = {"memory": "path", "recency": "inverse_age", "ties": "dfs"}
@@ -94,6 +102,9 @@ def semantics_for(pcfg: Mapping[str, Any] | DictConfig) -> Semantics:
     """The cache semantics of a policy: its preset's, then its own ``semantics`` keys."""
     preset = compat_preset(pcfg)
     values = dict(_SEMANTICS[preset]) if preset else {}
+    if preset:
+        admission = pcfg.get("admission") or {}
+        values |= _NOT_FOR.get(str(admission.get("_target_")), {})
     own = pcfg.get("semantics") or {}
     if isinstance(own, DictConfig):
         own = OmegaConf.to_container(own, resolve=True)

@@ -9,9 +9,10 @@ first token, Python integers for bytes and FLOPs, a full depth-first walk for ev
 Semantics, per request (``serve``):
 
 * ``match_prefix(input)``: the clock ticks; the walk follows fully matched edges and stops at
-  the first mismatch (the descent bug is not modelled); the hit is the length of the fully
-  matched nodes (every node holds a state, so the whole input may be reused). SGLang+ (``v1``)
-  refreshes every fully matched node, Marconi (``v2``) only the deepest.
+  the first mismatch, or (the descent bug) enters the partly matched node and goes on with the
+  rest of the input; the hit is the length of the fully matched nodes (every node holds a
+  state, so the whole input may be reused). SGLang+ (``v1``) refreshes every node the walk
+  enters, Marconi (``v2``) only the deepest fully matched one.
 * ``insert(input + output)``: the clock ticks, then its speculative ``match_prefix`` (tick,
   refresh as above); bytes needed = one state, two if the match ends inside an edge, plus the
   KV past the match; if the tree would exceed the capacity, ``evict`` (tick) frees that
@@ -23,7 +24,8 @@ Semantics, per request (``serve``):
   utility = minmax(1 / (now - last_access)) + alpha * minmax(FLOPs saved / (state + KV of the
   whole path)); the first lowest goes. A leaf is deleted; a one-child node is merged into its
   child (which takes the later access time). The bugs are flags: the MLP term subtracts the
-  parent's attention FLOPs, and a deleted leaf counts the last candidate's KV.
+  parent's attention FLOPs, and a deleted leaf counts the last candidate's KV; with ``bugs``
+  the match descends as above.
 
 New nodes are numbered in creation order; a split's upper half is the new node, a merge keeps
 the child's number (the tie order of ``v1``).
@@ -106,18 +108,20 @@ class ReferenceTree:
     def match_prefix(self, key: tuple[int, ...]) -> tuple[list[RefNode], int, int]:
         """(fully matched nodes, their length, longest match length); ticks and refreshes."""
         self.ts += 1
-        node, pos, accessed = self.root, 0, []
+        node, pos, accessed, entered = self.root, 0, [], []
         while pos < len(key):
             child = node.children.get(key[pos])
             if child is None:
                 break
             common = _common(child.key, key, pos)
             pos += common
-            if common < len(child.key):
+            if common < len(child.key) and not self.bugs:
                 break
-            accessed.append(child)
+            entered.append(child)
+            if common == len(child.key):
+                accessed.append(child)
             node = child
-        for hit in accessed if self.version == 1 else accessed[-1:]:
+        for hit in entered if self.version == 1 else accessed[-1:]:
             hit.ts = self.ts
         return accessed, sum(len(n.key) for n in accessed), pos
 

@@ -104,7 +104,9 @@ def test_presets_set_every_switch():
     assert pcfg.eviction.ties == "dfs" and pcfg.eviction.mlp_bug is True
     assert pcfg.eviction.miscounts_freed_bytes is True
     assert pcfg.admission.branch_on == "sequence"
-    assert semantics_for(pcfg) == Semantics("operation", False, True, True)
+    assert semantics_for(pcfg) == Semantics("operation", False, True, True, True)
+    vllm = compose(["+policy=vllm_plus", "policy.compat=reference"]).policy
+    assert semantics_for(vllm) == Semantics("operation", False, False, True, False)
     fixed = with_compat(compose(["+policy=marconi", "policy.compat=reference_fixed"]).policy)
     assert fixed.eviction.mlp_bug is False and fixed.eviction.memory == "path"
     plain = compose(["+policy=marconi"]).policy
@@ -155,6 +157,24 @@ def test_the_whole_input_may_hit_under_the_reference():
         cache = PrefixCache(HYBRID, 1e12, semantics=Semantics(whole_input_hit=whole))
         cache.insert(seq, [100], 100, FlopAware())
         assert cache.lookup(seq).hit == expected
+
+
+def test_the_descent_bug_credits_what_is_not_a_prefix():
+    """The notes' example: the tree holds [1,2,3] -> [4,5,6] -> [9,10]; the reference credits
+    the query [1,2,3,4,9,10,11] with 5 reusable tokens and a 6-token match (truth: 3 and 4)."""
+    chain = np.array([1, 2, 3, 4, 5, 6, 9, 10], dtype=np.int32)
+    query = np.array([1, 2, 3, 4, 9, 10, 11], dtype=np.int32)
+    for descent, expected in ((True, (5, 6)), (False, (3, 4))):
+        cache = PrefixCache(HYBRID, 1e12, semantics=Semantics(partial_descent=descent))
+        for end in (3, 6, 8):
+            cache.insert(chain, [end], end, FlopAware())
+        found = cache.lookup(query)
+        assert (found.hit, found.matched) == expected
+        tree = ReferenceTree(1e12, 2, bugs=descent)
+        for end in (3, 6, 8):
+            tree.insert(tuple(chain[:end].tolist()))
+        _, reusable, prefix = tree.match_prefix(tuple(query.tolist()))
+        assert (reusable, prefix) == expected
 
 
 # ------------------------------------------------------------------------ bad input
