@@ -15,7 +15,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 GB = 1e9
-ARRIVAL_MODES = ("poisson", "trace", "timestamps", "azure")
+ARRIVAL_MODES = ("poisson", "uniform", "trace", "timestamps", "azure")
+#: within-session gap models (``arrivals.gaps``; :mod:`traces.arrival_modes`)
+ARRIVAL_GAPS = ("exponential", "typing", "poisson_seconds")
+#: modes whose within-session gaps follow ``arrivals.gaps`` (the others read the trace's clock)
+GAP_MODES = ("poisson", "uniform", "azure")
 AZURE_FILES = ("conv", "code")
 
 
@@ -106,15 +110,24 @@ class MetricSettings:
 
 @dataclass(frozen=True)
 class ArrivalSettings:
+    """``arrivals.*`` (:mod:`traces.arrival_modes`). ``mode``: how sessions start (``uniform``:
+    session ``i`` at ``i / session_rate``). ``gaps``: the gaps within a session for modes
+    poisson, uniform and azure: ``exponential`` (mean ``think_time_mean`` s, the default),
+    ``typing`` (the request's user message typed at ``typing_wpm`` words/min) or
+    ``poisson_seconds`` (Poisson(``response_time``) whole seconds)."""
+
     mode: str = "poisson"
     session_rate: float = 1.0
     think_time_mean: float = 5.0
     azure: str = "conv"
     azure_path: str | None = None
     time_scale: float = 1.0
+    gaps: str = "exponential"
+    typing_wpm: float = 90.0
+    response_time: float = 7.5
 
     def __post_init__(self) -> None:
-        for key in ("session_rate", "think_time_mean", "time_scale"):
+        for key in ("session_rate", "think_time_mean", "time_scale", "typing_wpm"):
             number(f"arrivals.{key}", getattr(self, key))
         if self.azure not in AZURE_FILES:
             raise ConfigError(f"arrivals.azure: must be one of {AZURE_FILES} (got {self.azure!r})")
@@ -129,6 +142,27 @@ class ArrivalSettings:
         if not self.think_time_mean >= 0:
             raise ConfigError(
                 f"arrivals.think_time_mean must be >= 0 s, got {self.think_time_mean!r}"
+            )
+        self._check_gaps()
+
+    def _check_gaps(self) -> None:
+        """``gaps`` known and usable with ``mode``; its parameters finite and in range."""
+        if self.gaps not in ARRIVAL_GAPS:
+            raise ConfigError(f"arrivals.gaps must be one of {ARRIVAL_GAPS}, got {self.gaps!r}")
+        if self.gaps != "exponential" and self.mode not in GAP_MODES:
+            raise ConfigError(
+                f"arrivals.gaps={self.gaps} applies to arrivals.mode {'|'.join(GAP_MODES)} "
+                f"only; mode {self.mode} takes its gaps from the trace"
+            )
+        if not 0 < self.typing_wpm < math.inf:
+            raise ConfigError(
+                f"arrivals.typing_wpm must be a finite number > 0 words/min, "
+                f"got {self.typing_wpm!r}"
+            )
+        response_time = number("arrivals.response_time", self.response_time)
+        if not 0 <= response_time < math.inf:
+            raise ConfigError(
+                f"arrivals.response_time must be a finite number >= 0 s, got {self.response_time!r}"
             )
 
 

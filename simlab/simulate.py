@@ -49,6 +49,7 @@ from simlab.sweep import check_no_overwrite, finished_summary, is_multirun
 from simlab.timed import TimedEngine
 from simlab.tuning import AlphaTuner
 from traces.arrival_modes import assign as assign_arrival_times
+from traces.arrivals import GapsError
 from traces.format import Request, Trace
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,12 @@ def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
             azure_path=arrivals.azure_path,
             data_dir=cfg.get("data_dir"),
             time_scale=arrivals.time_scale,
+            gaps=arrivals.gaps,
+            typing_wpm=arrivals.typing_wpm,
+            response_time=arrivals.response_time,
         )
+    except GapsError as err:  # e.g. typing gaps on a trace without word counts
+        raise ConfigError(f"arrivals.gaps={arrivals.gaps}: {err}") from err
     except ValueError as err:  # e.g. timestamps on a trace without them
         raise ConfigError(f"arrivals.mode={arrivals.mode}: {err}") from err
 

@@ -4,7 +4,9 @@
 mode           arrival times
 =============  ===================================================================================
 poisson        :func:`traces.arrivals.assign_arrivals`: Poisson session starts at
-               ``session_rate``, Exponential(``think_time_mean``) gaps within a session
+               ``session_rate`` (sessions/s), the first at 0; within-session gaps by ``gaps``
+uniform        same module: session ``i`` (in session_id order) starts at exactly
+               ``i / session_rate`` (the Marconi paper's construction); gaps by ``gaps``
 trace          same module: Poisson session starts, within-session gaps from ``ref_timestamp``
 timestamps     the trace's own clock for *every* request: ``arrival = ref_timestamp -
                min(ref_timestamp)`` (seconds). For Mooncake (request = session) and the Azure
@@ -15,10 +17,29 @@ azure          session starts from a real arrival process: session ``i`` (in ses
                starts at the ``i``-th Azure arrival time (rebased to 0) times ``time_scale``
                (``0.5`` = twice the rate); when the trace has more sessions than the Azure file
                has rows, the process repeats, shifted by its span plus its mean gap. Within a
-               session, Exponential(``think_time_mean``) gaps drawn from ``default_rng(seed)`` in
-               (session_id, turn) order. ``azure`` names the file (``conv`` | ``code``),
-               ``azure_path`` overrides it.
+               session, gaps by ``gaps`` drawn from ``default_rng(seed)`` in (session_id, turn)
+               order. ``azure`` names the file (``conv`` | ``code``), ``azure_path`` overrides it.
 =============  ===================================================================================
+
+Within-session gaps (``gaps``; modes ``poisson``, ``uniform`` and ``azure``; the gap before a
+session's first request is 0; ``trace`` and ``timestamps`` take theirs from the trace and accept
+only the default):
+
+===============  ==================================================================================
+gaps             gap before request ``k >= 1`` of a session
+===============  ==================================================================================
+exponential      Exponential(mean ``think_time_mean`` s), ``0`` = back to back (the default; the
+                 draws are those of every earlier version, so existing runs are unchanged)
+typing           the user's typing time of the message request ``k`` ends with:
+                 ``ref_user_words * 60 / typing_wpm`` s (the Marconi paper: 90 words/min).
+                 ``ref_user_words`` = spaces in the message text, recorded by the chat loaders
+                 (:func:`traces.sharegpt.user_words`); other traces raise
+                 :class:`traces.arrivals.GapsError`. No random draws
+poisson_seconds  Poisson(``response_time``) whole seconds (the paper's SWE-bench "average response
+                 time", 5 / 7.5 / 10 s), one draw per request after its session's first, from
+                 ``default_rng(seed)`` in (session_id, turn) order (after the session-start draws
+                 of ``poisson``)
+===============  ==================================================================================
 
 Invariants (all modes): the input trace is unchanged; the result keeps the trace's name and
 ``block_size``; arrivals are finite, >= 0 and non-decreasing in ``turn`` within every session
@@ -34,14 +55,16 @@ import os
 import numpy as np
 import pandas as pd
 
-from traces.arrivals import assign_arrivals
+from traces.arrivals import GapsError, assign_arrivals, check_gaps, within_session_gaps
 from traces.azure import azure_path as resolve_azure_path
 from traces.azure import load_azure_arrivals
 from traces.format import Trace
 
 log = logging.getLogger(__name__)
 
-MODES = ("poisson", "trace", "timestamps", "azure")
+MODES = ("poisson", "uniform", "trace", "timestamps", "azure")
+#: modes whose within-session gaps follow ``gaps`` (the others take them from the trace)
+GAP_MODES = ("poisson", "uniform", "azure")
 
 
 def assign(
@@ -55,15 +78,26 @@ def assign(
     azure_path: str | os.PathLike[str] | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     time_scale: float = 1.0,
+    gaps: str = "exponential",
+    typing_wpm: float = 90.0,
+    response_time: float = 7.5,
 ) -> Trace:
-    """A copy of ``trace`` with ``arrival`` set by ``mode`` (see the module docstring)."""
-    if mode in ("poisson", "trace"):
+    """A copy of ``trace`` with ``arrival`` set by ``mode`` and ``gaps`` (see the module
+    docstring); :class:`ValueError` for a bad parameter, :class:`GapsError` for ``gaps`` that
+    this mode or trace cannot apply."""
+    check_gaps(gaps, typing_wpm, response_time)
+    if gaps != "exponential" and mode not in GAP_MODES:
+        raise GapsError(f"gaps={gaps!r} applies to modes {GAP_MODES} only, not {mode!r}")
+    if mode in ("poisson", "uniform", "trace"):
         out = assign_arrivals(
             trace,
             session_rate=session_rate,
             think_time_mean=think_time_mean,
             seed=seed,
             mode=mode,
+            gaps=gaps,
+            typing_wpm=typing_wpm,
+            response_time=response_time,
         )
         if out.block_size != trace.block_size:  # frame.attrs normally carries it over
             out = Trace(name=out.name, frame=out.frame, block_size=trace.block_size)
@@ -76,7 +110,15 @@ def assign(
         starts = load_azure_arrivals(
             resolve_azure_path(azure, azure_path, data_dir, "arrivals.azure_path")
         ).timestamps_s
-        return assign_session_starts(trace, starts * float(time_scale), think_time_mean, seed)
+        return assign_session_starts(
+            trace,
+            starts * float(time_scale),
+            think_time_mean,
+            seed,
+            gaps=gaps,
+            typing_wpm=typing_wpm,
+            response_time=response_time,
+        )
     raise ValueError(f"arrivals mode must be one of {MODES}, got {mode!r}")
 
 
@@ -132,19 +174,32 @@ def tiled_starts(starts: np.ndarray, n: int) -> np.ndarray:
 
 
 def assign_session_starts(
-    trace: Trace, starts: np.ndarray, think_time_mean: float, seed: int
+    trace: Trace,
+    starts: np.ndarray,
+    think_time_mean: float,
+    seed: int,
+    *,
+    gaps: str = "exponential",
+    typing_wpm: float = 90.0,
+    response_time: float = 7.5,
 ) -> Trace:
-    """Session ``i`` starts at ``tiled_starts(starts)[i]``; Exponential think-time gaps after."""
+    """Session ``i`` starts at ``tiled_starts(starts)[i]``; ``gaps`` within sessions (drawn from
+    ``default_rng(seed)`` in (session_id, turn) order)."""
     if not np.isfinite(think_time_mean) or think_time_mean < 0:
         raise ValueError(f"think_time_mean must be a finite number >= 0 s, got {think_time_mean}")
     rng = np.random.default_rng(seed)
     order, first = _session_order(trace.frame)
     session_index = np.cumsum(first) - 1
     begin = tiled_starts(starts, int(first.sum()))
-    if think_time_mean > 0:
-        gaps = rng.exponential(think_time_mean, size=len(order))
-    else:
-        gaps = np.zeros(len(order))
-    gaps[first] = 0.0
-    within = pd.Series(gaps).groupby(session_index).cumsum().to_numpy()
+    within_gaps = within_session_gaps(
+        rng,
+        trace,
+        order,
+        first,
+        gaps=gaps,
+        think_time_mean=think_time_mean,
+        typing_wpm=typing_wpm,
+        response_time=response_time,
+    )
+    within = pd.Series(within_gaps).groupby(session_index).cumsum().to_numpy()
     return _with_arrivals(trace, order, begin[session_index] + within)

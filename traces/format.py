@@ -12,6 +12,9 @@ input_ids       list<int32>  the exact prompt tokens sent (rendered with the cha
 output_ids      list<int32>  the reply tokens (empty when only the length is known)
 output_len      int64        number of reply tokens (== len(output_ids) when known)
 ref_*           any          optional reference columns (provider figures, timestamps)
+ref_user_words  int64        (chat loaders) words of the user message the request ends with,
+                             its spaces (:func:`traces.sharegpt.user_words`); read by
+                             ``arrivals.gaps=typing``
 ==============  ===========  ==========================================================
 
 Units. ``input_ids`` / ``output_ids`` hold one id per *unit* of ``Trace.block_size`` tokens

@@ -23,6 +23,10 @@ Selection (default = the Marconi paper's LMSys setup, as we read it):
 
 On the shared 191-conversation sample the default selects 15 conversations (all those with >= 10
 turns; none is mostly non-ASCII and none is cut by the 32K cap).
+
+Reference columns: ``ref_conversation_id``, ``ref_model``, ``ref_language`` (the record's fields)
+and ``ref_user_words`` (int64): :func:`traces.sharegpt.user_words` of the user message the
+request ends with, which ``arrivals.gaps=typing`` turns into the user's typing time.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from traces.cache import cached_trace, source_fingerprint
 from traces.format import Trace, make_frame, request_row
 from traces.jsonl import LineRecords, RecordError, get_int, get_list, get_str, json_object
 from traces.paths import TraceFileError
-from traces.sharegpt import request_positions
+from traces.sharegpt import capped_session, request_positions, user_words
 from traces.sources import resolve_source
 from traces.tokenizer import TEMPLATE_VERSION, TOKENIZER_NAME, ChatRenderer
 
@@ -45,7 +49,8 @@ log = logging.getLogger(__name__)
 
 TRACE_NAME = "lmsys"
 #: Bump when the request-construction or selection rules change (part of the cache key).
-LOADER_VERSION = "lmsys-v1"
+#: v2: the ref_user_words column.
+LOADER_VERSION = "lmsys-v3"
 DEFAULT_FILE = Path("lmsys") / "lmsys_1000.jsonl"
 HOW_TO_GET = (
     "LMSYS-Chat-1M is gated: on Hugging Face open lmsys/lmsys-chat-1m, accept its license, then "
@@ -103,21 +108,6 @@ def non_ascii_fraction(messages: list[tuple[str, str]]) -> float:
     return wide / total
 
 
-def capped_session(
-    renderer: ChatRenderer,
-    messages: list[tuple[str, str]],
-    positions: list[int],
-    max_tokens: int | None,
-) -> list[tuple[Any, Any]]:
-    """``(input_ids, output_ids)`` per request, stopping before the first that exceeds the cap."""
-    out = []
-    for input_ids, output_ids in renderer.session(messages, positions):
-        if max_tokens is not None and len(input_ids) + len(output_ids) > max_tokens:
-            break
-        out.append((input_ids, output_ids))
-    return out
-
-
 class Selection(NamedTuple):
     min_turns: int
     max_non_ascii: float
@@ -127,8 +117,9 @@ class Selection(NamedTuple):
 
 def selected_sessions(
     records: LineRecords[Conversation], renderer: ChatRenderer, sel: Selection
-) -> Iterator[tuple[Conversation, list[tuple[Any, Any]]]]:
-    """The first ``sel.limit`` conversations passing the selection, with their capped requests."""
+) -> Iterator[tuple[Conversation, list[int], list[tuple[Any, Any]]]]:
+    """The first ``sel.limit`` conversations passing the selection, with their request
+    positions and capped requests (``requests[j]`` is at ``positions[j]``)."""
     taken = 0
     for _, conv in records:
         positions = request_positions(conv.messages)
@@ -139,7 +130,7 @@ def selected_sessions(
         requests = capped_session(renderer, conv.messages, positions, sel.max_tokens)
         if not requests:
             continue
-        yield conv, requests
+        yield conv, positions, requests
         taken += 1
         if sel.limit is not None and taken >= sel.limit:
             return
@@ -151,7 +142,8 @@ def build_lmsys(path: Path, sel: Selection, lenient: bool) -> Trace:
     renderer = ChatRenderer()
     rows: list[dict[str, Any]] = []
     sessions = 0
-    for session_id, (conv, requests) in enumerate(selected_sessions(records, renderer, sel)):
+    selected = selected_sessions(records, renderer, sel)
+    for session_id, (conv, positions, requests) in enumerate(selected):
         sessions += 1
         for turn, (input_ids, output_ids) in enumerate(requests):
             rows.append(
@@ -163,6 +155,7 @@ def build_lmsys(path: Path, sel: Selection, lenient: bool) -> Trace:
                     ref_conversation_id=conv.conversation_id,
                     ref_model=conv.model,
                     ref_language=conv.language,
+                    ref_user_words=user_words(conv.messages[positions[turn] - 1][1]),
                 )
             )
     records.log_summary()
@@ -172,7 +165,9 @@ def build_lmsys(path: Path, sel: Selection, lenient: bool) -> Trace:
             "(lower trace.min_turns or raise trace.max_tokens)"
         )
     log.info("lmsys: %d sessions, %d requests from %s", sessions, len(rows), path)
-    return Trace(name=TRACE_NAME, frame=make_frame(rows))
+    frame = make_frame(rows)
+    frame["ref_user_words"] = frame["ref_user_words"].astype("int64")
+    return Trace(name=TRACE_NAME, frame=frame)
 
 
 def _check(sel: Selection) -> None:

@@ -21,9 +21,17 @@ Sessions. One session per selected conversation, in file order (``session_id`` 0
   never generated: a real chat model answers a user turn once;
 * a trailing user message without a reply produces no request (its output is unknown).
 
+Cap. ``max_tokens`` (default null = no cap): a session stops before its first request whose
+input + output exceeds it (the same rule as :mod:`traces.lmsys`; the Marconi paper caps sessions
+at 32K tokens); a conversation left with no request is not selected.
+
 Selection (default = the Marconi paper's): conversations with at least ``min_messages`` messages
-(raw count, every role) that yield at least one request; the first ``limit`` of them.
-``arrival`` is NaN: arrivals are assigned by :mod:`traces.arrivals`.
+(raw count, every role) that yield at least one request (after the cap); the first ``limit`` of
+them. ``arrival`` is NaN: arrivals are assigned by :mod:`traces.arrivals`.
+
+Reference columns: ``ref_conversation_id`` (the record's ``id``) and ``ref_user_words`` (int64):
+:func:`user_words` of the user message the request ends with (the one directly before the reply),
+which ``arrivals.gaps=typing`` turns into the user's typing time.
 """
 
 from __future__ import annotations
@@ -48,7 +56,8 @@ log = logging.getLogger(__name__)
 
 TRACE_NAME = "sharegpt"
 #: Bump when the request-construction rules in this module change (part of the cache key).
-LOADER_VERSION = "sharegpt-v1"
+#: v2: the ref_user_words column and the max_tokens cap.
+LOADER_VERSION = "sharegpt-v3"
 ROLE_MAP = {
     "human": "user",
     "user": "user",
@@ -141,10 +150,35 @@ def request_positions(messages: list[tuple[str, str]]) -> list[int]:
     ]
 
 
+def user_words(text: str) -> int:
+    """Words of a user message by the Marconi reference's "counting spaces" rule: the number of
+    U+0020 spaces, ``text.count(" ")`` (its trace generator, ``utils/generate_trace.py``:
+    ``num_input_words = user_input_content.count(' ')``); a newline or tab does not count, and
+    a one-word message types in no time. Always >= 0."""
+    return text.count(" ")
+
+
+def capped_session(
+    renderer: ChatRenderer,
+    messages: list[tuple[str, str]],
+    positions: list[int],
+    max_tokens: int | None,
+) -> list[tuple[Any, Any]]:
+    """``(input_ids, output_ids)`` per request, stopping before the first whose input + output
+    exceeds ``max_tokens`` (None: every request). Request ``j`` is at ``positions[j]``."""
+    out = []
+    for input_ids, output_ids in renderer.session(messages, positions):
+        if max_tokens is not None and len(input_ids) + len(output_ids) > max_tokens:
+            break
+        out.append((input_ids, output_ids))
+    return out
+
+
 def select_conversations(
     records: list[Any], min_messages: int, limit: int | None
 ) -> list[tuple[str, list[tuple[str, str]], list[int]]]:
-    """``(id, messages, request positions)`` of the first ``limit`` eligible conversations."""
+    """``(id, messages, request positions)`` of the eligible conversations, in file order: all
+    of them when ``limit`` is None, else the first ``limit`` (before any token cap)."""
     selected = []
     malformed = 0
     for record in records:
@@ -162,52 +196,92 @@ def select_conversations(
     return selected
 
 
-def build_sharegpt(path: Path, min_messages: int, limit: int | None) -> Trace:
+def session_rows(
+    session_id: int,
+    conv_id: str,
+    messages: list[tuple[str, str]],
+    positions: list[int],
+    requests: list[tuple[Any, Any]],
+) -> list[dict[str, Any]]:
+    """Canonical rows of one session. ``requests[j]`` is the (possibly capped) request at
+    ``positions[j]``; it ends with the user message ``messages[positions[j] - 1]``, whose
+    :func:`user_words` it records as ``ref_user_words``."""
+    return [
+        request_row(
+            session_id,
+            turn,
+            input_ids,
+            output_ids,
+            ref_conversation_id=conv_id,
+            ref_user_words=user_words(messages[positions[turn] - 1][1]),
+        )
+        for turn, (input_ids, output_ids) in enumerate(requests)
+    ]
+
+
+def build_sharegpt(
+    path: Path, min_messages: int, limit: int | None, max_tokens: int | None = None
+) -> Trace:
     """Tokenize the selected conversations of ``path`` into a canonical trace (no cache)."""
-    selected = select_conversations(read_conversations(path).records, min_messages, limit)
-    if not selected:
-        raise TraceFileError(f"{path}: no conversation has >= {min_messages} messages and a reply")
+    uncapped = None if max_tokens is not None else limit  # a cap may empty a conversation
+    eligible = select_conversations(read_conversations(path).records, min_messages, uncapped)
     renderer = ChatRenderer()
-    rows = []
-    for session_id, (conv_id, messages, positions) in enumerate(selected):
-        for turn, (input_ids, output_ids) in enumerate(renderer.session(messages, positions)):
-            rows.append(
-                request_row(session_id, turn, input_ids, output_ids, ref_conversation_id=conv_id)
-            )
+    rows: list[dict[str, Any]] = []
+    sessions = 0
+    for conv_id, messages, positions in eligible:
+        requests = capped_session(renderer, messages, positions, max_tokens)
+        if not requests:
+            continue
+        rows += session_rows(sessions, conv_id, messages, positions, requests)
+        sessions += 1
+        if limit is not None and sessions >= limit:
+            break
+    if not rows:
+        raise TraceFileError(
+            f"{path}: no conversation has >= {min_messages} messages and a reply"
+            + (f" within {max_tokens} tokens" if max_tokens is not None else "")
+        )
     log.info(
         "sharegpt: %d sessions, %d requests, %d unique messages tokenized",
-        len(selected),
+        sessions,
         len(rows),
         renderer.unique_messages,
     )
-    return Trace(name=TRACE_NAME, frame=make_frame(rows))
+    frame = make_frame(rows)
+    frame["ref_user_words"] = frame["ref_user_words"].astype("int64")
+    return Trace(name=TRACE_NAME, frame=frame)
 
 
 def load_sharegpt(
     min_messages: int = 20,
     limit: int | None = 100,
+    max_tokens: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     **_: Any,
 ) -> Trace:
     """The ShareGPT trace (named ``sharegpt``), tokenized once and cached as parquet."""
-    _check_selection(min_messages, limit)
+    _check_selection(min_messages, limit, max_tokens)
+    cap = None if max_tokens is None else int(max_tokens)
     with sharegpt_path() as path:
         key = {
             "source": source_fingerprint(path),
             "min_messages": int(min_messages),
             "limit": None if limit is None else int(limit),
+            "max_tokens": cap,
             "tokenizer": TOKENIZER_NAME,
             "template": TEMPLATE_VERSION,
             "loader": LOADER_VERSION,
         }
         return cached_trace(
-            TRACE_NAME, key, lambda: build_sharegpt(path, min_messages, limit), cache_dir
+            TRACE_NAME, key, lambda: build_sharegpt(path, min_messages, limit, cap), cache_dir
         )
 
 
-def _check_selection(min_messages: int, limit: int | None) -> None:
+def _check_selection(min_messages: int, limit: int | None, max_tokens: int | None = None) -> None:
     """Reject selections that cannot mean anything (a clear error beats an empty trace)."""
     if int(min_messages) < 0:
         raise ValueError(f"min_messages must be >= 0, got {min_messages}")
     if limit is not None and int(limit) < 1:
         raise ValueError(f"limit must be >= 1 or null, got {limit}")
+    if max_tokens is not None and int(max_tokens) < 2:
+        raise ValueError(f"max_tokens must be >= 2 or null, got {max_tokens}")
