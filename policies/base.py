@@ -122,7 +122,7 @@ class Semantics:
     every cache operation as the reference's ``logical_ts`` does (the match, the insertion, the
     insertion's speculative match, an eviction: 3-4 per request). ``pin_insert``: an insertion
     pins the path it matched while it evicts (the reference pins nothing, so an eviction may
-    take a node of the request's own path). ``reference_insert``: the insertion sizes its
+    take a node of the request's own path; off only with ``reference_insert``). ``reference_insert``: the insertion sizes its
     eviction with the reference's estimate (one SSM state, two when the sequence diverges
     inside an edge, plus the KV past the longest match), evicts that many bytes as the policy
     counts them, then inserts regardless of capacity (the tree may exceed it), checkpointing
@@ -143,6 +143,11 @@ class Semantics:
     def __post_init__(self) -> None:
         if self.clock not in CLOCKS:
             raise ValueError(f"policy.semantics.clock must be one of {CLOCKS}, got {self.clock!r}")
+        if not self.pin_insert and not self.reference_insert:
+            raise ValueError(
+                "policy.semantics.pin_insert=false needs reference_insert=true (only the "
+                "reference's insertion walks the tree again after evicting)"
+            )
         for name in ("pin_insert", "reference_insert", "whole_input_hit", "partial_descent"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(

@@ -394,7 +394,7 @@ class PrefixCache:
         plan = plan_admission(self, path, matched, wanted, end, cuts, stateless_kv)
         deepest = partial if partial is not None else (path[-1] if path else None)
         result = InsertResult()
-        with self.pinned(deepest if self.semantics.pin_insert else None):
+        with self.pinned(deepest):
             need, states = plan_bytes(self, plan), 0
             if self.ssm_capacity is not None:  # states come from their own pool
                 states = (len(plan.old_ckpts) + len(plan.new_ckpts)) * self.ckpt_bytes

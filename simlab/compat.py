@@ -38,8 +38,8 @@ measure what it alone changes.
 
 Not reproduced (documented in the notes; differences of at most ~0.1 point there): the
 reference vLLM+'s partial tail blocks (cached with a state and extended in place), its
-``bytes_needed`` estimate and its insertion past capacity: ``vllm_plus`` takes only the clock,
-pinning and whole-input switches.
+``bytes_needed`` estimate and its insertion past capacity: ``vllm_plus`` takes only the clock and
+whole-input switches.
 """
 
 from __future__ import annotations
@@ -67,7 +67,11 @@ _SEMANTICS["reference_fixed"] = _SEMANTICS["reference"] | {"partial_descent": Fa
 #: What the presets leave out for an admission whose reference counterpart differs: the
 #: reference vLLM+ (``radix_cache_vllm.py``) has its own insertion and block match.
 _NOT_FOR = {
-    "policies.fine_grained.FineGrained": {"reference_insert": False, "partial_descent": False},
+    "policies.fine_grained.FineGrained": {
+        "reference_insert": False,
+        "partial_descent": False,
+        "pin_insert": True,
+    },
 }
 
 #: Plug-in switches of each preset, by the plug-in's ``_target_``.

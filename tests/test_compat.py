@@ -106,7 +106,7 @@ def test_presets_set_every_switch():
     assert pcfg.admission.branch_on == "sequence"
     assert semantics_for(pcfg) == Semantics("operation", False, True, True, True)
     vllm = compose(["+policy=vllm_plus", "policy.compat=reference"]).policy
-    assert semantics_for(vllm) == Semantics("operation", False, False, True, False)
+    assert semantics_for(vllm) == Semantics("operation", True, False, True, False)
     fixed = with_compat(compose(["+policy=marconi", "policy.compat=reference_fixed"]).policy)
     assert fixed.eviction.mlp_bug is False and fixed.eviction.memory == "path"
     plain = compose(["+policy=marconi"]).policy
@@ -185,6 +185,7 @@ def test_the_descent_bug_credits_what_is_not_a_prefix():
         ("+policy.semantics.clok=operation", "policy.semantics"),
         ("+policy.semantics.clock=tick", "policy.semantics.clock"),
         ("policy.eviction.memory=edge", "eviction.memory"),
+        ("+policy.semantics.pin_insert=false", "policy.semantics.pin_insert"),
     ],
 )
 def test_bad_compat_settings_name_the_key(override, key):
