@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-all bench lint clean crosscheck
+.PHONY: install run test test-all bench lint clean crosscheck paper
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: $(STAMP)
 ## Replay and timed-engine speed per policy on the real traces; writes bench/results/.
 bench: $(STAMP)
 	$(BIN)/python -m bench.speed $(ARGS)
+
+## The Marconi paper's published numbers beside simlab's (paper mode and default semantics):
+## runs/paper/paper.md and paper.pdf, about 15 min on 2 cores; ARGS=--quick for a 3-minute subset
+## in runs/paper-quick. A rerun resumes (finished points are skipped).
+paper: $(STAMP)
+	$(BIN)/python -m simlab.paper $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check simlab policies traces gpu_validate tests bench examples crosscheck

@@ -1,25 +1,53 @@
 """Marconi's retrospective tuning of ``alpha`` (paper Sec. 4.2, "Managing the balance").
 
-Protocol, as the paper describes it:
+``policy.tuning.protocol`` selects a whole protocol (:data:`PROTOCOLS`); every other
+``policy.tuning`` key left null takes that protocol's value, an explicit value overrides it.
 
-1. ``alpha = 0`` (recency only) until the first eviction.
-2. At the first eviction the cache is snapshotted and the bootstrap period starts; its length is
-   ``bootstrap_multiplier x N`` requests, ``N`` = requests seen up to and including the one whose
-   admission caused that eviction (the paper: "the number of requests seen before the first
-   eviction"; its reference code uses a multiplier of 5). ``alpha`` stays 0 meanwhile.
-3. When the window is full, a grid search replays it on copies of the snapshot, one per grid
-   value (in parallel across processes), and the value with the best objective is adopted for
-   every later request. Objective ``token_hit_rate`` (the paper) or ``flops_saved``; ties go to
-   the smallest alpha, so the result never depends on the number of workers or their order.
-4. Beyond the paper (``retune_every = K``): every ``K`` requests after that, the last ``window``
-   requests (default: the bootstrap window's length) are replayed again from a snapshot taken at
-   their start (never earlier than the first eviction), and the winner adopted.
+Common to every protocol. ``alpha = 0`` (recency only) until the first tuning. ``N`` is the
+number of requests seen up to and including the one whose admission first evicted a node. A
+tuning replays a *window* of requests on copies of a snapshot of the cache taken at the
+window's start, one copy per grid alpha (in parallel across ``workers`` processes), scores each
+replay on ``objective`` over its last ``score_last`` requests (all of them when null) and
+adopts the winner for every later request. Invariants: 0 is always in the grid (a grid without
+it is rejected), so recency only is always a candidate; the adopted alpha scores at least as well
+on the window as the alpha it replaces, and as alpha 0 up to ``margin`` (exactly, with the
+default margin 0); ties go to the smallest alpha, so the
+result never depends on the number of workers or their order; the same seed gives the same run.
+
+``paper``: what the Marconi reference code does (``../shared/notes/marconi_reference.md``
+Sec. 2.5; ``radix_cache_hybrid.py``, ``config_tuner.py``).
+
+* ``snapshot: start``: the snapshot is the *empty* cache before the first request, and the
+  window is the first ``max(N, round(bootstrap_multiplier x N))`` requests of the trace, from its
+  start. ``bootstrap_multiplier`` 5 (the reference sets 15 for LMSys).
+* Each alpha replays the whole window from the empty snapshot and is scored on its last
+  ``score_last: 500`` requests, objective ``flops_saved``; grid 0, 0.1, ..., 2.0 (21 values).
+* Tuned exactly once (``retune_every: null``); if the trace ends before the window fills,
+  ``alpha`` stays 0.
+* Deviation: the reference breaks ties between equally scored alphas by its worker processes'
+  completion order (nondeterministic, and ties are common); simlab takes the smallest alpha.
+* The paper's *text* differs from its code: it snapshots at the first eviction and replays the
+  bootstrap requests from there (``snapshot: first_eviction``), and adopts the alpha that
+  maximises the hit rate (``objective: token_hit_rate``), over the whole window.
+
+``robust`` (the default): grid 0, 0.1, ..., 1.0 (:data:`ROBUST_GRID` says why not above 1);
+``snapshot: first_eviction``, so the first window is the ``round(bootstrap_multiplier x N)``
+requests after the first eviction (multiplier 5), replayed from the cache as it was then;
+objective ``token_hit_rate`` over the whole window; re-tuned every ``retune_every: 100``
+requests on the last ``window`` requests (default: the first window's length), replayed from a
+snapshot taken at their start (never earlier than the first eviction); hysteresis: the alpha in
+force (the *incumbent*, scored like every grid alpha) is kept unless another beats it by more
+than ``margin`` (default 0: a tie keeps it), in the objective's share (token hit rate, or FLOPs
+saved / prefill FLOPs of the scored requests). Why each of these: :data:`PROTOCOLS`. That tuned
+Marconi stays within 0.5 points of SGLang+'s token hit rate is measured, not guaranteed: a
+window replay cannot see what the cache it leaves behind is worth.
 
 Snapshot (:func:`simlab.snapshot.pack` / :func:`simlab.snapshot.unpack`). A :class:`CacheImage` is the cache as plain data: its
 attributes with every per-slot array copied and each tree node flattened to a row whose
 parent/children are slot numbers. Packing is iterative (no recursion, so no depth limit, unlike
 ``copy.deepcopy`` or ``pickle`` of a deep tree) and shares the token arrays, which the cache never
-writes in place. Pins are cleared: a replay has nothing in flight.
+writes in place. Pins are cleared: a replay has nothing in flight. The ``start`` snapshot is an
+empty cache of the same shape (:func:`empty_like`).
 
 The tuner is an engine-level controller (:class:`simlab.step.Controller`): the request step
 calls :meth:`AlphaTuner.observe` after every admission, for any eviction policy that is
@@ -50,6 +78,7 @@ from policies.base import AdmissionPolicy, EvictionPolicy, Tunable
 from simlab.cache import PrefixCache
 from simlab.config import ConfigError
 from simlab.nodes import InsertResult
+from simlab.records import RequestRecord
 from simlab.snapshot import CacheImage, pack, unpack
 from simlab.step import RequestStep
 from traces.format import Request
@@ -57,38 +86,100 @@ from traces.format import Request
 log = logging.getLogger(__name__)
 
 OBJECTIVES = ("token_hit_rate", "flops_saved")
-#: The paper's reference code used a multiplier of 5.
-DEFAULT_GRID = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+SNAPSHOTS = ("start", "first_eviction")
+#: The reference code's grid (``ConfigTuner.tune_config``): 0, 0.1, ..., 2.0.
+PAPER_GRID = tuple(round(0.1 * i, 1) for i in range(21))
+#: 0, 0.1, ..., 1.0. Both terms of Marconi's utility are min-max normalised over the candidates,
+#: so with alpha > 1 the most FLOP-efficient candidate outlives even the most recent one however
+#: old it is: stale long prefixes are never evicted. Measured (replay, fixed alpha, 29 points of
+#: ShareGPT, SWE-bench and LMSys): the best alpha <= 1 beats the best alpha > 1 at every point
+#: (by 0.3 to 39 points of token hit rate), and every alpha in 1.1-2.0 is below SGLang+ at 17 of
+#: the 18 ShareGPT points and at all 8 SWE-bench ones (by up to 45 points), yet a short replay
+#: window rates them well (it is too short to see the cache fill with stale prefixes): that is
+#: how the paper's protocol lands 20 points below SGLang+.
+ROBUST_GRID = PAPER_GRID[:11]
+
+#: Each protocol's value of every ``policy.tuning`` key that the config leaves null. ``robust``
+#: is the measured default: tuned Marconi within 0.5 points of SGLang+'s token hit rate at every
+#: point measured (ShareGPT, SWE-bench, LMSys; see ``configs/tuning/alpha.yaml``). It re-tunes
+#: every 100 requests so that a choice that stopped paying is replaced; a ``margin`` (0.005 and
+#: 0.01 measured) did not lower the worst point, so it is 0.
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "paper": {
+        "grid": PAPER_GRID,
+        "bootstrap_multiplier": 5.0,
+        "objective": "flops_saved",
+        "snapshot": "start",
+        "score_last": 500,
+        "retune_every": None,
+        "window": None,
+        "margin": 0.0,
+    },
+    "robust": {
+        "grid": ROBUST_GRID,
+        "bootstrap_multiplier": 5.0,
+        "objective": "token_hit_rate",
+        "snapshot": "first_eviction",
+        "score_last": None,
+        "retune_every": 100,
+        "window": None,
+        "margin": 0.0,
+    },
+}
 
 
 # ---------------------------------------------------------------------------------- settings
 @dataclass(frozen=True)
 class TuningSettings:
-    """``policy.tuning`` (validated; a bad value raises ``ValueError`` naming the key)."""
+    """``policy.tuning``, resolved against its protocol and validated (a bad value raises
+    ``ValueError`` naming the key). Build it with :meth:`resolve` (or :meth:`from_config`): the
+    field defaults are the ``robust`` protocol's."""
 
     enabled: bool = False
-    grid: tuple[float, ...] = DEFAULT_GRID
-    bootstrap_multiplier: float = 5.0
-    objective: str = "token_hit_rate"
-    retune_every: int | None = None
-    window: int | None = None
+    protocol: str = "robust"
+    grid: tuple[float, ...] = ROBUST_GRID
+    bootstrap_multiplier: float = PROTOCOLS["robust"]["bootstrap_multiplier"]
+    objective: str = PROTOCOLS["robust"]["objective"]
+    snapshot: str = PROTOCOLS["robust"]["snapshot"]
+    score_last: int | None = PROTOCOLS["robust"]["score_last"]
+    retune_every: int | None = PROTOCOLS["robust"]["retune_every"]
+    window: int | None = PROTOCOLS["robust"]["window"]
+    margin: float = PROTOCOLS["robust"]["margin"]
     workers: int = 2
 
     def __post_init__(self) -> None:
-        grid = tuple(sorted({float(a) for a in self.grid}))
-        object.__setattr__(self, "grid", grid)
-        if not grid or not all(math.isfinite(a) and a >= 0 for a in grid):
-            raise ValueError(f"policy.tuning.grid must be finite alphas >= 0, got {self.grid!r}")
-        if not self.bootstrap_multiplier > 0:
+        _check_choice("protocol", self.protocol, tuple(PROTOCOLS))
+        object.__setattr__(self, "grid", _checked_grid(self.grid))
+        if not (_is_number(self.bootstrap_multiplier) and self.bootstrap_multiplier > 0):
             raise ValueError(
                 f"policy.tuning.bootstrap_multiplier must be > 0, got {self.bootstrap_multiplier!r}"
             )
-        if self.objective not in OBJECTIVES:
-            raise ValueError(
-                f"policy.tuning.objective must be one of {OBJECTIVES}, got {self.objective!r}"
-            )
-        for key, nullable in (("retune_every", True), ("window", True), ("workers", False)):
+        _check_choice("objective", self.objective, OBJECTIVES)
+        _check_choice("snapshot", self.snapshot, SNAPSHOTS)
+        if not (_is_number(self.margin) and 0 <= self.margin < math.inf):
+            raise ValueError(f"policy.tuning.margin must be a number >= 0, got {self.margin!r}")
+        for key, nullable in (
+            ("score_last", True),
+            ("retune_every", True),
+            ("window", True),
+            ("workers", False),
+        ):
             _check_count(key, getattr(self, key), nullable)
+
+    @classmethod
+    def resolve(cls, **values: Any) -> TuningSettings:
+        """Settings of ``values`` (``policy.tuning`` keys); null/absent keys take the value of
+        ``protocol`` (default ``robust``)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"policy.tuning: unknown key(s) {unknown}; known: {sorted(known)}")
+        protocol = values.get("protocol") or "robust"
+        _check_choice("protocol", protocol, tuple(PROTOCOLS))
+        given = {k: v for k, v in values.items() if v is not None}
+        if "grid" in given:
+            given["grid"] = tuple(given["grid"])
+        return cls(**(PROTOCOLS[protocol] | given | {"protocol": protocol}))
 
     @classmethod
     def from_config(cls, cfg: Any) -> TuningSettings | None:
@@ -101,20 +192,40 @@ class TuningSettings:
             cfg = OmegaConf.to_container(cfg, resolve=True)
         if not isinstance(cfg, Mapping):
             raise ValueError(f"policy.tuning must be a mapping, got {cfg!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"policy.tuning: unknown key(s) {unknown}; known: {sorted(known)}")
-        values = dict(cfg)
-        if "grid" in values:
-            values["grid"] = tuple(values["grid"] or ())
-        settings = cls(**values)
+        settings = cls.resolve(**{str(k): v for k, v in cfg.items()})
         return settings if settings.enabled else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"policy.tuning.{key} must be one of {allowed}, got {value!r}")
+
+
+def _checked_grid(grid: Any) -> tuple[float, ...]:
+    """The grid sorted and deduplicated: finite alphas >= 0, 0 among them."""
+    try:
+        alphas = tuple(sorted({float(a) for a in grid}))
+    except (TypeError, ValueError):
+        raise ValueError(f"policy.tuning.grid must be a list of alphas, got {grid!r}") from None
+    if not alphas or not all(math.isfinite(a) and a >= 0 for a in alphas):
+        raise ValueError(f"policy.tuning.grid must be finite alphas >= 0, got {list(grid)!r}")
+    if alphas[0] != 0.0:
+        raise ValueError(
+            "policy.tuning.grid must contain 0 (recency only: the alpha of the bootstrap "
+            f"period, always a candidate), got {list(grid)!r}"
+        )
+    return alphas
 
 
 def _check_count(key: str, value: Any, nullable: bool) -> None:
     """``policy.tuning.KEY`` must be an integer >= 1 (or null when ``nullable``)."""
-    if (value is None and nullable) or (isinstance(value, int) and value >= 1):
+    if value is None and nullable:
+        return
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return
     null = " or null" if nullable else ""
     raise ValueError(f"policy.tuning.{key} must be an integer >= 1{null}, got {value!r}")
@@ -126,17 +237,49 @@ def snapshot(cache: PrefixCache) -> PrefixCache:
     return unpack(pack(cache))
 
 
+def empty_like(cache: PrefixCache) -> PrefixCache:
+    """A fresh, empty cache of ``cache``'s model, capacities, units and semantics: the cache
+    before the first request (the ``start`` snapshot)."""
+    return PrefixCache(
+        cache.model,
+        cache.capacity,
+        cache.page_size,
+        cache.unit,
+        cache.block_nodes,
+        cache.ssm_capacity,
+        cache.semantics,
+    )
+
+
 # ---------------------------------------------------------------------------------- replay
 @dataclass
 class WindowResult:
+    """Totals of the scored requests of one replay."""
+
     hit_tokens: int = 0
     input_tokens: int = 0
     flops_saved: float = 0.0
+    prefill_flops: float = 0.0
+
+    def add(self, record: RequestRecord) -> None:
+        self.hit_tokens += record.hit_tokens
+        self.input_tokens += record.input_tokens
+        self.flops_saved += record.flops_saved
+        self.prefill_flops += record.prefill_flops
 
     def objective(self, name: str) -> float:
+        """The value the grid search maximises: token hit rate, or FLOPs saved (absolute, as
+        the reference code)."""
+        if name == "token_hit_rate":
+            return self.share(name)
+        return self.flops_saved
+
+    def share(self, name: str) -> float:
+        """The objective as a share in [0, 1]: token hit rate, or FLOPs saved / prefill FLOPs
+        (the scale of ``margin``; it ranks replays of the same requests as :meth:`objective`)."""
         if name == "token_hit_rate":
             return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
-        return self.flops_saved
+        return self.flops_saved / self.prefill_flops if self.prefill_flops else 0.0
 
 
 def replay_window(
@@ -144,15 +287,17 @@ def replay_window(
     requests: Sequence[Request],
     admission: AdmissionPolicy,
     eviction: EvictionPolicy,
+    score_last: int | None = None,
 ) -> WindowResult:
-    """Replay ``requests`` on ``cache`` through the one request step."""
+    """Replay ``requests`` on ``cache`` through the one request step; the result counts the last
+    ``score_last`` of them (all when None)."""
     step = RequestStep(cache, admission, eviction, "alpha-tuning")
+    scored_from = 0 if score_last is None else max(0, len(requests) - score_last)
     result = WindowResult()
-    for req in requests:
+    for i, req in enumerate(requests):
         record = step.serve(req)
-        result.hit_tokens += record.hit_tokens
-        result.input_tokens += record.input_tokens
-        result.flops_saved += record.flops_saved
+        if i >= scored_from:
+            result.add(record)
     return result
 
 
@@ -200,45 +345,43 @@ def evaluate(
     admission: AdmissionPolicy,
     template: Any,
     alphas: Sequence[float],
-    objective: str,
-) -> list[float]:
-    """Objective of each alpha: the window replayed on a fresh copy of the snapshot."""
+    score_last: int | None = None,
+) -> list[WindowResult]:
+    """Each alpha's result: the window replayed on a fresh copy of the snapshot."""
     if isinstance(window, WindowImage):
         window = window.requests()
     return [
-        replay_window(unpack(image), window, admission, with_alpha(template, a)).objective(
-            objective
-        )
+        replay_window(unpack(image), window, admission, with_alpha(template, a), score_last)
         for a in alphas
     ]
 
 
-def grid_scores(
+def grid_results(
     image: CacheImage,
     window: Sequence[Request],
     admission: AdmissionPolicy,
     template: Any,
     settings: TuningSettings,
-) -> dict[float, float]:
-    """Objective per grid alpha; worker processes take round-robin shares of the grid (each
-    replay is a pure function of snapshot, window and alpha: the scores do not depend on
+) -> dict[float, WindowResult]:
+    """Result per grid alpha; worker processes take round-robin shares of the grid (each
+    replay is a pure function of snapshot, window and alpha: the results do not depend on
     ``workers``; inside a joblib worker, joblib runs the shares in threads)."""
     grid = list(settings.grid)
     n = min(settings.workers, len(grid))
     shares = [grid[i::n] for i in range(n)]
     if n == 1:
-        results = [evaluate(image, window, admission, template, shares[0], settings.objective)]
+        results = [evaluate(image, window, admission, template, shares[0], settings.score_last)]
     else:
         from joblib import Parallel, delayed
 
         args = (image, WindowImage.pack(window), admission, template)
         results = Parallel(n_jobs=n)(
-            delayed(evaluate)(*args, share, settings.objective) for share in shares
+            delayed(evaluate)(*args, share, settings.score_last) for share in shares
         )
-    scores: dict[float, float] = {}
+    out: dict[float, WindowResult] = {}
     for share, values in zip(shares, results, strict=True):
-        scores.update(zip(share, values, strict=True))
-    return {a: scores[a] for a in grid}
+        out.update(zip(share, values, strict=True))
+    return {a: out[a] for a in grid}
 
 
 def best_alpha(scores: Mapping[float, float]) -> float:
@@ -246,15 +389,38 @@ def best_alpha(scores: Mapping[float, float]) -> float:
     return min(scores, key=lambda a: (-scores[a], a))
 
 
+def choose_alpha(
+    results: Mapping[float, WindowResult], objective: str, incumbent: float, margin: float
+) -> float:
+    """:func:`best_alpha`, unless it does not beat ``incumbent`` (when scored) by more than
+    ``margin`` in the objective's share: then the incumbent is kept. With ``margin`` 0 a tie
+    with the incumbent keeps it."""
+    best = best_alpha({a: r.objective(objective) for a, r in results.items()})
+    if incumbent not in results or best == incumbent:
+        return best
+    gain = results[best].share(objective) - results[incumbent].share(objective)
+    return best if gain > margin else incumbent
+
+
 # ---------------------------------------------------------------------------------- tuner
+Image = tuple[CacheImage, Any]  # a snapshot and the admission policy as it was then
+
+
 @dataclass
 class AlphaTuner:
     """Bookkeeping of the protocol in the module docstring; see :meth:`observe`.
 
+    Schedule, in admission counts: the first tuning at ``first_tune`` replays
+    ``[origin, first_tune)`` (origin 0 or N); with ``retune_every = K`` the tuning at
+    ``t = first_tune + j K`` replays ``[max(t - window, N), t)``. Snapshots are taken exactly at
+    those window starts and shared by the tunings that start there; one is dropped once no later
+    window starts at or before it.
+
     ``template`` is the eviction policy, as built and never run, that the grid search copies
     once per alpha.
     ``history`` lists each adopted alpha with the 0-based admission index of the first request
-    that runs under it.
+    that runs under it; a tuning's entry also has its ``window`` and ``scored`` admission ranges,
+    the ``incumbent`` it was compared with and every grid alpha's ``scores``.
     """
 
     settings: TuningSettings
@@ -262,15 +428,13 @@ class AlphaTuner:
     seen: int = 0
     evicted: bool = False
     bootstrap_requests: int | None = None  # N: requests seen up to the first eviction
-    first_eviction: int | None = None  # admissions when the first snapshot was taken
+    first_tune: int | None = None  # admissions at the first tuning
     window: int | None = None  # replay window length of later re-tunes
     history: list[dict[str, Any]] = field(default_factory=lambda: [{"request": 0, "alpha": 0.0}])
     tuning_wall_s: float = 0.0
     snapshot_wall_s: float = 0.0
-    _tunes: list[int] = field(default_factory=list)  # upcoming tune points (admission counts)
-    _pending: dict[int, tuple[int, CacheImage, Any]] = field(default_factory=dict)
+    _images: dict[int, Image] = field(default_factory=dict)  # by window start (admissions)
     _recent: deque[Request] = field(default_factory=deque)
-    _next_snap: int = 0  # index into the schedule of the next snapshot to take
 
     @classmethod
     def for_policy(cls, tuning: Any, eviction: EvictionPolicy, policy: str) -> AlphaTuner | None:
@@ -291,6 +455,11 @@ class AlphaTuner:
         eviction.set_alpha(0.0)
         return cls(settings, template)
 
+    @property
+    def alpha(self) -> float:
+        """The alpha in force."""
+        return float(self.history[-1]["alpha"])
+
     def observe(self, step: RequestStep, request: Request, admitted: InsertResult) -> None:
         """Controller hook after each admission: account it, adopt a tuned alpha."""
         self.evicted = self.evicted or admitted.evicted_nodes > 0
@@ -301,97 +470,119 @@ class AlphaTuner:
     def account(self, cache: PrefixCache, req: Request, admission: AdmissionPolicy) -> float | None:
         """Account one admitted request; returns the new alpha when one is adopted."""
         self.seen += 1
-        if self.first_eviction is None:
+        from_start = self.settings.snapshot == "start"
+        if self.seen == 1 and from_start:
+            self._images[0] = (pack(empty_like(cache)), _copy_admission(admission))
+        if self.bootstrap_requests is None:
+            if from_start:
+                self._recent.append(req)
             if not self.evicted:
                 return None
-            self._start(cache)
+            self._start()
         else:
             self._recent.append(req)
-        self._take_snapshots(cache, admission)
-        if self._tunes and self.seen == self._tunes[0]:
-            return self._tune(self._tunes.pop(0))
-        return None
+        if self._window_starts_now():
+            start = time.perf_counter()
+            self._images[self.seen] = (pack(cache), _copy_admission(admission))
+            self.snapshot_wall_s += time.perf_counter() - start
+        return self._tune() if self._tunes_now() else None
 
     # -- schedule
-    def _start(self, cache: PrefixCache) -> None:
-        s = self.settings
-        self.bootstrap_requests = self.first_eviction = self.seen
-        first_window = max(1, round(s.bootstrap_multiplier * self.seen))
+    def _start(self) -> None:
+        """The first eviction (``seen`` = N): schedule the first tuning."""
+        s, n = self.settings, self.seen
+        self.bootstrap_requests = n
+        length = max(1, round(s.bootstrap_multiplier * n))
+        if s.snapshot == "start":  # the first ``length`` requests of the trace (at least N)
+            self.first_tune = max(n, length)
+        else:  # the ``length`` requests after the first eviction
+            self.first_tune = n + length
+        first_window = self.first_tune - self._origin
         self.window = s.window or first_window
-        self._recent = deque(maxlen=max(self.window, first_window))
-        self._tunes = [self.seen + first_window]
+        self._recent = deque(self._recent, maxlen=max(self.window, first_window))
         log.info(
-            "alpha tuning: first eviction after %d requests; bootstrap window %d requests",
-            self.seen,
-            first_window,
+            "alpha tuning (%s): first eviction after %d requests; first window [%d, %d)",
+            s.protocol,
+            n,
+            self._origin,
+            self.first_tune,
         )
-
-    def _snapshot_at(self, tune: int) -> int:
-        """Admission count at which the window of the tune at ``tune`` starts."""
-        assert self.first_eviction is not None and self.window is not None
-        if tune == self._first_tune:
-            return self.first_eviction
-        return max(tune - self.window, self.first_eviction)
 
     @property
-    def _first_tune(self) -> int:
-        assert self.first_eviction is not None and self.bootstrap_requests is not None
-        return self.first_eviction + max(
-            1, round(self.settings.bootstrap_multiplier * self.bootstrap_requests)
-        )
+    def _origin(self) -> int:
+        """Admission count at which the first window starts (0, or N)."""
+        assert self.bootstrap_requests is not None
+        return 0 if self.settings.snapshot == "start" else self.bootstrap_requests
 
-    def _schedule(self, j: int) -> int:
-        """Admission count of the ``j``-th tune (0 = the bootstrap one)."""
-        every = self.settings.retune_every
-        return self._first_tune + j * (every or 0)
+    def _window_start(self, tune: int) -> int:
+        """Admission count at which the window of the tuning at ``tune`` starts."""
+        assert self.bootstrap_requests is not None and self.window is not None
+        if tune == self.first_tune:
+            return self._origin
+        return max(tune - self.window, self.bootstrap_requests)
 
-    def _take_snapshots(self, cache: PrefixCache, admission: Any) -> None:
-        every = self.settings.retune_every
-        while True:
-            j = self._next_snap
-            if j > 0 and every is None:
-                return
-            tune = self._schedule(j)
-            if self._snapshot_at(tune) != self.seen:
-                return
-            start = time.perf_counter()
-            self._pending[tune] = (self.seen, pack(cache), _copy_admission(admission))
-            self.snapshot_wall_s += time.perf_counter() - start
-            if j > 0 and tune not in self._tunes:
-                self._tunes.append(tune)
-            self._next_snap += 1
+    def _is_tune(self, t: int) -> bool:
+        """Whether a tuning is scheduled at admission count ``t``."""
+        first, every = self.first_tune, self.settings.retune_every
+        assert first is not None
+        return t == first or (every is not None and t > first and (t - first) % every == 0)
+
+    def _window_starts_now(self) -> bool:
+        """Whether some tuning's window starts at ``seen`` (its snapshot is taken now)."""
+        assert self.bootstrap_requests is not None and self.window is not None
+        n, every = self.bootstrap_requests, self.settings.retune_every
+        if self.seen == n:  # the first window after the first eviction, or a re-tune's
+            return self._origin == n or every is not None
+        later = self.seen + self.window  # a re-tune whose window is a full ``window`` long
+        return self.seen > n and later != self.first_tune and self._is_tune(later)
+
+    def _tunes_now(self) -> bool:
+        return self.bootstrap_requests is not None and self._is_tune(self.seen)
 
     # -- grid search
-    def _tune(self, tune: int) -> float:
-        start_at, image, admission = self._pending.pop(tune)
+    def _tune(self) -> float:
+        tune = self.seen
+        start_at = self._window_start(tune)
+        image, admission = self._images[start_at]
+        later = self._window_start(tune + (self.settings.retune_every or 0))
+        for key in [k for k in self._images if k < later or self.settings.retune_every is None]:
+            del self._images[key]  # no later window starts there
         window = list(self._recent)[len(self._recent) - (tune - start_at) :]
         start = time.perf_counter()
-        scores = grid_scores(image, window, admission, self.template, self.settings)
+        results = grid_results(image, window, admission, self.template, self.settings)
         elapsed = time.perf_counter() - start
         self.tuning_wall_s += elapsed
-        return self._adopt(tune, start_at, scores, elapsed)
+        return self._adopt(tune, start_at, results, elapsed)
 
-    def _adopt(self, tune: int, start_at: int, scores: dict[float, float], elapsed: float) -> float:
-        """The grid search's winner, recorded in the history (and the log)."""
-        alpha, objective = best_alpha(scores), self.settings.objective
+    def _adopt(
+        self, tune: int, start_at: int, results: dict[float, WindowResult], elapsed: float
+    ) -> float:
+        """The grid search's choice (:func:`choose_alpha`), recorded in the history (and log)."""
+        s, incumbent = self.settings, self.alpha
+        alpha = choose_alpha(results, s.objective, incumbent, s.margin)
+        scores = {a: r.objective(s.objective) for a, r in results.items()}
+        scored = tune - min(tune - start_at, s.score_last or tune)
         self.history.append(
             {
                 "request": tune,
                 "alpha": alpha,
                 "window": [start_at, tune],
-                "objective": objective,
+                "scored": [scored, tune],
+                "objective": s.objective,
+                "incumbent": incumbent,
                 "scores": {repr(a): v for a, v in scores.items()},
             }
         )
         grid = ", ".join(f"{a:g}: {v:.4g}" for a, v in scores.items())
         log.info("alpha tuning at request %d: window [%d, %d), %s %s -> alpha %g (%.2f s)",
-                 tune, start_at, tune, objective, grid, alpha, elapsed)  # fmt: skip
+                 tune, start_at, tune, s.objective, grid, alpha, elapsed)  # fmt: skip
         return alpha
 
     def summary(self) -> dict[str, Any]:
         """Items for the policy's run summary (``summary.json``)."""
         return {
-            "alpha_final": self.history[-1]["alpha"],
+            "alpha_protocol": self.settings.protocol,
+            "alpha_final": self.alpha,
             "alpha_tunings": len(self.history) - 1,
             "alpha_history": self.history,
             "bootstrap_requests": self.bootstrap_requests,

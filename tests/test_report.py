@@ -35,6 +35,7 @@ BASE = ["trace=sharegpt", "trace.limit=6"]
 SIZES = [0.25, 1.0]
 ALPHAS = [0.0, 2.0]
 ALPHA_KEY = "compare.marconi.alpha"
+FIXED_ALPHA = "compare.marconi.tuning.enabled=false"  # Marconi is tuned by default
 
 
 def run_sim(out: Path, overrides: list[str]) -> dict:
@@ -66,7 +67,7 @@ def sweep_dir(tmp_path_factory) -> Path:
     rows = []
     grid = [(size, alpha) for size in SIZES for alpha in ALPHAS]
     for point, (size, alpha) in enumerate(grid):
-        overrides = ["engine=timed", f"cache.size_gb={size}", f"{ALPHA_KEY}={alpha}"]
+        overrides = ["engine=timed", f"cache.size_gb={size}", f"{ALPHA_KEY}={alpha}", FIXED_ALPHA]
         summary = run_sim(out / str(point), overrides)
         for policy, metrics in summary["policies"].items():
             keys = {"point": point, "cache.size_gb": size, ALPHA_KEY: alpha, "policy": policy}
