@@ -5,8 +5,11 @@ semantics, checked request by request against an independent model of that code
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from policies.base import Semantics
@@ -35,8 +38,10 @@ def requests(trace: str) -> tuple[Request, ...]:
     return tuple(load_trace(cfg, run_settings(cfg)).requests())
 
 
-def simlab_hits(trace: str, policy: str, gb: float, alpha: float, compat: str) -> list[int]:
-    overrides = [f"+policy={policy}", f"policy.compat={compat}", f"cache.size_gb={gb}"]
+def simlab_hits(
+    trace: str, policy: str, gb: float, alpha: float, compat: str, extra: tuple = ()
+) -> list[int]:
+    overrides = [f"+policy={policy}", f"policy.compat={compat}", f"cache.size_gb={gb}", *extra]
     if policy == "marconi":
         overrides += [f"policy.alpha={alpha}", "policy.tuning.enabled=false"]
     cfg = compose(overrides)
@@ -192,3 +197,27 @@ def test_bad_compat_settings_name_the_key(override, key):
     cfg = compose(["+policy=marconi", override])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg))
+
+
+# ------------------------------------------------------------------------ the real code
+REAL = Path(__file__).parent / "fixtures" / "marconi_reference"
+
+
+@pytest.mark.parametrize("csv", sorted(REAL.glob("*.csv")), ids=lambda p: p.stem)
+def test_hits_equal_the_real_reference_code(csv):
+    """Per-request hits of the Marconi reference code itself (the public fork
+    meghrathod/marconi, which fixes the MLP and freed-bytes bugs and keeps the descent bug),
+    driven over simlab's requests by ``crosscheck/marconi_reference.py``: simlab's
+    ``reference_fixed`` preset with ``partial_descent`` gives the same hit on every request."""
+    case = json.loads((REAL / "manifest.json").read_text())["cases"][csv.stem]
+    trace = case["trace_overrides"][0].removeprefix("trace=")
+    needs_data(trace)
+    policy = "marconi" if case["evict_policy_version"] == 2 else "sglang_plus"
+    gb, alpha = case["capacity_bytes"] / 1e9, float(case["eff_weight"])
+    expected = pd.read_csv(csv)
+    reqs = requests(trace)
+    assert expected["request_id"].tolist() == [r.request_id for r in reqs]
+    sim = simlab_hits(
+        trace, policy, gb, alpha, "reference_fixed", ("+policy.semantics.partial_descent=true",)
+    )
+    assert sim == expected["reference_hit"].tolist()
