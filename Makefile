@@ -27,7 +27,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.speed $(ARGS)
 
 ## The Marconi paper's published numbers beside simlab's (paper mode and default semantics):
-## runs/paper/paper.md and paper.pdf, about 15 min on 2 cores; ARGS=--quick for a 3-minute subset
+## runs/paper/paper.md and paper.pdf, about 10 min on 2 cores; ARGS=--quick for a 2.5-minute subset
 ## in runs/paper-quick. A rerun resumes (finished points are skipped).
 paper: $(STAMP)
 	$(BIN)/python -m simlab.paper $(ARGS)
