@@ -226,7 +226,9 @@ class EvictionPolicy:
     refreshes_insert_path: bool = False
     #: Which of equally scored candidates goes first: ``oldest`` (smallest creation id) or
     #: ``dfs`` (the first in depth-first pre-order, children in insertion order: the Marconi
-    #: reference code's ``_collect_leaf_and_single_child_nodes`` then ``min``).
+    #: reference code's ``_collect_leaf_and_single_child_nodes`` then ``min``) or ``heap``
+    #: (leaf-only policies: the depth-first leaves ``heapq``-ed by score alone, the order of
+    #: the reference's SGLang+ ``evict_v1``; :func:`simlab.evictor.heap_victims`).
     ties: str = "oldest"
     #: With ``Semantics.reference_insert``: the eviction loop counts a deleted leaf's KV as the
     #: last candidate's edge, not the victim's (the reference's bug at

@@ -23,6 +23,8 @@ sequence                   speculative ``match_prefix`` on the whole sequence)
 semantics.whole_input_hit  every fully matched node is reused, the whole input included
 eviction.                  SGLang+ (``evict_policy_version=1``): the insertion's walk refreshes
 refreshes_insert_path      the nodes it passes
+eviction.ties=heap         SGLang+: the leaves ``heapq``-ed by ``last_access_time`` alone
+                           (``TreeNode.__lt__``, ``evict_v1``): ties in the heap's order
 eviction.mlp_bug           bug: ``28 * (mlp(T) - attn(P))`` (l. 526)
 eviction.                  bug: a deleted leaf counts the last candidate's KV, not its own
 miscounts_freed_bytes      (``node`` for ``node_to_evict``, l. 555)
@@ -80,12 +82,12 @@ _BUGS = {"mlp_bug": True, "miscounts_freed_bytes": True}
 _PLUGINS: dict[str, dict[str, dict[str, Any]]] = {
     "reference": {
         "policies.flop_aware.FlopAware": _FLOP_AWARE | _BUGS,
-        "policies.lru.LRU": {"refreshes_insert_path": True},
+        "policies.lru.LRU": {"refreshes_insert_path": True, "ties": "heap"},
         "policies.judicious.Judicious": {"branch_on": "sequence"},
     },
     "reference_fixed": {
         "policies.flop_aware.FlopAware": _FLOP_AWARE | dict.fromkeys(_BUGS, False),
-        "policies.lru.LRU": {"refreshes_insert_path": True},
+        "policies.lru.LRU": {"refreshes_insert_path": True, "ties": "heap"},
         "policies.judicious.Judicious": {"branch_on": "sequence"},
     },
 }

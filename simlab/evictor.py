@@ -11,6 +11,9 @@ oldest node (smallest creation id). Two paths give the same victims in the same 
   ancestors is scored in one call and evicted in bulk (fine-grained admission makes chains of
   hundreds of nodes).
 
+``ties=heap`` (the Marconi reference code's SGLang+) pops leaves from a ``heapq`` compared by
+score alone (:func:`heap_victims`): equal scores go in whatever order the heap gives.
+
 Every path tells the policy what it evicted through ``on_evict`` (only when the policy
 overrides the no-op hook, so the hot path pays nothing otherwise).
 """
@@ -18,7 +21,7 @@ overrides the no-op hook, so the hot path pays nothing otherwise).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -47,6 +50,8 @@ def evict(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int,
     """
     if need <= cache.free_bytes:
         return 0, 0
+    if policy.ties == "heap":
+        return _evict_heap_order(cache, need, policy)
     if policy.scores_depend_on_candidates or policy.ties == "dfs":
         return _evict_rescoring(cache, need, policy)
     return _evict_heap(cache, need, policy)
@@ -105,20 +110,61 @@ def evict_counted(cache: PrefixCache, to_remove: float, policy: EvictionPolicy) 
     counted = 0.0
     freed = count = 0
     notify = eviction_listener(policy)
+    heap = heap_victims(cache, policy) if policy.ties == "heap" else None
     while counted < to_remove:
-        order = dfs_candidates(cache, policy.evicts_inner_nodes)
-        if not order:
-            break
-        victim = _first_lowest(cache, policy, order)
+        if heap is not None:
+            victim = next(heap, None)
+            if victim is None:
+                break
+            edge = victim
+        else:
+            order = dfs_candidates(cache, policy.evicts_inner_nodes)
+            if not order:
+                break
+            victim = _first_lowest(cache, policy, order)
+            edge = order[-1] if policy.miscounts_freed_bytes else victim
         counted += cache.ckpt_bytes if victim.ckpt else 0
         if not victim.children:
-            edge = order[-1] if policy.miscounts_freed_bytes else victim
             counted += (edge.end - edge.start) * cache.kv_per_token
         freed += cache._evict_node(victim)
         count += 1
         if notify is not None:
             notify(cache, [victim])
     return freed, count
+
+
+class _ByScore:
+    """A heap entry compared by its score alone, as the reference's ``TreeNode.__lt__``
+    compares ``last_access_time`` alone: equal scores keep whatever order ``heapq`` gives."""
+
+    __slots__ = ("node", "score")
+
+    def __init__(self, score: float, node: Node):
+        self.score, self.node = score, node
+
+    def __lt__(self, other: _ByScore) -> bool:
+        return self.score < other.score
+
+
+def heap_victims(cache: PrefixCache, policy: EvictionPolicy) -> Iterator[Node]:
+    """Leaves in the order of the Marconi reference code's SGLang+ (``evict_v1``): the leaves
+    in depth-first pre-order, ``heapq.heapify``-ed by score alone, popped one by one, and a
+    parent left without children pushed. The caller evicts each node yielded before asking
+    for the next. Scores must not change during one eviction (LRU's do not)."""
+
+    def entry(node: Node) -> _ByScore:
+        return _ByScore(float(policy.scores(cache, np.array([node.slot]))[0]), node)
+
+    heap = [entry(node) for node in dfs_candidates(cache, inner=False)]
+    heapq.heapify(heap)
+    while heap:
+        node = heapq.heappop(heap).node
+        parent = node.parent
+        yield node
+        if parent is None or parent is cache.root or parent.children:
+            continue
+        if not cache.pins[parent.slot]:  # a leaf now
+            heapq.heappush(heap, entry(parent))
 
 
 def _first_lowest(cache: PrefixCache, policy: EvictionPolicy, order: list[Node]) -> Node:
@@ -145,6 +191,21 @@ def next_victim(cache: PrefixCache, policy: EvictionPolicy) -> Node | None:
     tied = cand[scores == scores.min()]
     slot = int(tied[np.argmin(cache.nids[tied])]) if tied.size > 1 else int(tied[0])
     return cache.node_at(slot)
+
+
+def _evict_heap_order(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
+    freed = count = 0
+    notify = eviction_listener(policy)
+    victims = heap_victims(cache, policy)
+    while need > cache.free_bytes:
+        victim = next(victims, None)
+        if victim is None:
+            break
+        freed += cache._evict_node(victim)
+        count += 1
+        if notify is not None:
+            notify(cache, [victim])
+    return freed, count
 
 
 def _evict_rescoring(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:

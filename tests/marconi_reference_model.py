@@ -19,20 +19,24 @@ Semantics, per request (``serve``):
   excess as it counts bytes; then the sequence is inserted whatever the capacity: a split
   where it diverges inside an edge (the upper half is a new node with a state), a new leaf for
   the rest. ``v1``'s insertion refreshes the fully matched nodes it walks.
-* ``evict_v1``: the least recently used leaf (ties: the oldest node) until enough is counted.
+* ``evict_v1``: the leaves in pre-order, ``heapq``-ed by access time alone (ties: whatever
+  order the heap gives), popped until enough is counted; a parent left without children is
+  pushed.
 * ``evict_v2``: candidates are the nodes with at most one child in depth-first pre-order;
   utility = minmax(1 / (now - last_access)) + alpha * minmax(FLOPs saved / (state + KV of the
   whole path)); the first lowest goes. A leaf is deleted; a one-child node is merged into its
   child (which takes the later access time). The bugs are flags: the MLP term subtracts the
-  parent's attention FLOPs, and a deleted leaf counts the last candidate's KV; with ``bugs``
-  the match descends as above.
+  parent's attention FLOPs (``mlp_bug``), a deleted leaf counts the last candidate's KV
+  (``miscount_bug``), and the match descends as above (``descent_bug``); ``bugs`` sets all
+  three.
 
 New nodes are numbered in creation order; a split's upper half is the new node, a merge keeps
-the child's number (the tie order of ``v1``).
+the child's number.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -78,11 +82,17 @@ class ReferenceTree:
         alpha: float = 0.0,
         bugs: bool = True,
         shape: HybridShape | None = None,
+        *,
+        mlp_bug: bool | None = None,
+        miscount_bug: bool | None = None,
+        descent_bug: bool | None = None,
     ):
         self.capacity = capacity
         self.version = version
         self.alpha = alpha
-        self.bugs = bugs
+        self.mlp_bug = bugs if mlp_bug is None else mlp_bug
+        self.miscount_bug = bugs if miscount_bug is None else miscount_bug
+        self.descent_bug = bugs if descent_bug is None else descent_bug
         self.shape = shape or HybridShape()
         self.ts = 0
         self._nid = 0
@@ -115,7 +125,7 @@ class ReferenceTree:
                 break
             common = _common(child.key, key, pos)
             pos += common
-            if common < len(child.key) and not self.bugs:
+            if common < len(child.key) and not self.descent_bug:
                 break
             entered.append(child)
             if common == len(child.key):
@@ -169,24 +179,37 @@ class ReferenceTree:
     # ------------------------------------------------------------------ eviction
     def evict(self, to_remove: float) -> None:
         self.ts += 1
+        if self.version == 1:
+            self._evict_leaves(to_remove)
+            return
         counted = 0
         while counted < to_remove:
-            cands = [
-                n for n in self._preorder() if len(n.children) <= (1 if self.version == 2 else 0)
-            ]
+            cands = [n for n in self._preorder() if len(n.children) <= 1]
             if not cands:
                 return
-            if self.version == 1:
-                victim = min(cands, key=lambda n: (n.ts, n.nid))
-            else:
-                victim = self._lowest_utility(cands)
+            victim = self._lowest_utility(cands)
             if victim.children:
                 self._merge(victim)
                 counted += self.shape.state_bytes
             else:
-                edge = cands[-1] if self.bugs and self.version == 2 else victim
+                edge = cands[-1] if self.miscount_bug else victim
                 self._delete(victim)
                 counted += self.shape.state_bytes + len(edge.key) * self.shape.kv_per_token
+
+    def _evict_leaves(self, to_remove: float) -> None:
+        """``evict_v1``: the leaves in pre-order, a ``heapq`` ordered by access time alone
+        (``_ByTime``), popped until enough is counted; a parent left childless is pushed."""
+        heap = [_ByTime(n) for n in self._preorder() if not n.children]
+        heapq.heapify(heap)
+        counted = 0
+        while counted < to_remove and heap:
+            victim = heapq.heappop(heap).node
+            parent = victim.parent
+            assert parent is not None
+            self._delete(victim)
+            counted += self.shape.state_bytes + len(victim.key) * self.shape.kv_per_token
+            if parent is not self.root and not parent.children:
+                heapq.heappush(heap, _ByTime(parent))
 
     def _preorder(self) -> list[RefNode]:
         out: list[RefNode] = []
@@ -210,7 +233,7 @@ class ReferenceTree:
         prefix = end - own
         mamba = s.ssm_layers * s.mamba(own)
         attn = s.attn_layers * (s.attn(end) - s.attn(prefix))
-        parent_term = s.attn(prefix) if self.bugs else s.mlp(prefix)
+        parent_term = s.attn(prefix) if self.mlp_bug else s.mlp(prefix)
         mlp = s.mlp_layers * (s.mlp(end) - parent_term)
         memory = s.state_bytes + end * s.kv_per_token
         return (mamba + attn + mlp) / memory
@@ -230,6 +253,16 @@ class ReferenceTree:
         child.parent = parent
         parent.children[child.key[0]] = child
         self.nodes -= 1
+
+
+class _ByTime:
+    """A node compared by its access time alone (equal times: the heap's own order)."""
+
+    def __init__(self, node: RefNode):
+        self.node = node
+
+    def __lt__(self, other: _ByTime) -> bool:
+        return self.node.ts < other.node.ts
 
 
 def _common(edge: tuple[int, ...], key: tuple[int, ...], pos: int) -> int:

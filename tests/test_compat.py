@@ -1,6 +1,7 @@
 """``policy.compat=reference``: simlab's paper policies with the Marconi reference code's
 semantics, checked request by request against an independent model of that code
-(``tests/marconi_reference_model.py``; the reference itself cannot be run here)."""
+(``tests/marconi_reference_model.py``), and against the real reference code's per-request hits
+(``tests/fixtures/marconi_reference``, recorded by ``crosscheck/marconi_reference.py``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 from policies.base import Semantics
 from policies.flop_aware import FlopAware
 from policies.judicious import Judicious
+from policies.lru import LRU
+from simlab import compat
 from simlab.cache import PrefixCache
 from simlab.compat import semantics_for, with_compat
 from simlab.config import ConfigError, run_settings
@@ -49,8 +52,11 @@ def simlab_hits(
     return [r.hit_tokens for r in replay_step(list(requests(trace)), step)]
 
 
-def reference_hits(trace: str, policy: str, gb: float, alpha: float, bugs: bool) -> list[int]:
-    tree = ReferenceTree(gb * 1e9, 2 if policy == "marconi" else 1, alpha=alpha, bugs=bugs)
+def reference_hits(
+    trace: str, policy: str, gb: float, alpha: float, bugs: bool, **flags: bool
+) -> list[int]:
+    version = 2 if policy == "marconi" else 1
+    tree = ReferenceTree(gb * 1e9, version, alpha=alpha, bugs=bugs, **flags)
     return [tree.serve(r.input_ids.tolist(), r.output_ids.tolist()) for r in requests(trace)]
 
 
@@ -107,6 +113,8 @@ def test_presets_set_every_switch():
     pcfg = with_compat(cfg.policy)
     assert pcfg.eviction.memory == "path" and pcfg.eviction.recency == "inverse_age"
     assert pcfg.eviction.ties == "dfs" and pcfg.eviction.mlp_bug is True
+    sglang = with_compat(compose(["+policy=sglang_plus", "policy.compat=reference"]).policy)
+    assert sglang.eviction.ties == "heap" and sglang.eviction.refreshes_insert_path is True
     assert pcfg.eviction.miscounts_freed_bytes is True
     assert pcfg.admission.branch_on == "sequence"
     assert semantics_for(pcfg) == Semantics("operation", False, True, True, True)
@@ -175,7 +183,7 @@ def test_the_descent_bug_credits_what_is_not_a_prefix():
             cache.insert(chain, [end], end, FlopAware())
         found = cache.lookup(query)
         assert (found.hit, found.matched) == expected
-        tree = ReferenceTree(1e12, 2, bugs=descent)
+        tree = ReferenceTree(1e12, 2, bugs=False, descent_bug=descent)
         for end in (3, 6, 8):
             tree.insert(tuple(chain[:end].tolist()))
         _, reusable, prefix = tree.match_prefix(tuple(query.tolist()))
@@ -203,21 +211,53 @@ def test_bad_compat_settings_name_the_key(override, key):
 REAL = Path(__file__).parent / "fixtures" / "marconi_reference"
 
 
+def real_case(csv: Path) -> tuple[str, str, float, float, pd.DataFrame]:
+    case = json.loads((REAL / "manifest.json").read_text())["cases"][csv.stem]
+    trace = case["trace_overrides"][0].removeprefix("trace=")
+    needs_data(trace)
+    policy = "marconi" if case["evict_policy_version"] == 2 else "sglang_plus"
+    expected = pd.read_csv(csv)
+    assert expected["request_id"].tolist() == [r.request_id for r in requests(trace)]
+    return trace, policy, case["capacity_bytes"] / 1e9, float(case["eff_weight"]), expected
+
+
+@pytest.mark.parametrize("csv", sorted(REAL.glob("*.csv")), ids=lambda p: p.stem)
+def test_the_model_equals_the_real_reference_code(csv):
+    """The independent model, with the fork's bugs (the descent bug only), gives the real
+    code's hit on every request: the model the differential tests above use is right."""
+    trace, policy, gb, alpha, expected = real_case(csv)
+    hits = reference_hits(trace, policy, gb, alpha, bugs=False, descent_bug=True)
+    assert hits == expected["reference_hit"].tolist()
+
+
 @pytest.mark.parametrize("csv", sorted(REAL.glob("*.csv")), ids=lambda p: p.stem)
 def test_hits_equal_the_real_reference_code(csv):
     """Per-request hits of the Marconi reference code itself (the public fork
     meghrathod/marconi, which fixes the MLP and freed-bytes bugs and keeps the descent bug),
     driven over simlab's requests by ``crosscheck/marconi_reference.py``: simlab's
     ``reference_fixed`` preset with ``partial_descent`` gives the same hit on every request."""
-    case = json.loads((REAL / "manifest.json").read_text())["cases"][csv.stem]
-    trace = case["trace_overrides"][0].removeprefix("trace=")
-    needs_data(trace)
-    policy = "marconi" if case["evict_policy_version"] == 2 else "sglang_plus"
-    gb, alpha = case["capacity_bytes"] / 1e9, float(case["eff_weight"])
-    expected = pd.read_csv(csv)
-    reqs = requests(trace)
-    assert expected["request_id"].tolist() == [r.request_id for r in reqs]
+    trace, policy, gb, alpha, expected = real_case(csv)
     sim = simlab_hits(
         trace, policy, gb, alpha, "reference_fixed", ("+policy.semantics.partial_descent=true",)
     )
     assert sim == expected["reference_hit"].tolist()
+
+
+def test_the_heap_tie_order_is_the_real_codes(monkeypatch):
+    """SWE-bench at 2 GB: two SGLang+ leaves share an access time and the real code's
+    ``heapq`` (by ``last_access_time`` alone) picks one; the oldest-node rule picks the other
+    and differs from the real code on a request."""
+    csv = REAL / "swebench_2gb_sglang_plus.csv"
+    trace, policy, gb, alpha, expected = real_case(csv)
+    fixed = ("+policy.semantics.partial_descent=true",)
+    lru = "policies.lru.LRU"
+    plugins = dict(compat._PLUGINS["reference_fixed"])
+    plugins[lru] = plugins[lru] | {"ties": "oldest"}
+    monkeypatch.setitem(compat._PLUGINS, "reference_fixed", plugins)
+    oldest = simlab_hits(trace, policy, gb, alpha, "reference_fixed", fixed)
+    assert oldest != expected["reference_hit"].tolist()
+
+
+def test_lru_ties_are_checked():
+    with pytest.raises(ValueError, match=r"eviction\.ties"):
+        LRU(ties="dfs")
