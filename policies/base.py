@@ -132,6 +132,10 @@ class Semantics:
     bug of the reference, ``_match_prefix_helper`` lines 360-362): after a mismatch inside an
     edge, the match goes on into that node's children with the rest of the input, and credits
     the ones it matches whole as reusable although they are not on the input's prefix.
+    ``block_estimate`` (with ``reference_insert``; 0: off): the reference vLLM+'s estimate
+    instead (``radix_cache_vllm.py`` ``insert``): the sequence's tokens past ``block_estimate``
+    times (the whole blocks matched + 1, the root counted as a node), plus one state per
+    ``block_estimate`` of them.
     """
 
     clock: str = "request"
@@ -139,6 +143,7 @@ class Semantics:
     reference_insert: bool = False
     whole_input_hit: bool = False
     partial_descent: bool = False
+    block_estimate: int = 0
 
     def __post_init__(self) -> None:
         if self.clock not in CLOCKS:
@@ -148,6 +153,11 @@ class Semantics:
                 "policy.semantics.pin_insert=false needs reference_insert=true (only the "
                 "reference's insertion walks the tree again after evicting)"
             )
+        block = self.block_estimate
+        if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+            raise ValueError(f"policy.semantics.block_estimate must be an int >= 0, got {block!r}")
+        if block and not self.reference_insert:
+            raise ValueError("policy.semantics.block_estimate needs reference_insert=true")
         for name in ("pin_insert", "reference_insert", "whole_input_hit", "partial_descent"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(

@@ -441,7 +441,7 @@ class PrefixCache:
         :class:`policies.base.Semantics`): the clock ticks for the insertion and for its
         speculative match, which refreshes nodes as a match does (``policy.on_hit``); the bytes
         to free are estimated as one SSM state (two when the sequence ends or diverges inside
-        an edge) plus the KV past the match; the eviction (one more tick) frees that many bytes
+        an edge) plus the KV past the match (vLLM+'s: ``Semantics.block_estimate``); the eviction (one more tick) frees that many bytes
         as the policy counts them (:func:`simlab.evictor.evict_counted`); then the sequence is
         inserted whole, whatever the capacity, by a fresh walk (``_insert_helper``) that
         splits the edge it diverges in."""
@@ -451,8 +451,13 @@ class PrefixCache:
             self.now += 2.0
         speculative = self.lookup(tokens)
         policy.on_hit(self, speculative)
-        states = (2 if speculative.partial is not None else 1) if self.hybrid else 0
-        need = (end - speculative.matched) * self.kv_per_token + states * self.ckpt_bytes
+        block = self.semantics.block_estimate
+        if block:  # vLLM+: the root and each whole block matched count one block each
+            extra = end - block * (speculative.matched // block + 1)
+            need = extra * self.kv_per_token + (extra / block) * self.ckpt_bytes
+        else:
+            states = (2 if speculative.partial is not None else 1) if self.hybrid else 0
+            need = (end - speculative.matched) * self.kv_per_token + states * self.ckpt_bytes
         result = InsertResult()
         if need > self.free_bytes:
             if self.semantics.ticks_per_operation:

@@ -2,8 +2,8 @@
 
 The Marconi paper's numbers come from its authors' code (github ``ruipeterpan/marconi``, HEAD
 ``0801661``), which differs from the paper's text, and from simlab's default, in four semantic
-choices and three bugs (a fourth, in its vLLM+, is not reproduced) (``../shared/notes/marconi_reference.md``). Each is a switch of its own; a
-compat preset sets them all at once:
+choices and four bugs (``../shared/notes/marconi_reference.md``). Each is a switch of its own;
+a compat preset sets them all at once:
 
 =========================  =================================================================
 switch (config key)        the reference's behaviour (file: place)
@@ -38,10 +38,13 @@ semantics (the paper's text). A preset sets all of its switches; without one, ea
 set on its own (``policy.eviction.memory=path``, ``policy.semantics.clock=operation``, ...) to
 measure what it alone changes.
 
-Not reproduced (documented in the notes; differences of at most ~0.1 point there): the
-reference vLLM+'s partial tail blocks (cached with a state and extended in place), its
-``bytes_needed`` estimate and its insertion past capacity: ``vllm_plus`` takes only the clock and
-whole-input switches.
+vLLM+ (``radix_cache_vllm.py``) takes the clock, whole-input, heap-tie, insert-path refresh
+and no-pin switches, and ``semantics.reference_insert`` with its own estimate
+(``semantics.block_estimate``: the tokens past the whole blocks matched + 1, a state per block
+of them): it evicts what it estimates, then inserts past capacity (its bug 4; ``reference`` and
+``reference_fixed`` alike, as the fork keeps it). Not reproduced: its partial tail blocks (the
+last, partial block of a sequence cached with a state and extended in place; simlab caches
+whole blocks only, as vLLM does; 0.02-0.11 points in the notes).
 """
 
 from __future__ import annotations
@@ -67,13 +70,10 @@ _SEMANTICS: dict[str, dict[str, Any]] = {
 }
 _SEMANTICS["reference_fixed"] = _SEMANTICS["reference"] | {"partial_descent": False}
 #: What the presets leave out for an admission whose reference counterpart differs: the
-#: reference vLLM+ (``radix_cache_vllm.py``) has its own insertion and block match.
+#: reference vLLM+ (``radix_cache_vllm.py``) has its own block match (no descent bug) and its
+#: own insertion estimate (``block_estimate``, set in :func:`semantics_for`).
 _NOT_FOR = {
-    "policies.fine_grained.FineGrained": {
-        "reference_insert": False,
-        "partial_descent": False,
-        "pin_insert": True,
-    },
+    "policies.fine_grained.FineGrained": {"partial_descent": False},
 }
 
 #: Plug-in switches of each preset, by the plug-in's ``_target_``.
@@ -110,7 +110,10 @@ def semantics_for(pcfg: Mapping[str, Any] | DictConfig) -> Semantics:
     values = dict(_SEMANTICS[preset]) if preset else {}
     if preset:
         admission = pcfg.get("admission") or {}
-        values |= _NOT_FOR.get(str(admission.get("_target_")), {})
+        target = str(admission.get("_target_"))
+        values |= _NOT_FOR.get(target, {})
+        if target == "policies.fine_grained.FineGrained":  # vLLM+'s own insertion estimate
+            values["block_estimate"] = int(admission.get("block_size", 32))
     own = pcfg.get("semantics") or {}
     if isinstance(own, DictConfig):
         own = OmegaConf.to_container(own, resolve=True)

@@ -119,7 +119,7 @@ def test_presets_set_every_switch():
     assert pcfg.admission.branch_on == "sequence"
     assert semantics_for(pcfg) == Semantics("operation", False, True, True, True)
     vllm = compose(["+policy=vllm_plus", "policy.compat=reference"]).policy
-    assert semantics_for(vllm) == Semantics("operation", True, False, True, False)
+    assert semantics_for(vllm) == Semantics("operation", False, True, True, False, 32)
     fixed = with_compat(compose(["+policy=marconi", "policy.compat=reference_fixed"]).policy)
     assert fixed.eviction.mlp_bug is False and fixed.eviction.memory == "path"
     plain = compose(["+policy=marconi"]).policy
@@ -164,6 +164,23 @@ def test_reference_insertion_may_exceed_the_capacity():
     assert record.admission_truncated and own.cache.used_bytes <= capacity
 
 
+def test_reference_vllm_plus_inserts_past_capacity():
+    """The reference vLLM+ (bug 4 of the notes) evicts what its block estimate asks, then
+    inserts the whole sequence: a 1 GB cache (about 1,100 tokens at 902,656 B per token) ends
+    up holding a 3,200-token sequence; simlab's own vLLM+ stops at the capacity."""
+    seq = np.arange(1, 3_201, dtype=np.int32)
+    request = Request(0, 0, 0, 0.0, seq[:3_000], seq[3_000:], 200)
+    used = {}
+    for preset in ("reference", "null"):
+        cfg = compose(["+policy=vllm_plus", f"policy.compat={preset}", "cache.size_gb=1"])
+        step = policy_step("vllm_plus", cfg.policy, HYBRID, run_settings(cfg))
+        step.serve(request)
+        step.cache.check_invariants()
+        used[preset] = step.cache.used_bytes
+    assert used["reference"] == 100 * (32 * HYBRID.kv_bytes_per_token + HYBRID.ssm_state_bytes)
+    assert used["reference"] > 1e9 >= used["null"]
+
+
 def test_the_whole_input_may_hit_under_the_reference():
     seq = np.arange(1, 101, dtype=np.int32)
     for whole, expected in ((True, 100), (False, 0)):
@@ -199,6 +216,7 @@ def test_the_descent_bug_credits_what_is_not_a_prefix():
         ("+policy.semantics.clock=tick", "policy.semantics.clock"),
         ("policy.eviction.memory=edge", "eviction.memory"),
         ("+policy.semantics.pin_insert=false", "policy.semantics.pin_insert"),
+        ("+policy.semantics.block_estimate=-1", "policy.semantics.block_estimate"),
     ],
 )
 def test_bad_compat_settings_name_the_key(override, key):
