@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-all bench lint clean crosscheck paper
+.PHONY: install run test test-all bench bench-peers lint clean crosscheck paper
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +22,17 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-## Replay and timed-engine speed per policy on the real traces; writes bench/results/.
+## Replay and timed-engine speed per policy on the real traces, then the side-by-side run against
+## the peer simulators (bench-peers); writes bench/results/.
 bench: $(STAMP)
 	$(BIN)/python -m bench.speed $(ARGS)
+	$(BIN)/python -m bench.peers $(PEERS_ARGS)
+
+## simlab beside kvcache-simulator and DynoSim on the Mooncake-format trace (bench/peers.py):
+## installs them into .bench-peers/ (throwaway venvs; skipped with a message when they cannot be
+## installed), about 7 min on 2 cores; writes bench/results/peers.json. PEERS_ARGS="--repeat 1".
+bench-peers: $(STAMP)
+	$(BIN)/python -m bench.peers $(PEERS_ARGS)
 
 ## The Marconi paper's published numbers beside simlab's (paper mode and default semantics):
 ## runs/paper/paper.md and paper.pdf, about 10 min on 2 cores; ARGS=--quick for a 2.5-minute subset
