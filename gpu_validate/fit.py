@@ -25,7 +25,7 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +58,15 @@ class ClassFit:
 
     def as_json(self) -> dict[str, Any]:
         e = self.efficiency
+        curve = {}
+        if e.curve:
+            knots, scale = zip(*e.curve, strict=True)
+            curve = {"curve": {"x": "tokens", "knots": list(knots), "scale": list(scale)}}
         return {
             "eta_c": e.eta_c,
             "eta_m": e.eta_m,
             "t0": e.t0,
+            **curve,
             "n": self.n,
             "median_rel_err": self.median_rel_err,
             "p90_rel_err": self.p90_rel_err,
@@ -70,13 +75,54 @@ class ClassFit:
 
 
 def roofline(
-    flops: np.ndarray, moved: np.ndarray, launches: np.ndarray, hw: Hardware, eff: Efficiency
+    flops: np.ndarray,
+    moved: np.ndarray,
+    launches: np.ndarray,
+    hw: Hardware,
+    eff: Efficiency,
+    tokens: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Vectorised :meth:`simlab.costmodel.CostModel.op_time` (tests check they agree)."""
-    return (
+    """Vectorised :meth:`simlab.costmodel.CostModel.op_time` (tests check they agree); the
+    class curve applies when ``tokens`` are given."""
+    t = (
         np.maximum(flops / (eff.eta_c * hw.peak_flops), moved / (eff.eta_m * hw.mem_bw))
         + launches * eff.t0
     )
+    if eff.curve and tokens is not None:
+        knots, scale = (np.array(v, dtype=float) for v in zip(*eff.curve, strict=True))
+        t = t * np.interp(np.log2(np.maximum(tokens, 1.0)), np.log2(knots), scale)
+    return t
+
+
+#: Knots (tokens) of a fitted token-count curve; knots beyond the records' range are dropped
+CURVE_KNOTS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+CURVE_PRIOR = 1e-2  # weak pull of log(scale) toward 0 (no correction) where records are few
+
+
+def fit_curve(
+    records: Sequence[dict], hw: Hardware, eff: Efficiency, knots: Sequence[int] = CURVE_KNOTS
+) -> Efficiency:
+    """``eff`` with a token-count curve fitted to the records' residual ratios
+    ``measured / roofline`` (piecewise linear in log2 tokens, soft-L1 on log ratios): what a
+    single efficiency per class cannot express (the roofline's ridge at small token counts,
+    kernels whose operands stay in L2). Needs a ``tokens`` field per record."""
+    f, b, n, t = _arrays(records)
+    tok = np.array([r["tokens"] for r in records], dtype=float)
+    top = float(tok.max())
+    kept = [k for k in knots if k <= top] or [1]
+    if kept[-1] < top:
+        kept.append(int(top))
+    xs = np.log2(np.array(kept, dtype=float))
+    x = np.clip(np.log2(np.maximum(tok, 1.0)), xs[0], xs[-1])
+    basis = np.stack([np.interp(x, xs, np.eye(len(xs))[k]) for k in range(len(xs))], axis=1)
+    target = np.log(t / roofline(f, b, n, hw, eff))
+
+    def residuals(c: np.ndarray) -> np.ndarray:
+        return np.concatenate([basis @ c - target, CURVE_PRIOR * c])
+
+    sol = least_squares(residuals, np.zeros(len(xs)), loss="soft_l1", f_scale=F_SCALE)
+    curve = tuple((float(k), float(math.exp(c))) for k, c in zip(kept, sol.x, strict=True))
+    return replace(eff, curve=curve)
 
 
 def _arrays(records: Sequence[dict]) -> tuple[np.ndarray, ...]:
@@ -88,9 +134,14 @@ def _arrays(records: Sequence[dict]) -> tuple[np.ndarray, ...]:
 
 
 def fit_class(
-    records: Sequence[dict], hw: Hardware, prior: Efficiency, op_class: str = "?"
+    records: Sequence[dict],
+    hw: Hardware,
+    prior: Efficiency,
+    op_class: str = "?",
+    curve: bool = False,
 ) -> ClassFit:
-    """Least-squares fit of one class's ``(eta_c, eta_m, t0)`` to its records."""
+    """Least-squares fit of one class's ``(eta_c, eta_m, t0)`` to its records, then (``curve``)
+    its token-count curve (:func:`fit_curve`; records need ``tokens``)."""
     f, b, n, t = _arrays(records)
     if np.any(t <= 0):
         raise ValueError(f"{op_class}: measured times must be > 0")
@@ -122,7 +173,11 @@ def fit_class(
             best = sol
     assert best is not None
     eff = unpack(best.x)
-    pred = roofline(f, b, n, hw, eff)
+    tokens = None
+    if curve:
+        eff = fit_curve(records, hw, eff)
+        tokens = np.array([r["tokens"] for r in records], dtype=float)
+    pred = roofline(f, b, n, hw, eff, tokens)
     err = np.abs(pred / t - 1.0)
     comp = f / (eff.eta_c * hw.peak_flops)
     mem = b / (eff.eta_m * hw.mem_bw)
@@ -254,6 +309,11 @@ def calibration_json(
         "hardware": hardware_json(hw, hw_source),
         "device": device,
         "ops": {cls: fit.as_json() for cls, fit in fits.items()},
+        "unmeasured": {
+            cls: "no records in this run: cost-model default"
+            for cls in OP_CLASSES
+            if cls not in fits
+        },
         "floors": floors(records),
         "fit": {
             "model": "t = max(F/(eta_c*peak), B/(eta_m*bw)) + launches*t0",

@@ -11,11 +11,15 @@ sum of the Vidur operators the op covers (:data:`COVERS`):
   the activation into the MLP);
 * ``norms_residuals`` = both RMSNorms + two residual adds (class elementwise).
 
-The efficiencies are fitted (``gpu_validate.fit.fit_class``) on the rows of the ``--fit``
-models and checked on the others (held back): median and P90 relative error per op class, by
-model and by token range. The output is a calibration file
+Per op class, ``(eta_c, eta_m, t0)`` and a token-count curve (``gpu_validate.fit.fit_class``
+with ``curve``) are fitted on alternate token counts of every (model, op, tp) series and checked
+on the others (held back): median and P90 relative error per op class, by model and by token
+range, beside the plain roofline's error and a fit on the ``--fit`` models checked on the other
+models. The NCCL all-reduce is fitted per tensor-parallel degree on the network profiles
+(:mod:`gpu_validate.vidur_network`). The output is a calibration file
 (:meth:`simlab.costmodel.Calibration.load`) with that provenance; classes Vidur does not measure
-(attention kernels, SSM scans, all-reduce) keep their defaults and the file says so.
+(attention kernels, SSM scans, state copies) and the ``engine.costs`` terms keep their defaults,
+and the file says so (``unmeasured``, ``terms``).
 
     python -m gpu_validate.vidur --gpu a100 --hardware a100_80gb --out gpu_validate/calibration/a100_80gb.json
 """
@@ -33,8 +37,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpu_validate import vidur_network
 from gpu_validate.cases import load_hardware
-from gpu_validate.fit import fit_class, hardware_json, roofline
+from gpu_validate.fit import ClassFit, fit_class, hardware_json, roofline
 from simlab.costmodel import DEFAULT_EFFICIENCY, BatchShape, CostModel, Efficiency, Hardware
 from simlab.model import ModelSpec
 from traces.atomic import atomic_path
@@ -50,7 +55,24 @@ COVERS: dict[str, tuple[tuple[str, int], ...]] = {
     "norms_residuals": (("input_layernorm", 1), ("post_attention_layernorm", 1), ("add", 2)),
 }
 TOKEN_RANGES = ((1, 64), (65, 512), (513, 2048), (2049, 1 << 20))
-UNMEASURED = ("attn_prefill", "attn_decode", "ssm_scan", "ssm_step", "state_copy", "allreduce")
+UNMEASURED = ("attn_prefill", "attn_decode", "ssm_scan", "selective_scan", "ssm_step", "state_copy")
+#: what a calibration file for a preset should warn about
+NOTES = {
+    "a100_40gb": "fitted on the same A100 measurements as a100_80gb (against this preset's peaks, "
+    "so its predictions equal that file's); Vidur's CSVs do not record the A100's memory size: "
+    "if they come from an 80 GB card (2,039 GB/s), memory-bound ops on a 40 GB card (1,555 GB/s) "
+    "take up to 1.3x longer than predicted here",
+}
+#: engine.costs terms no Vidur profile pins down (they stay at their no-charge defaults)
+TERMS = (
+    "iteration_overhead_s",
+    "sequence_overhead_s",
+    "moe_dispatch_s_per_token",
+    "mamba1_scan_scale",
+    "mamba2_scan_scale",
+    "state_load_s",
+    "state_store_s",
+)
 
 
 def one_layer(row: pd.Series) -> ModelSpec:
@@ -116,6 +138,29 @@ def load_records(gpu: str, hw: Hardware, data_dir: str | None = None) -> list[di
     return [r for f in files for r in records_of(f, f.parent.name, hw)]
 
 
+def split_rows(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
+    """Alternate token counts: in each (model, op, tp) series sorted by tokens, the even ranks
+    are fitted and the odd ones held back (every token range is in both halves)."""
+    series: dict[tuple, list[dict]] = {}
+    for r in records:
+        series.setdefault((r["model"], r["op_name"], r["tp"]), []).append(r)
+    train: list[dict] = []
+    test: list[dict] = []
+    for rows in series.values():
+        for i, r in enumerate(sorted(rows, key=lambda r: r["tokens"])):
+            (train if i % 2 == 0 else test).append(r)
+    return train, test
+
+
+def fit_classes(train: Sequence[dict], hw: Hardware, curve: bool) -> dict[str, ClassFit]:
+    return {
+        cls: fit_class(
+            [r for r in train if r["op_class"] == cls], hw, DEFAULT_EFFICIENCY[cls], cls, curve
+        )
+        for cls in sorted({r["op_class"] for r in train})
+    }
+
+
 def errors(records: Sequence[dict], hw: Hardware, fitted: dict[str, Efficiency]) -> pd.DataFrame:
     """Relative error ``predicted / measured - 1`` of every record under ``fitted``."""
     frame = pd.DataFrame(records)
@@ -123,9 +168,8 @@ def errors(records: Sequence[dict], hw: Hardware, fitted: dict[str, Efficiency])
     for cls, rows in frame.groupby("op_class").groups.items():
         sub = frame.loc[rows]
         eff = fitted.get(str(cls), DEFAULT_EFFICIENCY[str(cls)])
-        pred[frame.index.get_indexer(rows)] = roofline(
-            sub["flops"].to_numpy(), sub["bytes"].to_numpy(), sub["launches"].to_numpy(), hw, eff
-        )
+        f, b, n, tok = (sub[k].to_numpy(float) for k in ("flops", "bytes", "launches", "tokens"))
+        pred[frame.index.get_indexer(rows)] = roofline(f, b, n, hw, eff, tok)
     frame["rel_err"] = pred / frame["median_s"].to_numpy() - 1.0
     return frame
 
@@ -140,47 +184,97 @@ def error_table(frame: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def per_class(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Median and P90 of |relative error| per op class."""
+    return {
+        str(cls): {"median": float(e.abs().median()), "p90": float(e.abs().quantile(0.9))}
+        for cls, e in frame.groupby("op_class")["rel_err"]
+    }
+
+
+def held_back(
+    train: Sequence[dict], test: Sequence[dict], hw: Hardware, curve: bool
+) -> tuple[dict[str, ClassFit], pd.DataFrame]:
+    fits = fit_classes(train, hw, curve)
+    return fits, errors(test, hw, {c: f.efficiency for c, f in fits.items()})
+
+
 def calibrate(
     gpu: str, hardware: str, fit_models: Sequence[str], data_dir: str | None = None
 ) -> dict[str, Any]:
-    """The calibration file's content: fitted classes, held-back errors, provenance."""
+    """The calibration file's content: fitted classes (token-count curves included) on
+    alternate token counts of every model, held-back errors on the others (and, as a check
+    of generalisation, on the models left out of a fit on ``fit_models``), the all-reduce
+    (:mod:`gpu_validate.vidur_network`), provenance."""
     hw = load_hardware(hardware)
     records = load_records(gpu, hw, data_dir)
-    train = [r for r in records if r["model"] in fit_models]
-    test = [r for r in records if r["model"] not in fit_models]
-    if not train:
+    train, test = split_rows(records)
+    by_model = [r for r in records if r["model"] in fit_models]
+    others = [r for r in records if r["model"] not in fit_models]
+    if not by_model:
         raise ValueError(f"--fit {list(fit_models)}: no Vidur profile of these models for {gpu}")
-    fits = {
-        cls: fit_class([r for r in train if r["op_class"] == cls], hw, DEFAULT_EFFICIENCY[cls], cls)
-        for cls in sorted({r["op_class"] for r in train})
-    }
-    fitted = {cls: fit.efficiency for cls, fit in fits.items()}
-    overall = errors(test, hw, fitted) if test else pd.DataFrame()
-    held = error_table(overall) if test else pd.DataFrame()
-    summary = {}
-    if test:
-        for cls, sub in overall.groupby("op_class"):
-            err = sub["rel_err"].abs()
-            summary[str(cls)] = {"median": float(err.median()), "p90": float(err.quantile(0.9))}
+    fits, held = held_back(train, test, hw, curve=True)
+    plain = held_back(train, test, hw, curve=False)[1]
+    models = held_back(by_model, others, hw, curve=True)[1] if others else pd.DataFrame()
+    network = vidur_network.calibrate(gpu, hw, data_dir)
+    summary = per_class(held)
+    summary["allreduce"] = network["held_back_error"]["held_back"]
     return {
         "hardware": hardware_json(hw, f"preset {hardware}"),
         "device": f"Vidur {gpu}",
-        "ops": {cls: fit.as_json() for cls, fit in fits.items()},
+        "ops": {cls: fit.as_json() for cls, fit in fits.items()} | {"allreduce": network["entry"]},
         "unmeasured": {cls: "not in Vidur's profiles: cost-model default" for cls in UNMEASURED},
+        "terms": {
+            k: "not measured (Vidur times kernels, not an engine): engine.costs default"
+            for k in TERMS
+        },
         "fit": {
-            "model": "t = max(F/(eta_c*peak), B/(eta_m*bw)) + launches*t0",
+            "model": "t = [max(F/(eta_c*peak), B/(eta_m*bw)) + launches*t0] * curve(tokens)",
+            "curve": "per class, piecewise linear in log2(tokens), fitted on the residual ratio",
             "source": f"vidur_profiling/compute/{gpu}/meta-llama/*/mlp.csv (medians)",
-            "fitted_on": list(fit_models),
-            "held_back": sorted({r["model"] for r in test}),
+            "models": sorted({r["model"] for r in records}),
+            "split": "alternate token counts per (model, op, tp): even ranks fitted, odd held back",
             "records": {"fit": len(train), "held_back": len(test)},
             "covers": {op: [f"{k}x {v}" for v, k in ops] for op, ops in COVERS.items()},
+            "allreduce": network["provenance"],
         },
+        "note": NOTES.get(hardware, ""),
         "held_back_error": summary,
-        "held_back_table": [
-            {"model": m, "op_class": c, "tokens": str(t), **{k: float(v) for k, v in row.items()}}
-            for (m, c, t), row in held.iterrows()
-        ],
+        "held_back_error_plain_roofline": per_class(plain),
+        "held_back_error_by_model": {
+            "fitted_on": list(fit_models),
+            "held_back": sorted({r["model"] for r in others}),
+            **(per_class(models) if others else {}),
+        },
+        "allreduce_held_back": network["held_back_error"],
+        "held_back_table": _rows(error_table(held)),
+        "allreduce_table": network["table"],
     }
+
+
+def _rows(table: pd.DataFrame) -> list[dict[str, Any]]:
+    return [
+        {"model": m, "op_class": c, "tokens": str(t), **{k: float(v) for k, v in row.items()}}
+        for (m, c, t), row in table.iterrows()
+    ]
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The held-back error per op class (and the all-reduce per tp) as printed lines."""
+    lines = [
+        f"{'class':12s} {'held back rows':>22s} {'plain roofline':>22s} {'held-back models':>22s}"
+    ]
+    by_model = result["held_back_error_by_model"]
+    for cls, held in result["held_back_error"].items():
+        cells = [held, result["held_back_error_plain_roofline"].get(cls), by_model.get(cls)]
+        text = [f"{100 * c['median']:5.1f}% / {100 * c['p90']:5.1f}%" if c else "-" for c in cells]
+        lines.append(f"{cls:12s} " + " ".join(f"{t:>22s}" for t in text))
+    for label, summary in result["allreduce_held_back"].items():
+        for tp, e in summary["by_tp"].items():
+            lines.append(
+                f"allreduce tp {tp} {label}: median {100 * e['median']:.1f}% P90 {100 * e['p90']:.1f}%"
+            )
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -199,14 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with atomic_path(args.out) as tmp:
         tmp.write_text(json.dumps(result, indent=1) + "\n")
-    for cls, held in result["held_back_error"].items():
-        fit = result["ops"][cls]
-        sys.stdout.write(
-            f"{cls:12s} eta_c {fit['eta_c']:.3f} eta_m {fit['eta_m']:.3f} t0 {fit['t0'] * 1e6:.1f} us"
-            f" | held back ({', '.join(result['fit']['held_back'])}): median {100 * held['median']:.1f}%,"
-            f" P90 {100 * held['p90']:.1f}%\n"
-        )
-    sys.stdout.write(f"calibration: {args.out}\n")
+    sys.stdout.write(format_result(result) + f"\ncalibration: {args.out}\n")
     return 0
 
 

@@ -3,10 +3,15 @@
 Every operation of an iteration is reduced to (op class, FLOPs, bytes moved, kernel launches),
 summed over the layers it runs in, and timed as
 
-    t(op) = max(FLOPs / (eta_c * peak), bytes / (eta_m * bandwidth)) + launches * t0
+    t(op) = [max(FLOPs / (eta_c * peak), bytes / (eta_m * bandwidth)) + launches * t0] * s(tokens)
+            + fixed
 
 with ``(eta_c, eta_m, t0)`` per op class from a calibration file written by ``gpu_validate``
-(defaults otherwise). Identical layers make the per-layer max equal to the max of the totals.
+(defaults otherwise), ``s`` an optional measured token-count curve of the class (1 without one:
+small-token GEMMs and cache-resident elementwise kernels are off the plain roofline) and
+``fixed`` the terms the roofline misses (:class:`CostTerms`, ``engine.costs``: per-iteration and
+per-sequence engine overhead, MoE dispatch, per-copy SSM checkpoint overhead; 0 by default).
+Identical layers make the per-layer max equal to the max of the totals.
 
 An iteration (:class:`BatchShape`) mixes prefill chunks ``(prefix, new)`` (``new`` tokens over
 ``prefix + new`` keys, lower-right causal) and decode steps with a given context. Options from
@@ -19,12 +24,18 @@ the seeds:
   token reads saved that way.
 
 Per-GPU work is divided by the tensor-parallel degree, and each attention / SSM / MLP layer adds
-one all-reduce of its output (ring: ``2 (tp-1)/tp`` of the activation bytes over the link).
+one all-reduce of its output: ``t0`` (the small-message latency, per call) plus ``2 (tp-1)/tp`` of
+the activation bytes over ``eta_m`` x the link bandwidth; a calibration may give the all-reduce
+one efficiency per tensor-parallel degree (``by_tp``). The scan of Mamba1 (selective scan, class
+``selective_scan``) and of Mamba2 (SSD chunked scan, class ``ssm_scan``) are separate classes.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,6 +50,7 @@ OP_CLASSES = (
     "attn_prefill",
     "attn_decode",
     "ssm_scan",
+    "selective_scan",
     "ssm_step",
     "state_copy",
     "elementwise",
@@ -64,7 +76,12 @@ class Hardware:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Hardware:
-        return cls(**{k: v for k, v in dict(cfg).items() if not str(k).startswith("_")})
+        """From a ``configs/hardware`` preset; its ``calibration`` key (the preset's default
+        calibration file) is the engine's business, not the peaks'."""
+        skip = ("calibration",)
+        return cls(
+            **{k: v for k, v in dict(cfg).items() if not str(k).startswith("_") and k not in skip}
+        )
 
     @property
     def peak_flops(self) -> float:
@@ -79,17 +96,63 @@ class Hardware:
         return self.link_bw_gbps * 1e9
 
 
+#: Largest efficiency accepted: kernels stay <= 1.5 (the fit's bound); an NVSwitch all-reduce
+#: beats the ring's ``2 (tp-1)/tp`` bytes per link (NVLink SHARP), measured up to ~1.6 on H100.
+ETA_MAX = 2.0
+
+
 @dataclass(frozen=True)
 class Efficiency:
-    """Achieved fraction of peak compute / bandwidth and fixed overhead (s) per launch."""
+    """Achieved fraction of peak compute / bandwidth, fixed overhead (s) per launch, and an
+    optional token-count curve: ``((tokens, scale), ...)`` with tokens increasing, the op's
+    roofline time multiplied by ``scale`` interpolated linearly in log2(tokens) (constant
+    beyond the ends). Empty: the plain roofline."""
 
     eta_c: float
     eta_m: float
     t0: float
+    curve: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
-        if not (0 < self.eta_c <= 1.5 and 0 < self.eta_m <= 1.5 and self.t0 >= 0):
-            raise ValueError(f"efficiency out of range: {self}")
+        if not (0 < self.eta_c <= ETA_MAX and 0 < self.eta_m <= ETA_MAX):
+            raise ValueError(
+                f"eta_c and eta_m must be in (0, {ETA_MAX}], got {self.eta_c}, {self.eta_m}"
+            )
+        if not self.t0 >= 0:
+            raise ValueError(f"t0 (overhead per launch) must be >= 0 s, got {self.t0}")
+        knots = [k for k, _ in self.curve]
+        if any(not k >= 1 for k in knots) or any(b <= a for a, b in itertools.pairwise(knots)):
+            raise ValueError(f"curve tokens must be >= 1 and increasing, got {knots}")
+        if any(not v > 0 for _, v in self.curve):
+            raise ValueError(f"curve scales must be > 0, got {[v for _, v in self.curve]}")
+
+    def scaled(self, factor: float) -> Efficiency:
+        """The same class with ``eta_c`` and ``eta_m`` multiplied by ``factor`` (capped at 1.5)."""
+        eta_c, eta_m = min(self.eta_c * factor, ETA_MAX), min(self.eta_m * factor, ETA_MAX)
+        return replace(self, eta_c=eta_c, eta_m=eta_m)
+
+
+LogCurve = tuple[tuple[float, ...], tuple[float, ...]]  # (log2 knots, scales)
+
+
+def log_curve(curve: tuple[tuple[float, float], ...]) -> LogCurve:
+    return tuple(math.log2(k) for k, _ in curve), tuple(v for _, v in curve)
+
+
+def curve_scale(curve: LogCurve, tokens: float) -> float:
+    """A :func:`log_curve` at ``tokens``: linear in log2(tokens) between knots, constant
+    beyond (1 for an empty curve)."""
+    xs, ys = curve
+    if not xs:
+        return 1.0
+    x = math.log2(max(tokens, 1.0))
+    i = bisect.bisect_right(xs, x)
+    if i == 0:
+        return ys[0]
+    if i == len(xs):
+        return ys[-1]
+    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[i - 1] * (1 - w) + ys[i] * w
 
 
 #: Defaults before calibration: typical achieved fractions on A100/H100-class GPUs.
@@ -98,49 +161,169 @@ DEFAULT_EFFICIENCY = {
     "attn_prefill": Efficiency(0.50, 0.75, 6e-6),
     "attn_decode": Efficiency(0.30, 0.70, 6e-6),
     "ssm_scan": Efficiency(0.30, 0.60, 10e-6),
+    "selective_scan": Efficiency(0.30, 0.60, 10e-6),  # Mamba1: the old shared ssm_scan default
     "ssm_step": Efficiency(0.20, 0.60, 6e-6),
     "state_copy": Efficiency(1.00, 0.80, 3e-6),
     "elementwise": Efficiency(1.00, 0.80, 3e-6),
     "allreduce": Efficiency(1.00, 0.70, 10e-6),
 }
 
+#: Project root: relative calibration paths (hardware presets name theirs) resolve against it
+#: when they do not exist relative to the working directory.
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _efficiency(values: Mapping[str, Any], where: str) -> Efficiency:
+    """One ``ops`` entry of a calibration file (``where`` names it in errors)."""
+    missing = [k for k in ("eta_c", "eta_m", "t0") if k not in values]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    curve: tuple[tuple[float, float], ...] = ()
+    if values.get("curve"):
+        c = values["curve"]
+        if c.get("x", "tokens") != "tokens" or len(c["knots"]) != len(c["scale"]):
+            raise ValueError(f"{where}.curve: needs x 'tokens' and as many scale as knots")
+        curve = tuple((float(k), float(v)) for k, v in zip(c["knots"], c["scale"], strict=True))
+    try:
+        return Efficiency(
+            float(values["eta_c"]), float(values["eta_m"]), float(values["t0"]), curve
+        )
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err
+
 
 @dataclass(frozen=True)
 class Calibration:
-    """Per-op-class efficiency factors; see :meth:`load` for the file format."""
+    """Per-op-class efficiency factors; see :meth:`load` for the file format. ``by_tp``: per
+    class, efficiencies for given tensor-parallel degrees (the all-reduce), used over
+    ``efficiency`` at those degrees. ``hardware``: the preset the file was fitted against."""
 
     efficiency: dict[str, Efficiency] = field(default_factory=lambda: dict(DEFAULT_EFFICIENCY))
     source: str = "defaults"
+    by_tp: dict[str, dict[int, Efficiency]] = field(default_factory=dict)
+    hardware: str | None = None
+    held_back_error: dict[str, Any] = field(default_factory=dict)
+
+    def for_class(self, op_class: str, tp: int = 1) -> Efficiency:
+        return self.by_tp.get(op_class, {}).get(tp, self.efficiency[op_class])
 
     @classmethod
-    def load(cls, path: str | Path) -> Calibration:
-        """Read ``{"hardware": ..., "ops": {class: {"eta_c", "eta_m", "t0"}}}``; classes absent
-        from the file keep their defaults."""
+    def load(cls, path: str | Path, hardware: str | None = None) -> Calibration:
+        """Read ``{"hardware": {"name": ...} | name, "ops": {class: {"eta_c", "eta_m", "t0",
+        ["curve": {"x": "tokens", "knots", "scale"}], ["by_tp": {tp: {...}}]}},
+        ["unmeasured": {class: why}]}``. Classes absent from ``ops`` keep their defaults; a
+        file with ``unmeasured`` must name every class in one of the two (a class missing from
+        both is an error). ``hardware``: the preset it is used with; a file fitted against
+        another preset is an error. Errors name the file."""
         path = Path(path)
         try:
             data = json.loads(path.read_text())
-            ops = data["ops"]
             eff = dict(DEFAULT_EFFICIENCY)
-            for name, values in ops.items():
+            by_tp: dict[str, dict[int, Efficiency]] = {}
+            for name, values in data["ops"].items():
                 if name not in OP_CLASSES:
-                    raise ValueError(f"unknown op class {name!r}")
-                eff[name] = Efficiency(
-                    float(values["eta_c"]), float(values["eta_m"]), float(values["t0"])
-                )
-        except (OSError, ValueError, KeyError, TypeError) as err:
+                    raise ValueError(f"unknown op class {name!r} (known: {', '.join(OP_CLASSES)})")
+                eff[name] = _efficiency(values, f"ops.{name}")
+                for tp, sub in (values.get("by_tp") or {}).items():
+                    by_tp.setdefault(name, {})[int(tp)] = _efficiency(sub, f"ops.{name}.by_tp.{tp}")
+            if "unmeasured" in data:
+                missing = [
+                    c for c in OP_CLASSES if c not in data["ops"] and c not in data["unmeasured"]
+                ]
+                if missing:
+                    raise ValueError(f"op class {missing[0]!r} is neither in ops nor in unmeasured")
+            fitted = data.get("hardware")
+            fitted = fitted.get("name") if isinstance(fitted, Mapping) else fitted
+            if hardware is not None and fitted is not None and fitted != hardware:
+                raise ValueError(f"fitted for hardware {fitted!r}, not for the preset {hardware!r}")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"calibration file {path}: {err}") from err
-        return cls(efficiency=eff, source=str(path))
+        held = data.get("held_back_error") or {}
+        return cls(eff, str(path), by_tp, fitted, held if isinstance(held, dict) else {})
+
+
+def resolve_calibration(path: str | Path) -> Path:
+    """``path`` as given when it exists, else relative to the project root."""
+    path = Path(path)
+    if path.is_absolute() or path.exists() or not (ROOT / path).exists():
+        return path
+    return ROOT / path
+
+
+#: ``engine.costs`` keys and what each charges (see :class:`CostTerms`)
+COST_TERMS = (
+    "iteration_overhead_s",
+    "sequence_overhead_s",
+    "moe_dispatch_s_per_token",
+    "allreduce_latency_s",
+    "mamba1_scan_scale",
+    "mamba2_scan_scale",
+    "state_load_s",
+    "state_store_s",
+)
+
+
+@dataclass(frozen=True)
+class CostTerms:
+    """What the roofline misses (``engine.costs``). Every default charges nothing or keeps the
+    calibration's value, so a zero term leaves every time unchanged:
+
+    * ``iteration_overhead_s`` per iteration and ``sequence_overhead_s`` per sequence in it
+      (scheduling, sampling, launch gaps): op ``engine_overhead``;
+    * ``moe_dispatch_s_per_token``: routing / permutation per token per MoE layer (``moe_dispatch``);
+    * ``allreduce_latency_s``: the all-reduce's per-call latency, over the calibration's ``t0``
+      (null: keep it);
+    * ``mamba1_scan_scale`` / ``mamba2_scan_scale``: factors on the achieved efficiency of the
+      selective scan (class ``selective_scan``) / the SSD chunked scan (``ssm_scan``);
+    * ``state_load_s`` per SSM checkpoint loaded at a hit, ``state_store_s`` per checkpoint
+      stored for the cache, over the copy's bytes (op ``ssm_state_copy``).
+    """
+
+    iteration_overhead_s: float = 0.0
+    sequence_overhead_s: float = 0.0
+    moe_dispatch_s_per_token: float = 0.0
+    allreduce_latency_s: float | None = None
+    mamba1_scan_scale: float = 1.0
+    mamba2_scan_scale: float = 1.0
+    state_load_s: float = 0.0
+    state_store_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in COST_TERMS:
+            value = getattr(self, key)
+            if value is None and key == "allreduce_latency_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"engine.costs.{key} must be a number, got {value!r}")
+            if key.endswith("_scale") and not value > 0:
+                raise ValueError(f"engine.costs.{key} must be > 0, got {value!r}")
+            if not value >= 0:
+                raise ValueError(f"engine.costs.{key} must be >= 0 (seconds), got {value!r}")
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> CostTerms:
+        cfg = dict(cfg or {})
+        unknown = sorted(str(k) for k in cfg if k not in COST_TERMS)
+        if unknown:
+            raise ValueError(
+                f"engine.costs.{unknown[0]}: unknown key (known: {', '.join(COST_TERMS)})"
+            )
+        return cls(**{k: v for k, v in cfg.items() if v is not None or k == "allreduce_latency_s"})
 
 
 @dataclass(frozen=True, slots=True)
 class Op:
-    """One operation of an iteration, totalled over the layers it runs in."""
+    """One operation of an iteration, totalled over the layers it runs in. ``tokens``: the
+    positions it processes (the class curve's argument); ``fixed_s``: seconds added as they are
+    (the :class:`CostTerms`)."""
 
     name: str
     op_class: str
     flops: float
     bytes: float
     launches: int
+    tokens: int = 0
+    fixed_s: float = 0.0
 
 
 @dataclass
@@ -169,6 +352,7 @@ class CostModel:
         hardware: Hardware,
         calibration: Calibration | None = None,
         tp: int = 1,
+        terms: CostTerms | None = None,
     ):
         if tp < 1:
             raise ValueError(f"tensor-parallel degree must be >= 1, got {tp}")
@@ -176,20 +360,32 @@ class CostModel:
         self.hw = hardware
         self.calibration = calibration or Calibration()
         self.tp = tp
+        self.terms = terms or CostTerms()
+        eff = {name: self.calibration.for_class(name, tp) for name in OP_CLASSES}
+        if self.terms.mamba1_scan_scale != 1.0:
+            eff["selective_scan"] = eff["selective_scan"].scaled(self.terms.mamba1_scan_scale)
+        if self.terms.mamba2_scan_scale != 1.0:
+            eff["ssm_scan"] = eff["ssm_scan"].scaled(self.terms.mamba2_scan_scale)
+        if self.terms.allreduce_latency_s is not None:
+            eff["allreduce"] = replace(eff["allreduce"], t0=self.terms.allreduce_latency_s)
+        self.efficiency = eff
         self._rate = {
             name: (e.eta_c * hardware.peak_flops, e.eta_m * hardware.mem_bw, e.t0)
-            for name, e in self.calibration.efficiency.items()
+            for name, e in eff.items()
         }
-        self._rate["allreduce"] = (
-            self._rate["allreduce"][0],
-            self.calibration.efficiency["allreduce"].eta_m * hardware.link_bw,
-            self._rate["allreduce"][2],
-        )
+        e = eff["allreduce"]
+        self._rate["allreduce"] = (e.eta_c * hardware.peak_flops, e.eta_m * hardware.link_bw, e.t0)
+        self._rate["overhead"] = (math.inf, math.inf, 0.0)  # fixed-time terms only
+        self._curve = {name: log_curve(e.curve) for name, e in eff.items() if e.curve}
 
     # ------------------------------------------------------------------ timing
     def op_time(self, op: Op) -> float:
         peak, bw, t0 = self._rate[op.op_class]
-        return max(op.flops / peak, op.bytes / bw) + op.launches * t0
+        t = max(op.flops / peak, op.bytes / bw) + op.launches * t0
+        curve = self._curve.get(op.op_class)
+        if curve:
+            t *= curve_scale(curve, op.tokens)
+        return t + op.fixed_s
 
     def time(self, batch: BatchShape) -> float:
         """Seconds for one iteration computing ``batch`` (0 for an empty batch)."""
@@ -222,7 +418,8 @@ class CostModel:
             peak, bw, t0 = self._rate[a.op_class]
             flops = a.flops + (b.flops - a.flops) * j
             moved = a.bytes + (b.bytes - a.bytes) * j
-            total += np.maximum(flops / peak, moved / bw) + a.launches * t0
+            scale = curve_scale(self._curve.get(a.op_class, ((), ())), a.tokens)  # same each step
+            total += (np.maximum(flops / peak, moved / bw) + a.launches * t0) * scale + a.fixed_s
         return total
 
     # ------------------------------------------------------------------ operations
@@ -241,7 +438,20 @@ class CostModel:
         if m.n_moe_layers:
             ops.append(self._moe_op(pos))
         ops += self._common_ops(batch, pos)
-        return [self._per_gpu(op) for op in ops]
+        ops = [self._per_gpu(op) for op in ops]
+        return ops + self._fixed_ops(batch, pos)
+
+    def _fixed_ops(self, batch: BatchShape, pos: int) -> list[Op]:
+        """The :class:`CostTerms` not tied to an op of the roofline, only when charged (> 0)."""
+        terms, ops = self.terms, []
+        seqs = len(batch.prefill) + len(batch.decode)
+        engine = terms.iteration_overhead_s + terms.sequence_overhead_s * seqs
+        if engine > 0:
+            ops.append(Op("engine_overhead", "overhead", 0.0, 0.0, 0, seqs, engine))
+        dispatch = terms.moe_dispatch_s_per_token * pos * self.model.n_moe_layers
+        if dispatch > 0:
+            ops.append(Op("moe_dispatch", "overhead", 0.0, 0.0, 0, pos, dispatch))
+        return ops
 
     def _per_gpu(self, op: Op) -> Op:
         if self.tp == 1 or op.op_class in ("allreduce", "elementwise"):
@@ -252,7 +462,7 @@ class CostModel:
         w = self.model.dtype_bytes
         flops = 2.0 * tokens * d_in * d_out * layers
         moved = (d_in * d_out + tokens * (d_in + d_out)) * w * layers
-        return Op(name, "gemm", flops, moved, layers)
+        return Op(name, "gemm", flops, moved, layers, tokens)
 
     def _attention_ops(self, batch: BatchShape, pos: int) -> list[Op]:
         m = self.model
@@ -267,13 +477,15 @@ class CostModel:
             for prefix, new in batch.prefill:
                 flops += 4.0 * qdim * (new * prefix + new * (new + 1) / 2)
                 bytes_ += (2 * new * qdim + (prefix + new) * 2 * kvdim) * w
-            ops.append(Op("attn_prefill", "attn_prefill", flops * na, bytes_ * na, na))
+            new_tok = sum(q for _, q in batch.prefill)
+            ops.append(Op("attn_prefill", "attn_prefill", flops * na, bytes_ * na, na, new_tok))
         if batch.decode:
             ctx = float(sum(batch.decode))
             kv_reads = max(ctx - batch.shared_kv_tokens, 0.0)
             flops = 4.0 * qdim * ctx
             bytes_ = (kv_reads * 2 * kvdim + 2 * len(batch.decode) * qdim) * w
-            ops.append(Op("attn_decode", "attn_decode", flops * na, bytes_ * na, na))
+            n_dec = len(batch.decode)
+            ops.append(Op("attn_decode", "attn_decode", flops * na, bytes_ * na, na, n_dec))
         return ops
 
     def _ssm_ops(self, batch: BatchShape, pos: int) -> list[Op]:
@@ -296,14 +508,19 @@ class CostModel:
         if prefill_tok:
             # activations in and out of conv + scan, plus each sequence's state read and written
             moved = prefill_tok * (conv_ch + 2 * di) * w + 2 * state * len(batch.prefill)
-            ops.append(Op("ssm_scan", "ssm_scan", scan_tok * prefill_tok * ns, moved * ns, ns))
+            scan = "ssm_scan" if m.ssm_kind == "mamba2" else "selective_scan"
+            flops = scan_tok * prefill_tok * ns
+            ops.append(Op("ssm_scan", scan, flops, moved * ns, ns, prefill_tok))
         if batch.decode:
             n = len(batch.decode)
             moved = n * ((conv_ch + 2 * di) * w + 2 * state)
-            ops.append(Op("ssm_step", "ssm_step", scan_tok * n * ns, moved * ns, ns))
+            ops.append(Op("ssm_step", "ssm_step", scan_tok * n * ns, moved * ns, ns, n))
         copies = batch.state_loads + batch.state_stores
         if copies:
-            ops.append(Op("ssm_state_copy", "state_copy", 0.0, 2.0 * state * copies * ns, copies))
+            fixed = batch.state_loads * self.terms.state_load_s
+            fixed += batch.state_stores * self.terms.state_store_s
+            copied = 2.0 * state * copies * ns
+            ops.append(Op("ssm_state_copy", "state_copy", 0.0, copied, copies, copies, fixed))
         return ops
 
     def _mlp_op(self, pos: int) -> Op:
@@ -312,7 +529,7 @@ class CostModel:
         w, D, inter, n = m.dtype_bytes, m.d_model, m.mlp_intermediate, m.n_mlp_layers
         flops = 2.0 * pos * D * inter * mats * n
         moved = (mats * D * inter + pos * (2 * D + mats * inter)) * w * n
-        return Op("mlp", "gemm", flops, moved, 2 * n)
+        return Op("mlp", "gemm", flops, moved, 2 * n, pos)
 
     def _moe_op(self, pos: int) -> Op:
         m = self.model
@@ -321,7 +538,7 @@ class CostModel:
         active = min(m.moe_experts, pos * m.moe_top_k)  # distinct experts whose weights are read
         flops = (2.0 * pos * D * m.moe_experts + 2.0 * pos * m.moe_top_k * D * inter * mats) * n
         moved = (active * mats * D * inter + pos * m.moe_top_k * (2 * D + mats * inter)) * w * n
-        return Op("moe", "gemm", flops, moved, 3 * n)
+        return Op("moe", "gemm", flops, moved, 3 * n, pos)
 
     def _common_ops(self, batch: BatchShape, pos: int) -> list[Op]:
         m = self.model
@@ -334,6 +551,7 @@ class CostModel:
                 8.0 * pos * D * layers,
                 4.0 * pos * D * w * layers,
                 layers,
+                pos,
             )
         ]
         sampled = (
@@ -343,5 +561,5 @@ class CostModel:
             ops.append(self._gemm("lm_head", sampled, D, m.vocab_size, 1))
         if self.tp > 1:
             reduced = 2.0 * (self.tp - 1) / self.tp * batch.tokens * D * w * layers
-            ops.append(Op("tp_allreduce", "allreduce", 0.0, reduced, layers))
+            ops.append(Op("tp_allreduce", "allreduce", 0.0, reduced, layers, batch.tokens))
         return ops

@@ -25,11 +25,14 @@ class EngineRun:
     ``records``: one per request of the trace, sorted by (arrival, session, turn) for timed
     engines, in processing order for replay. ``extras``: engine items for the policy's summary.
     ``occupancy``: (time, KV bytes, SSM bytes) samples; empty means one sample per record.
+    ``columns``: extra per-record columns, one value per record in ``records``' order (a
+    cluster's routing; empty for one engine, so its records keep their columns).
     """
 
     records: list[RequestRecord]
     extras: dict[str, Any] = field(default_factory=dict)
     occupancy: list[tuple[float, int, int]] = field(default_factory=list)
+    columns: dict[str, list[Any]] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -70,6 +70,10 @@ class TokenKeys:
         )
         return KeyedRequest(inputs, seq, seq.shape[0], inputs.shape[0])
 
+    def lookup_ids(self, req: Request) -> np.ndarray:
+        """The ids :meth:`view` would match (the input's own), without building the view."""
+        return req.input_ids
+
 
 @dataclass
 class BlockKeys:
@@ -96,6 +100,19 @@ class BlockKeys:
             sequence = np.append(full, next(self._partial)).astype(TOKEN_DTYPE)
         prompt = min(n_input // self.block_size, int(full.shape[0]))
         return KeyedRequest(lookup, sequence, int(full.shape[0]), prompt)
+
+    def lookup_ids(self, req: Request) -> np.ndarray:
+        """The ids :meth:`view` would match, read-only: no id is assigned, so a router may peek
+        without changing the numbering. A block content never seen (and the partial tail block)
+        gets ``len(ids)``, an id no node holds, so the match stops there as it would."""
+        width = self.block_size * _ID_BYTES
+        n_full = req.input_len // self.block_size
+        buf = np.ascontiguousarray(req.input_ids[: n_full * self.block_size], TOKEN_DTYPE).tobytes()
+        fresh, get = len(self._ids), self._ids.get
+        out = [get(buf[i : i + width], fresh) for i in range(0, len(buf), width)]
+        if req.input_len % self.block_size:
+            out.append(fresh)
+        return np.asarray(out, dtype=TOKEN_DTYPE)
 
     def _full_blocks(self, seq: np.ndarray) -> np.ndarray:
         """One id per full block of ``seq``; a new content gets the next id."""

@@ -7,8 +7,11 @@ For each length in ``prefill`` it prints the predicted time of ``batch`` identic
 prefilled together after a cached ``prefix`` (one iteration, nothing else running) and the ops
 that take most of it, and writes ``prediction.json`` (atomically) into the run directory:
 ``prefill_tokens``, ``prefill_ms``, ``breakdown_ms`` (op name -> one time per length), and the
-model, hardware, tensor-parallel degree and calibration used. The timed engine times its
-iterations with exactly this model (:class:`simlab.costmodel.CostModel`).
+model, hardware, tensor-parallel degree and calibration used (the hardware preset's own by
+default, ``engine.calibration=null`` for the default efficiencies) with its held-back error. The
+breakdown holds the ``engine.costs`` terms when charged (``engine_overhead``, ``moe_dispatch``).
+The timed engine times its iterations with exactly this model
+(:class:`simlab.costmodel.CostModel`).
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         "hardware": cost.hw.name,
         "tp": cost.tp,
         "calibration": cfg.engine.get("calibration") or "default efficiencies (uncalibrated)",
+        # the calibration's own held-back error per op class ({} when uncalibrated)
+        "calibration_held_back_error": cost.calibration.held_back_error,
         "prefix_tokens": prefix,
         "batch": batch,
         "prefill_tokens": prefill,
@@ -88,6 +93,16 @@ def table(prediction: dict[str, Any]) -> str:
         f"{prediction['calibration']}; prefix {prediction['prefix_tokens']} tokens, "
         f"batch {prediction['batch']}"
     ]
+    errors = prediction.get("calibration_held_back_error") or {}
+    if errors:
+        lines.append(
+            "calibration held-back error (median / P90): "
+            + ", ".join(
+                f"{cls} {100 * e['median']:.1f}% / {100 * e['p90']:.1f}%"
+                for cls, e in errors.items()
+            )
+            + "; classes not listed run on defaults"
+        )
     ops = prediction["breakdown_ms"]
     for i, (n, ms) in enumerate(
         zip(prediction["prefill_tokens"], prediction["prefill_ms"], strict=True)

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from policies.base import AdmissionPolicy, EvictionPolicy, Semantics, in_units
 from simlab.bounds import infinite_cache_hits
+from simlab.cluster import ClusterEngine, ClusterSettings, with_cluster
 from simlab.compat import semantics_for, with_compat
 from simlab.config import ConfigError, MetricSettings, RunSettings, run_settings
 from simlab.engine import Engine, EngineRun
@@ -87,7 +88,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     for name, pcfg in settings.policies.items():
         policy_step(name, pcfg, model, settings)
     engine = build_engine(cfg)
-    if isinstance(engine, TimedEngine) and math.isfinite(settings.cache.size_gb):
+    if isinstance(engine, TimedEngine | ClusterEngine) and math.isfinite(settings.cache.size_gb):
         engine.check_memory(model, settings.cache.size_gb)
     check_writable(output_dir(cfg))
     return RunPlan(settings, model, engine)
@@ -230,16 +231,18 @@ def policy_semantics(name: str, pcfg: DictConfig) -> Semantics:
 
 
 def build_engine(cfg: DictConfig) -> Engine:
-    """Instantiate the configured engine (``engine._target_``; :class:`ConfigError` if invalid)."""
+    """Instantiate the configured engine (``engine._target_``; :class:`ConfigError` if invalid),
+    behind ``cluster.replicas`` replicas when there are several (:mod:`simlab.cluster`)."""
     if cfg.get("engine") is None or "_target_" not in cfg.engine:
         raise ConfigError("engine must name an engine class (_target_), e.g. engine=timed")
+    cluster = ClusterSettings.from_config(cfg.get("cluster"))
     try:
         engine: Engine = instantiate(cfg.engine, _convert_="all")
     except InstantiationException as err:
         if isinstance(err.__cause__, ConfigError):  # the engine named the key itself
             raise err.__cause__ from err
         raise ConfigError(f"engine: {err.__cause__ or err}") from err
-    return engine
+    return with_cluster(engine, cluster, cfg.get("seed", 0))
 
 
 def policy_step(
@@ -299,9 +302,14 @@ def run_policy(
     step = policy_step(name, pcfg, model, settings, unit_tokens)
     start = time.perf_counter()
     with heap_frozen():
-        run = engine.run(requests, step)
+        if isinstance(engine, ClusterEngine):  # one fresh step per replica
+            run = engine.run(
+                requests, step, lambda: policy_step(name, pcfg, model, settings, unit_tokens)
+            )
+        else:
+            run = engine.run(requests, step)
     wall = time.perf_counter() - start
-    frame = records_frame(run.records)
+    frame = records_frame(run.records).assign(**run.columns)
     summary = policy_summary(frame, run, step, wall, settings.metrics)
     rate, speed = summary["token_hit_rate"], summary["requests_per_s"]
     log.info("%s: token hit rate %.4f, %.0f req/s", name, rate, speed)
@@ -324,14 +332,13 @@ def policy_summary(
         summarize(frame, metrics.request_hit_min_tokens, metrics.request_hit_min_share)
         | {"request_hit_rule": metrics.rule}
         | latency_summary(frame)
-        | run.extras
         | {
             "peak_kv_gb": cache.peak_kv_bytes / 1e9,
             "peak_ssm_gb": cache.peak_ssm_bytes / 1e9,
             "peak_gb": cache.peak_bytes / 1e9,
-            "wall_s": wall,
-            "requests_per_s": speed,
         }
+        | run.extras  # an engine's own peaks (a cluster's, summed) replace the step's
+        | {"wall_s": wall, "requests_per_s": speed}
         | step.summary()
     )
 

@@ -168,6 +168,15 @@ class RequestStep:
             keyed.prompt,
         )
 
+    def peek(self, req: Request) -> tuple[int, int]:
+        """``(matched, hit)`` tokens ``req`` would get if it started now, read-only: no clock
+        tick, no ``on_hit``, no pin, no key assigned (a router's view of this cache; the
+        cache's and the plug-ins' state are unchanged)."""
+        ids = self._keys.lookup_ids(req)
+        lookup = self.cache.lookup(ids, self._page)
+        per_key = self._ids_per_key
+        return req.hit_tokens(lookup.matched * per_key), req.hit_tokens(lookup.hit * per_key)
+
     def prefilled(self, started: Started) -> None:
         """The request's prefill ended (timed engines). A plan that ``publishes_prompt`` admits
         the prompt now, so requests scheduled from now on can hit it, and the request's pin

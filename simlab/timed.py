@@ -40,7 +40,14 @@ import numpy as np
 import simpy
 
 from simlab.config import ConfigError
-from simlab.costmodel import BatchShape, Calibration, CostModel, Hardware
+from simlab.costmodel import (
+    BatchShape,
+    Calibration,
+    CostModel,
+    CostTerms,
+    Hardware,
+    resolve_calibration,
+)
 from simlab.engine import EngineRun
 from simlab.model import ModelSpec
 from simlab.nodes import Node
@@ -162,10 +169,11 @@ class EngineStats:
         }
 
 
-def load_calibration(path: str | None) -> Calibration | None:
-    """The gpu_validate calibration at ``path`` (None: default efficiencies)."""
+def load_calibration(path: str | None, hardware: str | None = None) -> Calibration | None:
+    """The gpu_validate calibration at ``path`` (None: default efficiencies), fitted for the
+    ``hardware`` preset (another preset's file is an error naming the key and the file)."""
     try:
-        return Calibration.load(path) if path else None
+        return Calibration.load(resolve_calibration(path), hardware) if path else None
     except (OSError, ValueError) as err:
         raise ValueError(f"engine.calibration: {err}") from err
 
@@ -178,8 +186,10 @@ class TimedEngine(TimedSettings):
     hardware: Any = None  # Hardware or its config mapping (``${hardware}``)
     name: str = "timed"
     tp: int = 1
-    calibration: str | None = None  # gpu_validate calibration JSON
+    calibration: str | None = None  # gpu_validate calibration JSON (the preset's by default)
+    costs: Any = None  # engine.costs: the terms the roofline misses (CostTerms)
     _calibration: Calibration | None = field(default=None, init=False, repr=False)
+    _terms: CostTerms = field(default_factory=CostTerms, init=False, repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -190,10 +200,12 @@ class TimedEngine(TimedSettings):
                 object.__setattr__(self, "hardware", Hardware.from_config(self.hardware))
             if not (isinstance(self.tp, int) and self.tp >= 1):
                 raise ValueError(f"engine.tp must be an integer >= 1, got {self.tp!r}")
-            calibration = load_calibration(self.calibration)
+            calibration = load_calibration(self.calibration, self.hardware.name)
+            terms = CostTerms.from_config(self.costs)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from err  # the message names its key
         object.__setattr__(self, "_calibration", calibration)
+        object.__setattr__(self, "_terms", terms)
 
     def check_memory(self, model: ModelSpec, cache_gb: float) -> None:
         """Prefix cache + memory for running sequences + weights must fit the GPUs' memory
@@ -212,7 +224,7 @@ class TimedEngine(TimedSettings):
             )
 
     def cost_model(self, model: ModelSpec) -> CostModel:
-        return CostModel(model, self.hardware, self._calibration, self.tp)
+        return CostModel(model, self.hardware, self._calibration, self.tp, self._terms)
 
     def world(self, requests: Sequence[Request], step: RequestStep) -> TimedWorld:
         return TimedWorld(requests, step, self.cost_model(step.cache.model), self)
@@ -285,11 +297,16 @@ class TimedWorld:
     """One run of the timed world for one policy; see the module docstring."""
 
     def __init__(
-        self, requests: Sequence[Request], step: RequestStep, cost: CostModel, s: TimedSettings
+        self,
+        requests: Sequence[Request],
+        step: RequestStep,
+        cost: CostModel,
+        s: TimedSettings,
+        env: simpy.Environment | None = None,  # a cluster's replicas share one
     ):
         self.step, self.cache, self.model = step, step.cache, step.cache.model
         self.cost, self.settings = cost, s
-        self.env = simpy.Environment()
+        self.env = env if env is not None else simpy.Environment()
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.records: list[RequestRecord] = []
@@ -313,6 +330,21 @@ class TimedWorld:
         self.env.process(self._gpu())
         with Progress(self._total, f"{self.step.policy} (timed)") as self._progress:
             self.env.run()
+        return self.collect()
+
+    def attach(self, feeder: Feeder, sources: int, progress: Progress | None = None) -> None:
+        """Serve jobs that ``sources`` processes outside this world submit (a cluster's router,
+        :mod:`simlab.cluster`): start the GPU process, which ends once every source closed
+        (:meth:`close_source`) and every job completed. The caller runs the environment."""
+        self._feeder, self._open_sources, self._progress = feeder, sources, progress
+        self.env.process(self._gpu())
+
+    def close_source(self) -> None:
+        """One of the outside sources submits nothing more."""
+        self._open_sources -= 1
+
+    def collect(self) -> list[RequestRecord]:
+        """The records once the environment ran out, sorted by (arrival, session, turn)."""
         stuck = len(self.waiting) + len(self.running)
         if stuck:
             raise RuntimeError(f"{stuck} requests never completed (running memory too small?)")

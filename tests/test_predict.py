@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from simlab.config import ConfigError
 from simlab.costmodel import CostModel
+from simlab.model import ModelSpec
 from simlab.predict import predict
 from tests.fixtures import CONFIGS, ROOT
 
@@ -23,7 +24,6 @@ def config(overrides: list[str]):
 def test_the_prediction_is_the_timed_engines_prefill_time():
     cfg = config(["model=nemotron_h_8b", "engine.tp=2", "prefix=4000", "prefill=[500,5000]"])
     prediction = predict(cfg)
-    from simlab.model import ModelSpec
     from simlab.simulate import build_engine
 
     cost: CostModel = build_engine(cfg).cost_model(ModelSpec.from_config(cfg.model))
@@ -33,7 +33,106 @@ def test_the_prediction_is_the_timed_engines_prefill_time():
     for i, total in enumerate(prediction["prefill_ms"]):
         assert sum(ms[i] for ms in parts.values()) == pytest.approx(total)
     assert prediction["prefill_ms"][0] < prediction["prefill_ms"][1]
-    assert prediction["tp"] == 2 and prediction["calibration"].startswith("default efficiencies")
+    assert prediction["tp"] == 2 and prediction["calibration"].endswith("a100_40gb.json")
+
+
+def test_the_preset_calibration_is_the_default_and_null_reverts():
+    """a100_40gb uses gpu_validate/calibration/a100_40gb.json unless engine.calibration says
+    otherwise; null goes back to the default efficiencies (and the predictions differ)."""
+    calibrated = predict(config(["prefill=[100,1000]"]))
+    default = predict(config(["prefill=[100,1000]", "engine.calibration=null"]))
+    assert calibrated["calibration"] == "gpu_validate/calibration/a100_40gb.json"
+    assert calibrated["calibration_held_back_error"]["gemm"]["median"] > 0
+    assert default["calibration"].startswith("default efficiencies")
+    assert default["calibration_held_back_error"] == {}
+    for a, b in zip(calibrated["prefill_ms"], default["prefill_ms"], strict=True):
+        assert abs(a / b - 1) > 0.01
+    h200 = predict(config(["hardware=h200", "prefill=[1000]"]))  # no calibration file
+    assert h200["calibration"].startswith("default efficiencies")
+
+
+def test_a_calibration_for_another_gpu_is_a_one_line_error():
+    with pytest.raises(ConfigError) as err:
+        predict(
+            config(
+                ["hardware=h100_sxm", "engine.calibration=gpu_validate/calibration/a100_80gb.json"]
+            )
+        )
+    message = str(err.value)
+    assert message.startswith(
+        "engine.calibration: calibration file gpu_validate/calibration/a100_80gb.json"
+    )
+    assert "fitted for hardware 'a100_80gb', not for the preset 'h100_sxm'" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("term", "value", "op"),
+    [
+        ("iteration_overhead_s", 0.002, "engine_overhead"),
+        ("sequence_overhead_s", 0.001, "engine_overhead"),
+        ("moe_dispatch_s_per_token", 1e-7, "moe_dispatch"),
+    ],
+)
+def test_a_fixed_term_adds_exactly_its_charge(term, value, op):
+    """3 requests of 2000 tokens prefilled together on Jamba (MoE): one iteration of 3
+    sequences and 6000 tokens through every MoE layer; the term's op holds exactly its charge."""
+    base = ["model=jamba_1_5_mini", "batch=3", "prefill=[2000]"]
+    plain = predict(config(base))
+    charged = predict(config([*base, f"engine.costs.{term}={value}"]))
+    moe_layers = ModelSpec.from_config(config(base).model).n_moe_layers
+    assert moe_layers > 0
+    expected = {
+        "iteration_overhead_s": value,  # one iteration
+        "sequence_overhead_s": 3 * value,  # three sequences in it
+        "moe_dispatch_s_per_token": value * 3 * 2000 * moe_layers,
+    }[term]
+    assert charged["breakdown_ms"][op] == [pytest.approx(1000 * expected)]
+    assert charged["prefill_ms"][0] - plain["prefill_ms"][0] == pytest.approx(1000 * expected)
+    assert op not in plain["breakdown_ms"]
+
+
+def test_zero_terms_leave_the_prediction_unchanged():
+    base = ["model=jamba_1_5_mini", "engine.tp=2", "prefix=3000", "prefill=[500,4000]"]
+    zeros = [
+        "engine.costs.iteration_overhead_s=0",
+        "engine.costs.moe_dispatch_s_per_token=0",
+        "engine.costs.mamba1_scan_scale=1",
+        "engine.costs.state_load_s=0",
+    ]
+    assert predict(config(base)) == predict(config(base + zeros))
+
+
+def test_scan_scales_and_allreduce_latency_change_their_own_ops():
+    base = ["engine.tp=4", "prefill=[200,8000]"]
+    for model, key, other in (
+        ("jamba_1_5_mini", "mamba1_scan_scale", "mamba2_scan_scale"),
+        ("nemotron_h_8b", "mamba2_scan_scale", "mamba1_scan_scale"),
+    ):
+        plain = predict(config([f"model={model}", *base]))
+        slow = predict(config([f"model={model}", *base, f"engine.costs.{key}=0.5"]))
+        untouched = predict(config([f"model={model}", *base, f"engine.costs.{other}=0.5"]))
+        assert untouched == plain  # the other kind's scan is not this model's
+        changed = {op for op, ms in slow["breakdown_ms"].items() if ms != plain["breakdown_ms"][op]}
+        assert changed == {"ssm_scan"}
+        assert slow["breakdown_ms"]["ssm_scan"][1] > 1.5 * plain["breakdown_ms"]["ssm_scan"][1]
+    plain = predict(config(base))
+    slow = predict(config([*base, "engine.costs.allreduce_latency_s=0.001"]))
+    layers = 64  # llama3_8b: 32 attention + 32 MLP sublayers, one all-reduce each
+    extra = slow["breakdown_ms"]["tp_allreduce"][0] - plain["breakdown_ms"]["tp_allreduce"][0]
+    cal = json.loads((ROOT / "gpu_validate/calibration/a100_40gb.json").read_text())
+    t0 = cal["ops"]["allreduce"]["by_tp"]["4"]["t0"]
+    assert extra == pytest.approx(1000 * layers * (0.001 - t0))
+
+
+def test_state_copies_are_charged_per_hit():
+    base = ["model=nemotron_h_8b", "prefix=4000", "prefill=[500]", "batch=2"]
+    plain = predict(config(base))
+    charged = predict(config([*base, "engine.costs.state_load_s=0.001"]))
+    extra = (
+        charged["breakdown_ms"]["ssm_state_copy"][0] - plain["breakdown_ms"]["ssm_state_copy"][0]
+    )
+    assert extra == pytest.approx(2 * 1.0)  # two hits, 1 ms each
 
 
 @pytest.mark.parametrize(
@@ -43,6 +142,12 @@ def test_the_prediction_is_the_timed_engines_prefill_time():
         ("prefix=-1", "prefix: must be"),
         ("batch=0", "batch: must be"),
         ("engine=replay", "needs a timed engine"),
+        (
+            "engine.costs.iteration_overhead_s=-0.001",
+            "engine.costs.iteration_overhead_s must be >= 0",
+        ),
+        ("engine.costs.mamba1_scan_scale=0", "engine.costs.mamba1_scan_scale must be > 0"),
+        ("+engine.costs.warp=1", "engine.costs.warp: unknown key"),
     ],
 )
 def test_bad_input_names_the_key(override, message):

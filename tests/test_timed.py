@@ -9,7 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from simlab.cache import PrefixCache
-from simlab.costmodel import BatchShape, Calibration, CostModel, Hardware
+from simlab.config import ConfigError
+from simlab.costmodel import BatchShape, Calibration, CostModel, CostTerms, Hardware
 from simlab.replay import replay_step
 from simlab.step import RequestStep
 from simlab.summary import Summary
@@ -173,3 +174,65 @@ def test_a_queue_that_grows_to_the_end_is_saturation():
         record.queue_delay = 10.0 * i / len(records)
     stats = EngineStats(busy=0.5, first_arrival=0.0, last_departure=1.0)
     assert "queue delay grows" in saturation(stats, records)["saturation"]
+
+
+CALIBRATIONS = CONFIGS.parent / "gpu_validate" / "calibration"
+
+
+def test_decode_span_equals_step_by_step_with_a_calibration_and_terms():
+    """The closed-form decode span applies the token curves and the fixed terms per step."""
+    terms = CostTerms(iteration_overhead_s=1e-3, sequence_overhead_s=2e-4)
+    cal = Calibration.load(CALIBRATIONS / "a100_40gb.json", "a100_40gb")
+    cost = CostModel(model("nemotron_h_8b"), A100, cal, tp=2, terms=terms)
+    ctx = np.array([1000, 3000, 7000])
+    span = cost.decode_span(ctx, 4)
+    steps = [cost.time(BatchShape(decode=[int(c) + j for c in ctx])) for j in range(4)]
+    assert np.allclose(span, steps)
+    plain = CostModel(model("nemotron_h_8b"), A100, cal, tp=2).decode_span(ctx, 4)
+    assert np.allclose(span - plain, 1e-3 + 3 * 2e-4)  # every step: one iteration, 3 sequences
+
+
+def test_state_copies_are_charged_per_load_and_per_store():
+    terms = CostTerms(state_load_s=1e-3, state_store_s=5e-3)
+    with_terms = CostModel(HYBRID, A100, terms=terms)
+    plain = CostModel(HYBRID, A100)
+    batch = BatchShape(prefill=[(512, 1024), (0, 2048)], state_loads=1, state_stores=3)
+    assert with_terms.time(batch) - plain.time(batch) == pytest.approx(1e-3 + 3 * 5e-3)
+
+
+def test_the_timed_engine_charges_checkpoint_stores_and_zero_terms_change_nothing():
+    trace = chat_trace(seed=3, sessions=8)
+    base = timed_run("marconi", trace, 20 * CKPT, session_rate=0.5)[1]
+    zero = timed_run("marconi", trace, 20 * CKPT, session_rate=0.5, costs={"state_store_s": 0.0})[1]
+    assert [(r.ttft, r.hit_tokens) for r in zero] == [(r.ttft, r.hit_tokens) for r in base]
+    slow = timed_run("marconi", trace, 20 * CKPT, session_rate=0.5, costs={"state_store_s": 0.05})[
+        1
+    ]
+    assert sum(r.ttft for r in slow) > sum(r.ttft for r in base) + 0.05
+
+
+def test_a_calibration_for_another_preset_is_rejected_by_the_engine():
+    with pytest.raises(
+        ConfigError,
+        match=r"engine\.calibration: calibration file .*h100_sxm\.json: fitted for hardware 'h100_sxm', not for the preset 'a100_40gb'",
+    ):
+        TimedEngine(hardware=A100, calibration=str(CALIBRATIONS / "h100_sxm.json"))
+    with pytest.raises(ConfigError, match=r"engine\.costs\.state_store_s must be >= 0"):
+        TimedEngine(hardware=A100, costs={"state_store_s": -1})
+
+
+def test_a_calibration_file_missing_a_class_or_with_a_negative_overhead_is_rejected(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text('{"ops": {"gemm": {"eta_c": 0.5, "eta_m": 0.5, "t0": 0}}, "unmeasured": {}}')
+    with pytest.raises(
+        ValueError, match=r"cal\.json: op class 'attn_prefill' is neither in ops nor"
+    ):
+        Calibration.load(path)
+    path.write_text('{"ops": {"gemm": {"eta_c": 0.5, "eta_m": 0.5, "t0": -1e-6}}}')
+    with pytest.raises(
+        ValueError, match=r"cal\.json: ops\.gemm: t0 \(overhead per launch\) must be >= 0"
+    ):
+        Calibration.load(path)
+    path.write_text('{"ops": {"gemm": {"eta_c": 0.5, "t0": 0}}}')
+    with pytest.raises(ValueError, match=r"cal\.json: ops\.gemm: missing eta_m"):
+        Calibration.load(path)

@@ -1,36 +1,137 @@
-"""Calibration from Vidur's measured A100/H100 operator times (gpu_validate.vidur)."""
+"""Calibration from Vidur's measured A100/H100 operator and all-reduce times (gpu_validate.vidur),
+and the committed calibration files the hardware presets use by default."""
 
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
+import pandas as pd
 import pytest
 
-from gpu_validate.vidur import calibrate, main
-from simlab.costmodel import Calibration
+from gpu_validate import vidur_network
+from gpu_validate.cases import load_hardware
+from gpu_validate.fit import fit_class, roofline
+from gpu_validate.vidur import calibrate, error_table, main
+from simlab.costmodel import OP_CLASSES, Calibration, CostModel, Efficiency, Op
+from tests.fixtures import ROOT, model
 from traces.paths import resolve_data_dir
 
-VIDUR = resolve_data_dir(None) / "vidur_profiling" / "compute" / "a100"
-pytestmark = pytest.mark.skipif(not VIDUR.is_dir(), reason="Vidur profiles not in the data dir")
+VIDUR = resolve_data_dir(None) / "vidur_profiling"
+needs_vidur = pytest.mark.skipif(
+    not (VIDUR / "compute" / "a100").is_dir(), reason="Vidur profiles not in the data dir"
+)
+CALIBRATIONS = ROOT / "gpu_validate" / "calibration"
 
 
-def test_a_fit_on_one_model_predicts_the_held_back_models(tmp_path):
-    """Fit on Llama-2-7B, check on Llama-3-8B and Llama-2-70B. Today's figures (median / P90 of
-    |error|): GEMMs 4.7% / 16.2%, norms and residuals 16.2% / 21.5%. The P90 target (10%) is not
-    met: one efficiency per class misses the small-token GEMMs (see the issue's note)."""
+def synthetic(eff: Efficiency, hw, seed=0, noise=0.02) -> list[dict]:
+    """GEMM records made by the cost model itself (with a token curve) + noise."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for tokens in (1, 4, 16, 32, 64, 100, 128, 200, 256, 400, 512, 1024, 2048, 4096, 8192):
+        for d_in, d_out in ((4096, 4096), (4096, 14336), (8192, 1024)):
+            flops = 2.0 * tokens * d_in * d_out
+            moved = 2.0 * (d_in * d_out + tokens * (d_in + d_out))
+            arr = [np.array([v], dtype=float) for v in (flops, moved, 1, tokens)]
+            t = float(roofline(arr[0], arr[1], arr[2], hw, eff, arr[3])[0])
+            records.append(
+                {
+                    "flops": flops,
+                    "bytes": moved,
+                    "launches": 1,
+                    "tokens": tokens,
+                    "median_s": t * (1 + noise * rng.standard_normal()),
+                }
+            )
+    return records
+
+
+def test_the_fit_recovers_known_efficiencies_and_curve():
+    hw = load_hardware("a100_80gb")
+    curve = ((1.0, 1.0), (64.0, 1.0), (256.0, 1.25), (1024.0, 1.0), (8192.0, 1.0))
+    true = Efficiency(0.6, 0.75, 6e-6, curve)
+    records = synthetic(true, hw)
+    fit = fit_class(records, hw, Efficiency(0.7, 0.8, 4e-6), "gemm", curve=True)
+    plain = fit_class(records, hw, Efficiency(0.7, 0.8, 4e-6), "gemm")
+    arr = [np.array([r[k] for r in records], float) for k in ("flops", "bytes", "launches")]
+    tok = np.array([r["tokens"] for r in records], float)
+    want = roofline(*arr, hw, true, tok)
+    got = roofline(*arr, hw, fit.efficiency, tok)
+    assert np.median(np.abs(got / want - 1)) < 0.02 and np.max(np.abs(got / want - 1)) < 0.08
+    assert fit.p90_rel_err < 0.05 < plain.p90_rel_err  # the curve is what the data needs
+    assert fit.efficiency.eta_c == pytest.approx(0.6, rel=0.1)
+
+
+def test_the_allreduce_fit_recovers_latency_and_bandwidth():
+    hw = load_hardware("a100_80gb")
+    sizes = np.geomspace(4e3, 2e8, 80)
+    frame = pd.DataFrame({"tp": 4, "message_bytes": sizes})
+    true = Efficiency(1.0, 0.8, 25e-6)
+    frame["median_s"] = vidur_network.predict(frame, hw, true)
+    got = vidur_network.fit(frame, hw)
+    assert got.t0 == pytest.approx(25e-6, rel=0.02) and got.eta_m == pytest.approx(0.8, rel=0.02)
+
+
+def test_the_error_table_has_one_row_per_model_class_and_token_range():
+    frame = pd.DataFrame(
+        {
+            "model": ["a"] * 4 + ["b"] * 4,
+            "op_class": ["gemm", "gemm", "elementwise", "gemm"] * 2,
+            "tokens": [1, 100, 100, 5000] * 2,
+            "rel_err": [0.1, -0.2, 0.05, 0.0] * 2,
+        }
+    )
+    table = error_table(frame)
+    assert list(table.columns) == ["n", "median", "p90"]
+    assert len(table) == 8  # 2 models x (gemm in 3 ranges + elementwise in 1)
+    assert table.loc[("a", "gemm")]["median"].tolist() == pytest.approx([0.1, 0.2, 0.0])
+
+
+@needs_vidur
+def test_vidur_calibration_and_its_held_back_error(tmp_path):
+    """Measured (A100, fitted on alternate token counts): GEMMs 4.3% / 12.9%, elementwise
+    3.4% / 10.8% (median / P90 of |error|); all-reduce 6.6% / 19.0%. The median target (5%)
+    is met, the P90 target (10%) is not (see README, GPU calibration)."""
     result = calibrate("a100", "a100_80gb", ["Llama-2-7b-hf"])
-    assert result["fit"]["held_back"] == ["Llama-2-70b-hf", "Meta-Llama-3-8B"]
-    assert result["held_back_error"]["gemm"]["median"] < 0.06
-    assert result["held_back_error"]["elementwise"]["median"] < 0.2
+    held = result["held_back_error"]
+    assert set(held) == {"gemm", "elementwise", "allreduce"}
+    assert held["gemm"]["median"] < 0.05 and held["elementwise"]["median"] < 0.05
+    for cls in ("gemm", "elementwise"):  # the curve beats the plain roofline on held-back rows
+        assert held[cls]["p90"] < result["held_back_error_plain_roofline"][cls]["p90"]
+    assert result["held_back_error_by_model"]["held_back"] == ["Llama-2-70b-hf", "Meta-Llama-3-8B"]
+    assert set(result["ops"]["allreduce"]["by_tp"]) == {"2", "4", "8"}
+    table = pd.DataFrame(result["held_back_table"])
+    assert set(table["model"]) == {"Llama-2-7b-hf", "Llama-2-70b-hf", "Meta-Llama-3-8B"}
     path = tmp_path / "a100.json"
     assert main(["--gpu", "a100", "--hardware", "a100_80gb", "--out", str(path)]) == 0
-    loaded = Calibration.load(path)
-    assert loaded.efficiency["gemm"].eta_c == pytest.approx(
-        json.loads(path.read_text())["ops"]["gemm"]["eta_c"]
-    )
-    assert "attn_prefill" in json.loads(path.read_text())["unmeasured"]
+    loaded = Calibration.load(path, "a100_80gb")
+    data = json.loads(path.read_text())
+    assert loaded.efficiency["gemm"].eta_c == pytest.approx(data["ops"]["gemm"]["eta_c"])
+    assert loaded.efficiency["gemm"].curve and loaded.by_tp["allreduce"][4].t0 > 0
+    assert "attn_prefill" in data["unmeasured"] and "iteration_overhead_s" in data["terms"]
 
 
 def test_an_unknown_model_to_fit_on_is_an_error(tmp_path, capsys):
+    if not (VIDUR / "compute" / "a100").is_dir():
+        pytest.skip("Vidur profiles not in the data dir")
     assert main(["--fit", "Llama-9", "--out", str(tmp_path / "x.json")]) == 2
     assert "--fit ['Llama-9']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["a100_40gb", "a100_80gb", "h100_sxm"])
+def test_the_committed_calibrations_load_for_their_preset(preset):
+    path = CALIBRATIONS / f"{preset}.json"
+    cal = Calibration.load(path, preset)
+    data = json.loads(path.read_text())
+    assert set(data["ops"]) | set(data["unmeasured"]) == set(OP_CLASSES)
+    assert all(math.isfinite(e["median"]) for e in data["held_back_error"].values())
+    assert cal.hardware == preset and cal.efficiency["gemm"].curve
+    cost = CostModel(model("llama3_8b"), load_hardware(preset), cal)
+    for tokens in (1, 100, 300, 5000, 60000):  # the simulator and the fit time an op alike
+        op = Op("x", "gemm", 2e9 * tokens, 1e7 + 1e4 * tokens, 3, tokens)
+        arr = [np.array([v], dtype=float) for v in (op.flops, op.bytes, 3, tokens)]
+        want = roofline(arr[0], arr[1], arr[2], cost.hw, cal.efficiency["gemm"], arr[3])[0]
+        assert cost.op_time(op) == pytest.approx(want, rel=1e-9)
+    with pytest.raises(ValueError, match=rf"{preset}\.json: fitted for hardware '{preset}', not"):
+        Calibration.load(path, "h200")

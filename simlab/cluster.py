@@ -1,0 +1,463 @@
+"""Replicas behind a router, in the timed engine (``cluster.*``).
+
+``cluster.replicas=N`` runs N timed engines (:class:`simlab.timed.TimedWorld`) in **one** SimPy
+environment: each replica has its own GPU process, FCFS queue, running set and its own cache and
+policy instance (its own :class:`~simlab.step.RequestStep`, built for the same policy, with
+``cache.size_gb`` per replica). The chat sessions (:class:`simlab.timed.SessionFeeder`) submit
+each request to the cluster, and the router picks a replica at arrival; a session's next
+request still arrives a think time after the previous one completed, wherever it ran.
+
+Routers (``cluster.router``):
+
+* ``round_robin``: request ``i`` (in submission order) goes to replica ``i mod N``;
+* ``least_loaded``: the smallest load, load = queued input tokens + running requests' tokens
+  (input + decoded so far);
+* ``random``: uniform, seeded (``cluster.seed``, else the run seed);
+* ``prefix_aware``: the largest ``overlap - load_weight x load``, overlap = the longest cached
+  prefix (KV match, the checkpoint rule ignored). This is Dynamo's KV-router cost in tokens:
+  Dynamo picks the worker of lowest ``w x prefill_blocks + decode_blocks`` with
+  ``prefill_blocks = (pending prompt tokens + input - overlap) / block`` and ``decode_blocks``
+  the active KV blocks (``--kv-overlap-score-weight`` w, default 1); dividing by ``w``, it is
+  our score with ``load_weight = 1 / w`` on the decode part and 1 on the pending prompts, which
+  we merge into one load: at Dynamo's default ``w = 1`` and ``load_weight = 1`` the two rank
+  replicas alike (up to block rounding, and counting a running request's whole input as its
+  KV even while it still prefills). SGLang's cache-aware router instead switches between a shortest-queue
+  rule (when loads are imbalanced) and the highest match rate; a linear cost is the simpler of
+  the two to tune and sweep (``load_weight=0``: cache affinity only);
+* ``hybrid_aware``: the same cost with the **usable** hit as overlap: for a hybrid model the
+  deepest SSM checkpoint on the matched path (a replica holding the KV without the state gives
+  no hit); for a pure Transformer the KV match, so it routes exactly as ``prefix_aware``;
+* ``session_affinity``: a session's requests go where its first went; new sessions round robin.
+
+Ties go to the smaller load, then to the replica that got fewer requests so far, then to the
+lower index (so at low load new prefixes still spread); every router is deterministic given the
+config and seed.
+
+What the router reads. The router matches with :meth:`RequestStep.peek`, a read-only lookup (no
+clock tick, no recency refresh, no pin, no key assigned), so routing never changes a replica's
+cache. The load is the router's own bookkeeping and is always current (real routers count their
+in-flight requests). With ``cluster.router_lag_s = L > 0`` the router sees each replica's cache
+as of ``L`` seconds ago: each replica has a *twin* step (same policy, fresh cache) that replays
+the replica's cache operations (start, prefill published, finish) ``L`` simulated seconds after
+they happened. A cache's state is a function of its operation sequence alone (its clock is
+logical), so at time ``t`` the twin holds exactly the replica's cache of time ``t - L``
+(operations at exactly ``t - L`` may or may not be visible yet: same-time events run in the order
+they were scheduled). It is the KV-event stream of Dynamo's indexer delivered late, evictions
+included, at the price of a second cache per replica.
+
+Records and summaries. With N > 1 each record gains ``replica`` (chosen), ``best_overlap``
+(the largest usable hit any replica offered at routing time, on their true caches, in tokens),
+``routed_overlap`` (the chosen replica's) and ``routing_regret`` (their difference, >= 0); the
+hit actually taken (``hit_tokens``) is looked up later, when the request is scheduled. The
+policy's summary gains per-replica request counts, hit rates and GPU busy fractions, the load
+imbalance and the regret; peaks are summed over replicas. With N = 1 the engine is the plain
+timed engine, untouched: records and summaries stay byte-identical.
+
+Not modelled: clairvoyant policies see the whole trace's future, not their replica's share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, cast
+
+import numpy as np
+import simpy
+
+from simlab.config import ConfigError
+from simlab.engine import Engine, EngineRun
+from simlab.records import RequestRecord
+from simlab.step import RequestStep, Started, Timing
+from simlab.timed import Job, SessionFeeder, TimedEngine, TimedWorld, saturation
+from traces.format import Request
+from traces.progress import Progress
+
+ROUTERS = (
+    "round_robin",
+    "least_loaded",
+    "random",
+    "prefix_aware",
+    "hybrid_aware",
+    "session_affinity",
+)
+#: routers whose choice reads the replicas' caches
+CACHE_ROUTERS = ("prefix_aware", "hybrid_aware")
+#: per-record columns a cluster adds (:attr:`simlab.engine.EngineRun.columns`)
+ROUTE_COLUMNS = ("replica", "best_overlap", "routed_overlap", "routing_regret")
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """``cluster.*``, validated (each error names its key)."""
+
+    replicas: int = 1
+    router: str = "round_robin"
+    load_weight: float = 1.0
+    router_lag_s: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+            raise ConfigError(f"cluster.replicas: must be an integer >= 1 (got {self.replicas!r})")
+        if self.replicas < 1:
+            raise ConfigError(f"cluster.replicas: must be an integer >= 1 (got {self.replicas!r})")
+        if self.router not in ROUTERS:
+            raise ConfigError(
+                f"cluster.router: must be one of {'|'.join(ROUTERS)} (got {self.router!r})"
+            )
+        _non_negative("cluster.load_weight", self.load_weight)
+        _non_negative("cluster.router_lag_s", self.router_lag_s)
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ConfigError(
+                f"cluster.seed: must be a non-negative integer or null (got {seed!r})"
+            )
+
+    @classmethod
+    def from_config(cls, section: Any) -> ClusterSettings:
+        """From the ``cluster`` mapping (None: the defaults); an unknown key is an error."""
+        values = dict(section or {})
+        known = {f.name for f in fields(cls)}
+        for key in values:
+            if key not in known:
+                raise ConfigError(f"cluster.{key}: unknown key (known: {', '.join(sorted(known))})")
+        return cls(**values)
+
+
+def _non_negative(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}: must be a number >= 0 (got {value!r})")
+    if not 0 <= value < math.inf:
+        raise ConfigError(f"{key}: must be a finite number >= 0 (got {value!r})")
+
+
+def with_cluster(engine: Engine, settings: ClusterSettings, run_seed: int) -> Engine:
+    """``engine`` behind ``settings.replicas`` replicas; the engine itself with one replica.
+    Raises :class:`ConfigError` naming the key."""
+    if settings.replicas == 1:
+        return engine
+    if type(engine) is not TimedEngine:
+        raise ConfigError(
+            f"cluster.replicas: {settings.replicas} replicas need engine=timed "
+            f"(got engine={engine.name})"
+        )
+    seed = run_seed if settings.seed is None else settings.seed
+    return ClusterEngine(engine, settings, seed)
+
+
+# ---------------------------------------------------------------------------------- engine
+@dataclass(frozen=True)
+class ClusterEngine:
+    """The timed engine with ``settings.replicas`` replicas; see the module docstring."""
+
+    engine: TimedEngine
+    settings: ClusterSettings
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    def check_memory(self, model: Any, cache_gb: float) -> None:
+        """Each replica is one GPU (x tp) with its own cache: the single engine's check."""
+        self.engine.check_memory(model, cache_gb)
+
+    def run(
+        self,
+        requests: Sequence[Request],
+        step: RequestStep,
+        fresh_step: Callable[[], RequestStep] | None = None,
+    ) -> EngineRun:
+        """Simulate the cluster; ``step`` serves replica 0 and ``fresh_step()`` builds each
+        other replica's step (and each twin, with a router lag)."""
+        if fresh_step is None:
+            raise ValueError("a cluster needs fresh_step to build each replica's request step")
+        n = self.settings.replicas
+        steps = [step, *(fresh_step() for _ in range(n - 1))]
+        twins = [fresh_step() for _ in range(n)] if self.settings.router_lag_s > 0 else None
+        return Cluster(self, requests, steps, twins).run()
+
+
+class MirroredStep(RequestStep):
+    """A replica's request step that replays each cache operation on ``twin`` ``lag`` seconds
+    later (the router's lagged view). Invariant: at simulated time ``t`` the twin's cache is
+    this cache as of ``t - lag``."""
+
+    twin: RequestStep
+    env: simpy.Environment
+    lag: float
+    _pending: dict[int, tuple[Started, list[Started]]]
+
+    @classmethod
+    def around(
+        cls, step: RequestStep, twin: RequestStep, env: simpy.Environment, lag: float
+    ) -> MirroredStep:
+        """``step``'s cache and plug-ins, mirrored onto ``twin``."""
+        mirrored = cls(step.cache, step.admission, step.eviction, step.policy, step.controllers)
+        mirrored.twin, mirrored.env, mirrored.lag, mirrored._pending = twin, env, lag, {}
+        return mirrored
+
+    def _later(self, op: Callable[[], Any]) -> None:
+        self.env.timeout(self.lag).callbacks.append(lambda _event: op())
+
+    def start(self, req: Request, pin: bool = True) -> Started:
+        started = super().start(req, pin)
+        twin_started: list[Started] = []  # filled when the twin starts (the started is alive)
+        self._pending[id(started)] = (started, twin_started)
+        self._later(lambda: twin_started.append(self.twin.start(req, pin)))
+        return started
+
+    def prefilled(self, started: Started) -> None:
+        super().prefilled(started)
+        twin_started = self._pending[id(started)][1]
+        self._later(lambda: self.twin.prefilled(twin_started[0]))
+
+    def finish(self, started: Started, timing: Timing | None = None) -> RequestRecord:
+        record = super().finish(started, timing)
+        key = id(started)
+        twin_started = self._pending[key][1]
+
+        def replay() -> None:
+            self.twin.finish(twin_started[0])
+            del self._pending[key]
+
+        self._later(replay)
+        return record
+
+
+# ---------------------------------------------------------------------------------- router
+class Router:
+    """Picks a replica per request (``settings.router``; see the module docstring)."""
+
+    def __init__(self, settings: ClusterSettings, hybrid: bool, seed: int) -> None:
+        self.settings, self.hybrid = settings, hybrid
+        self.n = settings.replicas
+        self._count = 0
+        self.routed = [0] * self.n  # requests sent to each replica so far
+        self._sessions: dict[int, int] = {}
+        self._rng = np.random.default_rng(seed)
+        self._pick: Callable[..., int] = getattr(self, f"_{settings.router}")
+
+    def choose(
+        self,
+        req: Request,
+        seen: Callable[[], list[tuple[int, int]]],
+        loads: Callable[[], list[int]],
+    ) -> int:
+        """The replica for ``req``; ``seen()``: (matched, hit) tokens per replica in the
+        router's view; ``loads()``: load tokens per replica. Each is called only if needed."""
+        k = self._pick(req, seen, loads)
+        self.routed[k] += 1
+        return k
+
+    def _round_robin(self, req: Request, seen: Any, loads: Any) -> int:
+        self._count += 1
+        return (self._count - 1) % self.n
+
+    def _session_affinity(self, req: Request, seen: Any, loads: Any) -> int:
+        if req.session_id not in self._sessions:
+            self._sessions[req.session_id] = len(self._sessions) % self.n
+        return self._sessions[req.session_id]
+
+    def _random(self, req: Request, seen: Any, loads: Any) -> int:
+        return int(self._rng.integers(self.n))
+
+    def _least_loaded(self, req: Request, seen: Any, loads: Callable[[], list[int]]) -> int:
+        load = loads()
+        return min(range(self.n), key=lambda k: (load[k], self.routed[k], k))
+
+    def _prefix_aware(
+        self, req: Request, seen: Callable[[], list[tuple[int, int]]], loads: Any
+    ) -> int:
+        return self._best([matched for matched, _hit in seen()], loads())
+
+    def _hybrid_aware(
+        self, req: Request, seen: Callable[[], list[tuple[int, int]]], loads: Any
+    ) -> int:
+        overlap = [hit if self.hybrid else matched for matched, hit in seen()]
+        return self._best(overlap, loads())
+
+    def _best(self, overlap: list[int], load: list[int]) -> int:
+        """Largest ``overlap - load_weight x load``; ties: smaller load, fewer requests routed
+        so far, lower index."""
+        weight, routed = self.settings.load_weight, self.routed
+        return min(
+            range(self.n), key=lambda k: (weight * load[k] - overlap[k], load[k], routed[k], k)
+        )
+
+
+# ---------------------------------------------------------------------------------- world
+@dataclass
+class Route:
+    """Where a request went and what the replicas offered it at routing time (tokens)."""
+
+    replica: int
+    best_overlap: int
+    routed_overlap: int
+
+
+@dataclass
+class Cluster:
+    """One run of a cluster for one policy: the replicas' worlds in one environment."""
+
+    engine: ClusterEngine
+    requests: Sequence[Request]
+    steps: list[RequestStep]
+    twins: list[RequestStep] | None = None
+    env: simpy.Environment = field(default_factory=simpy.Environment)
+    routes: dict[int, Route] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        timed, lag = self.engine.engine, self.engine.settings.router_lag_s
+        if self.twins is not None:
+            self.steps = [
+                MirroredStep.around(s, t, self.env, lag)
+                for s, t in zip(self.steps, self.twins, strict=True)
+            ]
+            order = sorted(self.requests, key=lambda r: (r.arrival, r.session_id, r.turn))
+            for twin in self.twins:
+                twin.prepare(order)
+        self.worlds = [
+            TimedWorld(self.requests, s, timed.cost_model(s.cache.model), timed, self.env)
+            for s in self.steps
+        ]
+        self.views = self.twins if self.twins is not None else self.steps
+        model = self.steps[0].cache.model
+        self.router = Router(self.engine.settings, model.is_hybrid, self.engine.seed)
+
+    def run(self) -> EngineRun:
+        """Simulate until every session ended and every request completed."""
+        feeder = SessionFeeder(self.requests, self.engine.engine.typing_wpm)
+        sessions = feeder.processes(cast(TimedWorld, self))  # they use only env and submit
+        for process in sessions:
+            self.env.process(self._source(process))
+        what = f"{self.steps[0].policy} (timed x{len(self.worlds)})"
+        with Progress(len(self.requests), what) as progress:
+            for world in self.worlds:
+                world.attach(feeder, len(sessions), progress)
+            self.env.run()
+        return self._result([world.collect() for world in self.worlds])
+
+    def _source(self, process: Generator[Any, Any, None]) -> Generator[Any, Any, None]:
+        yield from process
+        for world in self.worlds:
+            world.close_source()
+
+    def submit(self, job: Job) -> Job:
+        """Route a job to a replica and queue it there. The router reads the replicas' caches
+        through read-only peeks (its lagged twins' with a router lag); the records' overlaps
+        come from the true caches, at this moment."""
+        req = job.req
+        true = [step.peek(req) for step in self.steps]
+
+        def seen() -> list[tuple[int, int]]:
+            return true if self.twins is None else [view.peek(req) for view in self.views]
+
+        k = self.router.choose(req, seen, self.loads)
+        hits = [hit for _matched, hit in true]
+        self.routes[req.request_id] = Route(k, max(hits), hits[k])
+        return self.worlds[k].submit(job)
+
+    def loads(self) -> list[int]:
+        """Per replica: queued input tokens + running requests' tokens (input + decoded)."""
+        return [
+            sum(j.input_tokens for j in w.waiting)
+            + sum(j.input_tokens + j.decoded for j in w.running)
+            for w in self.worlds
+        ]
+
+    def _result(self, per_replica: list[list[RequestRecord]]) -> EngineRun:
+        tagged = [(r, k) for k, records in enumerate(per_replica) for r in records]
+        tagged.sort(key=lambda rk: (rk[0].arrival, rk[0].session_id, rk[0].turn))
+        records = [r for r, _k in tagged]
+        routes = [self.routes[r.request_id] for r in records]
+        columns: dict[str, list[Any]] = {
+            "replica": [k for _r, k in tagged],
+            "best_overlap": [rt.best_overlap for rt in routes],
+            "routed_overlap": [rt.routed_overlap for rt in routes],
+            "routing_regret": [rt.best_overlap - rt.routed_overlap for rt in routes],
+        }
+        extras = cluster_extras(self, per_replica, routes)
+        return EngineRun(records, extras, merged_occupancy(self.worlds), columns)
+
+
+# ---------------------------------------------------------------------------------- summary
+def cluster_extras(
+    cluster: Cluster, per_replica: list[list[RequestRecord]], routes: list[Route]
+) -> dict[str, Any]:
+    """The policy's summary items of a cluster run (see the module docstring)."""
+    settings, worlds = cluster.engine.settings, cluster.worlds
+    counts = [len(records) for records in per_replica]
+    input_tokens = sum(r.input_tokens for records in per_replica for r in records)
+    regret = sum(rt.best_overlap - rt.routed_overlap for rt in routes)
+    return (
+        cluster_stats(worlds, sum(counts))
+        | cluster_saturation(worlds, per_replica)
+        | {
+            "replicas": settings.replicas,
+            "router": settings.router,
+            "load_weight": settings.load_weight,
+            "router_lag_s": settings.router_lag_s,
+            "replica_requests": counts,
+            "replica_token_hit_rate": [_hit_rate(records) for records in per_replica],
+            "load_imbalance": max(counts) / (sum(counts) / len(counts)) if sum(counts) else 1.0,
+            "routing_regret_tokens": regret,
+            "routing_regret_rate": regret / input_tokens if input_tokens else 0.0,
+            "best_overlap_rate": sum(rt.best_overlap for rt in routes) / input_tokens
+            if input_tokens
+            else 0.0,
+            "peak_kv_gb": sum(w.cache.peak_kv_bytes for w in worlds) / 1e9,
+            "peak_ssm_gb": sum(w.cache.peak_ssm_bytes for w in worlds) / 1e9,
+            "peak_gb": sum(w.cache.peak_bytes for w in worlds) / 1e9,
+        }
+    )
+
+
+def _hit_rate(records: list[RequestRecord]) -> float:
+    total = sum(r.input_tokens for r in records)
+    return sum(r.hit_tokens for r in records) / total if total else 0.0
+
+
+def cluster_stats(worlds: list[TimedWorld], n_requests: int) -> dict[str, Any]:
+    """The timed engine's stats over the cluster: busy = mean GPU busy fraction over the
+    cluster's span, the queue = all replicas' queues (Little's law holds for their sum)."""
+    first = min(w.stats.first_arrival for w in worlds)
+    last = max(w.stats.last_departure for w in worlds)
+    span = last - first if last > first else 0.0
+    busy = [w.stats.busy / span if span > 0 else 0.0 for w in worlds]
+    return {
+        "gpu_busy_frac": sum(busy) / len(busy),
+        "replica_gpu_busy_frac": busy,
+        "mean_queue_len": sum(w.stats.queue_area for w in worlds) / span if span > 0 else 0.0,
+        "arrival_rate": n_requests / span if span > 0 else 0.0,
+        "iterations": sum(w.stats.iterations for w in worlds),
+    }
+
+
+def cluster_saturation(
+    worlds: list[TimedWorld], per_replica: list[list[RequestRecord]]
+) -> dict[str, Any]:
+    """Saturated when any replica is (:func:`simlab.timed.saturation`), saying which."""
+    reasons = []
+    for k, (world, records) in enumerate(zip(worlds, per_replica, strict=True)):
+        if records:
+            flagged = saturation(world.stats, records)
+            if flagged["saturated"]:
+                reasons.append(f"replica {k}: {flagged['saturation']}")
+    return {"saturated": bool(reasons), "saturation": "; ".join(reasons)}
+
+
+def merged_occupancy(worlds: list[TimedWorld]) -> list[tuple[float, int, int]]:
+    """Cluster cache bytes over time: at each replica's sample, the sum over replicas of
+    their latest KV and SSM bytes."""
+    samples = sorted(
+        (t, k, kv, ssm) for k, w in enumerate(worlds) for t, kv, ssm in w.stats.occupancy
+    )
+    kv_now, ssm_now = [0] * len(worlds), [0] * len(worlds)
+    out = []
+    for t, k, kv, ssm in samples:
+        kv_now[k], ssm_now[k] = kv, ssm
+        out.append((t, sum(kv_now), sum(ssm_now)))
+    return out
