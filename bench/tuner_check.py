@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.studies:
         gap = gaps(run_study(name, args.protocol, args.out, args.jobs))
         print(summary_line(name, gap), flush=True)
-        every.append(gap.reset_index(drop=True))
-    print(summary_line("all", pd.concat(every, ignore_index=True)))
+        every.append(pd.Series(gap.to_numpy(), index=[f"{name} {k}" for k in gap.index]))
+    print(summary_line("all", pd.concat(every)))
     return 0
 
 
