@@ -211,8 +211,13 @@ class PrefixCache:
         """Longest cached prefix of ``tokens``: (fully matched nodes, length, partial node).
 
         Whole edges are compared as byte strings; only the edge holding the mismatch is
-        compared element-wise (numpy), to find where inside it the match stops.
+        compared element-wise (numpy), to find where inside it the match stops. A block pool
+        (one id per edge) is matched id by id on a plain list.
         """
+        if self.block_nodes:
+            found = self._walk_ids(tokens)
+            if found is not None:
+                return found
         query = tokens.tobytes()
         n = int(tokens.shape[0])
         node, pos = self.root, 0
@@ -235,6 +240,22 @@ class PrefixCache:
             pos += int(diff[0]) if diff.size else span
             return path, pos, child
         return path, pos, None
+
+    def _walk_ids(self, tokens: np.ndarray) -> tuple[list[Node], int, None] | None:
+        """:meth:`_walk` where every edge holds one id (``block_nodes``): a child found is
+        matched whole. None if the walk meets a longer edge (a merge made it; then
+        :meth:`_walk` compares edges as usual)."""
+        node = self.root
+        path: list[Node] = []
+        for tok in tokens.tolist():
+            child = node.children.get(tok)
+            if child is None:
+                break
+            if child.end - child.start != 1:
+                return None
+            path.append(child)
+            node = child
+        return path, len(path), None
 
     def _walk_descending(self, tokens: np.ndarray) -> Lookup:
         """The Marconi reference code's match with its descent bug
@@ -276,8 +297,11 @@ class PrefixCache:
         path, matched, partial = self._walk(tokens)
         limit = int(tokens.shape[0]) - self._hit_slack
         if self.hybrid:
-            hit_node = next((n for n in reversed(path) if n.ckpt and n.end <= limit), None)
-            hit = hit_node.end if hit_node is not None else 0
+            hit_node, hit = None, 0
+            for node in reversed(path):
+                if node.ckpt and node.end <= limit:
+                    hit_node, hit = node, node.end
+                    break
         else:
             page = page_size or self.page_size
             hit = (min(matched, limit) // page) * page
@@ -307,22 +331,44 @@ class PrefixCache:
 
     def touch(self, nodes: Sequence[Node]) -> None:
         """Mark nodes as accessed now (recency bookkeeping for eviction policies)."""
+        if len(nodes) > _BULK_MIN_NODES:  # a long path: one fancy-indexed assignment
+            self.last_access[[node.slot for node in nodes]] = self.now
+            return
+        last_access, now = self.last_access, self.now
         for node in nodes:
-            self.last_access[node.slot] = self.now
+            last_access[node.slot] = now
 
     # ------------------------------------------------------------------ pins
     def pin(self, node: Node | None) -> None:
         """Protect ``node`` and its ancestors from eviction until :meth:`unpin`."""
-        while node is not None and node is not self.root:
-            self.pins[node.slot] += 1
-            node = node.parent
+        slots = self._path_slots(node)
+        if len(slots) > _BULK_MIN_NODES:  # a deep node (a block pool's): one numpy call
+            self.pins[slots] += 1  # distinct slots: no repeated index
+            return
+        pins = self.pins
+        for slot in slots:
+            pins[slot] += 1
 
     def unpin(self, node: Node | None) -> None:
-        while node is not None and node is not self.root:
-            if self.pins[node.slot] <= 0:
-                raise RuntimeError(f"unpin of an unpinned node {node!r}")
-            self.pins[node.slot] -= 1
+        slots = self._path_slots(node)
+        pins = self.pins
+        if len(slots) > _BULK_MIN_NODES and (pins[slots] > 0).all():
+            pins[slots] -= 1
+            return
+        for i, slot in enumerate(slots):  # short paths; or name the unpinned node
+            if pins[slot] <= 0:
+                pins[slots[:i]] += 1  # undo, as if nothing had been unpinned
+                raise RuntimeError(f"unpin of an unpinned node {self._by_slot[slot]!r}")
+            pins[slot] -= 1
+
+    def _path_slots(self, node: Node | None) -> list[int]:
+        """Slots of ``node`` and its ancestors, root excluded (the nodes a pin covers)."""
+        slots: list[int] = []
+        root = self.root
+        while node is not None and node is not root:
+            slots.append(node.slot)
             node = node.parent
+        return slots
 
     @contextmanager
     def pinned(self, node: Node | None) -> Iterator[None]:
@@ -394,7 +440,8 @@ class PrefixCache:
         plan = plan_admission(self, path, matched, wanted, end, cuts, stateless_kv)
         deepest = partial if partial is not None else (path[-1] if path else None)
         result = InsertResult()
-        with self.pinned(deepest):
+        self.pin(deepest)  # the matched path is safe from the evictions below
+        try:
             need, states = plan_bytes(self, plan), 0
             if self.ssm_capacity is not None:  # states come from their own pool
                 states = (len(plan.old_ckpts) + len(plan.new_ckpts)) * self.ckpt_bytes
@@ -417,6 +464,8 @@ class PrefixCache:
                 plan = truncate(self, plan, self.free_bytes, split)
                 result.truncated = True
             self._apply(plan, path, partial, seq, result)
+        finally:
+            self.unpin(deepest)
         self._note_peaks()
         return result
 
@@ -544,17 +593,22 @@ class PrefixCache:
         starts = [start, *stops[:-1]]
         firsts = seq[starts].tolist()
         by_slot = self._by_slot
-        flags = [stop in held for stop in stops]
-        for i, slot in enumerate(slots):
-            node = Node(seq[starts[i] : stops[i]], parent, starts[i], slot, nid0 + i, flags[i])
-            parent.children[firsts[i]] = node
+        flags = [stop in held for stop in stops] if held else [False] * len(stops)
+        top = parent
+        nid = nid0
+        made = []
+        for slot, a, b, first_id, flag in zip(slots, starts, stops, firsts, flags, strict=True):
+            node = Node(seq[a:b], parent, a, slot, nid, flag)
+            parent.children[first_id] = node
             by_slot[slot] = node
-            if created is not None:
-                created.append(node)
+            made.append(node)
             parent = node
+            nid += 1
+        if created is not None:
+            created.extend(made)
         idx = np.asarray(slots, dtype=np.int64)
         bounds = np.asarray([start, *stops], dtype=np.int64)
-        lengths = np.diff(bounds)
+        lengths = bounds[1:] - bounds[:-1]
         self.alive[idx] = True
         self.nids[idx] = np.arange(nid0, nid0 + len(stops))
         self.last_access[idx] = self.now
@@ -563,13 +617,12 @@ class PrefixCache:
         self.n_children[idx] = 1
         self.n_children[idx[-1]] = 0
         self.node_bytes[idx] = lengths * self.kv_per_token
-        self.node_bytes[idx[np.asarray(flags, dtype=bool)]] += self.ckpt_bytes
+        if held:
+            self.node_bytes[idx[np.asarray(flags, dtype=bool)]] += self.ckpt_bytes
         self.saved_flops[idx] = self.model.prefill_flops_array(
             bounds[:-1] * self.unit, lengths * self.unit
         )
-        first = self._by_slot[slots[0]]
-        assert first is not None and first.parent is not None
-        self.n_children[first.parent.slot] = len(first.parent.children)
+        self.n_children[top.slot] = len(top.children)
 
     def _node_ending_at(self, along: list[Node], pos: int) -> Node:
         """The node on the matched path that ends exactly at ``pos``, splitting an edge if needed."""
@@ -622,11 +675,12 @@ class PrefixCache:
 
     def candidates(self, inner: bool) -> np.ndarray:
         """Slots of unpinned nodes that may be evicted: leaves, plus one-child nodes if ``inner``."""
-        kids = self.n_children
-        ok = (kids == 0) | (kids == 1) if inner else (kids == 0)
-        mask = self.alive & (self.pins == 0) & ok
+        kids, pins = self.n_children, self.pins
+        # counts are >= 0: a leaf is unpinned exactly when the bitwise or of the two is 0
+        ok = (pins == 0) & (kids <= 1) if inner else (kids | pins) == 0
+        mask = self.alive & ok
         mask[self.root.slot] = False
-        return np.flatnonzero(mask)
+        return mask.nonzero()[0]
 
     def _is_candidate(self, node: Node, inner: bool) -> bool:
         if node is self.root or self.pins[node.slot] > 0:

@@ -226,6 +226,17 @@ class MirroredStep(RequestStep):
         self._later(replay)
         return record
 
+    def abort(self, started: Started) -> None:
+        super().abort(started)
+        key = id(started)
+        twin_started = self._pending[key][1]
+
+        def replay() -> None:
+            self.twin.abort(twin_started[0])
+            del self._pending[key]
+
+        self._later(replay)
+
 
 # ---------------------------------------------------------------------------------- router
 class Router:
@@ -380,6 +391,17 @@ class Cluster:
             "routing_regret": [rt.best_overlap - rt.routed_overlap for rt in routes],
         }
         extras = cluster_extras(self, per_replica, routes)
+        if self.worlds[0].shared:  # engine.kv_pool=shared: preemptions, summed over replicas
+            counts = [
+                w.preemption_column(rs) for w, rs in zip(self.worlds, per_replica, strict=True)
+            ]
+            by_id = {
+                r.request_id: c
+                for rs, cs in zip(per_replica, counts, strict=True)
+                for r, c in zip(rs, cs, strict=True)
+            }
+            columns["preemptions"] = [by_id[r.request_id] for r in records]
+            extras |= pool_extras(self.worlds, self.engine.engine)
         return EngineRun(records, extras, merged_occupancy(self.worlds), columns)
 
 
@@ -413,6 +435,18 @@ def cluster_extras(
             "peak_gb": sum(w.cache.peak_bytes for w in worlds) / 1e9,
         }
     )
+
+
+def pool_extras(worlds: list[TimedWorld], settings: TimedEngine) -> dict[str, Any]:
+    """The shared KV pool's summary items over the replicas: counts and bytes summed, the
+    pool per replica, and per-replica preemptions."""
+    pools = [w.pool.summary(settings) for w in worlds]
+    out = dict(pools[0])
+    for key in ("preemptions", "preempted_requests", "recomputed_tokens", "pool_evicted_gb"):
+        out[key] = sum(p[key] for p in pools)
+    out["peak_running_gb"] = sum(p["peak_running_gb"] for p in pools)
+    out["replica_preemptions"] = [p["preemptions"] for p in pools]
+    return out
 
 
 def _hit_rate(records: list[RequestRecord]) -> float:

@@ -21,6 +21,7 @@ overrides the no-op hook, so the hot path pays nothing otherwise).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -277,37 +278,48 @@ def _evict_up(
     order as popping them one by one, with one scoring call and bulk bookkeeping per chain
     (fine-grained admission makes chains of hundreds of nodes). Relies on a static score
     not changing when a node's only child is evicted (``policies.base.EvictionPolicy``)."""
-    chain, slot_list = _leaf_chain(cache, node)
+    deficit = need - cache.free_bytes
+    chain, slot_list = _leaf_chain(cache, node, deficit)
     if not chain:
         return 0, 0
     slots = np.array(slot_list, dtype=np.int64)
-    scores = np.asarray(policy.scores(cache, slots), dtype=np.float64)
-    nids = cache.nids[slots]
-    n = len(chain)
-    if heap:  # the victims: a prefix of the chain keyed below the heap's top
-        top_score, top_nid = heap[0][0], heap[0][1]
-        below = (scores < top_score) | ((scores == top_score) & (nids < top_nid))
-        n = int(np.argmin(below)) if not below.all() else n
-    deficit = need - cache.free_bytes
-    if n and deficit > 0:  # stop once enough is freed
-        n = min(n, int(np.searchsorted(np.cumsum(cache.node_bytes[slots[:n]]), deficit)) + 1)
-    elif deficit <= 0:
-        n = 0
+    # plain Python over the (short, truncated) chain: cheaper than numpy's per-call cost
+    scores = np.asarray(policy.scores(cache, slots), dtype=np.float64).tolist()
+    nids = [c.nid for c in chain]  # == cache.nids[slots]
+    n = 0
+    if deficit > 0:  # the victims: a prefix of the chain keyed below the heap's top, ...
+        sizes = cache.node_bytes[slots].tolist()
+        capped = bool(heap)
+        top_score, top_nid = (heap[0][0], heap[0][1]) if capped else (0.0, 0)
+        held = 0.0
+        for score, nid, size in zip(scores, nids, sizes, strict=True):
+            if capped and not (score < top_score or (score == top_score and nid < top_nid)):
+                break
+            n += 1
+            held += size
+            if held >= deficit:  # ... up to the one that frees enough
+                break
     if n < len(chain):
-        heapq.heappush(heap, (float(scores[n]), int(nids[n]), int(slots[n])))
-    freed = _drop_chain(cache, chain[:n], slots[:n])
+        heapq.heappush(heap, (scores[n], nids[n], slot_list[n]))
+    freed = _drop_chain(cache, chain[:n], slot_list[:n])
     if notify is not None and n:
         notify(cache, chain[:n])
     return freed, n
 
 
-def _leaf_chain(cache: PrefixCache, node: Node | None) -> tuple[list[Node], list[int]]:
+def _leaf_chain(
+    cache: PrefixCache, node: Node | None, deficit: float = math.inf
+) -> tuple[list[Node], list[int]]:
     """``node`` (a leaf now) and the ancestors that would each become a leaf once the one
     below is gone (unpinned, non-root, one child), and their slots. Empty if ``node`` is
-    not a candidate."""
+    not a candidate. The walk stops one node after the nodes so far hold ``deficit`` bytes
+    (their ``node_bytes``): :func:`_evict_up` never evicts past the node that covers the
+    deficit and only needs the next one to push back on the heap."""
     chain: list[Node] = []
     slots: list[int] = []
     root, pins = cache.root, cache.pins
+    kv, ckpt_bytes = cache.kv_per_token, cache.ckpt_bytes
+    held = 0  # bytes of the chain so far (node_bytes: the edge's KV plus its state)
     kids = 0
     while node is not None and node is not root and len(node.children) == kids:
         slot = node.slot
@@ -315,13 +327,17 @@ def _leaf_chain(cache: PrefixCache, node: Node | None) -> tuple[list[Node], list
             break
         chain.append(node)
         slots.append(slot)
+        if held >= deficit:  # this node is the one kept and pushed back
+            break
+        held += (node.end - node.start) * kv + (ckpt_bytes if node.ckpt else 0)
         node, kids = node.parent, 1
     return chain, slots
 
 
-def _drop_chain(cache: PrefixCache, chain: list[Node], slots: np.ndarray) -> int:
-    """Delete ``chain`` (a leaf, then its parent, ... each the only child of the next):
-    only the topmost node's parent keeps a reference to fix. Returns the bytes freed."""
+def _drop_chain(cache: PrefixCache, chain: list[Node], slots: list[int]) -> int:
+    """Delete ``chain`` (a leaf, then its parent, ... each the only child of the next; their
+    ``slots``): only the topmost node's parent keeps a reference to fix. Returns the bytes
+    freed."""
     if not chain:
         return 0
     top = chain[-1]
@@ -330,16 +346,16 @@ def _drop_chain(cache: PrefixCache, chain: list[Node], slots: np.ndarray) -> int
     del parent.children[int(top.tokens[0])]
     cache.n_children[parent.slot] = len(parent.children)
     tokens = chain[0].end - top.start  # contiguous: each node's parent is the next
-    ckpts = sum([n.ckpt for n in chain])
+    ckpts = 0
+    by_slot = cache._by_slot
+    for node, slot in zip(chain, slots, strict=True):
+        ckpts += node.ckpt
+        node.children.clear()  # no parent <-> child cycles left for the cyclic GC to find
+        by_slot[slot] = None
     freed_kv, freed_ckpt = tokens * cache.kv_per_token, ckpts * cache.ckpt_bytes
     cache.kv_bytes -= freed_kv
     cache.ssm_bytes -= freed_ckpt
     cache.alive[slots] = False
     cache.node_bytes[slots] = 0.0
-    by_slot = cache._by_slot
-    for node in chain:  # no parent <-> child cycles left for the cyclic GC to find
-        node.children.clear()
-    for slot in slots.tolist():
-        by_slot[slot] = None
-    cache._free.extend(slots.tolist())
+    cache._free.extend(slots)
     return freed_kv + freed_ckpt

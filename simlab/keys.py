@@ -116,12 +116,18 @@ class BlockKeys:
 
     def _full_blocks(self, seq: np.ndarray) -> np.ndarray:
         """One id per full block of ``seq``; a new content gets the next id."""
-        width = self.block_size * _ID_BYTES
-        buf = np.ascontiguousarray(seq, dtype=TOKEN_DTYPE).tobytes()
-        ids, setdefault = self._ids, self._ids.setdefault
-        out = [
-            setdefault(buf[i : i + width], len(ids)) for i in range(0, len(buf) - width + 1, width)
-        ]
+        n_full = seq.shape[0] // self.block_size
+        # each full block's bytes as one ``bytes`` object (a void view: no per-block slicing)
+        blocks = (
+            np.ascontiguousarray(seq[: n_full * self.block_size], dtype=TOKEN_DTYPE)
+            .view(f"V{self.block_size * _ID_BYTES}")
+            .tolist()
+        )
+        ids = self._ids
+        out = list(map(ids.get, blocks))  # known contents (all, when seen by ``prepare``)
+        if None in out:  # a new content gets the next id, in order of first appearance
+            setdefault = ids.setdefault
+            out = [setdefault(b, len(ids)) for b in blocks]
         return np.asarray(out, dtype=TOKEN_DTYPE)
 
 

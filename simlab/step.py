@@ -28,7 +28,7 @@ import numpy as np
 
 from policies.base import Admission, AdmissionPolicy, EvictionPolicy, Semantics, overrides
 from simlab.cache import PrefixCache
-from simlab.keys import BlockKeys, KeyScheme, key_scheme
+from simlab.keys import BlockKeys, KeyedRequest, KeyScheme, key_scheme
 from simlab.nodes import InsertResult, Lookup, Node
 from simlab.records import RequestRecord
 
@@ -84,6 +84,10 @@ class RequestStep:
     _keys: KeyScheme = field(init=False, repr=False)
     _page: int = field(init=False, repr=False)  # Transformer hits round down to it
     _ids_per_key: int = field(init=False, repr=False)  # trace ids one key stands for
+    #: block keys: each prepared request's view, used (once) by its :meth:`start`
+    _views: dict[int, tuple[Request, KeyedRequest]] = field(
+        init=False, repr=False, default_factory=dict
+    )
 
     @classmethod
     def build(
@@ -133,7 +137,11 @@ class RequestStep:
         """Show the plug-ins the whole run (processing order), before the first request; with
         block keys they see each request's keyed input (``input_ids``) instead of its tokens."""
         if isinstance(self._keys, BlockKeys):
-            requests = [replace(r, input_ids=self._keys.view(r).lookup) for r in requests]
+            views = [self._keys.view(r) for r in requests]
+            self._views = {id(r): (r, v) for r, v in zip(requests, views, strict=True)}
+            requests = [
+                replace(r, input_ids=v.lookup) for r, v in zip(requests, views, strict=True)
+            ]
         self.admission.prepare(requests)
         self.eviction.prepare(requests)
 
@@ -148,7 +156,7 @@ class RequestStep:
         """The request is scheduled: tick, match, ``on_hit``, plan, pin the reused prefix."""
         cache = self.cache
         cache.now += 1.0
-        keyed = self._keys.view(req)
+        keyed = self._view(req)
         lookup = cache.lookup(keyed.lookup, self._page)
         if cache.hybrid:
             cache.use_state(lookup.hit_node)
@@ -168,6 +176,16 @@ class RequestStep:
             keyed.prompt,
         )
 
+    def _view(self, req: Request) -> KeyedRequest:
+        """``req`` as the cache sees it: the view :meth:`prepare` made, the first time (block
+        ids depend on content only, so a fresh view would differ only in the partial tail
+        block's id, which matches nothing and is never cached), else a fresh one."""
+        if self._views:
+            entry = self._views.pop(id(req), None)
+            if entry is not None and entry[0] is req:
+                return entry[1]
+        return self._keys.view(req)
+
     def peek(self, req: Request) -> tuple[int, int]:
         """``(matched, hit)`` tokens ``req`` would get if it started now, read-only: no clock
         tick, no ``on_hit``, no pin, no key assigned (a router's view of this cache; the
@@ -176,6 +194,19 @@ class RequestStep:
         lookup = self.cache.lookup(ids, self._page)
         per_key = self._ids_per_key
         return req.hit_tokens(lookup.matched * per_key), req.hit_tokens(lookup.hit * per_key)
+
+    def peek_hit(self, req: Request) -> tuple[int, Node | None]:
+        """:meth:`peek`'s hit tokens and the node holding the reused prefix (None: no hit),
+        read-only (a shared KV pool pins the node while it evicts to admit ``req``)."""
+        lookup = self.cache.lookup(self._keys.lookup_ids(req), self._page)
+        return req.hit_tokens(lookup.hit * self._ids_per_key), lookup.hit_node
+
+    def abort(self, started: Started) -> None:
+        """The started request was preempted (recompute): release its pin; nothing is
+        admitted and nothing observed (it starts again later, with a fresh :meth:`start`)."""
+        if started.pinned is not None:
+            self.cache.unpin(started.pinned)
+            started.pinned = None
 
     def prefilled(self, started: Started) -> None:
         """The request's prefill ended (timed engines). A plan that ``publishes_prompt`` admits

@@ -59,6 +59,8 @@ from traces.progress import Progress
 log = logging.getLogger(__name__)
 
 TOKENS_PER_WORD = 1.33  # cl100k on English prose; converts tokens to words for typing time
+KV_POOLS = ("separate", "shared")
+PREEMPTIONS = ("lifo", "fifo")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class TimedSettings:
     shared_prefix_attention: bool = False
     typing_wpm: float | None = None
     memory_check: bool = True  # false: what-if studies beyond the GPU's memory
+    kv_pool: str = "separate"  # shared: running sequences and the prefix cache share one budget
+    preemption: str = "lifo"  # shared pool: which running request is preempted first
 
     def __post_init__(self) -> None:
         for key in ("token_budget", "max_running", "ssm_chunk"):
@@ -90,6 +94,14 @@ class TimedSettings:
                 raise ValueError(f"engine.{key} must be true or false, got {getattr(self, key)!r}")
         if self.typing_wpm is not None and not self.typing_wpm > 0:
             raise ValueError(f"engine.typing_wpm must be > 0 or null, got {self.typing_wpm!r}")
+        if self.kv_pool not in KV_POOLS:
+            raise ValueError(
+                f"engine.kv_pool must be one of {'|'.join(KV_POOLS)}, got {self.kv_pool!r}"
+            )
+        if self.preemption not in PREEMPTIONS:
+            raise ValueError(
+                f"engine.preemption must be one of {'|'.join(PREEMPTIONS)}, got {self.preemption!r}"
+            )
 
 
 class Feeder(Protocol):
@@ -127,6 +139,8 @@ class Job:
     scheduled: float = math.nan
     first_token: float = math.nan
     finished: float = math.nan
+    preemptions: int = 0  # shared KV pool: times it was preempted (recompute)
+    order: int = -1  # shared KV pool: rank of its first scheduling
     input_tokens: int = field(init=False)  # req.input_tokens, read in every iteration
     output_len: int = field(init=False)
 
@@ -166,6 +180,33 @@ class EngineStats:
             "mean_queue_len": self.queue_area / span if span > 0 else 0.0,
             "arrival_rate": n_requests / span if span > 0 else 0.0,
             "iterations": self.iterations,
+        }
+
+
+@dataclass
+class PoolStats:
+    """The shared KV pool (``engine.kv_pool=shared``): its budget, the bytes running sequences
+    hold, and what making room cost (preemptions, recomputed tokens, cache bytes evicted)."""
+
+    budget: float = math.inf
+    held: float = 0.0
+    peak_held: float = 0.0
+    preemptions: int = 0
+    preempted: set[int] = field(default_factory=set)  # request ids
+    recomputed_tokens: int = 0
+    evicted_bytes: int = 0
+    started: int = 0  # first schedulings so far (a job's ``order``)
+
+    def summary(self, settings: TimedSettings) -> dict[str, Any]:
+        return {
+            "kv_pool": settings.kv_pool,
+            "preemption": settings.preemption,
+            "pool_gb": self.budget / 1e9,
+            "preemptions": self.preemptions,
+            "preempted_requests": len(self.preempted),
+            "recomputed_tokens": self.recomputed_tokens,
+            "pool_evicted_gb": self.evicted_bytes / 1e9,
+            "peak_running_gb": self.peak_held / 1e9,
         }
 
 
@@ -235,7 +276,11 @@ class TimedEngine(TimedSettings):
         extras = world.stats.summary(len(records)) | saturation(world.stats, records)
         if extras["saturated"]:
             log.warning("%s: the GPU is saturated (%s)", step.policy, extras["saturation"])
-        return EngineRun(records, extras, world.stats.occupancy)
+        if not world.shared:
+            return EngineRun(records, extras, world.stats.occupancy)
+        extras |= world.pool.summary(self)
+        columns: dict[str, list[Any]] = {"preemptions": world.preemption_column(records)}
+        return EngineRun(records, extras, world.stats.occupancy, columns)
 
 
 #: GPU busy fraction above which a timed run counts as saturated
@@ -318,6 +363,11 @@ class TimedWorld:
         self._feeder: Feeder = SessionFeeder(requests)
         self._total = len(requests)
         self._progress: Progress | None = None
+        self.shared = s.kv_pool == "shared"
+        self.pool = PoolStats()
+        self._preempted_counts: dict[int, int] = {}  # request id -> preemptions
+        if self.shared:
+            self._open_pool(requests)
         step.prepare(sorted(requests, key=lambda r: (r.arrival, r.session_id, r.turn)))
 
     # ------------------------------------------------------------------ world
@@ -393,6 +443,9 @@ class TimedWorld:
     # ------------------------------------------------------------------ scheduling
     def _schedule(self) -> None:
         """Move queued requests into the running set while the limits allow (FCFS)."""
+        if self.shared:
+            self._schedule_shared()
+            return
         while self.waiting and len(self.running) < self.settings.max_running:
             job = self.waiting[0]
             if not self._feeder.ready(job):
@@ -440,6 +493,8 @@ class TimedWorld:
     # ------------------------------------------------------------------ iterations
     def _iteration(self):
         """One mixed iteration: every decoder steps once; prefill chunks fill the budget."""
+        if self.shared:
+            self._reserve_decode(1)
         decoders = [j for j in self.running if not j.in_prefill and j.decode_left > 0]
         chunks = self._prefill_chunks(self.settings.token_budget - len(decoders))
         duration = self.cost.time(self._batch(chunks, decoders))
@@ -451,9 +506,12 @@ class TimedWorld:
         for job, take in chunks:
             job.prefilled += take
             if not job.in_prefill:
-                job.first_token = self.env.now
+                if math.isnan(job.first_token):  # a recomputed request keeps its first token
+                    job.first_token = self.env.now
                 assert job.started is not None
                 self.step.prefilled(job.started)
+                if self.shared:
+                    self._published(job)
 
     def _prefill_chunks(self, budget: int) -> list[tuple[Job, int]]:
         """Prefill chunks (job, tokens) of the running requests in order, within ``budget``."""
@@ -493,8 +551,11 @@ class TimedWorld:
 
     def _decode_span(self):
         """Decode-only stretch until the first request finishes or a new one arrives."""
+        fit = self._reserve_decode(None) if self.shared else 0
         decoders = [j for j in self.running if j.decode_left > 0]
         steps = min(j.decode_left for j in decoders)
+        if self.shared:
+            steps = min(steps, fit)
         contexts = np.array([j.input_tokens + j.decoded + 1 for j in decoders])
         shared = shared_prefix_reads(decoders) if self.settings.shared_prefix_attention else 0
         ends = np.cumsum(self.cost.decode_span(contexts, steps, shared))
@@ -511,6 +572,183 @@ class TimedWorld:
         self.stats.iterations += done
         for job in decoders:
             job.decoded += done
+        if self.shared and done < fit:  # cut short: give back the steps not run
+            unused = (fit - done) * self.model.kv_bytes_per_token
+            for job in decoders:
+                job.reserved -= unused
+            self._hold(-unused * len(decoders))
+
+    # ------------------------------------------------------------------ shared KV pool
+    def _open_pool(self, requests: Sequence[Request]) -> None:
+        """``engine.kv_pool=shared``: one budget, ``cache.size_gb + engine.running_memory_gb``,
+        for the prefix cache and the running sequences; the cache's capacity follows what the
+        running sequences hold (``budget - held``)."""
+        cache, model = self.cache, self.model
+        if cache.ssm_capacity is not None:
+            raise ConfigError(
+                "engine.kv_pool=shared: not supported with a separate SSM pool (cache.ssm_gb)"
+            )
+        self.pool.budget = cache.capacity + self.settings.running_memory_gb * 1e9
+        cache.capacity = self.pool.budget
+        if requests:
+            longest = max(r.input_tokens + r.output_len for r in requests)
+            need = longest * model.kv_bytes_per_token + model.ssm_state_bytes
+            if need > self.pool.budget:
+                raise ConfigError(
+                    f"engine.kv_pool=shared: the pool (cache.size_gb + engine.running_memory_gb "
+                    f"= {self.pool.budget / 1e9:.4g} GB) cannot hold the longest request "
+                    f"({longest} tokens, {need / 1e9:.4g} GB)"
+                )
+
+    def _schedule_shared(self) -> None:
+        """FCFS admission into the shared pool. A request is admitted when its whole KV (input
+        beyond its hit, output, one SSM state) could fit in the free and evictable bytes (its
+        own hit protected); it then holds its prompt's KV at once (cached entries evicted for
+        it in the policy's order) and its output's token by token (:meth:`_reserve_decode`).
+        Otherwise it waits; with nothing running it is admitted whatever its hit (cached
+        entries evicted for its whole KV, the hit's included if need be)."""
+        kv = self.model.kv_bytes_per_token
+        state = self.model.ssm_state_bytes
+        while self.waiting and len(self.running) < self.settings.max_running:
+            job = self.waiting[0]
+            if not self._feeder.ready(job):
+                return
+            hit, node = self.step.peek_hit(job.req)
+            whole = (job.input_tokens + job.output_len) * kv + state
+            self.cache.pin(node)
+            fits = whole - hit * kv <= self.cache.free_bytes + self._evictable()
+            if fits:
+                self._make_room((job.input_tokens - hit) * kv + state)
+            self.cache.unpin(node)
+            if not fits:
+                if self.running:
+                    return
+                self._make_room(whole)
+            self._note_queue()
+            self.waiting.popleft()
+            scheduled, first = job.scheduled, job.order < 0
+            self._start(job, job.input_tokens * kv + state)
+            if first:
+                job.order, self.pool.started = self.pool.started, self.pool.started + 1
+            else:  # recomputed: the request was scheduled once already
+                job.scheduled = scheduled
+            if not self._make_room(job.reserved):
+                raise RuntimeError(
+                    f"engine.kv_pool=shared: request {job.req.request_id} needs "
+                    f"{job.reserved / 1e9:.4g} GB and nothing running or cached can free it "
+                    "(cache.size_gb + engine.running_memory_gb too small)"
+                )
+            self._hold(job.reserved)
+
+    def _reserve_decode(self, limit: int | None) -> int:
+        """Hold the KV of the next decode steps of every decoding request: evict cached
+        entries, and when they cannot make room for one step, preempt running requests
+        (``engine.preemption``) until it fits. Returns the steps held (>= 1; at most ``limit``,
+        None: up to the first request's end), the room for all of them evicted at once."""
+        kv = self.model.kv_bytes_per_token
+        while True:
+            decoders = [j for j in self.running if not j.in_prefill and j.decode_left > 0]
+            if not decoders:
+                return limit or 0
+            per_step = len(decoders) * kv
+            if self._make_room(per_step):
+                break
+            self._preempt()
+        steps = min(j.decode_left for j in decoders) if limit is None else limit
+        if steps > 1:
+            room = self.cache.free_bytes + self._evictable()
+            self._make_room(min(per_step * steps, room))
+            steps = max(1, min(steps, int(self.cache.free_bytes // per_step)))
+        for job in decoders:
+            job.reserved += steps * kv
+        self._hold(per_step * steps)
+        return steps
+
+    def _preempt(self) -> None:
+        """Preempt one running request (recompute): its progress is dropped, its memory freed
+        and it goes back to the front of the queue (preempted requests in their first
+        scheduling order). LIFO: the most recently scheduled; FIFO: the earliest."""
+        if len(self.running) <= 1:
+            raise RuntimeError(
+                "engine.kv_pool=shared: one running request does not fit the pool "
+                "(cache.size_gb + engine.running_memory_gb too small)"
+            )
+        victim = self.running.pop(-1 if self.settings.preemption == "lifo" else 0)
+        assert victim.started is not None
+        self.step.abort(victim.started)
+        pool = self.pool
+        pool.preemptions += 1
+        pool.preempted.add(victim.req.request_id)
+        pool.recomputed_tokens += victim.prefilled - victim.hit + victim.decoded
+        victim.preemptions += 1
+        self._hold(-victim.reserved)
+        victim.reserved, victim.started = 0.0, None
+        victim.prefilled = victim.decoded = 0
+        self._note_queue()
+        i = 0
+        while (
+            i < len(self.waiting)
+            and self.waiting[i].preemptions
+            and self.waiting[i].order < victim.order
+        ):
+            i += 1
+        self.waiting.insert(i, victim)
+
+    def _published(self, job: Job) -> None:
+        """A prompt published at prefill end now lies in the (pinned) cache: its KV leaves the
+        running part, so it is not counted twice."""
+        assert job.started is not None
+        published = job.started.published
+        if published is not None and published.kv_bytes:
+            moved = min(
+                float(published.kv_bytes),
+                (job.input_tokens - job.hit) * self.model.kv_bytes_per_token,
+            )
+            job.reserved -= moved
+            self._hold(-moved)
+        self._check_pool()
+
+    def _make_room(self, need: float) -> bool:
+        """Whether ``need`` bytes are free in the pool, after evicting cached entries in the
+        eviction policy's order (:meth:`PrefixCache.evict`); nothing is evicted when even all
+        unpinned entries would not make the room."""
+        cache = self.cache
+        if need <= cache.free_bytes:
+            return True
+        if need > cache.free_bytes + self._evictable():
+            return False
+        freed, _ = cache.evict(need, self.step.eviction)
+        self.pool.evicted_bytes += freed
+        return need <= cache.free_bytes
+
+    def _evictable(self) -> float:
+        """Bytes of unpinned cached entries (pins cover a node's ancestors, so eviction can
+        free all of them, leaves first)."""
+        cache = self.cache
+        return float(cache.node_bytes[cache.alive & (cache.pins == 0)].sum())
+
+    def _hold(self, delta: float) -> None:
+        """Running sequences hold ``delta`` more bytes; the cache's capacity is the rest."""
+        pool = self.pool
+        pool.held += delta
+        pool.peak_held = max(pool.peak_held, pool.held)
+        self.cache.capacity = pool.budget - pool.held
+        self._check_pool()
+
+    def _check_pool(self) -> None:
+        """The invariant: cache bytes + running bytes <= the budget."""
+        cache, pool = self.cache, self.pool
+        if cache.used_bytes > pool.budget - pool.held + 1.0 and not (
+            cache.semantics.reference_insert  # the Marconi reference inserts past capacity
+        ):
+            raise RuntimeError(
+                f"shared KV pool over budget: cache {cache.used_bytes} B + running "
+                f"{pool.held:.0f} B > {pool.budget:.0f} B"
+            )
+
+    def preemption_column(self, records: Sequence[RequestRecord]) -> list[int]:
+        """Per record (in ``records``' order): times its request was preempted."""
+        return [self._preempted_counts.get(r.request_id, 0) for r in records]
 
     # ------------------------------------------------------------------ completion
     def _complete_finished(self) -> None:
@@ -521,6 +759,10 @@ class TimedWorld:
     def _finish(self, job: Job) -> None:
         assert job.started is not None
         job.finished = self.env.now
+        if self.shared:  # its KV leaves the running part: the cache may admit it
+            self._hold(-job.reserved)
+            job.reserved = 0.0
+            self._preempted_counts[job.req.request_id] = job.preemptions
         timing = Timing(
             arrival=job.arrival,
             scheduled=job.scheduled,
@@ -529,6 +771,8 @@ class TimedWorld:
             prefill_time=self.cost.prefill_time(job.hit, job.input_tokens - job.hit),
         )
         record = self.step.finish(job.started, timing)
+        if self.shared:
+            self._check_pool()
         if self._feeder.finished(job):
             self.records.append(record)
             if self._progress is not None:

@@ -405,6 +405,21 @@ def test_timestamps_mode_replays_absolute_times(caplog: pytest.LogCaptureFixture
         assign(trace, mode="bursty")
 
 
+def test_timestamps_mode_time_scale_speeds_up_the_clock() -> None:
+    trace = small_sessions()
+    base = assign(trace, mode="timestamps").frame.sort_values(["session_id", "turn"])
+    fast = assign(trace, mode="timestamps", time_scale=0.5).frame.sort_values(
+        ["session_id", "turn"]
+    )
+    assert fast["arrival"].tolist() == [0.0, 0.5, 1.0, 5.0, 5.5, 6.0, 11.5, 11.5, 11.5]
+    assert np.allclose(fast["arrival"], 0.5 * base["arrival"])
+    slow = assign(trace, mode="timestamps", time_scale=3.0).frame
+    assert slow["arrival"].max() == 3 * base["arrival"].max()
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="time_scale must be a finite number > 0"):
+            assign(trace, mode="timestamps", time_scale=bad)
+
+
 def test_poisson_and_trace_modes_delegate_and_keep_block_size() -> None:
     trace = small_sessions()
     out = assign(trace, mode="poisson", session_rate=2.0, think_time_mean=1.0, seed=1)

@@ -8,10 +8,11 @@ poisson        :func:`traces.arrivals.assign_arrivals`: Poisson session starts a
 uniform        same module: session ``i`` (in session_id order) starts at exactly
                ``i / session_rate`` (the Marconi paper's construction); gaps by ``gaps``
 trace          same module: Poisson session starts, within-session gaps from ``ref_timestamp``
-timestamps     the trace's own clock for *every* request: ``arrival = ref_timestamp -
-               min(ref_timestamp)`` (seconds). For Mooncake (request = session) and the Azure
-               baseline this replays the recorded arrival process exactly; for SWE-bench it
-               replays the provider's ``created`` times. ``session_rate``/``think_time_mean``
+timestamps     the trace's own clock for *every* request: ``arrival = (ref_timestamp -
+               min(ref_timestamp)) x time_scale`` (seconds; ``0.5`` = twice as fast). For
+               Mooncake (request = session) and the Azure baseline this replays the recorded
+               arrival process exactly; for SWE-bench it replays the provider's ``created``
+               times. ``session_rate``/``think_time_mean``
                and ``seed`` are not used.
 azure          session starts from a real arrival process: session ``i`` (in session_id order)
                starts at the ``i``-th Azure arrival time (rebased to 0) times ``time_scale``
@@ -102,11 +103,11 @@ def assign(
         if out.block_size != trace.block_size:  # frame.attrs normally carries it over
             out = Trace(name=out.name, frame=out.frame, block_size=trace.block_size)
         return out
+    if mode in ("timestamps", "azure") and (not np.isfinite(time_scale) or time_scale <= 0):
+        raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
     if mode == "timestamps":
-        return assign_timestamps(trace)
+        return assign_timestamps(trace, time_scale)
     if mode == "azure":
-        if not np.isfinite(time_scale) or time_scale <= 0:
-            raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
         starts = load_azure_arrivals(
             resolve_azure_path(azure, azure_path, data_dir, "arrivals.azure_path")
         ).timestamps_s
@@ -138,8 +139,9 @@ def _with_arrivals(trace: Trace, order: np.ndarray, arrival: np.ndarray) -> Trac
     return Trace(name=trace.name, frame=out, block_size=trace.block_size)
 
 
-def assign_timestamps(trace: Trace) -> Trace:
-    """``arrival = ref_timestamp - min(ref_timestamp)`` for every request (seconds)."""
+def assign_timestamps(trace: Trace, time_scale: float = 1.0) -> Trace:
+    """``arrival = (ref_timestamp - min(ref_timestamp)) x time_scale`` for every request
+    (seconds; ``time_scale=0.5`` replays the trace twice as fast)."""
     frame = trace.frame
     if "ref_timestamp" not in frame.columns:
         raise ValueError(
@@ -151,6 +153,8 @@ def assign_timestamps(trace: Trace) -> Trace:
         raise ValueError(f"trace {trace.name!r}: missing or infinite ref_timestamp values")
     order, first = _session_order(frame)
     rebased = (stamps - stamps.min())[order]
+    if time_scale != 1.0:  # 1.0 leaves the arrivals bit-identical
+        rebased = rebased * float(time_scale)
     session_index = np.cumsum(first) - 1
     clamped = pd.Series(rebased).groupby(session_index).cummax().to_numpy()
     moved = int((clamped != rebased).sum())

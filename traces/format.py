@@ -140,19 +140,24 @@ class Trace:
         order = np.lexsort(
             (frame["turn"].to_numpy(), frame["session_id"].to_numpy(), frame["arrival"].to_numpy())
         )
-        true_inputs = frame["ref_input_length"] if "ref_input_length" in frame.columns else None
-        for pos in order:
-            row = frame.iloc[int(pos)]
+        # whole columns once (a row lookup per request costs more than the rest of start-up)
+        sessions, turns = frame["session_id"].to_numpy(), frame["turn"].to_numpy()
+        arrivals, output_lens = frame["arrival"].to_numpy(), frame["output_len"].to_numpy()
+        inputs, outputs = frame["input_ids"].to_numpy(), frame["output_ids"].to_numpy()
+        true_inputs = (
+            frame["ref_input_length"].to_numpy() if "ref_input_length" in frame.columns else None
+        )
+        for pos in order.tolist():
             yield Request(
-                request_id=int(pos),
-                session_id=int(row["session_id"]),
-                turn=int(row["turn"]),
-                arrival=float(row["arrival"]),
-                input_ids=as_tokens(row["input_ids"]),
-                output_ids=as_tokens(row["output_ids"]),
-                output_len=int(row["output_len"]),
+                request_id=pos,
+                session_id=int(sessions[pos]),
+                turn=int(turns[pos]),
+                arrival=float(arrivals[pos]),
+                input_ids=as_tokens(inputs[pos]),
+                output_ids=as_tokens(outputs[pos]),
+                output_len=int(output_lens[pos]),
                 block_size=self.block_size,
-                ref_input_tokens=None if true_inputs is None else int(true_inputs.iloc[int(pos)]),
+                ref_input_tokens=None if true_inputs is None else int(true_inputs[pos]),
             )
 
     def to_parquet(self, path: Path) -> None:

@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
-from simlab.report import run_pages, sweep_pages
+from simlab.report import routing_pages, run_pages, sweep_pages
 from simlab.report.describe import engine_label, run_caption, sweep_caption
 from simlab.report.load import ReportInputError, RunResults, SweepResults, load_results
 from simlab.report.provenance import provenance_pages
@@ -45,6 +45,7 @@ ALPHA = "Alpha sensitivity"
 OTHER_KEYS = "Other swept keys"
 OCCUPANCY = "Cache occupancy"
 PROVENANCE = "Provenance"
+ROUTING = routing_pages.ROUTING
 
 Builder = Callable[[Style], Figure | Sequence[Figure]]
 
@@ -75,7 +76,11 @@ def run_sections(run: RunResults) -> list[tuple[str, Builder]]:
         (DIFF, lambda s: run_pages.hit_diff_page(run, s)),
         (ALPHA, _not_a_sweep("an alpha key such as policy.alpha")),
         (OCCUPANCY, lambda s: run_pages.occupancy_page(run, s)),
-    ]
+    ] + (  # a cluster run (cluster.replicas > 1): its routing page
+        [(ROUTING, lambda s: routing_pages.routing_page(run, s))]
+        if routing_pages.has_replicas(run)
+        else []
+    )
 
 
 def sweep_sections(sweep: SweepResults) -> list[tuple[str, Builder]]:

@@ -1,0 +1,172 @@
+"""The shared KV pool of the timed engine (``engine.kv_pool=shared``, ``engine.preemption``):
+preemption under a tiny budget, equality with separate pools under a huge one, the budget
+invariant, a cluster of shared pools, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from simlab.__main__ import USER_ERRORS
+from simlab.cluster import ClusterEngine, ClusterSettings
+from simlab.records import RECORD_COLUMNS, records_frame
+from simlab.simulate import simulate
+from simlab.step import RequestStep
+from simlab.timed import TimedEngine, TimedWorld
+from tests.fixtures import compose, policy_plugins
+from tests.test_cluster import A100, HYBRID, LLAMA, chat_requests
+
+KV = LLAMA.kv_bytes_per_token
+
+
+def requests():
+    return chat_requests(sessions=30, rate=4.0)
+
+
+def longest(reqs) -> int:
+    return max(r.input_tokens + r.output_len for r in reqs)
+
+
+def build(policy="sglang_plus", spec=LLAMA, cache_bytes=1000 * KV):
+    def make() -> RequestStep:
+        admission, eviction = policy_plugins(policy)
+        return RequestStep.build(spec, cache_bytes, admission, eviction, policy)
+
+    return make
+
+
+def engine(**settings) -> TimedEngine:
+    return TimedEngine(hardware=A100, memory_check=False, **settings)
+
+
+def tiny(reqs, **settings) -> TimedEngine:
+    """A pool of 1,000 cached tokens + the longest request: the load must preempt."""
+    return engine(kv_pool="shared", running_memory_gb=longest(reqs) * KV / 1e9, **settings)
+
+
+@pytest.mark.parametrize("preemption", ["lifo", "fifo"])
+def test_a_tiny_pool_preempts_and_every_request_completes(preemption):
+    reqs = requests()
+    run = tiny(reqs, preemption=preemption).run(reqs, build()())
+    frame = records_frame(run.records).assign(**run.columns)
+    assert len(frame) == len(reqs) and frame["finished"].notna().all()
+    assert sorted(frame["request_id"]) == sorted(r.request_id for r in reqs)
+    extras = run.extras
+    assert extras["kv_pool"] == "shared" and extras["preemption"] == preemption
+    assert extras["preemptions"] > 0 and extras["recomputed_tokens"] > 0
+    assert frame["preemptions"].sum() == extras["preemptions"]
+    assert (frame["preemptions"] > 0).sum() == extras["preempted_requests"]
+    assert extras["pool_evicted_gb"] > 0
+    # a recomputed request keeps its first scheduling and first token
+    assert (frame["first_token"] >= frame["scheduled"]).all()
+
+
+def test_lifo_and_fifo_preempt_differently_and_deterministically():
+    reqs = requests()
+    runs = {
+        p: [records_frame(tiny(reqs, preemption=p).run(reqs, build()()).records) for _ in "ab"]
+        for p in ("lifo", "fifo")
+    }
+    for first, second in runs.values():
+        pd.testing.assert_frame_equal(first, second)
+    assert not runs["lifo"][0].equals(runs["fifo"][0])
+
+
+def test_a_huge_pool_equals_separate_pools():
+    reqs = requests()
+    cache = 10**6 * KV  # nothing is ever evicted
+    separate = engine(running_memory_gb=16.0).run(reqs, build(cache_bytes=cache)())
+    shared = engine(kv_pool="shared", running_memory_gb=16.0).run(reqs, build(cache_bytes=cache)())
+    assert shared.extras["preemptions"] == 0 and shared.extras["pool_evicted_gb"] == 0
+    one, other = records_frame(separate.records), records_frame(shared.records)
+    assert one["hit_tokens"].sum() == other["hit_tokens"].sum() > 0
+    pd.testing.assert_frame_equal(one, other)
+    assert set(shared.columns) == {"preemptions"} and not separate.columns
+    assert "kv_pool" not in separate.extras
+
+
+@pytest.mark.parametrize(("policy", "spec"), [("sglang_plus", LLAMA), ("vllm_plus", LLAMA)])
+def test_cache_plus_running_bytes_never_exceed_the_budget(monkeypatch, policy, spec):
+    checks: list[float] = []
+    check = TimedWorld._check_pool
+
+    def spy(world: TimedWorld) -> None:
+        checks.append(world.cache.used_bytes + world.pool.held - world.pool.budget)
+        check(world)
+
+    monkeypatch.setattr(TimedWorld, "_check_pool", spy)
+    reqs = requests()
+    run = tiny(reqs).run(reqs, build(policy, spec)())
+    assert run.extras["preemptions"] > 0
+    assert len(checks) > 2 * len(reqs) and max(checks) <= 0
+
+
+def test_the_invariant_check_catches_an_overdraft():
+    reqs = requests()
+    world = tiny(reqs).world(reqs, build()())
+    world.pool.held = world.pool.budget + 1000.0
+    with pytest.raises(RuntimeError, match="shared KV pool over budget"):
+        world._check_pool()
+
+
+def test_a_hybrid_model_in_a_small_shared_pool_completes():
+    reqs = requests()
+    spec = HYBRID
+    need = longest(reqs) * spec.kv_bytes_per_token + spec.ssm_state_bytes
+    eng = engine(kv_pool="shared", running_memory_gb=2 * need / 1e9)
+    run = eng.run(reqs, build("sglang_plus", spec, cache_bytes=need)())
+    assert len(run.records) == len(reqs) and run.extras["preemptions"] >= 0
+
+
+def test_a_pool_too_small_for_the_longest_request_is_an_error_naming_the_keys():
+    reqs = requests()
+    eng = engine(kv_pool="shared", running_memory_gb=0.01)
+    with pytest.raises(USER_ERRORS, match=r"cache\.size_gb \+ engine\.running_memory_gb"):
+        eng.run(reqs, build(cache_bytes=10 * KV)())
+
+
+def test_a_cluster_of_shared_pools_counts_preemptions_per_replica():
+    reqs = requests()
+    timed = tiny(reqs)
+    cluster = ClusterEngine(timed, ClusterSettings(2, "round_robin"))
+    make = build()
+    run = cluster.run(reqs, make(), make)
+    frame = records_frame(run.records).assign(**run.columns)
+    assert len(frame) == len(reqs)
+    assert sum(run.extras["replica_preemptions"]) == run.extras["preemptions"]
+    assert frame["preemptions"].sum() == run.extras["preemptions"]
+
+
+def test_a_shared_run_writes_the_preemption_column_and_summary(tmp_path):
+    overrides = [
+        "engine.calibration=null",
+        "report=false",
+        "bounds.enabled=false",
+        "+policy=sglang_plus",
+        "trace=chat",
+        "trace.n_sessions=10",
+        "engine.kv_pool=shared",
+    ]
+    simulate(compose([*overrides, f"output_dir={tmp_path}"]))
+    frame = pd.read_parquet(tmp_path / "records.parquet")
+    assert list(frame.columns) == [*RECORD_COLUMNS, "preemptions"]
+    summary = json.loads((tmp_path / "summary.json").read_text())["policies"]["sglang_plus"]
+    assert summary["kv_pool"] == "shared" and summary["preemptions"] == 0
+
+
+BAD_POOL = [
+    (["engine.kv_pool=foo"], "engine.kv_pool must be one of separate|shared, got 'foo'"),
+    (["engine.preemption=bar"], "engine.preemption must be one of lifo|fifo, got 'bar'"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_POOL, ids=lambda v: str(v)[:40])
+def test_bad_pool_config_is_one_line_naming_the_key(tmp_path, overrides, message):
+    out = tmp_path / "out"
+    cfg = compose(["report=false", "engine.calibration=null", *overrides, f"output_dir={out}"])
+    with pytest.raises(USER_ERRORS) as caught:
+        simulate(cfg)
+    text = str(caught.value)
+    assert message in text and "\n" not in text
