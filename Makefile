@@ -35,7 +35,7 @@ bench-peers: $(STAMP)
 	$(BIN)/python -m bench.peers $(PEERS_ARGS)
 
 ## The Marconi paper's published numbers beside simlab's (paper mode and default semantics):
-## runs/paper/paper.md and paper.pdf, about 10 min on 2 cores; ARGS=--quick for a 2.5-minute subset
+## runs/paper/paper.md and paper.pdf, about 6 min on 2 cores; ARGS=--quick for a 1.5-minute subset
 ## in runs/paper-quick. A rerun resumes (finished points are skipped).
 paper: $(STAMP)
 	$(BIN)/python -m simlab.paper $(ARGS)

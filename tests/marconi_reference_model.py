@@ -1,9 +1,10 @@
 """An independent model of the Marconi reference code's cache, for differential tests.
 
-The authors' code (github ``ruipeterpan/marconi``, CC BY-NC) is not available here, so this is
-a plain re-statement of its documented semantics (``../shared/notes/marconi_reference.md``
-sections 1.2 and 2; no code of it is copied) with the choices the notes leave open made
-explicit. It shares nothing with simlab's cache: token tuples, a dict of children keyed by
+A plain re-statement of the authors' code's documented semantics (github
+``ruipeterpan/marconi``, CC BY-NC; ``../shared/notes/marconi_reference.md`` sections 1.2 and 2;
+no code of it is copied) with the choices the notes leave open made explicit. With the public
+fork's bugs (the descent bug only) it equals the fork's per-request hits on every fixture in
+``tests/fixtures/marconi_reference`` (``tests/test_compat.py``). It shares nothing with simlab's cache: token tuples, a dict of children keyed by
 first token, Python integers for bytes and FLOPs, a full depth-first walk for every eviction.
 
 Semantics, per request (``serve``):
