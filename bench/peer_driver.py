@@ -12,9 +12,11 @@ backend also writing the binary trace and the native process) measured separatel
 (``dynamo._core.run_mocker_trace_replay``, the native call behind ``dynamo.replay``), a
 vLLM-style engine with ``--blocks`` KV blocks of ``--block-size`` tokens; ``--mode sequential``
 replays one request at a time (``replay_concurrency=1``), ``--mode timed`` on the trace's
-timestamps. Reports the replay's own ``wall_time_ms`` (Rust runtime construction and
-execution) and the hit tokens (``reused_input_tokens``) per request, summed over all requests
-and over the last half (the requests in completion order).
+timestamps. ``--workers N --router round_robin|kv_router`` puts N such workers behind
+Dynamo's router (``kv_router``: its KV-aware cost, prefix overlap against load). Reports the
+replay's own ``wall_time_ms`` (Rust runtime construction and execution), TTFT P50/P95 and the
+hit tokens (``reused_input_tokens``) per request, summed over all requests and over the last
+half (the requests in completion order).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def run_dynosim(args: argparse.Namespace) -> dict[str, Any]:
 
     engine = {"block_size": args.block_size, "num_gpu_blocks": args.blocks}
     extra: dict[str, Any] = {"replay_concurrency": 1} if args.mode == "sequential" else {}
+    if args.workers > 1:  # replicas behind Dynamo's router (round_robin or kv_router)
+        extra |= {"num_workers": args.workers, "router_mode": args.router}
     t0 = time.perf_counter()
     native = run_mocker_trace_replay(
         [args.trace],
@@ -78,6 +82,8 @@ def run_dynosim(args: argparse.Namespace) -> dict[str, Any]:
         "input_tokens_last_half": sum(row["input_length"] for row in rows[half:]),
         "prefix_cache_reused_ratio": summary.get("prefix_cache_reused_ratio"),
         "duration_ms": summary.get("duration_ms"),
+        "ttft_p50_ms": summary.get("median_ttft_ms"),
+        "ttft_p95_ms": summary.get("p95_ttft_ms"),
     }
 
 
@@ -97,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     dyn.add_argument("--block-size", type=int, required=True)
     dyn.add_argument("--blocks", type=int, required=True)
     dyn.add_argument("--mode", choices=["sequential", "timed"], required=True)
+    dyn.add_argument("--workers", type=int, default=1)
+    dyn.add_argument("--router", choices=["round_robin", "kv_router"], default="round_robin")
     args = parser.parse_args(argv)
     out = run_kvsim(args) if args.peer == "kvsim" else run_dynosim(args)
     sys.stdout.write(json.dumps(out) + "\n")

@@ -85,9 +85,11 @@ class TimedSettings:
                 raise ValueError(
                     f"engine.{key} must be an integer >= 1, got {getattr(self, key)!r}"
                 )
-        if not self.running_memory_gb > 0:
+        shared = self.kv_pool == "shared"  # one budget: the cache alone may be the whole pool
+        if not (self.running_memory_gb >= 0 if shared else self.running_memory_gb > 0):
+            least = ">= 0 with kv_pool=shared" if shared else "> 0"
             raise ValueError(
-                f"engine.running_memory_gb must be > 0, got {self.running_memory_gb!r}"
+                f"engine.running_memory_gb must be {least}, got {self.running_memory_gb!r}"
             )
         for key in ("ckpt_split", "radix_mlp", "shared_prefix_attention", "memory_check"):
             if not isinstance(getattr(self, key), bool):

@@ -159,6 +159,11 @@ def test_a_shared_run_writes_the_preemption_column_and_summary(tmp_path):
 BAD_POOL = [
     (["engine.kv_pool=foo"], "engine.kv_pool must be one of separate|shared, got 'foo'"),
     (["engine.preemption=bar"], "engine.preemption must be one of lifo|fifo, got 'bar'"),
+    (["engine.running_memory_gb=0"], "engine.running_memory_gb must be > 0, got 0"),
+    (
+        ["engine.kv_pool=shared", "engine.running_memory_gb=-1"],
+        "engine.running_memory_gb must be >= 0 with kv_pool=shared, got -1",
+    ),
 ]
 
 
@@ -170,3 +175,18 @@ def test_bad_pool_config_is_one_line_naming_the_key(tmp_path, overrides, message
         simulate(cfg)
     text = str(caught.value)
     assert message in text and "\n" not in text
+
+
+def test_a_shared_pool_may_be_the_cache_alone():
+    """``running_memory_gb=0`` with a shared pool (a DynoSim / vLLM ``num_gpu_blocks`` budget):
+    the budget is ``cache.size_gb`` and running requests take it from the cache."""
+    reqs = requests()
+    cache_bytes = (longest(reqs) + 1000) * KV
+    alone = engine(kv_pool="shared", running_memory_gb=0).run(
+        reqs, build(cache_bytes=cache_bytes)()
+    )
+    split = engine(kv_pool="shared", running_memory_gb=longest(reqs) * KV / 1e9).run(
+        reqs, build(cache_bytes=1000 * KV)()
+    )
+    assert alone.extras["pool_gb"] == pytest.approx(split.extras["pool_gb"])
+    assert records_frame(alone.records).equals(records_frame(split.records))

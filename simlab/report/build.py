@@ -46,6 +46,7 @@ OTHER_KEYS = "Other swept keys"
 OCCUPANCY = "Cache occupancy"
 PROVENANCE = "Provenance"
 ROUTING = routing_pages.ROUTING
+ROUTING_SWEEP = routing_pages.ROUTING_SWEEP
 
 Builder = Callable[[Style], Figure | Sequence[Figure]]
 
@@ -95,6 +96,10 @@ def sweep_sections(sweep: SweepResults) -> list[tuple[str, Builder]]:
         (CONTENTION, lambda s: sweep_pages.contention_pages(sweep, s)),
         (DIFF, lambda s: sweep_pages.hit_diff_pages(sweep, s)),
         (ALPHA, lambda s: sweep_pages.alpha_pages(sweep, s)),
+        (
+            ROUTING_SWEEP,
+            lambda s: routing_pages.routing_sweep_pages(sweep.points, sweep.swept_keys, s),
+        ),
         (OTHER_KEYS, lambda s: sweep_pages.other_key_pages(sweep, s)),
         (OCCUPANCY, occupancy),
     ]

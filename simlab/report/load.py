@@ -223,11 +223,20 @@ def load_sweep(path: Path) -> SweepResults:
         raise ReportInputError(f"{path / POINTS}: column 'point' is not integer ({err})") from err
     point_dirs = find_point_dirs(path, points)
     first = load_run(point_dirs[min(point_dirs)])
-    metrics = {m for p in first.summary["policies"].values() for m in p}
+    metrics = {m for d in point_dirs.values() for m in point_metrics(d / SUMMARY)}
     keys = [c for c in points.columns if c not in POINT_META and c not in metrics]
     sweep = SweepResults(path, points, keys, point_dirs)
     sweep._runs[min(point_dirs)] = first
     return sweep
+
+
+def point_metrics(path: Path) -> set[str]:
+    """The metric names of a point's ``summary.json`` (every policy's; points may differ, e.g.
+    a single replica has no routing metrics): the other columns of points.parquet are keys."""
+    policies = read_json(path).get("policies")
+    if not isinstance(policies, dict):
+        raise ReportInputError(f"{path}: no 'policies' object")
+    return {m for policy in policies.values() for m in policy}
 
 
 def find_point_dirs(path: Path, points: pd.DataFrame) -> dict[int, Path]:

@@ -15,6 +15,7 @@ from simlab.report.run_pages import SkipPage, Style
 from simlab.report.style import new_page
 
 ROUTING = "Routing"
+ROUTING_SWEEP = "Routers and replica counts"
 
 
 def has_replicas(run: RunResults) -> bool:
@@ -145,3 +146,70 @@ def routing_page(run: RunResults, style: Style) -> Figure:
     regret.set_title("Share of input tokens: hit, best offered, regret", fontsize=10)
     regret.legend(fontsize=8)
     return fig
+
+
+# --- a sweep over routers and replica counts ------------------------------------------------------
+
+REPLICAS_KEY = "cluster.replicas"
+ROUTER_KEY = "cluster.router"
+#: (points.parquet column, panel title, y scale): what each router / replica count bought
+SWEEP_PANELS = (
+    ("token_hit_rate", "Token hit rate (%)", 100.0),
+    ("ttft_p50", "TTFT P50 (ms)", 1000.0),
+    ("ttft_p95", "TTFT P95 (ms)", 1000.0),
+    ("load_imbalance", "Load imbalance (max / mean requests)", 1.0),
+)
+
+
+def routing_axes(swept: list[str]) -> tuple[str, str | None]:
+    """The x key and the line key of the routing sweep page: replica counts on x with one
+    line per router when both are swept, else the one swept key on x; SkipPage when neither."""
+    replicas, router = REPLICAS_KEY in swept, ROUTER_KEY in swept
+    if not (replicas or router):
+        raise SkipPage(f"neither {REPLICAS_KEY} nor {ROUTER_KEY} was swept")
+    if replicas:
+        return REPLICAS_KEY, ROUTER_KEY if router else None
+    return ROUTER_KEY, None
+
+
+def routing_sweep_table(points: pd.DataFrame, x_key: str, line_key: str | None) -> pd.DataFrame:
+    """Per (policy, line, x): the mean over any other swept keys (seeds, ...) of each panel's
+    metric (a single replica's load imbalance is 1; its summary has none)."""
+    frame = points.copy()
+    if "load_imbalance" not in frame:
+        frame["load_imbalance"] = np.nan
+    if REPLICAS_KEY in frame:
+        frame.loc[frame[REPLICAS_KEY] == 1, "load_imbalance"] = 1.0
+    keys = ["policy", *([line_key] if line_key else []), x_key]
+    metrics = [m for m, _, _ in SWEEP_PANELS if m in frame]
+    return frame.groupby(keys, sort=False, dropna=False)[metrics].mean().reset_index()
+
+
+def routing_sweep_pages(points: pd.DataFrame, swept: list[str], style: Style) -> list[Figure]:
+    """One page per policy: token hit rate, TTFT P50 / P95 and load imbalance against the
+    replica count (one line per router) or against the router (bars)."""
+    x_key, line_key = routing_axes(swept)
+    table = routing_sweep_table(points, x_key, line_key)
+    pages = []
+    for policy in table["policy"].unique():
+        rows = table[table["policy"] == policy]
+        xs = list(dict.fromkeys(rows[x_key]))
+        fig, axes = new_page(f"Routing sweep: {policy}", style.caption, 2, 2)
+        for ax, (metric, label, scale) in zip(axes.flat, SWEEP_PANELS, strict=True):
+            if metric not in rows or rows[metric].isna().all():
+                ax.set_axis_off()
+                continue
+            if line_key is None:
+                values = rows.set_index(x_key).reindex(xs)[metric].to_numpy(dtype=float)
+                ax.bar(np.arange(len(xs)), values * scale, color=style.colours[policy])
+            else:
+                for line in dict.fromkeys(rows[line_key]):
+                    sub = rows[rows[line_key] == line].set_index(x_key).reindex(xs)
+                    ax.plot(np.arange(len(xs)), sub[metric] * scale, "o-", label=str(line))
+                ax.legend(title=line_key.rsplit(".", 1)[-1], fontsize=8)
+            ax.set_xticks(np.arange(len(xs)), [str(x) for x in xs])
+            ax.set_xlabel(x_key.rsplit(".", 1)[-1])
+            ax.set_title(label, fontsize=10)
+            ax.set_ylim(bottom=0)
+        pages.append(fig)
+    return pages
