@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from simlab.report import ReportInputError, build_report, render_report
 from simlab.report.build import (
@@ -26,6 +27,7 @@ from simlab.report.build import (
     SUMMARY,
     TTFT,
 )
+from simlab.report.describe import cost_model_note
 from simlab.report.run_pages import hit_diff_by_length, length_bins, request_hit_rate
 from simlab.report.style import palette
 from simlab.report.tables import COLUMNS
@@ -339,3 +341,21 @@ def test_only_swept_keys_get_pages_and_fixed_ones_are_named_fixed(tmp_path):
     sweep = SweepResults(tmp_path, points, ["cache.size_gb", "engine"], {})
     assert sweep.swept_keys == ["cache.size_gb"]
     assert sweep.fixed == {"engine": "replay"}
+
+
+# --- what the TTFTs rest on ---------------------------------------------------------------------
+
+
+def test_the_cost_model_note_names_the_calibration_and_its_error():
+    timed = compose(["engine=timed", "hardware=a100_40gb"])
+    config = OmegaConf.to_container(timed, resolve=True)
+    note = cost_model_note(config)
+    fitted = json.loads((ROOT / "gpu_validate/calibration/a100_40gb.json").read_text())
+    gemm = fitted["held_back_error"]["gemm"]
+    assert "a100_40gb.json" in note
+    assert f"gemm {100 * gemm['median']:.0f}/{100 * gemm['p90']:.0f}%" in note
+    config["engine"]["calibration"] = None
+    assert "default efficiencies" in cost_model_note(config)
+    assert "not validated" in cost_model_note(config)
+    replay = OmegaConf.to_container(compose(["engine=replay"]), resolve=True)
+    assert cost_model_note(replay) == ""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from simlab.costmodel import Calibration, resolve_calibration
 from simlab.report.load import RunResults, SweepResults
 from simlab.report.style import fmt_value
 
@@ -119,3 +120,32 @@ def point_label(values: dict[str, Any], sep: str = "\n") -> str:
 
 def results_dir_name(path: Path) -> str:
     return path.resolve().name
+
+
+def cost_model_note(config: dict[str, Any]) -> str:
+    """What the TTFTs of a timed run rest on, so nobody reads them as measured: the calibration
+    file and its own held-back per-op error (median / P90 per op class), or a warning that the
+    roofline ran on uncalibrated default efficiencies. Empty for an engine without time."""
+    engine = config.get("engine") or {}
+    if not isinstance(engine.get("hardware"), dict):
+        return ""
+    path = engine.get("calibration")
+    if not path:
+        return (
+            "Cost model: roofline on default efficiencies (engine.calibration=null), not "
+            "validated against measurements: TTFTs are model estimates"
+        )
+    try:
+        errors = Calibration.load(resolve_calibration(path)).held_back_error
+    except ValueError as err:
+        return f"Cost model: calibration {path} (not readable now: {err})"
+    fitted = ", ".join(
+        f"{cls} {100 * e['median']:.0f}/{100 * e['p90']:.0f}%"
+        for cls, e in errors.items()
+        if isinstance(e, dict) and {"median", "p90"} <= set(e)
+    )
+    return (
+        f"Cost model: calibration {Path(path).name}; held-back per-op error median/P90: "
+        f"{fitted or 'not recorded'}; other op classes (attention, SSM scans) on defaults; "
+        "whole-model TTFT not validated against a measured table"
+    )

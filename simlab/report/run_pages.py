@@ -4,6 +4,7 @@ small multiples; each ``*_page`` makes a run page or raises :class:`SkipPage`.""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from simlab.report.describe import engine_label
+from simlab.report.describe import cost_model_note, engine_label
 from simlab.report.load import RunResults, metric
 from simlab.report.style import (
     KV_LABEL,
@@ -201,7 +202,8 @@ def ttft_page(run: RunResults, style: Style) -> Figure:
         raise SkipPage("records have no TTFT (the replay engine has no time; use the timed engine)")
     fig, axes = new_page("Time to first token: CDF per policy", style.caption)
     draw_ttft_cdf(axes[0, 0], run, run.policies, style.colours)
-    axes[0, 0].set_title("Dotted lines: P5, P50, P95", fontsize=10)
+    note = "\n".join(textwrap.wrap(cost_model_note(run.config), 120))
+    axes[0, 0].set_title(f"Dotted lines: P5, P50, P95\n{note}", fontsize=9)
     return fig
 
 

@@ -15,7 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from simlab.report.describe import point_label, unique_in_order
+from simlab.report.describe import cost_model_note, point_label, unique_in_order
 from simlab.report.load import RunResults, SweepResults
 from simlab.report.run_pages import (
     BOX_NOTE,
@@ -335,6 +335,9 @@ def ttft_pages(sweep: SweepResults, style: Style) -> list[Figure]:
         draw_ttft_cdf(ax, run, sweep.policies, style.colours, compact=True)
 
     title = "Time to first token: CDF per policy and sweep point (dotted: P5, P50, P95)"
+    note = cost_model_note(sweep.base.config)  # point 0's; a swept calibration shows in the caption
+    if note:
+        title += "\n" + "\n".join(textwrap.wrap(note, 110))
     return small_multiples(sweep, title, style, draw, timed, legend=sweep.policies)
 
 
