@@ -15,7 +15,13 @@ Per op class, ``(eta_c, eta_m, t0)`` and a token-count curve (``gpu_validate.fit
 with ``curve``) are fitted on alternate token counts of every (model, op, tp) series and checked
 on the others (held back): median and P90 relative error per op class, by model and by token
 range, beside the plain roofline's error and a fit on the ``--fit`` models checked on the other
-models. The NCCL all-reduce is fitted per tensor-parallel degree on the network profiles
+models, and broken down by op and TP degree. Beside it, what the measurements themselves allow
+(:func:`error_floor`): the spread of repeated measurements of one shape, and the held-back error of
+a per-series lookup that interpolates each held-back row between its two fitted neighbours
+(cuBLAS picks its tiles per shape and token count, so GEMM times are a staircase in the token
+count that no model smooth in the token count follows; that interpolation is not a cost model,
+only a bound on what any model smooth between adjacent token counts can reach). The NCCL
+all-reduce is fitted per tensor-parallel degree on the network profiles
 (:mod:`gpu_validate.vidur_network`). The output is a calibration file
 (:meth:`simlab.costmodel.Calibration.load`) with that provenance; classes Vidur does not measure
 (attention kernels, SSM scans, state copies) and the ``engine.costs`` terms keep their defaults,
@@ -29,8 +35,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +47,7 @@ import pandas as pd
 
 from gpu_validate import vidur_network
 from gpu_validate.cases import load_hardware
-from gpu_validate.fit import ClassFit, fit_class, hardware_json, roofline
+from gpu_validate.fit import ClassFit, fit_class, fit_curve, hardware_json, roofline
 from simlab.costmodel import DEFAULT_EFFICIENCY, BatchShape, CostModel, Efficiency, Hardware
 from simlab.model import ModelSpec
 from traces.atomic import atomic_path
@@ -55,6 +63,8 @@ COVERS: dict[str, tuple[tuple[str, int], ...]] = {
     "norms_residuals": (("input_layernorm", 1), ("post_attention_layernorm", 1), ("add", 2)),
 }
 TOKEN_RANGES = ((1, 64), (65, 512), (513, 2048), (2049, 1 << 20))
+#: the issue's acceptance per op class and GPU: |held-back relative error| median and P90
+ACCEPTANCE = {"median": 0.05, "p90": 0.10}
 UNMEASURED = ("attn_prefill", "attn_decode", "ssm_scan", "selective_scan", "ssm_step", "state_copy")
 #: what a calibration file for a preset should warn about
 NOTES = {
@@ -192,6 +202,127 @@ def per_class(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
     }
 
 
+def breakdown(frame: pd.DataFrame, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Rows, median and P90 of |relative error| per value of ``keys`` (e.g. op and TP), plus
+    the median signed error (``bias``: > 0 predicted too slow)."""
+    frame = frame.assign(
+        abs_err=frame["rel_err"].abs(),
+        token_range=pd.cut(frame["tokens"], pd.IntervalIndex.from_tuples(TOKEN_RANGES, "both")),
+    )
+    out = []
+    for key, sub in frame.groupby(list(keys), observed=True):
+        key = key if isinstance(key, tuple) else (key,)
+        err = sub["abs_err"]
+        out.append(
+            {
+                k: (str(v) if k == "token_range" else _plain(v))
+                for k, v in zip(keys, key, strict=True)
+            }
+            | {
+                "n": len(sub),
+                "median": float(err.median()),
+                "p90": float(err.quantile(0.9)),
+                "bias": float(sub["rel_err"].median()),
+            }
+        )
+    return out
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def neighbour_floor(train: Sequence[dict], test: Sequence[dict]) -> pd.DataFrame:
+    """Each held-back row predicted from its own (model, op, tp) series' fitted rows alone,
+    linearly in (log tokens, log time) between the two nearest fitted token counts (repeated
+    measurements of one token count averaged in log; the end values beyond the ends): the
+    held-back error of a per-series lookup table. Not a cost model (it knows every measured
+    shape and nothing else): a bound on what a model smooth between adjacent token counts of one
+    shape can reach on this split. Columns as :func:`errors` (``rel_err``)."""
+    fitted: dict[tuple, dict[int, list[float]]] = {}
+    for r in train:
+        key = (r["model"], r["op_name"], r["tp"])
+        fitted.setdefault(key, {}).setdefault(int(r["tokens"]), []).append(math.log(r["median_s"]))
+    rows = []
+    for r in test:
+        series = fitted[(r["model"], r["op_name"], r["tp"])]
+        tokens = sorted(series)
+        logs = [float(np.mean(series[t])) for t in tokens]
+        pred = math.exp(float(np.interp(math.log(r["tokens"]), np.log(tokens), logs)))
+        rows.append(r | {"rel_err": pred / r["median_s"] - 1.0})
+    return pd.DataFrame(rows)
+
+
+def series_curve_floor(
+    train: Sequence[dict], test: Sequence[dict], hw: Hardware, fitted: dict[str, Efficiency]
+) -> pd.DataFrame:
+    """Each (model, op, tp) series with its own token-count curve (:func:`fit_curve` on its
+    fitted rows, over its class's fitted efficiency) checked on its held-back rows: a per-shape
+    curve of ~13 knots, far more freedom than the per-class model, still smooth in log tokens.
+    Columns as :func:`errors`."""
+    series: dict[tuple, list[dict]] = {}
+    for r in train:
+        series.setdefault((r["model"], r["op_name"], r["tp"]), []).append(r)
+    out = []
+    for key, rows in sorted(series.items()):
+        held = [r for r in test if (r["model"], r["op_name"], r["tp"]) == key]
+        cls = rows[0]["op_class"]
+        base = replace(fitted[cls], curve=())
+        out.append(errors(held, hw, {cls: fit_curve(rows, hw, base)}))
+    return pd.concat(out, ignore_index=True)
+
+
+def repeat_spread(records: Sequence[dict]) -> pd.DataFrame:
+    """Shapes Vidur measured more than once (same model, op, tp, tokens): ``spread`` =
+    largest / smallest median - 1, the measurements' own reproducibility."""
+    frame = pd.DataFrame(records)
+    keys = ["model", "op_class", "op_name", "tp", "tokens"]
+    grouped = frame.groupby(keys)["median_s"]
+    spread = (grouped.max() / grouped.min() - 1.0)[grouped.size() > 1]
+    return spread.rename("spread").reset_index()
+
+
+def error_floor(
+    records: Sequence[dict],
+    train: Sequence[dict],
+    test: Sequence[dict],
+    hw: Hardware,
+    fitted: dict[str, Efficiency],
+) -> dict:
+    """Per op class: the repeat spread (:func:`repeat_spread`), the per-series lookup's
+    held-back error (:func:`neighbour_floor`) and the per-series curve's
+    (:func:`series_curve_floor`), median / P90 (the lookup also per op)."""
+    spread = repeat_spread(records)
+    lookup = neighbour_floor(train, test)
+    curves = series_curve_floor(train, test, hw, fitted)
+    out: dict[str, Any] = {}
+    for cls, e in lookup.groupby("op_class")["rel_err"]:
+        rep = spread.loc[spread["op_class"] == cls, "spread"]
+        out[str(cls)] = {
+            "repeats": {
+                "n": len(rep),
+                "median": float(rep.median()) if len(rep) else None,
+                "p90": float(rep.quantile(0.9)) if len(rep) else None,
+            },
+            "neighbour_lookup": _median_p90(e),
+            "series_curve": _median_p90(curves.loc[curves["op_class"] == cls, "rel_err"]),
+        }
+    out["neighbour_lookup_by_op"] = breakdown(lookup, ["op_class", "op_name"])
+    return out
+
+
+def _median_p90(err: pd.Series) -> dict[str, float]:
+    return {"median": float(err.abs().median()), "p90": float(err.abs().quantile(0.9))}
+
+
+def acceptance(summary: dict[str, dict[str, float]]) -> dict[str, dict[str, bool]]:
+    """Per class: whether the held-back median and P90 meet :data:`ACCEPTANCE`."""
+    return {
+        cls: {f"{k}_ok": bool(v[k] <= ACCEPTANCE[k]) for k in ACCEPTANCE}
+        for cls, v in summary.items()
+    }
+
+
 def held_back(
     train: Sequence[dict], test: Sequence[dict], hw: Hardware, curve: bool
 ) -> tuple[dict[str, ClassFit], pd.DataFrame]:
@@ -219,6 +350,7 @@ def calibrate(
     network = vidur_network.calibrate(gpu, hw, data_dir)
     summary = per_class(held)
     summary["allreduce"] = network["held_back_error"]["held_back"]
+    floor = error_floor(records, train, test, hw, {c: f.efficiency for c, f in fits.items()})
     return {
         "hardware": hardware_json(hw, f"preset {hardware}"),
         "device": f"Vidur {gpu}",
@@ -240,6 +372,11 @@ def calibrate(
         },
         "note": NOTES.get(hardware, ""),
         "held_back_error": summary,
+        "acceptance": {"target": ACCEPTANCE, **acceptance(summary)},
+        "held_back_by_op": breakdown(held, ["op_class", "op_name"]),
+        "held_back_by_op_tp": breakdown(held, ["op_class", "op_name", "tp"]),
+        "held_back_by_op_tokens": breakdown(held, ["op_class", "op_name", "token_range"]),
+        "error_floor": floor,
         "held_back_error_plain_roofline": per_class(plain),
         "held_back_error_by_model": {
             "fitted_on": list(fit_models),
@@ -269,6 +406,15 @@ def format_result(result: dict[str, Any]) -> str:
         cells = [held, result["held_back_error_plain_roofline"].get(cls), by_model.get(cls)]
         text = [f"{100 * c['median']:5.1f}% / {100 * c['p90']:5.1f}%" if c else "-" for c in cells]
         lines.append(f"{cls:12s} " + " ".join(f"{t:>22s}" for t in text))
+    for cls, floor in result.get("error_floor", {}).items():
+        if cls in result["held_back_error"]:
+            rep, look, cur = floor["repeats"], floor["neighbour_lookup"], floor["series_curve"]
+            rep_text = f"{100 * rep['median']:.1f}% / {100 * rep['p90']:.1f}%" if rep["n"] else "-"
+            lines.append(
+                f"{cls} floor: repeated shapes ({rep['n']}) {rep_text}, per-series neighbour "
+                f"lookup {100 * look['median']:.1f}% / {100 * look['p90']:.1f}%, per-series curve "
+                f"{100 * cur['median']:.1f}% / {100 * cur['p90']:.1f}%"
+            )
     for label, summary in result["allreduce_held_back"].items():
         for tp, e in summary["by_tp"].items():
             lines.append(

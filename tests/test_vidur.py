@@ -13,7 +13,15 @@ import pytest
 from gpu_validate import vidur_network
 from gpu_validate.cases import load_hardware
 from gpu_validate.fit import fit_class, roofline
-from gpu_validate.vidur import calibrate, error_table, main
+from gpu_validate.vidur import (
+    ACCEPTANCE,
+    acceptance,
+    calibrate,
+    error_table,
+    main,
+    neighbour_floor,
+    repeat_spread,
+)
 from simlab.costmodel import OP_CLASSES, Calibration, CostModel, Efficiency, Op
 from tests.fixtures import ROOT, model
 from traces.paths import resolve_data_dir
@@ -88,15 +96,75 @@ def test_the_error_table_has_one_row_per_model_class_and_token_range():
     assert table.loc[("a", "gemm")]["median"].tolist() == pytest.approx([0.1, 0.2, 0.0])
 
 
+def test_the_neighbour_lookup_interpolates_in_log_log_between_fitted_rows():
+    """Hand-computed: fitted (1 token, 1 s), (4, 4 s) and (4, 9 s) repeated (log mean: 6 s);
+    held back 2 tokens, measured 2.5 s: log-log halfway between 1 s and 6 s is sqrt(6) s; 8
+    tokens (beyond the last fitted one), measured 10 s: the end value 6 s."""
+    row = {"model": "m", "op_name": "mlp", "op_class": "gemm", "tp": 1}
+    train = [row | {"tokens": t, "median_s": s} for t, s in ((1, 1.0), (4, 4.0), (4, 9.0))]
+    test = [row | {"tokens": 2, "median_s": 2.5}, row | {"tokens": 8, "median_s": 10.0}]
+    got = neighbour_floor(train, test)["rel_err"].tolist()
+    assert got == pytest.approx([math.sqrt(6.0) / 2.5 - 1, 6.0 / 10.0 - 1])
+
+
+def test_the_repeat_spread_is_largest_over_smallest_of_one_shape():
+    row = {"model": "m", "op_name": "mlp", "op_class": "gemm", "tp": 2}
+    records = [row | {"tokens": 8, "median_s": s} for s in (1.0, 1.05, 1.02)]
+    records += [row | {"tokens": 16, "median_s": 2.0}]  # measured once: not a repeat
+    spread = repeat_spread(records)
+    assert spread["tokens"].tolist() == [8] and spread["spread"].tolist() == pytest.approx([0.05])
+
+
+def test_acceptance_is_median_and_p90_against_the_target():
+    assert ACCEPTANCE == {"median": 0.05, "p90": 0.10}
+    got = acceptance({"gemm": {"median": 0.05, "p90": 0.101}, "x": {"median": 0.06, "p90": 0.1}})
+    assert got == {
+        "gemm": {"median_ok": True, "p90_ok": False},
+        "x": {"median_ok": False, "p90_ok": True},
+    }
+
+
+#: Held-back |relative error| (median, P90) measured on Vidur's profiles (alternate token counts
+#: of every (model, op, tp) series held back); README "GPU calibration" quotes them. A change of
+#: the fit that moves them shows here.
+MEASURED = {
+    "a100": {"gemm": (0.043, 0.129), "elementwise": (0.034, 0.108)},
+    "h100": {"gemm": (0.060, 0.172), "elementwise": (0.039, 0.111)},
+}
+
+
+@pytest.mark.parametrize(("gpu", "preset"), [("a100", "a100_80gb"), ("h100", "h100_sxm")])
+def test_the_held_back_error_against_the_acceptance(gpu, preset):
+    """The acceptance (median <= 5%, P90 <= 10% per class and GPU) on the real data: medians met
+    except H100 GEMMs, no P90 met. The measurements allow it (repeated shapes agree within 3%
+    P90 on A100, a per-series lookup of the two neighbouring token counts reaches <= 7% P90);
+    what the cost model misses is the per-shape kernel staircase, which even a 13-knot curve per
+    (model, op, tp) series does not follow within 10% on H100 GEMMs."""
+    if not (VIDUR / "compute" / gpu).is_dir():
+        pytest.skip(f"Vidur profiles for {gpu} not in the data dir ({VIDUR})")
+    result = calibrate(gpu, preset, ["Llama-2-7b-hf"])
+    held = result["held_back_error"]
+    for cls, (median, p90) in MEASURED[gpu].items():
+        assert held[cls]["median"] == pytest.approx(median, abs=0.005)
+        assert held[cls]["p90"] == pytest.approx(p90, abs=0.005)
+        ok = result["acceptance"][cls]
+        assert ok == {"median_ok": median <= 0.05, "p90_ok": p90 <= 0.10}
+        floor = result["error_floor"][cls]
+        assert floor["neighbour_lookup"]["p90"] < 0.07 < held[cls]["p90"]
+        assert floor["neighbour_lookup"]["p90"] < floor["series_curve"]["p90"] < held[cls]["p90"]
+    assert result["error_floor"]["gemm"]["series_curve"]["p90"] > (0.10 if gpu == "h100" else 0.08)
+    by_op = {r["op_name"]: r for r in result["held_back_by_op"]}
+    assert set(by_op) == {"attn_qkv_proj", "attn_out_proj", "mlp", "norms_residuals"}
+    assert sum(r["n"] for r in result["held_back_by_op_tp"]) == sum(r["n"] for r in by_op.values())
+
+
 @needs_vidur
 def test_vidur_calibration_and_its_held_back_error(tmp_path):
-    """Measured (A100, fitted on alternate token counts): GEMMs 4.3% / 12.9%, elementwise
-    3.4% / 10.8% (median / P90 of |error|); all-reduce 6.6% / 19.0%. The median target (5%)
-    is met, the P90 target (10%) is not (see README, GPU calibration)."""
+    """A100, fitted on alternate token counts: the file simlab loads, its provenance and
+    tables (the figures: :func:`test_the_held_back_error_against_the_acceptance`)."""
     result = calibrate("a100", "a100_80gb", ["Llama-2-7b-hf"])
     held = result["held_back_error"]
     assert set(held) == {"gemm", "elementwise", "allreduce"}
-    assert held["gemm"]["median"] < 0.05 and held["elementwise"]["median"] < 0.05
     for cls in ("gemm", "elementwise"):  # the curve beats the plain roofline on held-back rows
         assert held[cls]["p90"] < result["held_back_error_plain_roofline"][cls]["p90"]
     assert result["held_back_error_by_model"]["held_back"] == ["Llama-2-70b-hf", "Meta-Llama-3-8B"]
