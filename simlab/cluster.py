@@ -53,6 +53,9 @@ policy's summary gains per-replica request counts, hit rates and GPU busy fracti
 imbalance and the regret; peaks are summed over replicas. With N = 1 the engine is the plain
 timed engine, untouched: records and summaries stay byte-identical.
 
+Disaggregation (``cluster.disaggregated``): prefill replicas and decode replicas with the KV
+moved between them; see :class:`DisaggregatedCluster`.
+
 Not modelled: clairvoyant policies see the whole trace's future, not their replica's share.
 """
 
@@ -60,7 +63,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, cast
 
 import numpy as np
@@ -69,7 +72,7 @@ import simpy
 from simlab.config import ConfigError
 from simlab.engine import Engine, EngineRun
 from simlab.records import RequestRecord
-from simlab.step import RequestStep, Started, Timing
+from simlab.step import RequestStep, Started, Timing, add_timing
 from simlab.timed import Job, SessionFeeder, TimedEngine, TimedWorld, saturation
 from traces.format import Request
 from traces.progress import Progress
@@ -97,6 +100,9 @@ class ClusterSettings:
     load_weight: float = 1.0
     router_lag_s: float = 0.0
     seed: int | None = None
+    disaggregated: bool = False
+    prefill_replicas: int | None = None  # null: half the replicas (at least one)
+    link_bw_gbps: float | None = None  # prefill -> decode KV transfer (GB/s; inf: free)
 
     def __post_init__(self) -> None:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
@@ -114,6 +120,44 @@ class ClusterSettings:
             raise ConfigError(
                 f"cluster.seed: must be a non-negative integer or null (got {seed!r})"
             )
+        self._check_disaggregation()
+
+    def _check_disaggregation(self) -> None:
+        if not isinstance(self.disaggregated, bool):
+            raise ConfigError(
+                f"cluster.disaggregated: must be true or false (got {self.disaggregated!r})"
+            )
+        if not self.disaggregated:
+            for key in ("prefill_replicas", "link_bw_gbps"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"cluster.{key}: only with cluster.disaggregated=true")
+            return
+        if self.replicas < 2:
+            raise ConfigError(
+                "cluster.disaggregated: needs cluster.replicas >= 2 (prefill and decode "
+                f"replicas), got {self.replicas}"
+            )
+        p = self.prefill_replicas
+        if p is not None and (
+            isinstance(p, bool) or not isinstance(p, int) or not 1 <= p < self.replicas
+        ):
+            raise ConfigError(
+                f"cluster.prefill_replicas: must be an integer from 1 to cluster.replicas - 1 "
+                f"= {self.replicas - 1} (got {p!r})"
+            )
+        bw = self.link_bw_gbps
+        if bw is None:
+            raise ConfigError(
+                "cluster.link_bw_gbps: a disaggregated cluster moves each request's KV from its "
+                "prefill to its decode replica; give the link bandwidth in GB/s (inf: free)"
+            )
+        if isinstance(bw, bool) or not isinstance(bw, int | float) or not bw > 0:
+            raise ConfigError(f"cluster.link_bw_gbps: must be a number > 0 or inf (got {bw!r})")
+
+    @property
+    def n_prefill(self) -> int:
+        """Prefill replicas of a disaggregated cluster (the first ones; the rest decode)."""
+        return self.prefill_replicas or max(1, self.replicas // 2)
 
     @classmethod
     def from_config(cls, section: Any) -> ClusterSettings:
@@ -142,6 +186,11 @@ def with_cluster(engine: Engine, settings: ClusterSettings, run_seed: int) -> En
         raise ConfigError(
             f"cluster.replicas: {settings.replicas} replicas need engine=timed "
             f"(got engine={engine.name})"
+        )
+    if settings.disaggregated and engine.kv_pool == "shared":
+        raise ConfigError(
+            "cluster.disaggregated: not supported with engine.kv_pool=shared yet; "
+            "use engine.kv_pool=separate"
         )
     seed = run_seed if settings.seed is None else settings.seed
     return ClusterEngine(engine, settings, seed)
@@ -176,8 +225,11 @@ class ClusterEngine:
             raise ValueError("a cluster needs fresh_step to build each replica's request step")
         n = self.settings.replicas
         steps = [step, *(fresh_step() for _ in range(n - 1))]
+        if self.settings.disaggregated:
+            n = self.settings.n_prefill  # the router sees the prefill replicas only
         twins = [fresh_step() for _ in range(n)] if self.settings.router_lag_s > 0 else None
-        return Cluster(self, requests, steps, twins).run()
+        kind = DisaggregatedCluster if self.settings.disaggregated else Cluster
+        return kind(self, requests, steps, twins).run()
 
 
 class MirroredStep(RequestStep):
@@ -242,9 +294,9 @@ class MirroredStep(RequestStep):
 class Router:
     """Picks a replica per request (``settings.router``; see the module docstring)."""
 
-    def __init__(self, settings: ClusterSettings, hybrid: bool, seed: int) -> None:
+    def __init__(self, settings: ClusterSettings, hybrid: bool, seed: int, n: int) -> None:
         self.settings, self.hybrid = settings, hybrid
-        self.n = settings.replicas
+        self.n = n  # the replicas it routes to (a disaggregated cluster's prefill replicas)
         self._count = 0
         self.routed = [0] * self.n  # requests sent to each replica so far
         self._sessions: dict[int, int] = {}
@@ -336,7 +388,12 @@ class Cluster:
         ]
         self.views = self.twins if self.twins is not None else self.steps
         model = self.steps[0].cache.model
-        self.router = Router(self.engine.settings, model.is_hybrid, self.engine.seed)
+        n = len(self.steps)
+        self.router = Router(self.engine.settings, model.is_hybrid, self.engine.seed, n)
+
+    def gpus(self) -> list[TimedWorld]:
+        """Every replica's world (the routed ones, and a disaggregated cluster's decoders)."""
+        return self.worlds
 
     def run(self) -> EngineRun:
         """Simulate until every session ended and every request completed."""
@@ -346,14 +403,14 @@ class Cluster:
             self.env.process(self._source(process))
         what = f"{self.steps[0].policy} (timed x{len(self.worlds)})"
         with Progress(len(self.requests), what) as progress:
-            for world in self.worlds:
+            for world in self.gpus():
                 world.attach(feeder, len(sessions), progress)
             self.env.run()
         return self._result([world.collect() for world in self.worlds])
 
     def _source(self, process: Generator[Any, Any, None]) -> Generator[Any, Any, None]:
         yield from process
-        for world in self.worlds:
+        for world in self.gpus():
             world.close_source()
 
     def submit(self, job: Job) -> Job:
@@ -373,11 +430,7 @@ class Cluster:
 
     def loads(self) -> list[int]:
         """Per replica: queued input tokens + running requests' tokens (input + decoded)."""
-        return [
-            sum(j.input_tokens for j in w.waiting)
-            + sum(j.input_tokens + j.decoded for j in w.running)
-            for w in self.worlds
-        ]
+        return [world_load(w) for w in self.worlds]
 
     def _result(self, per_replica: list[list[RequestRecord]]) -> EngineRun:
         tagged = [(r, k) for k, records in enumerate(per_replica) for r in records]
@@ -403,6 +456,124 @@ class Cluster:
             columns["preemptions"] = [by_id[r.request_id] for r in records]
             extras |= pool_extras(self.worlds, self.engine.engine)
         return EngineRun(records, extras, merged_occupancy(self.worlds), columns)
+
+
+def world_load(world: TimedWorld) -> int:
+    """Queued input tokens + running requests' tokens (input + decoded) of one replica."""
+    return sum(j.input_tokens for j in world.waiting) + sum(
+        j.input_tokens + j.decoded for j in world.running
+    )
+
+
+def prompt_only(req: Request) -> Request:
+    """What a prefill replica serves: the prompt, and no output (the first token comes with
+    the prefill; the rest, and their KV, are the decode replica's), so it caches the prompt."""
+    return replace(req, output_ids=req.output_ids[:0], output_len=0)
+
+
+@dataclass
+class Transfer:
+    """A disaggregated request's hand-off: decode replica, KV transfer seconds, completion."""
+
+    decode_replica: int
+    transfer_s: float
+    finished: float
+
+
+@dataclass
+class DisaggregatedCluster(Cluster):
+    """Prefill/decode disaggregation (``cluster.disaggregated``): the router sends each request
+    to one of the first ``cluster.prefill_replicas`` replicas, which prefill it with their
+    prefix caches (prompt only: :func:`prompt_only`) and produce its first token (TTFT); its KV
+    (input tokens x KV bytes per token, plus the SSM state of a hybrid) then crosses the link at
+    ``cluster.link_bw_gbps`` once the prefill ended (no layer-wise overlap), and the least
+    loaded decode replica (:func:`world_load`; ties: lower index) generates the other tokens
+    with that memory held, computing no prefill and caching nothing (SGLang's and Dynamo's
+    decode workers without a decode-side prefix cache). A request of one output token ends at
+    its prefill. Records: ``replica`` is the prefill replica; ``decode_replica`` (-1: none)
+    and ``kv_transfer_s`` are added; ``finished``, ``tpot`` and ``e2e`` include the transfer and
+    the decode queue."""
+
+    decoders: list[TimedWorld] = field(default_factory=list)
+    transfers: dict[int, Transfer] = field(default_factory=dict)
+    originals: dict[int, Request] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n_prefill = self.engine.settings.n_prefill
+        decode_steps, self.steps = self.steps[n_prefill:], self.steps[:n_prefill]
+        super().__post_init__()
+        timed = self.engine.engine
+        self.decoders = [
+            TimedWorld(self.requests, s, timed.cost_model(s.cache.model), timed, self.env)
+            for s in decode_steps
+        ]
+        model = self.steps[0].cache.model
+        self._state_bytes = model.ssm_state_bytes if model.is_hybrid else 0
+        self._kv_per_token = model.kv_bytes_per_token
+
+    def gpus(self) -> list[TimedWorld]:
+        return [*self.worlds, *self.decoders]
+
+    def submit(self, job: Job) -> Job:
+        """Route the prompt to a prefill replica; the hand-off follows its prefill."""
+        self.originals[job.req.request_id] = job.req
+        prefill = super().submit(
+            Job(req=prompt_only(job.req), arrival=job.arrival, done=self.env.event())
+        )
+        self.env.process(self._hand_off(job, prefill))
+        return job
+
+    def transfer_seconds(self, req: Request) -> float:
+        """The request's KV (and state) over the prefill -> decode link."""
+        nbytes = req.input_tokens * self._kv_per_token + self._state_bytes
+        return nbytes / (float(self.engine.settings.link_bw_gbps or math.inf) * 1e9)
+
+    def _hand_off(self, job: Job, prefill: Job) -> Generator[Any, Any, None]:
+        yield prefill.done
+        rid = job.req.request_id
+        if job.output_len <= 1:
+            self.transfers[rid] = Transfer(-1, 0.0, prefill.finished)
+            job.done.succeed()
+            return
+        seconds = self.transfer_seconds(job.req)
+        if seconds > 0:
+            yield self.env.timeout(seconds)
+        load = [world_load(w) for w in self.decoders]
+        k = min(range(len(load)), key=lambda i: (load[i], i))
+        decode = Job(req=job.req, arrival=job.arrival, done=self.env.event(), decode_only=True)
+        yield self.decoders[k].submit(decode).done
+        self.transfers[rid] = Transfer(len(self.worlds) + k, seconds, decode.finished)
+        job.done.succeed()
+
+    def _result(self, per_replica: list[list[RequestRecord]]) -> EngineRun:
+        for records in per_replica:
+            for record in records:
+                self._complete(record)
+        run = super()._result(per_replica)
+        moves = [self.transfers[r.request_id] for r in run.records]
+        run.columns["decode_replica"] = [m.decode_replica for m in moves]
+        run.columns["kv_transfer_s"] = [m.transfer_s for m in moves]
+        settings = self.engine.settings
+        decode_busy = cluster_stats(self.decoders, len(run.records))["replica_gpu_busy_frac"]
+        run.extras |= {
+            "disaggregated": True,
+            "prefill_replicas": len(self.worlds),
+            "decode_replicas": len(self.decoders),
+            "link_bw_gbps": settings.link_bw_gbps,
+            "kv_transfer_s_mean": float(np.mean([m.transfer_s for m in moves])) if moves else 0.0,
+            "decode_gpu_busy_frac": decode_busy,
+        }
+        return run
+
+    def _complete(self, record: RequestRecord) -> None:
+        """The prefill replica's record, completed: the whole output, and the time the
+        decode replica finished."""
+        req, move = self.originals[record.request_id], self.transfers[record.request_id]
+        record.output_tokens = req.output_len
+        timing = Timing(
+            record.arrival, record.scheduled, record.first_token, move.finished, record.prefill_time
+        )
+        add_timing(record, timing)
 
 
 # ---------------------------------------------------------------------------------- summary

@@ -143,6 +143,7 @@ class Job:
     finished: float = math.nan
     preemptions: int = 0  # shared KV pool: times it was preempted (recompute)
     order: int = -1  # shared KV pool: rank of its first scheduling
+    decode_only: bool = False  # disaggregated decode replica: its KV arrived, no prefill here
     input_tokens: int = field(init=False)  # req.input_tokens, read in every iteration
     output_len: int = field(init=False)
 
@@ -466,6 +467,9 @@ class TimedWorld:
         return tokens * self.model.kv_bytes_per_token + self.model.ssm_state_bytes
 
     def _start(self, job: Job, need: float) -> None:
+        if job.decode_only:
+            self._start_decode(job, need)
+            return
         started = job.started = self.step.start(job.req)
         job.seq, job.hit, job.hit_node = started.seq, started.hit, started.lookup.hit_node
         job.ckpt_tokens = [c * self.cache.unit for c in started.plan.ckpts]
@@ -758,7 +762,28 @@ class TimedWorld:
             self.running.remove(job)
             self._finish(job)
 
+    def _start_decode(self, job: Job, need: float) -> None:
+        """A disaggregated decode replica (:mod:`simlab.cluster`) takes a request whose KV (and
+        state) came from its prefill replica: it holds the whole request's memory, computes no
+        prefill and touches no cache."""
+        job.prefilled = job.input_tokens
+        job.reserved = need
+        self.memory_free -= need
+        job.scheduled = self.env.now
+        self.running.append(job)
+
+    def _finish_decode(self, job: Job) -> None:
+        """A decode-only request completed: its memory is freed; no record (its prefill
+        replica wrote it) and nothing admitted."""
+        job.finished = self.env.now
+        self.memory_free += job.reserved
+        self.stats.last_departure = max(self.stats.last_departure, job.finished)
+        job.done.succeed()
+
     def _finish(self, job: Job) -> None:
+        if job.decode_only:
+            self._finish_decode(job)
+            return
         assert job.started is not None
         job.finished = self.env.now
         if self.shared:  # its KV leaves the running part: the cache may admit it
