@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from policies.base import EvictionPolicy, Semantics, overrides
-from simlab import evictor
+from simlab import evictor, tiers
 from simlab.nodes import (
     InsertPlan,
     InsertResult,
@@ -72,6 +72,7 @@ class PrefixCache:
         block_nodes: bool = False,
         ssm_capacity_bytes: float | None = None,
         semantics: Semantics | None = None,
+        host: tiers.HostTier | None = None,
     ):
         if not capacity_bytes > 0:
             raise ValueError(f"cache capacity must be positive, got {capacity_bytes} bytes")
@@ -102,6 +103,13 @@ class PrefixCache:
         self._created: list[Node] | None = None  # nodes made by the insertion in progress
         self._admit_policy: EvictionPolicy | None = None  # whose ``on_admit`` override
         self._admits = False  # ... was checked: it has one
+        #: the host-memory tier below this cache (:mod:`simlab.tiers`); None: none
+        self.host = host
+        if host is not None and (ssm_capacity_bytes is not None or self._reference()):
+            raise ValueError(
+                "a host tier needs simlab's own cache semantics and one shared GPU budget "
+                "(no policy.compat=reference, no cache.ssm_gb)"
+            )
         self._alloc_arrays(_INITIAL_SLOTS)
         self.root = self._new_node(np.zeros(0, dtype=np.int32), None, 0)
 
@@ -115,6 +123,7 @@ class PrefixCache:
         self.saved_flops = np.zeros(n, dtype=np.float64)
         self.nids = np.zeros(n, dtype=np.int64)
         self.alive = np.zeros(n, dtype=bool)
+        self.on_host = np.zeros(n, dtype=bool)  # the node lives in the host tier
         self._free: list[int] = list(range(n - 1, -1, -1))
         self._by_slot: list[Node | None] = [None] * n
 
@@ -132,6 +141,7 @@ class PrefixCache:
             arr = getattr(self, name)
             setattr(self, name, np.concatenate((arr, np.zeros_like(arr))))
         self.alive = np.concatenate((self.alive, np.zeros(old, dtype=bool)))
+        self.on_host = np.concatenate((self.on_host, np.zeros(old, dtype=bool)))
         self._free.extend(range(2 * old - 1, old - 1, -1))
         self._by_slot.extend([None] * old)
 
@@ -175,7 +185,21 @@ class PrefixCache:
     def _attach(self, parent: Node, child: Node) -> None:
         parent.children[int(child.tokens[0])] = child
         child.parent = parent
-        self.n_children[parent.slot] = len(parent.children)
+        if self.host is None:
+            self.n_children[parent.slot] = len(parent.children)
+        else:  # the GPU view: host-resident children do not count
+            self.n_children[parent.slot] = tiers.gpu_kids(self, parent)
+
+    def _reference(self) -> bool:
+        """Whether any of the Marconi reference code's cache semantics is on."""
+        sem = self.semantics
+        return bool(
+            sem.reference_insert
+            or sem.partial_descent
+            or sem.whole_input_hit
+            or sem.clock != "request"
+            or sem.block_estimate
+        )
 
     # ------------------------------------------------------------------ bytes
     @property
@@ -290,11 +314,20 @@ class PrefixCache:
         hit = sum(c.end - c.start for c in credited)
         return Lookup(pos, hit, credited[-1] if credited else None, entered, partial)
 
-    def lookup(self, tokens: np.ndarray, page_size: int | None = None) -> Lookup:
-        """Match an input and apply the hit rule (no state change; see :meth:`touch`)."""
+    def lookup(
+        self, tokens: np.ndarray, page_size: int | None = None, gpu_only: bool = False
+    ) -> Lookup:
+        """Match an input and apply the hit rule (no state change; see :meth:`touch`).
+        With a host tier the match goes on through host-resident nodes; ``gpu_only`` stops it
+        at the first one (the hit a request gets when its host part cannot be loaded)."""
         if self.semantics.partial_descent:
             return self._walk_descending(tokens)
         path, matched, partial = self._walk(tokens)
+        if gpu_only and self.host is not None:
+            stop = tiers.gpu_prefix(self, path, partial)
+            if stop >= 0:
+                path = [n for n in path if n.end <= stop]
+                matched, partial = stop, None
         limit = int(tokens.shape[0]) - self._hit_slack
         if self.hybrid:
             hit_node, hit = None, 0
@@ -434,6 +467,10 @@ class PrefixCache:
         if self.semantics.ticks_per_operation:
             self.now += 1.0
         path, matched, partial = self._walk(seq[:end])
+        if self.host is not None and not self._recomputed(path, matched, partial, policy):
+            return InsertResult(admitted_end=matched, truncated=True)  # no GPU room for it
+        if self.host is not None:
+            path, matched, partial = self._walk(seq[:end])  # a split may have changed them
         if policy.refreshes_insert_path:
             self.touch(path if partial is None else [*path, partial])
         wanted = self._wanted(ckpts, end, matched, branch_at_insert and partial is not None)
@@ -468,6 +505,20 @@ class PrefixCache:
             self.unpin(deepest)
         self._note_peaks()
         return result
+
+    def _recomputed(
+        self, path: list[Node], matched: int, partial: Node | None, policy: EvictionPolicy
+    ) -> bool:
+        """Host tier: the admitted sequence's host-resident nodes (tokens the request
+        recomputed past its hit) become GPU-resident without a load, a node the walk stops
+        inside split there first (HiCache's ``_insert_helper``); False if the GPU cannot hold
+        them (then nothing is admitted)."""
+        deepest = partial if partial is not None else (path[-1] if path else None)
+        if deepest is None or not self.on_host[deepest.slot]:
+            return True  # GPU residency is closed upwards: all of the path is on the GPU
+        if partial is not None:
+            deepest = self._split(partial, matched)
+        return tiers.recompute_path(self, deepest, policy)
 
     @staticmethod
     def _wanted(ckpts: Sequence[int], end: int, matched: int, branch: bool) -> list[int]:
@@ -622,7 +673,9 @@ class PrefixCache:
         self.saved_flops[idx] = self.model.prefill_flops_array(
             bounds[:-1] * self.unit, lengths * self.unit
         )
-        self.n_children[top.slot] = len(top.children)
+        self.n_children[top.slot] = (
+            len(top.children) if self.host is None else tiers.gpu_kids(self, top)
+        )
 
     def _node_ending_at(self, along: list[Node], pos: int) -> Node:
         """The node on the matched path that ends exactly at ``pos``, splitting an edge if needed."""
@@ -641,6 +694,7 @@ class PrefixCache:
         assert parent is not None
         cut = pos - node.start
         upper = self._new_node(node.tokens[:cut], parent, node.start)
+        self.on_host[upper.slot] = self.on_host[node.slot]  # a host node splits into two
         upper_pins = self.pins[node.slot]
         node.tokens = node.tokens[cut:]
         node.key = node.tokens.tobytes()
@@ -675,6 +729,8 @@ class PrefixCache:
 
     def candidates(self, inner: bool) -> np.ndarray:
         """Slots of unpinned nodes that may be evicted: leaves, plus one-child nodes if ``inner``."""
+        if self.host is not None:
+            return tiers.candidates(self, inner)
         kids, pins = self.n_children, self.pins
         # counts are >= 0: a leaf is unpinned exactly when the bitwise or of the two is 0
         ok = (pins == 0) & (kids <= 1) if inner else (kids | pins) == 0
@@ -683,6 +739,8 @@ class PrefixCache:
         return mask.nonzero()[0]
 
     def _is_candidate(self, node: Node, inner: bool) -> bool:
+        if self.host is not None:
+            return tiers.is_candidate(self, node, inner)
         if node is self.root or self.pins[node.slot] > 0:
             return False
         kids = len(node.children)
@@ -697,6 +755,8 @@ class PrefixCache:
     def _evict_node(self, node: Node) -> int:
         """Delete a leaf, or merge a one-child node into its child (its KV moves down)."""
         assert self.pins[node.slot] == 0 and node is not self.root and node.parent is not None
+        if self.host is not None and self.n_children[node.slot] == 0:
+            return tiers.write_back(self, node)  # no GPU child: it goes to the host
         if not node.children:
             return self._drop_leaf(node)
         parent = node.parent
@@ -752,9 +812,11 @@ class PrefixCache:
             assert node.end > node.start, node
             assert node.parent is not None and node.parent.end == node.start, node
             assert node.parent.children[int(node.tokens[0])] is node, node
-            assert self.n_children[node.slot] == len(node.children), node
-            kv += (node.end - node.start) * self.kv_per_token
-            ssm += self.ckpt_bytes if node.ckpt else 0
+            kids = len(node.children) if self.host is None else tiers.gpu_kids(self, node)
+            assert self.n_children[node.slot] == kids, node
+            if not self.on_host[node.slot]:
+                kv += (node.end - node.start) * self.kv_per_token
+                ssm += self.ckpt_bytes if node.ckpt else 0
             if self.pins[node.slot] > 0 and node.parent is not self.root:
                 assert self.pins[node.parent.slot] >= self.pins[node.slot], node
         assert (kv, ssm) == (self.kv_bytes, self.ssm_bytes), (
@@ -771,3 +833,5 @@ class PrefixCache:
             )
         else:
             assert self.kv_bytes <= self.capacity and self.ssm_bytes <= self.ssm_capacity
+        if self.host is not None:
+            tiers.check(self)

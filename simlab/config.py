@@ -38,11 +38,15 @@ def number(key: str, value: Any) -> float:
 class CacheSettings:
     """``size_gb``: the cache's bytes. ``ssm_gb``: None, KV and SSM states share them; a number,
     SSM states get a pool of their own of that size (SGLang's Mamba slot pool) and KV the rest
-    (SGLang's default ``--mamba-full-memory-ratio 0.9`` is ``ssm_gb = size_gb * 0.9 / 1.9``)."""
+    (SGLang's default ``--mamba-full-memory-ratio 0.9`` is ``ssm_gb = size_gb * 0.9 / 1.9``).
+    ``host_gb`` / ``host_bw_gbps``: a host-memory tier below the GPU cache and its bandwidth
+    (:mod:`simlab.tiers`); it does not count against the GPU memory check."""
 
     size_gb: float
     page_size: int = 1
     ssm_gb: float | None = None
+    host_gb: float | None = None  # a host-memory tier (simlab.tiers); None: none
+    host_bw_gbps: float | None = None  # host <-> GPU bandwidth, GB/s (inf: free loads)
 
     def __post_init__(self) -> None:
         if (
@@ -60,6 +64,51 @@ class CacheSettings:
                 f"cache.ssm_gb: the SSM pool must be more than 0 and less than cache.size_gb "
                 f"({self.size_gb}), got {self.ssm_gb!r}"
             )
+        self._check_host_tier()
+
+    def _check_host_tier(self) -> None:
+        """``host_gb`` (> 0 GB, inf allowed) needs ``host_bw_gbps`` (> 0 GB/s, inf: free loads);
+        a bandwidth without a host tier, or a host tier beside a separate SSM pool, is an error."""
+        if self.host_gb is None:
+            if self.host_bw_gbps is not None:
+                raise ConfigError(
+                    f"cache.host_bw_gbps: set ({self.host_bw_gbps!r}) without a host tier; "
+                    "set cache.host_gb too, or leave both null"
+                )
+            return
+        if not number("cache.host_gb", self.host_gb) > 0:
+            raise ConfigError(
+                f"cache.host_gb: must be a positive number of GB (or inf), got {self.host_gb!r}"
+            )
+        if self.host_bw_gbps is None:
+            raise ConfigError(
+                "cache.host_bw_gbps: a host tier (cache.host_gb) needs its host<->GPU bandwidth "
+                "in GB/s (inf for free loads)"
+            )
+        if not number("cache.host_bw_gbps", self.host_bw_gbps) > 0:
+            raise ConfigError(
+                f"cache.host_bw_gbps: must be a positive number of GB/s (or inf), "
+                f"got {self.host_bw_gbps!r}"
+            )
+        if self.ssm_gb is not None:
+            raise ConfigError(
+                "cache.host_gb: a host tier is not supported with a separate SSM pool "
+                "(cache.ssm_gb); leave one of them null"
+            )
+
+    @property
+    def host_bytes(self) -> float | None:
+        """The host tier's bytes (None: no host tier)."""
+        if self.host_gb is None:
+            return None
+        return math.inf if math.isinf(self.host_gb) else self.host_gb * GB
+
+    @property
+    def host_bw_bytes(self) -> float | None:
+        """The host tier's bandwidth in bytes/s (None: no host tier)."""
+        if self.host_bw_gbps is None:
+            return None
+        return math.inf if math.isinf(self.host_bw_gbps) else self.host_bw_gbps * GB
 
     @property
     def capacity_bytes(self) -> float:

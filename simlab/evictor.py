@@ -14,6 +14,11 @@ oldest node (smallest creation id). Two paths give the same victims in the same 
 ``ties=heap`` (the Marconi reference code's SGLang+) pops leaves from a ``heapq`` compared by
 score alone (:func:`heap_victims`): equal scores go in whatever order the heap gives.
 
+With a host tier (:mod:`simlab.tiers`) the candidates are the GPU-resident nodes without a
+GPU-resident child, an evicted one is written back to the host (it stays in the tree), and the
+heap path pops victims one by one (its chain shortcut deletes whole chains, which a write-back
+does not).
+
 Every path tells the policy what it evicted through ``on_evict`` (only when the policy
 overrides the no-op hook, so the hot path pays nothing otherwise).
 """
@@ -225,6 +230,7 @@ def _evict_rescoring(cache: PrefixCache, need: float, policy: EvictionPolicy) ->
 
 def _evict_heap(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
     inner = policy.evicts_inner_nodes
+    chains = not inner and cache.host is None  # a leaf's chain of ancestors goes at once
     cand = cache.candidates(inner)
     heap = list(
         zip(
@@ -252,7 +258,7 @@ def _evict_heap(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tupl
         count += 1
         if notify is not None:
             notify(cache, [node])
-        if child is None and not inner:  # its parent may go next: often a long chain
+        if child is None and chains:  # its parent may go next: often a long chain
             f, c = _evict_up(cache, parent, need, policy, heap, notify)
             freed, count = freed + f, count + c
             continue

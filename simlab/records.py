@@ -50,14 +50,26 @@ class RequestRecord:
     tpot: float = math.nan  # (finished - first_token) / (output_tokens - 1)
     e2e: float = math.nan  # finished - arrival
     prefill_time: float = math.nan  # cost model: this request's uncached prefill, alone
+    # host tier only (``cache.host_gb``; None without one, and then no column): the part of
+    # ``hit_tokens`` loaded back from the host, the bytes loaded (KV + states), and the load's
+    # seconds on the request's critical path (timed engine; NaN in replay)
+    host_hit_tokens: int | None = None
+    host_loaded_bytes: int | None = None
+    host_load_s: float = math.nan
 
 
-RECORD_COLUMNS = [f.name for f in dataclasses.fields(RequestRecord)]
+#: columns a run with a host tier adds (:mod:`simlab.tiers`)
+HOST_COLUMNS = ["host_hit_tokens", "host_loaded_bytes", "host_load_s"]
+RECORD_COLUMNS = [f.name for f in dataclasses.fields(RequestRecord) if f.name not in HOST_COLUMNS]
 _as_row = operator.attrgetter(*RECORD_COLUMNS)
 
 
 def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
-    return pd.DataFrame.from_records([_as_row(r) for r in records], columns=RECORD_COLUMNS)
+    """One row per record; the host-tier columns only when the run had a host tier."""
+    frame = pd.DataFrame.from_records([_as_row(r) for r in records], columns=RECORD_COLUMNS)
+    if records and records[0].host_hit_tokens is not None:
+        frame = frame.assign(**{c: [getattr(r, c) for r in records] for c in HOST_COLUMNS})
+    return frame
 
 
 def summarize(
@@ -93,6 +105,24 @@ def summarize(
         "final_kv_bytes": int(frame["cache_kv_bytes"].iloc[-1]),
         "final_ssm_bytes": int(frame["cache_ssm_bytes"].iloc[-1]),
         "max_resident_bytes": int(cache_total.max()),
+    } | host_summary(frame, input_tokens)
+
+
+def host_summary(frame: pd.DataFrame, input_tokens: int) -> dict[str, Any]:
+    """With a host tier: the hit split into its GPU and host parts (``token_hit_rate`` counts
+    both), the bytes loaded back and their seconds on the critical path ({} without one)."""
+    if "host_hit_tokens" not in frame.columns:
+        return {}
+    host = int(frame["host_hit_tokens"].sum())
+    gpu = int(frame["hit_tokens"].sum()) - host
+    load = frame["host_load_s"].dropna()
+    return {
+        "host_hit_tokens": host,
+        "host_token_hit_rate": host / input_tokens if input_tokens else 0.0,
+        "gpu_token_hit_rate": gpu / input_tokens if input_tokens else 0.0,
+        "host_hit_requests": int((frame["host_hit_tokens"] > 0).sum()),
+        "host_loaded_gb": float(frame["host_loaded_bytes"].sum()) / 1e9,
+        "host_load_s_total": float(load.sum()) if load.size else math.nan,
     }
 
 

@@ -274,6 +274,8 @@ def policy_step(
         controllers=controllers,
         ssm_capacity_bytes=settings.cache.ssm_bytes,
         semantics=policy_semantics(name, pcfg),
+        host_capacity_bytes=settings.cache.host_bytes,
+        host_bw_bytes=settings.cache.host_bw_bytes,
     )
 
 

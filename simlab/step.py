@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from policies.base import Admission, AdmissionPolicy, EvictionPolicy, Semantics, overrides
+from simlab import tiers
 from simlab.cache import PrefixCache
+from simlab.config import ConfigError
 from simlab.keys import BlockKeys, KeyedRequest, KeyScheme, key_scheme
 from simlab.nodes import InsertResult, Lookup, Node
 from simlab.records import RequestRecord
@@ -58,6 +60,8 @@ class Started:
     pinned: Node | None  # the node pinned until finish (None: nothing pinned)
     prompt: int = 0  # ids of ``seq`` the prompt fills (:meth:`RequestStep.prefilled`)
     published: InsertResult | None = None  # what the prefill published
+    host_hit: int = 0  # tokens of ``hit`` loaded back from the host tier
+    host_loaded: int = 0  # bytes loaded back for them (KV and states)
 
 
 @dataclass(slots=True)
@@ -103,12 +107,19 @@ class RequestStep:
         controllers: Sequence[Controller] = (),
         ssm_capacity_bytes: float | None = None,
         semantics: Semantics | None = None,
+        host_capacity_bytes: float | None = None,
+        host_bw_bytes: float | None = None,
     ) -> RequestStep:
         """A step on a fresh cache shaped for the admission's keys (``page_size`` in ids): a
         block-keyed cache counts one id per block, which is its page, one node per block.
         ``ssm_capacity_bytes``: SSM states in a pool of their own (``capacity_bytes`` is then
         KV's). ``semantics``: where the cache follows the Marconi reference code
-        (:class:`policies.base.Semantics`; default simlab's)."""
+        (:class:`policies.base.Semantics`; default simlab's). ``host_capacity_bytes``: a
+        host-memory tier below the cache, at ``host_bw_bytes`` per second
+        (:mod:`simlab.tiers`)."""
+        host = None
+        if host_capacity_bytes is not None:
+            host = host_tier(host_capacity_bytes, host_bw_bytes, eviction, semantics)
         admission = admission.for_model(model, unit_tokens)
         block = admission.keys.block_size
         shape = (page_size, unit_tokens) if block is None else (1, unit_tokens * block)
@@ -119,6 +130,7 @@ class RequestStep:
             block_nodes=block is not None,
             ssm_capacity_bytes=ssm_capacity_bytes,
             semantics=semantics,
+            host=host,
         )
         return cls(cache, admission, eviction, policy, tuple(controllers))
 
@@ -158,6 +170,9 @@ class RequestStep:
         cache.now += 1.0
         keyed = self._view(req)
         lookup = cache.lookup(keyed.lookup, self._page)
+        host_ids = loaded = 0
+        if cache.host is not None:
+            lookup, host_ids, loaded = self._load_host_hit(keyed.lookup, lookup)
         if cache.hybrid:
             cache.use_state(lookup.hit_node)
         self.eviction.on_hit(cache, lookup)
@@ -165,16 +180,38 @@ class RequestStep:
         pinned = lookup.hit_node if pin else None
         if pinned is not None:
             cache.pin(pinned)
-        return Started(
+        per_key = self._ids_per_key
+        hit = req.hit_tokens(lookup.hit * per_key)
+        started = Started(
             req,
             keyed.sequence,
             lookup,
             plan,
-            req.hit_tokens(lookup.hit * self._ids_per_key),
-            req.hit_tokens(lookup.matched * self._ids_per_key),
+            hit,
+            req.hit_tokens(lookup.matched * per_key),
             pinned,
             keyed.prompt,
         )
+        if host_ids:
+            started.host_hit = hit - req.hit_tokens((lookup.hit - host_ids) * per_key)
+            started.host_loaded = loaded
+        return started
+
+    def _load_host_hit(self, ids: np.ndarray, lookup: Lookup) -> tuple[Lookup, int, int]:
+        """Host tier: load the host part of ``lookup``'s hit back to the GPU
+        (:func:`simlab.tiers.load_hit`). Returns the lookup after the load, the hit's ids that
+        came from the host and the bytes loaded; when the GPU cannot make room, the lookup of
+        the GPU part alone and no host hit."""
+        cache = self.cache
+        frontier = tiers.gpu_prefix(cache, lookup.path, lookup.partial)
+        if frontier < 0 or lookup.hit <= frontier:
+            return lookup, 0, 0  # the hit lies on the GPU
+        loaded = tiers.load_hit(cache, lookup.hit, lookup.hit_node, self.eviction)
+        if loaded < 0:
+            return cache.lookup(ids, self._page, gpu_only=True), 0, 0
+        after = cache.lookup(ids, self._page)  # the load may have split the hit's node
+        assert after.hit == lookup.hit, (after.hit, lookup.hit)
+        return after, lookup.hit - frontier, loaded
 
     def _view(self, req: Request) -> KeyedRequest:
         """``req`` as the cache sees it: the view :meth:`prepare` made, the first time (block
@@ -264,11 +301,13 @@ class RequestStep:
         items = dict(self.eviction.summary())
         for controller in self.controllers:
             items |= controller.summary()
+        if self.cache.host is not None:
+            items |= self.cache.host.summary()
         return items
 
     def _record(self, started: Started, admitted: InsertResult) -> RequestRecord:
         req, cache, hit = started.req, self.cache, started.hit
-        return RequestRecord(
+        record = RequestRecord(
             policy=self.policy,
             request_id=req.request_id,
             session_id=req.session_id,
@@ -289,6 +328,25 @@ class RequestStep:
             cache_kv_bytes=cache.kv_bytes,
             cache_ssm_bytes=cache.ssm_bytes,
         )
+        if cache.host is not None:  # the host tier's columns
+            record.host_hit_tokens = started.host_hit
+            record.host_loaded_bytes = started.host_loaded
+        return record
+
+
+def host_tier(
+    capacity: float, bandwidth: float | None, eviction: EvictionPolicy, semantics: Semantics | None
+) -> tiers.HostTier:
+    """A host tier for a step (``cache.host_gb``); the policy must break ties by age and run
+    simlab's own cache semantics (the reference code's orders are not defined on two tiers)."""
+    if bandwidth is None:
+        raise ConfigError("cache.host_bw_gbps: a host tier (cache.host_gb) needs its bandwidth")
+    if eviction.ties != "oldest" or (semantics is not None and semantics != Semantics()):
+        raise ConfigError(
+            "cache.host_gb: a host tier is not supported with the Marconi reference code's "
+            "semantics (policy.compat=reference / reference_fixed, eviction.ties=dfs|heap)"
+        )
+    return tiers.HostTier(capacity, bandwidth)
 
 
 def merged(first: InsertResult, second: InsertResult) -> InsertResult:

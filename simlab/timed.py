@@ -142,6 +142,8 @@ class Job:
     first_token: float = math.nan
     finished: float = math.nan
     preemptions: int = 0  # shared KV pool: times it was preempted (recompute)
+    ready: float = 0.0  # host tier: its prefill may start once its host hit is loaded
+    load_s: float = 0.0  # host tier: seconds from scheduling to that load's end
     order: int = -1  # shared KV pool: rank of its first scheduling
     decode_only: bool = False  # disaggregated decode replica: its KV arrived, no prefill here
     input_tokens: int = field(init=False)  # req.input_tokens, read in every iteration
@@ -369,6 +371,7 @@ class TimedWorld:
         self.shared = s.kv_pool == "shared"
         self.pool = PoolStats()
         self._preempted_counts: dict[int, int] = {}  # request id -> preemptions
+        self._link_free = 0.0  # host tier: when the host<->GPU link finishes its last load
         if self.shared:
             self._open_pool(requests)
         step.prepare(sorted(requests, key=lambda r: (r.arrival, r.session_id, r.turn)))
@@ -478,7 +481,21 @@ class TimedWorld:
         job.reserved = need - job.hit * self.model.kv_bytes_per_token
         self.memory_free -= job.reserved
         job.scheduled = self.env.now
+        if started.host_loaded:
+            self._load_host_hit(job, started.host_loaded)
         self.running.append(job)
+
+    def _load_host_hit(self, job: Job, nbytes: int) -> None:
+        """Host tier: the request's host hit (``nbytes``) comes back over the host link before
+        its prefill may start (its first chunk is scheduled at ``job.ready``). Loads queue on
+        the one link (FIFO at its bandwidth); the GPU runs other requests meanwhile. HiCache
+        overlaps a load with the forward layer by layer, so this is the conservative bound:
+        the whole load on the request's critical path, none of it hidden behind its prefill."""
+        host = self.cache.host
+        assert host is not None
+        begin = max(self.env.now, self._link_free)
+        job.ready = self._link_free = begin + host.load_seconds(nbytes)
+        job.load_s = job.ready - self.env.now
 
     def _prefill_splits(self, job: Job) -> list[int]:
         """Checkpoint positions inside the prefill that need an exact state (a pass boundary).
@@ -503,6 +520,9 @@ class TimedWorld:
             self._reserve_decode(1)
         decoders = [j for j in self.running if not j.in_prefill and j.decode_left > 0]
         chunks = self._prefill_chunks(self.settings.token_budget - len(decoders))
+        if not chunks and not decoders:  # only host loads in flight: wait (or an arrival)
+            yield from self._await_loads()
+            return
         duration = self.cost.time(self._batch(chunks, decoders))
         yield self.env.timeout(duration)
         self.stats.busy += duration
@@ -519,11 +539,19 @@ class TimedWorld:
                 if self.shared:
                     self._published(job)
 
+    def _await_loads(self):
+        """The GPU idles until the first host load ends, or a request arrives."""
+        first = min(j.ready for j in self.running if j.in_prefill)
+        self._wakeup = self.env.event()
+        yield self.env.timeout(max(first - self.env.now, 0.0)) | self._wakeup
+
     def _prefill_chunks(self, budget: int) -> list[tuple[Job, int]]:
-        """Prefill chunks (job, tokens) of the running requests in order, within ``budget``."""
+        """Prefill chunks (job, tokens) of the running requests in order, within ``budget``
+        (a request waiting for its host hit's load gets none yet)."""
         chunks: list[tuple[Job, int]] = []
+        now = self.env.now
         for job in self.running:
-            if job.in_prefill and budget > 0:
+            if job.in_prefill and budget > 0 and job.ready <= now:
                 take = self._chunk_size(job, budget)
                 chunks.append((job, take))
                 budget -= take
@@ -593,6 +621,11 @@ class TimedWorld:
         if cache.ssm_capacity is not None:
             raise ConfigError(
                 "engine.kv_pool=shared: not supported with a separate SSM pool (cache.ssm_gb)"
+            )
+        if cache.host is not None:
+            raise ConfigError(
+                "engine.kv_pool=shared: not supported with a host tier (cache.host_gb); "
+                "use engine.kv_pool=separate"
             )
         self.pool.budget = cache.capacity + self.settings.running_memory_gb * 1e9
         cache.capacity = self.pool.budget
@@ -798,6 +831,8 @@ class TimedWorld:
             prefill_time=self.cost.prefill_time(job.hit, job.input_tokens - job.hit),
         )
         record = self.step.finish(job.started, timing)
+        if self.cache.host is not None:
+            record.host_load_s = job.load_s
         if self.shared:
             self._check_pool()
         if self._feeder.finished(job):
