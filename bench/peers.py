@@ -26,6 +26,12 @@ token, 64 MiB per block, so 1 GiB = 16 blocks exactly); simlab runs ``model=llam
 131,072 B per token) with ``cache.size_gb = (blocks + 1/2) * 64 MiB / 1e9``, which holds exactly
 ``blocks`` blocks; DynoSim gets ``num_gpu_blocks = blocks``. Both mappings are checked at run time.
 
+Four capacities x three policies in one call: kvcache-simulator's one ``run_sweep`` call beside one
+``python -m simlab`` call with ``cache.size_gb`` a list of the four capacities and the three
+policies as the ``compare`` set (:func:`compare_overrides`): LRU in one stack-distance pass over
+the trace (``simlab/stack.py``), and again with ``cache.one_pass=false`` (every capacity back to
+back); FIFO and optimal run back to back in both. ``--case TEXT`` runs only the matching cases.
+
 Hit rates are kvcache-simulator's: hit tokens over input tokens of the last 50% of requests (its
 measurement window; simlab's and DynoSim's from their per-request records). Same semantics must
 agree within 0.1 point (exit status 1 otherwise):
@@ -109,6 +115,34 @@ SIMLAB_POLICY = {
     # the vLLM engine's own semantics (a hit within len(input) - 1), beside DynoSim
     "vllm": _VLLM,
 }
+
+
+#: one ``python -m simlab`` call running the three kvcache-simulator policies' counterparts
+#: (the ``compare`` set replaced; each policy named as kvcache-simulator names it)
+_COMPARE_DROP = [
+    "~policy@compare.vllm_plus",
+    "~policy@compare.sglang_plus",
+    "~policy@compare.marconi",
+]
+_COMPARE_AS_PEER = {
+    "lru": ["+policy@compare.lru=vllm"],
+    "fifo": ["+policy@compare.fifo=vllm", "eviction@compare.fifo.eviction=fifo"],
+    "optimal": ["+policy@compare.optimal=clairvoyant_blocks"],
+}
+
+
+def compare_overrides(policies: Sequence[str]) -> list[str]:
+    """The ``compare`` set of :data:`SIMLAB_POLICY`'s policies for ``policies``
+    (kvcache-simulator's names), named after them, with 512-token blocks and whole-input hits."""
+    out = list(_COMPARE_DROP)
+    for name in policies:
+        out += _COMPARE_AS_PEER[name]
+        out += [
+            f"compare.{name}.name={name}",
+            f"compare.{name}.block_size={BLOCK_TOKENS}",
+            f"+compare.{name}.semantics.whole_input_hit=true",
+        ]
+    return out
 
 
 # ---------------------------------------------------------------------------- capacities
@@ -320,6 +354,42 @@ def run_simlab(setup: Setup, points: Sequence[tuple[str, int]], engine: str = "r
     return Run(process, sim, hits, extra)
 
 
+def size_list(blocks: Sequence[int]) -> str:
+    """``cache.size_gb=[...]`` holding exactly ``blocks`` blocks at each capacity."""
+    sizes = [blocks_to_size_gb(b) for b in blocks]
+    return "cache.size_gb=[" + ",".join("inf" if math.isinf(v) else repr(v) for v in sizes) + "]"
+
+
+def run_simlab_list(
+    setup: Setup, policies: Sequence[str], blocks: Sequence[int], one_pass: bool = True
+) -> Run:
+    """One ``python -m simlab`` process for every (policy, blocks) point: ``cache.size_gb`` a
+    list, the policies as the ``compare`` set; ``cache.one_pass=false`` runs LRU's capacities
+    back to back instead of in one stack-distance pass. ``sim_s``: the summed ``wall_s``."""
+    import pandas as pd
+
+    out = setup.out_dir()
+    overrides = [*_SIMLAB_BASE, f"trace.path={setup.trace}", "engine=replay"]
+    overrides += [*compare_overrides(policies), size_list(blocks)]
+    overrides += [f"cache.one_pass={str(one_pass).lower()}"]
+    elapsed, _ = timed(
+        [sys.executable, "-m", "simlab", *overrides, f"hydra.run.dir={out}", f"output_dir={out}"]
+    )
+    table = pd.read_parquet(out / "capacities.parquet")
+    hits: dict[str, float] = {}
+    extra: dict[str, Any] = {"replay": {}}
+    for b, run_dir in zip(blocks, table["run_dir"].unique().tolist(), strict=True):
+        records = pd.read_parquet(out / run_dir / "records.parquet")
+        for policy, rows in records.groupby("policy", sort=False):
+            key = point_key(str(policy), b)
+            hits[key] = window_hit_rate(rows["hit_tokens"].tolist(), rows["input_tokens"].tolist())
+    for row in table.itertuples():
+        extra["replay"][f"{row.policy}@{row.run_dir}"] = row.replay
+        extra[f"sim_s {row.policy}@{row.run_dir}"] = float(row.wall_s)
+    shutil.rmtree(out, ignore_errors=True)
+    return Run(elapsed, float(table["wall_s"].sum()), hits, extra)
+
+
 def peer_env(setup: Setup) -> dict[str, str]:
     env = dict(os.environ)
     tmp = CACHE_DIR / "tmp"  # the C++ backend's build goes to tempfile.gettempdir()
@@ -393,6 +463,16 @@ def build_cases(peers: dict[str, Path]) -> list[Case]:
             sweep_tools[f"kvcache-simulator {backend}, one call"] = partial(
                 run_kvsim, backend=backend, blocks=CAPACITIES, policies=POLICIES
             )
+        calls: dict[str, Runner] = {
+            "simlab, one call (LRU one pass)": lambda s: run_simlab_list(s, POLICIES, CAPACITIES),
+            "simlab, one call (back to back)": lambda s: run_simlab_list(
+                s, POLICIES, CAPACITIES, one_pass=False
+            ),
+        }
+        for backend in backends:
+            calls[f"kvcache-simulator {backend}, one call"] = sweep_tools[
+                f"kvcache-simulator {backend}, one call"
+            ]
         note = "" if cpp else "no c++ compiler: the C++ backend is skipped"
         cases.append(Case(f"LRU, {ONE_CAPACITY} blocks", one_tools, set(one_tools), note))
         cases.append(
@@ -401,6 +481,15 @@ def build_cases(peers: dict[str, Path]) -> list[Case]:
                 sweep_tools,
                 set(sweep_tools),
                 "LRU must agree; FIFO and optimal differ in semantics (module docstring)",
+                hit_keys=lambda key: key.startswith("lru@"),
+            )
+        )
+        cases.append(
+            Case(
+                f"{len(CAPACITIES)} capacities x {len(POLICIES)} policies in one call",
+                calls,
+                set(calls),
+                "cache.size_gb a list in one simlab process; LRU must agree",
                 hit_keys=lambda key: key.startswith("lru@"),
             )
         )
@@ -579,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", nargs="*", default=["kvsim", "dynamo"], help="kvsim dynamo")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
     parser.add_argument("--out", type=Path, default=OUT_JSON)
+    parser.add_argument(
+        "--case", default=None, help="run only the cases whose name contains this text"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
@@ -592,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.peers: skipped, no peer simulator could be installed")
         return 0
     check_mapping()
-    cases = build_cases(peers)
+    cases = [c for c in build_cases(peers) if args.case is None or args.case in c.name]
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         setup = Setup(trace.resolve(), Path(tmp), peers)
         for case in cases:  # warm-up: trace cache, C++ build, page cache (untimed)

@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from simlab.capacities import TABLE, capacity_list, run_capacities
 from simlab.config import ConfigError
 from simlab.simulate import simulate
 from traces.format import TraceFormatError
@@ -39,6 +40,9 @@ def reported_as_one_line() -> Iterator[None]:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> None:
+    if capacity_list(cfg) is not None:
+        main_capacities(cfg)
+        return
     with reported_as_one_line():
         summary = simulate(cfg)
     print(
@@ -53,6 +57,28 @@ def main(cfg: DictConfig) -> None:
             from simlab.report import build_report  # matplotlib: imported only to draw
 
             print(f"report: {build_report(summary.out_dir, summary.out_dir / 'report.pdf')}")
+
+
+def main_capacities(cfg: DictConfig) -> None:
+    """``cache.size_gb=[...]``: every capacity in this process (:mod:`simlab.capacities`); the
+    table of (capacity, policy) rows is printed. ``report=true`` draws no PDF for a list."""
+    with reported_as_one_line():
+        run = run_capacities(cfg)
+    done = run.summaries[0] if run.summaries else None
+    if done is not None:
+        print(
+            f"\n{done.trace['name']}: {done.trace['requests']} requests, "
+            f"{done.trace['sessions']} sessions, {len(run.points)} capacities (GB), "
+            f"model {cfg.model.name}"
+        )
+    print(run.table_text())
+    if run.out_dir is not None:
+        print(f"results: {run.out_dir} (one directory per capacity, table {TABLE})")
+        if cfg.get("report"):
+            print(
+                "report: not drawn for a capacity list; "
+                f"python -m simlab.report {run.out_dir}/<size_gb=...> --in-dir draws one"
+            )
 
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

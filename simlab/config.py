@@ -47,6 +47,9 @@ class CacheSettings:
     ssm_gb: float | None = None
     host_gb: float | None = None  # a host-memory tier (simlab.tiers); None: none
     host_bw_gbps: float | None = None  # host <-> GPU bandwidth, GB/s (inf: free loads)
+    #: a ``size_gb`` list: replay once for every capacity where the policy allows it
+    #: (:mod:`simlab.stack`); False: back to back. A scalar capacity ignores it.
+    one_pass: bool = True
 
     def __post_init__(self) -> None:
         if (
@@ -65,6 +68,8 @@ class CacheSettings:
                 f"({self.size_gb}), got {self.ssm_gb!r}"
             )
         self._check_host_tier()
+        if not isinstance(self.one_pass, bool):
+            raise ConfigError(f"cache.one_pass: must be true or false (got {self.one_pass!r})")
 
     def _check_host_tier(self) -> None:
         """``host_gb`` (> 0 GB, inf allowed) needs ``host_bw_gbps`` (> 0 GB/s, inf: free loads);

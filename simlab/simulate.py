@@ -426,6 +426,19 @@ def simulate(cfg: DictConfig) -> Summary:
         name: run_policy(name, pcfg, requests, model, settings, engine, trace.block_size)
         for name, pcfg in settings.policies.items()
     }
+    return finish_run(cfg, plan, trace, requests, runs)
+
+
+def finish_run(
+    cfg: DictConfig,
+    plan: RunPlan,
+    trace: Trace,
+    requests: list[Request],
+    runs: dict[str, PolicyRun],
+) -> Summary:
+    """A run's policy runs with its bounds, as a :class:`Summary`, written to its output
+    directory (one scalar capacity's; :mod:`simlab.capacities` calls it once per capacity)."""
+    settings, model = plan.settings, plan.model
     policies = {name: run.summary for name, run in runs.items()}
     bounds = hit_rate_bounds(cfg, requests, model, settings, trace.block_size)
     add_bound_ratios(policies, bounds)

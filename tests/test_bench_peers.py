@@ -182,3 +182,39 @@ def test_main_skips_cleanly_when_no_peer_installs(monkeypatch, tmp_path, capsys)
 def test_main_skips_without_trace(tmp_path, capsys):
     assert peers.main(["--trace", str(tmp_path / "missing.jsonl")]) == 0
     assert "no Mooncake-format trace" in capsys.readouterr().out
+
+
+def test_one_call_compare_set_is_the_three_peer_policies():
+    """The one-call case's ``compare`` set: kvcache-simulator's names, 512-token blocks, LRU
+    computed in one stack-distance pass, FIFO and optimal back to back."""
+    from simlab.config import run_settings
+    from simlab.model import ModelSpec
+    from simlab.simulate import build_engine, policy_step
+    from simlab.stack import one_pass_obstacle
+    from tests.fixtures import compose
+
+    cfg = compose(
+        [
+            "trace=mooncake",
+            f"model={peers.SIMLAB_MODEL}",
+            "engine=replay",
+            *peers.compare_overrides(peers.POLICIES),
+            "cache.size_gb=2",
+        ]
+    )
+    settings = run_settings(cfg)
+    assert list(settings.policies) == list(peers.POLICIES)
+    model = ModelSpec.from_config(cfg.model)
+    engine = build_engine(cfg)
+    blocking = {}
+    for name, pcfg in settings.policies.items():
+        step = policy_step(name, pcfg, model, settings, peers.BLOCK_TOKENS)
+        assert step.cache.semantics.whole_input_hit
+        assert step.cache.kv_per_token == peers.BLOCK_BYTES  # one node per 512-token block
+        blocking[name] = one_pass_obstacle(step, engine)
+    assert blocking["lru"] is None and blocking["fifo"] and blocking["optimal"]
+
+
+def test_size_list_holds_exactly_the_blocks():
+    arg = peers.size_list([256, peers.INF_BLOCKS])
+    assert arg == f"cache.size_gb=[{peers.blocks_to_size_gb(256)!r},inf]"
