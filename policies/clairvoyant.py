@@ -93,6 +93,11 @@ class Clairvoyant(EvictionPolicy):
             return cache.last_access[candidates]
         if self._nid.shape[0] < cache.nids.shape[0]:
             self._slot_state(cache.nids.shape[0])
+        if candidates.shape[0] == 1:  # the evictor re-scoring one node: no array calls
+            slot = int(candidates[0])
+            if not cache.hybrid and cache.n_children[slot] > 0:
+                return np.array([INF])
+            return np.array([-self._next_use(cache, slot)])
         inner = cache.n_children[candidates] > 0
         out = np.empty(candidates.shape[0], dtype=np.float64)
         if not cache.hybrid:
@@ -134,6 +139,28 @@ class Clairvoyant(EvictionPolicy):
         for slot in slots[stale].tolist():
             self._recompute(cache, cache.node_at(slot), t)
         return self._nu[slots]
+
+    def _next_use(self, cache: CacheView, slot: int) -> float:
+        """:meth:`_next_uses` for one slot, in plain Python."""
+        t = int(cache.now)
+        dep = int(self._dep[slot])
+        if dep == -1:
+            child_same = True
+        else:
+            child_same = (
+                dep >= 0
+                and cache.nids[dep] == self._dep_nid[slot]
+                and cache.node_bytes[dep] == self._dep_bytes[slot]
+            )
+        if (
+            not child_same
+            or self._nid[slot] != cache.nids[slot]
+            or self._bytes[slot] != cache.node_bytes[slot]
+            or self._kids[slot] != cache.n_children[slot]
+            or self._until[slot] < t
+        ):
+            self._recompute(cache, cache.node_at(slot), t)
+        return float(self._nu[slot])
 
     def _recompute(self, cache: CacheView, node: Node, t: int) -> None:
         slot, dep = node.slot, -1

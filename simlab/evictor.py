@@ -228,30 +228,83 @@ def _evict_rescoring(cache: PrefixCache, need: float, policy: EvictionPolicy) ->
     return freed, count
 
 
+class _Frontier:
+    """The candidates of one eviction call as one heap of ``(score, nid, slot)``, filled
+    lazily: only the lowest-scored few are heapified; the rest wait in a reserve (numpy
+    arrays) whose scores are all above every entry taken so far, and move into the heap,
+    twice as many each time, when the heap's top is not below the reserve's lowest score.
+    Pops give exactly the order of one heap over every candidate (scores are computed once,
+    up front, as they would be for that heap), at the cost of the victims' neighbourhood
+    rather than of the whole candidate set."""
+
+    __slots__ = ("_floor", "_nids", "_scores", "_slots", "_take", "heap")
+
+    def __init__(self, scores: np.ndarray, nids: np.ndarray, slots: np.ndarray, first: int = 32):
+        self.heap: list[tuple[float, int, int]] = []
+        self._scores, self._nids, self._slots = scores, nids, slots
+        self._floor = math.inf  # lowest score in the reserve
+        self._take = first
+        self._fill()
+
+    def _fill(self) -> None:
+        """Move the reserve's lowest ``_take`` scores (and every tie of the highest) in."""
+        scores = self._scores
+        if scores.size > self._take:
+            cut = float(np.partition(scores, self._take - 1)[self._take - 1])
+            moved = scores <= cut
+        else:
+            moved = np.ones(scores.size, dtype=bool)
+        entries = zip(
+            scores[moved].tolist(),
+            self._nids[moved].tolist(),
+            self._slots[moved].tolist(),
+            strict=True,
+        )
+        self.heap.extend(entries)
+        heapq.heapify(self.heap)
+        kept = ~moved
+        self._scores, self._nids, self._slots = scores[kept], self._nids[kept], self._slots[kept]
+        self._floor = float(self._scores.min()) if self._scores.size else math.inf
+        self._take *= 2
+
+    def pop(self) -> tuple[float, int, int] | None:
+        """The lowest ``(score, nid, slot)`` of heap and reserve; None when both are empty."""
+        while self._scores.size and (not self.heap or self.heap[0][0] >= self._floor):
+            self._fill()
+        return heapq.heappop(self.heap) if self.heap else None
+
+    def push(self, entry: tuple[float, int, int]) -> None:
+        heapq.heappush(self.heap, entry)
+
+    def lower_bound(self) -> tuple[float, int] | None:
+        """A key no remaining entry is below (None when empty): the heap's top, or the
+        reserve's lowest score with a nid below every node's when that is lower."""
+        top = self.heap[0][:2] if self.heap else None
+        if self._scores.size and (top is None or self._floor <= top[0]):
+            return (self._floor, -1)
+        return top
+
+
 def _evict_heap(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
     inner = policy.evicts_inner_nodes
     chains = not inner and cache.host is None  # a leaf's chain of ancestors goes at once
     cand = cache.candidates(inner)
-    heap = list(
-        zip(
-            policy.scores(cache, cand).tolist(),
-            cache.nids[cand].tolist(),
-            cand.tolist(),
-            strict=True,
-        )
-    )
-    heapq.heapify(heap)
+    scores = np.asarray(policy.scores(cache, cand), dtype=np.float64)
+    frontier = _Frontier(scores, cache.nids[cand], cand)
     notify = eviction_listener(policy)
     freed = count = 0
-    while need > cache.free_bytes and heap:
-        score, nid, slot = heapq.heappop(heap)
+    while need > cache.free_bytes:
+        entry = frontier.pop()
+        if entry is None:
+            break
+        score, nid, slot = entry
         node = cache._by_slot[slot]
         if node is None or node.nid != nid or not cache._is_candidate(node, inner):
             continue
         if inner:  # a merge may have changed this node's score since it was pushed
             now_score = float(policy.scores(cache, np.array([slot]))[0])
             if now_score != score:
-                heapq.heappush(heap, (now_score, nid, slot))
+                frontier.push((now_score, nid, slot))
                 continue
         parent, child = node.parent, next(iter(node.children.values()), None)
         freed += cache._evict_node(node)
@@ -259,13 +312,13 @@ def _evict_heap(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tupl
         if notify is not None:
             notify(cache, [node])
         if child is None and chains:  # its parent may go next: often a long chain
-            f, c = _evict_up(cache, parent, need, policy, heap, notify)
+            f, c = _evict_up(cache, parent, need, policy, frontier, notify)
             freed, count = freed + f, count + c
             continue
         for other in (parent, child):
             if other is not None and cache._is_candidate(other, inner):
                 s = float(policy.scores(cache, np.array([other.slot]))[0])
-                heapq.heappush(heap, (s, other.nid, other.slot))
+                frontier.push((s, other.nid, other.slot))
     return freed, count
 
 
@@ -274,16 +327,16 @@ def _evict_up(
     node: Node | None,
     need: float,
     policy: EvictionPolicy,
-    heap: list,
+    frontier: _Frontier,
     notify: Listener | None,
 ) -> tuple[int, int]:
     """After a leaf's eviction, its ancestors that become leaves one after the other (a
-    chain: one child each, unpinned) are evicted at once while each scores below every heap
-    entry (the heap would pop it next: its top is a lower bound, stale entries included)
-    and bytes are still needed; the first one kept is pushed. The same victims in the same
-    order as popping them one by one, with one scoring call and bulk bookkeeping per chain
-    (fine-grained admission makes chains of hundreds of nodes). Relies on a static score
-    not changing when a node's only child is evicted (``policies.base.EvictionPolicy``)."""
+    chain: one child each, unpinned) are evicted at once while each scores below every
+    remaining candidate (the frontier would pop it next: its lower bound counts stale
+    entries too) and bytes are still needed; the first one kept is pushed. The same victims
+    in the same order as popping them one by one, with one scoring call and bulk bookkeeping
+    per chain (fine-grained admission makes chains of hundreds of nodes). Relies on a static
+    score not changing when a node's only child is evicted (``policies.base.EvictionPolicy``)."""
     deficit = need - cache.free_bytes
     chain, slot_list = _leaf_chain(cache, node, deficit)
     if not chain:
@@ -293,10 +346,11 @@ def _evict_up(
     scores = np.asarray(policy.scores(cache, slots), dtype=np.float64).tolist()
     nids = [c.nid for c in chain]  # == cache.nids[slots]
     n = 0
-    if deficit > 0:  # the victims: a prefix of the chain keyed below the heap's top, ...
+    if deficit > 0:  # the victims: a prefix of the chain keyed below the frontier, ...
         sizes = cache.node_bytes[slots].tolist()
-        capped = bool(heap)
-        top_score, top_nid = (heap[0][0], heap[0][1]) if capped else (0.0, 0)
+        bound = frontier.lower_bound()
+        capped = bound is not None
+        top_score, top_nid = bound if bound is not None else (0.0, 0)
         held = 0.0
         for score, nid, size in zip(scores, nids, sizes, strict=True):
             if capped and not (score < top_score or (score == top_score and nid < top_nid)):
@@ -306,7 +360,7 @@ def _evict_up(
             if held >= deficit:  # ... up to the one that frees enough
                 break
     if n < len(chain):
-        heapq.heappush(heap, (scores[n], nids[n], slot_list[n]))
+        frontier.push((scores[n], nids[n], slot_list[n]))
     freed = _drop_chain(cache, chain[:n], slot_list[:n])
     if notify is not None and n:
         notify(cache, chain[:n])

@@ -226,3 +226,35 @@ def test_chain_eviction_stops_at_a_pinned_node_and_at_a_fresher_leaf():
     assert count == 12 + 10  # the old chain down to the pin first, then the newer chain
     assert cache.lookup(old).hit == 8 * 4 and cache.lookup(new).hit == 0
     cache.check_invariants()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    scores=st.lists(st.sampled_from([-math.inf, 0.0, 1.0, 2.0, 3.5, math.inf]), max_size=300),
+    pushes=st.lists(st.sampled_from([-1.0, 0.0, 1.0, 2.0, 3.5, 9.0]), max_size=40),
+    first=st.sampled_from([1, 2, 32]),
+)
+def test_frontier_pops_in_the_order_of_one_full_heap(scores, pushes, first):
+    """The lazily filled frontier of an eviction call pops exactly what one heap over every
+    candidate pops, pushes interleaved, ties (many) broken by nid."""
+    import heapq
+
+    from simlab.evictor import _Frontier
+
+    n = len(scores)
+    nids = np.random.default_rng(n).permutation(n).astype(np.int64)
+    slots = np.arange(n, dtype=np.int64)
+    frontier = _Frontier(np.array(scores, dtype=np.float64), nids, slots, first)
+    full = list(zip(scores, nids.tolist(), slots.tolist(), strict=True))
+    heapq.heapify(full)
+    extra = iter(pushes)
+    for i in range(n + len(pushes) + 1):
+        if i % 3 == 1 and (score := next(extra, None)) is not None:
+            entry = (score, n + i, n + i)
+            frontier.push(entry)
+            heapq.heappush(full, entry)
+        bound = frontier.lower_bound()
+        if full:
+            assert bound is not None and bound <= full[0][:2]
+        expected = heapq.heappop(full) if full else None
+        assert frontier.pop() == expected

@@ -146,7 +146,10 @@ class BatchTrie:
                 node = child
             take = min(self.end[node] - depth, n - pos)
             seq = self.seqs[self.order[self.lo[node]]]
-            if not np.array_equal(seq[depth : depth + take], tokens[pos : pos + take]):
+            if take == 1:  # one token (a block id on hash-id traces): no array call
+                if seq[depth] != tokens[pos]:
+                    return None
+            elif not np.array_equal(seq[depth : depth + take], tokens[pos : pos + take]):
                 return None
             depth += take
             pos += take
