@@ -41,7 +41,7 @@ paper: $(STAMP)
 	$(BIN)/python -m simlab.paper $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check simlab policies traces gpu_validate tests bench examples crosscheck
+	$(BIN)/ruff check simlab policies traces gpu_validate hydra_plugins tests bench examples crosscheck
 	$(BIN)/mypy
 
 clean:

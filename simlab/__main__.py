@@ -11,14 +11,18 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from hydra_plugins.simlab_launcher.grouped import GroupedJoblibLauncher
 from simlab.capacities import TABLE, capacity_list, run_capacities
 from simlab.config import ConfigError
 from simlab.simulate import simulate
 from traces.format import TraceFormatError
 from traces.paths import TraceFileError
+
+Plugins.instance().register(GroupedJoblibLauncher)  # hydra/launcher=simlab_joblib
 
 #: Errors of the user's making: reported as one clear line, without a traceback.
 USER_ERRORS = (ConfigError, TraceFileError, TraceFormatError, FileNotFoundError)

@@ -43,7 +43,6 @@ from simlab.simulate import (
     check_request_fits,
     check_writable,
     finish_run,
-    load_trace,
     occupancy_frame,
     output_dir,
     plan_run,
@@ -51,6 +50,7 @@ from simlab.simulate import (
     policy_summary,
     run_policy,
     saved_config,
+    trace_requests,
 )
 from simlab.stack import one_pass_obstacle, stack_replay
 from simlab.summary import Summary
@@ -184,8 +184,7 @@ def run_capacities(cfg: DictConfig) -> CapacityRun:
     summaries: dict[int, Summary] = {id(p): p.done for p in points if p.done is not None}
     if pending:
         first = pending[0].plan
-        trace = load_trace(pending[0].cfg, first.settings)
-        requests = list(trace.requests())
+        trace, requests = trace_requests(pending[0].cfg, first.settings)
         for point in pending:
             check_request_fits(point.plan.settings, point.plan.model, requests)
         runs = run_policies(pending, requests, trace.block_size)

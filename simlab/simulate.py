@@ -179,6 +179,48 @@ def check_loader_options(trace_cfg: DictConfig) -> None:
             raise ConfigError(f"trace.{key!s}: must be {wanted} (got {value!r})")
 
 
+#: ``(key, trace, requests)`` of the last trace loaded while :func:`shared_traces` is on
+_shared: list[tuple[str, Trace, list[Request]]] | None = None
+
+
+@contextmanager
+def shared_traces() -> Iterator[None]:
+    """Within this block, runs of the same trace (same ``trace`` config, data directory, arrival
+    settings and seed) share one loaded trace and its requests instead of loading it again:
+    the sweep launcher (``hydra_plugins.simlab_launcher``) runs a group of points in it. One
+    trace is kept (the last), and none after the block. Runs never mutate a trace or its
+    requests (the capacities of a list already share them)."""
+    global _shared
+    outer, _shared = _shared, []
+    try:
+        yield
+    finally:
+        _shared = outer
+
+
+def trace_key(cfg: DictConfig, settings: RunSettings) -> str:
+    """What the loaded trace and its arrival times depend on."""
+    trace = OmegaConf.to_container(cfg.trace, resolve=True)
+    return repr((trace, cfg.get("data_dir"), settings.arrivals, settings.seed))
+
+
+def trace_requests(cfg: DictConfig, settings: RunSettings) -> tuple[Trace, list[Request]]:
+    """The configured trace (:func:`load_trace`) and its requests in processing order; the
+    shared ones inside :func:`shared_traces` when the last run loaded the same."""
+    if _shared is None:
+        trace = load_trace(cfg, settings)
+        return trace, list(trace.requests())
+    key = trace_key(cfg, settings)
+    if _shared and _shared[0][0] == key:
+        log.info("trace shared with the previous point: %s", cfg.trace.get("name"))
+        return _shared[0][1], _shared[0][2]
+    _shared.clear()
+    trace = load_trace(cfg, settings)
+    requests = list(trace.requests())
+    _shared.append((key, trace, requests))
+    return trace, requests
+
+
 def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
     """Instantiate the configured loader and assign arrival times (seeded)."""
     try:
@@ -419,8 +461,7 @@ def simulate(cfg: DictConfig) -> Summary:
     done = finished_point(cfg)
     if done is not None:
         return done
-    trace = load_trace(cfg, settings)
-    requests = list(trace.requests())
+    trace, requests = trace_requests(cfg, settings)
     check_request_fits(settings, model, requests)
     runs = {
         name: run_policy(name, pcfg, requests, model, settings, engine, trace.block_size)

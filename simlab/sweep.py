@@ -1,8 +1,9 @@
 """Sweeps: resume of finished points, and the tidy table of a sweep's results.
 
 A sweep is a Hydra multirun (``python -m simlab -m +sweep=NAME`` or ``+experiment=NAME``, see
-``configs/sweep/`` and ``configs/experiment/``), run by a Hydra launcher (joblib by default;
-Ray or submitit/SLURM). Each point is one Hydra job that writes ``records.parquet``,
+``configs/sweep/`` and ``configs/experiment/``), run by a Hydra launcher (by default simlab's
+joblib launcher, ``hydra_plugins.simlab_launcher.grouped``: the points sharing a trace run in one
+worker task and share the loaded trace; Hydra's joblib, Ray or submitit/SLURM). Each point is one Hydra job that writes ``records.parquet``,
 ``occupancy.parquet`` and ``summary.json`` (last, atomically) into its job directory
 ``<sweep dir>/<job num>``.
 

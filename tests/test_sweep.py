@@ -97,6 +97,52 @@ def test_results_of_another_config_are_replaced_only_when_asked(tmp_path):
     assert frame["cache.size_gb"].tolist() == [0.5, 2.0]
 
 
+# ------------------------------------------------------------------------- grouped launcher
+def test_points_are_grouped_by_their_trace_overrides_in_sweep_order():
+    from hydra_plugins.simlab_launcher.grouped import group_points, split_for_workers
+
+    jobs = [
+        ["trace=chat", "cache.size_gb=1", "+policy=lru"],
+        ["trace=chat", "cache.size_gb=2", "+policy=lru"],
+        ["trace=swebench", "cache.size_gb=1", "+policy=lru"],
+        ["trace=chat", "+trace.limit=5", "cache.size_gb=1", "+policy=lru"],
+        ["trace=chat", "cache.size_gb=3", "arrivals.session_rate=2", "+policy=lru"],
+        ["cache.size_gb=4", "trace=chat", "+policy=lru"],
+        ["trace=chat", "cache.size_gb=5", "seed=1", "data_dir=/d", "+policy=lru"],
+    ]
+    assert group_points(jobs) == [[0, 1, 5], [2], [3], [4], [6]]
+    assert split_for_workers([[0, 1, 5], [2]], workers=2) == [[0, 1, 5], [2]]
+    assert split_for_workers([[0, 1, 2, 3, 4, 5]], workers=2) == [[0, 1, 2], [3, 4, 5]]
+    assert split_for_workers([[0, 1, 2, 3, 4], [5]], workers=4) == [[0, 1], [2, 3], [4], [5]]
+    assert split_for_workers([[0]], workers=8) == [[0]]
+
+
+def test_grouped_launcher_shares_the_trace_and_writes_what_joblib_writes(tmp_path):
+    """Two traces x two capacities on two workers: one task per trace, the second point of each
+    reuses the loaded trace, and every point's records are byte for byte the joblib
+    launcher's (one task per point)."""
+    args = ("+sweep=cache_size", "+policy=sglang_plus", *SMALL[:2], "trace.n_sessions=6,8")
+    grid = (*args, "cache.size_gb=0.5,1", "hydra.launcher.n_jobs=2")
+    grouped, plain = tmp_path / "grouped", tmp_path / "joblib"
+    proc = multirun(grouped, *grid, "hydra/launcher=simlab_joblib")
+    assert "4 points in 2 tasks" in proc.stderr + proc.stdout
+    multirun(plain, *grid, "hydra/launcher=joblib")
+    jobs = {p.name: p for p in grouped.iterdir() if p.is_dir()}
+    assert sorted(jobs) == ["0", "1", "2", "3"]
+    shared = {n for n, p in jobs.items() if "trace shared" in (p / "__main__.log").read_text()}
+    first_of_trace: dict[str, str] = {}
+    for name in sorted(jobs):
+        overrides = yaml.safe_load((jobs[name] / ".hydra" / "overrides.yaml").read_text())
+        first_of_trace.setdefault(next(o for o in overrides if "n_sessions" in o), name)
+    assert shared == set(jobs) - set(first_of_trace.values()) and len(shared) == 2
+    for name in jobs:
+        for part in ("records.parquet", "occupancy.parquet"):
+            assert (grouped / name / part).read_bytes() == (plain / name / part).read_bytes()
+    a, b = (pd.read_parquet(d / "points.parquet") for d in (grouped, plain))
+    clock = [c for c in a.columns if "wall" in c or c.endswith("per_s")]
+    assert clock and a.drop(columns=clock).equals(b.drop(columns=clock))
+
+
 # ---------------------------------------------------------------------------------- Ray
 @pytest.mark.skipif(
     importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is None

@@ -1,0 +1,1 @@
+"""simlab's Hydra launcher (``hydra/launcher=simlab_joblib``): :mod:`.grouped`."""
