@@ -65,7 +65,9 @@ def main(cfg: DictConfig) -> None:
 
 def main_capacities(cfg: DictConfig) -> None:
     """``cache.size_gb=[...]``: every capacity in this process (:mod:`simlab.capacities`); the
-    table of (capacity, policy) rows is printed. ``report=true`` draws no PDF for a list."""
+    table of (capacity, policy) rows is printed. ``report=true`` draws the capacity list's
+    report (a sweep report over ``cache.size_gb``: the hit rate vs cache size curve, ...) into
+    ``<out>/report.pdf``."""
     with reported_as_one_line():
         run = run_capacities(cfg)
     done = run.summaries[0] if run.summaries else None
@@ -78,11 +80,10 @@ def main_capacities(cfg: DictConfig) -> None:
     print(run.table_text())
     if run.out_dir is not None:
         print(f"results: {run.out_dir} (one directory per capacity, table {TABLE})")
-        if cfg.get("report"):
-            print(
-                "report: not drawn for a capacity list; "
-                f"python -m simlab.report {run.out_dir}/<size_gb=...> --in-dir draws one"
-            )
+        if cfg.get("report") and HydraConfig.get().mode == RunMode.RUN:
+            from simlab.report import build_report  # matplotlib: imported only to draw
+
+            print(f"report: {build_report(run.out_dir, run.out_dir / 'report.pdf')}")
 
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

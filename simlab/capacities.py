@@ -18,8 +18,9 @@ one-pass point is the pass's time shared equally by its capacities.
 Top level: ``<out>/capacities.parquet``, one row per (capacity, policy): ``cache.size_gb``,
 ``run_dir`` (the point's directory, relative), ``policy``, ``replay`` (``one_pass``,
 ``back_to_back`` or ``resumed``) and every metric of that policy's summary entry; written
-atomically. ``report=true`` draws no PDF for a list (``python -m simlab.report <point dir>``
-draws a point's).
+atomically. ``report=true`` draws ``<out>/report.pdf``, the sweep report of the list (its points
+are the capacities: :func:`simlab.report.load.load_sweep` reads this table); ``python -m
+simlab.report <point dir>`` draws one capacity's run report.
 """
 
 from __future__ import annotations

@@ -255,6 +255,31 @@ def test_command_line_prints_the_table_and_reports_errors_in_one_line(tmp_path):
     assert "Traceback" not in bad.stderr
 
 
+def test_report_of_a_capacity_list_is_a_sweep_report_over_the_capacities(tmp_path):
+    """``report=true`` with a list draws ``<out>/report.pdf``: a sweep report whose points are the
+    capacities (read from ``capacities.parquet``), the contention curve among its pages."""
+    from simlab.report.build import CONTENTION, PROVENANCE, SUMMARY, render_report
+    from simlab.report.load import SweepResults, load_results
+
+    cmd = [sys.executable, "-m", "simlab", "+policy=sglang_plus", "trace=chat"]
+    cmd += ["trace.n_sessions=4", "engine=replay", "bounds.enabled=false", "report=true"]
+    cmd += ["cache.size_gb=[0.25,0.5,2]", f"hydra.run.dir={tmp_path / 'run'}"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = tmp_path / "run"
+    assert f"report: {out / 'report.pdf'}" in done.stdout
+    assert (out / "report.pdf").read_bytes().startswith(b"%PDF")
+    results = load_results(out)
+    assert isinstance(results, SweepResults) and results.swept_keys == ["cache.size_gb"]
+    assert [results.values(p)["cache.size_gb"] for p in results.point_ids] == [0.25, 0.5, 2.0]
+    assert results.point_dirs[2] == out / "size_gb=2"
+    report = render_report(out, tmp_path / "again.pdf")
+    assert report.kind == "sweep" and CONTENTION in report.pages
+    assert report.pages[0] == SUMMARY and report.pages[-1] == PROVENANCE
+    table = pd.read_parquet(out / TABLE)
+    assert report.table["token_hit_rate"].tolist() == table["token_hit_rate"].tolist()
+
+
 # ------------------------------------------------------------------------ resume
 def test_finished_capacities_are_skipped_and_other_results_kept(tmp_path):
     base = ["+policy=sglang_plus", "trace=chat", "trace.n_sessions=4", *QUIET]

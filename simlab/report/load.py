@@ -28,6 +28,9 @@ SUMMARY = "summary.json"
 RECORDS = "records.parquet"
 OCCUPANCY = "occupancy.parquet"
 POINTS = "points.parquet"
+#: the table of a capacity list (``cache.size_gb=[...]``, :mod:`simlab.capacities`): a sweep over
+#: ``cache.size_gb`` without the ``point`` column (numbered here in row order of first appearance)
+CAPACITIES = "capacities.parquet"
 
 SUMMARY_KEYS = ("policies", "trace", "config")
 RECORD_COLUMNS = ("policy", "request_id", "arrival", "input_tokens", "hit_tokens")
@@ -35,7 +38,7 @@ OCCUPANCY_COLUMNS = ("policy", "time", "kv_bytes", "ssm_bytes")
 #: Timed-engine record columns (NaN when the replay engine ran).
 TIMING_COLUMNS = ("ttft", "queue_delay", "tpot", "e2e", "prefill_time")
 #: Columns of points.parquet that are neither swept keys nor metrics.
-POINT_META = ("point", "policy", "run_dir")
+POINT_META = ("point", "policy", "run_dir", "replay")
 
 
 class ReportInputError(ValueError):
@@ -167,6 +170,7 @@ class SweepResults:
     points: pd.DataFrame
     keys: list[str]  # swept override keys, in column order
     point_dirs: dict[int, Path]
+    table: str = POINTS  # the file the points came from (CAPACITIES for a capacity list)
     _runs: dict[int, RunResults] = field(default_factory=dict, repr=False)
 
     @property
@@ -208,24 +212,31 @@ class SweepResults:
         return {k: row[k] for k in self.swept_keys}
 
     def files(self) -> list[Path]:
-        return [self.path / POINTS] + [f for p in self.point_ids for f in self.run(p).files()]
+        return [self.path / self.table] + [f for p in self.point_ids for f in self.run(p).files()]
 
 
 def load_sweep(path: Path) -> SweepResults:
-    """Load ``points.parquet`` and check that every point has its run directory."""
+    """Load ``points.parquet`` (or a capacity list's ``capacities.parquet``) and check that every
+    point has its run directory."""
     path = Path(path)
-    points = read_parquet(path / POINTS, ("point", "policy"))
+    table = CAPACITIES if not (path / POINTS).exists() and (path / CAPACITIES).exists() else POINTS
+    if table == CAPACITIES:
+        points = read_parquet(path / table, ("run_dir", "policy"))
+        numbers = {d: i for i, d in enumerate(dict.fromkeys(points["run_dir"]))}
+        points.insert(0, "point", points["run_dir"].map(numbers))
+    else:
+        points = read_parquet(path / table, ("point", "policy"))
     if points.empty:
-        raise ReportInputError(f"{path / POINTS}: no rows")
+        raise ReportInputError(f"{path / table}: no rows")
     try:
         points["point"] = points["point"].astype(int)
     except (TypeError, ValueError) as err:
-        raise ReportInputError(f"{path / POINTS}: column 'point' is not integer ({err})") from err
-    point_dirs = find_point_dirs(path, points)
+        raise ReportInputError(f"{path / table}: column 'point' is not integer ({err})") from err
+    point_dirs = find_point_dirs(path, points, table)
     first = load_run(point_dirs[min(point_dirs)])
     metrics = {m for d in point_dirs.values() for m in point_metrics(d / SUMMARY)}
     keys = [c for c in points.columns if c not in POINT_META and c not in metrics]
-    sweep = SweepResults(path, points, keys, point_dirs)
+    sweep = SweepResults(path, points, keys, point_dirs, table)
     sweep._runs[min(point_dirs)] = first
     return sweep
 
@@ -239,7 +250,7 @@ def point_metrics(path: Path) -> set[str]:
     return {m for policy in policies.values() for m in policy}
 
 
-def find_point_dirs(path: Path, points: pd.DataFrame) -> dict[int, Path]:
+def find_point_dirs(path: Path, points: pd.DataFrame, table: str = POINTS) -> dict[int, Path]:
     """Map each point to its run directory: column ``run_dir`` if present (relative to the sweep
     directory), else the subdirectory named by the point number (``3``, ``point_3``, ``003``)."""
     if "run_dir" in points.columns:
@@ -256,17 +267,17 @@ def find_point_dirs(path: Path, points: pd.DataFrame) -> dict[int, Path]:
     if missing:
         where = found.get(missing[0], path / str(missing[0]))
         raise ReportInputError(
-            f"{path / POINTS}: point {missing[0]} has no run directory ({where / SUMMARY} not found)"
+            f"{path / table}: point {missing[0]} has no run directory ({where / SUMMARY} not found)"
         )
     return {int(p): found[p] for p in wanted}
 
 
 def load_results(path: Path) -> RunResults | SweepResults:
-    """A sweep if ``points.parquet`` is there, else a run."""
+    """A sweep if ``points.parquet`` (or ``capacities.parquet``) is there, else a run."""
     path = Path(path)
     if not path.is_dir():
         raise ReportInputError(f"{path}: not a directory")
-    if (path / POINTS).exists():
+    if (path / POINTS).exists() or (path / CAPACITIES).exists():
         return load_sweep(path)
     if (path / SUMMARY).exists() or (path / RECORDS).exists():
         return load_run(path)
