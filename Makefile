@@ -22,11 +22,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-## Replay and timed-engine speed per policy on the real traces, then the side-by-side run against
-## the peer simulators (bench-peers); writes bench/results/.
+## Replay and timed-engine speed per policy on the real traces, then the side-by-side runs against
+## the peer simulators (bench-peers) and the Marconi reference code (when MARCONI_REFERENCE_DIR
+## names a checkout of it; skipped otherwise); writes bench/results/.
 bench: $(STAMP)
 	$(BIN)/python -m bench.speed $(ARGS)
 	$(BIN)/python -m bench.peers $(PEERS_ARGS)
+	$(BIN)/python -m bench.reference_speed
 
 ## simlab beside kvcache-simulator and DynoSim on the Mooncake-format trace (bench/peers.py):
 ## installs them into .bench-peers/ (throwaway venvs; skipped with a message when they cannot be

@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("crosscheck.marconi_reference")
@@ -153,7 +154,7 @@ def case_name(trace: str, gb: int, label: str) -> str:
 
 
 # ---------------------------------------------------------------------------- child (no simlab)
-def _write_shims(folder: Path) -> None:
+def write_shims(folder: Path) -> None:
     files = dict(SHIMS)
     try:
         importlib.import_module("scipy.stats")
@@ -165,7 +166,9 @@ def _write_shims(folder: Path) -> None:
         path.write_text(text)
 
 
-def _replay(module, requests: list[dict], version: int, alpha: float, capacity: float) -> list[int]:
+def replay(module, requests: list[dict], version: int, alpha: float, capacity: float) -> list[int]:
+    """Per-request hits of the reference's ``RadixCache`` over ``requests`` (the exported rows),
+    replayed as its ``policy_exploration.py`` does, alpha tuning off."""
     params = inspect.signature(module.RadixCache).parameters
     wanted = {
         "num_ssm_layers": 24,
@@ -198,12 +201,38 @@ def _replay(module, requests: list[dict], version: int, alpha: float, capacity: 
     return hits
 
 
-def child(args: argparse.Namespace) -> None:
+def import_reference(reference_dir: str, own_modules: bool = False):
+    """The reference's ``radix_cache_hybrid`` module, with :data:`SHIMS` for what it imports
+    (the checkout's own modules instead with ``own_modules``)."""
     shim_dir = Path(tempfile.mkdtemp(prefix="marconi_shims_"))
-    _write_shims(shim_dir)
-    ref = str(Path(args.reference_dir).resolve())
-    sys.path[:0] = [ref] if args.own_modules else [str(shim_dir), ref]
-    module = importlib.import_module("radix_cache_hybrid")
+    write_shims(shim_dir)
+    ref = str(Path(reference_dir).resolve())
+    sys.path[:0] = [ref] if own_modules else [str(shim_dir), ref]
+    return importlib.import_module("radix_cache_hybrid")
+
+
+def run_with_deep_stack(work: Callable[[], None]) -> None:
+    """``work()`` in a thread with a 512 MiB stack and a high recursion limit (the reference
+    recurses once per node on a path); its exception is re-raised here."""
+    sys.setrecursionlimit(200_000)
+    threading.stack_size(512 * 1024 * 1024)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the calling thread)
+            errors.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    if errors:
+        raise errors[0]
+
+
+def child(args: argparse.Namespace) -> None:
+    module = import_reference(args.reference_dir, args.own_modules)
     exports = Path(args.exports)
     results = {}
     for trace, gb, label, version, alpha in CASES:
@@ -212,13 +241,14 @@ def child(args: argparse.Namespace) -> None:
             continue
         with (exports / f"{trace}.jsonl").open() as f:
             requests = [json.loads(line) for line in f]
-        results[name] = _replay(module, requests, version, alpha, gb * 1e9)
+        results[name] = replay(module, requests, version, alpha, gb * 1e9)
         log.info("%s: replayed %d requests", name, len(requests))
     (exports / "hits.json").write_text(json.dumps(results))
 
 
 # ---------------------------------------------------------------------------- parent (simlab)
-def _export(folder: Path, traces: set[str]) -> dict[str, list[dict]]:
+def export_requests(folder: Path, traces: set[str]) -> dict[str, list[dict]]:
+    """Each trace's request sequence in simlab's replay order, to ``folder/<trace>.jsonl``."""
     sys.path.insert(0, str(ROOT))
     from simlab.config import run_settings
     from simlab.simulate import load_trace
@@ -309,7 +339,7 @@ def parent(args: argparse.Namespace) -> int:
     wanted = [c for c in CASES if not args.cases or case_name(*c[:3]) in args.cases]
     with tempfile.TemporaryDirectory(prefix="marconi_ref_") as tmp:
         folder = Path(tmp)
-        rows = _export(folder, {c[0] for c in wanted})
+        rows = export_requests(folder, {c[0] for c in wanted})
         cmd = [args.reference_python, str(Path(__file__).resolve()), "--child", "--exports", tmp]
         cmd += ["--reference-dir", str(Path(args.reference_dir).resolve())]
         cmd += ["--own-modules"] if args.own_modules else []
@@ -358,21 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.child:
-        sys.setrecursionlimit(200_000)  # the reference recurses once per node on a path
-        threading.stack_size(512 * 1024 * 1024)
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                child(args)
-            except BaseException as exc:  # noqa: BLE001 (re-raised in the main thread)
-                errors.append(exc)
-
-        worker = threading.Thread(target=run)
-        worker.start()
-        worker.join()
-        if errors:
-            raise errors[0]
+        run_with_deep_stack(lambda: child(args))
         return 0
     return parent(args)
 
