@@ -120,6 +120,14 @@ FIXED_CASES: list[Case] = [
     ("sglang_plus-mooncake-replay",
      ["+policy=sglang_plus", "trace=mooncake", "model=llama3_8b", "arrivals.mode=timestamps",
       "engine=replay", "cache.size_gb=20"]),
+    # an LRU over whole blocks (vLLM's block pool): computed from stack distances since the
+    # stack pass took scalar runs too, so its records must stay the replay's
+    ("vllm-llama3_8b-mooncake-replay",
+     ["+policy=vllm", "policy.block_size=512", "trace=mooncake", "model=llama3_8b",
+      "arrivals.mode=timestamps", "engine=replay", "cache.size_gb=20"]),
+    ("vllm-whole_input-llama3_8b-sharegpt-replay",
+     ["+policy=vllm", "+policy.semantics.whole_input_hit=true", "model=llama3_8b",
+      "engine=replay", *SHAREGPT_1GB]),
     # a hybrid on a hash-id trace: the admission's token parameters (here the scan chunk that
     # round_down aligns checkpoints to) are converted to blocks
     ("marconi-rounddown-mooncake-replay",

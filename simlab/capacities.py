@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,6 @@ import pandas as pd
 from omegaconf import DictConfig, ListConfig, open_dict
 
 from simlab.config import ConfigError
-from simlab.engine import EngineRun
 from simlab.provenance import code_version
 from simlab.simulate import (
     PolicyRun,
@@ -44,16 +42,15 @@ from simlab.simulate import (
     check_request_fits,
     check_writable,
     finish_run,
-    occupancy_frame,
     output_dir,
     plan_run,
     policy_step,
-    policy_summary,
     run_policy,
     saved_config,
+    stacked_runs,
     trace_requests,
 )
-from simlab.stack import one_pass_obstacle, stack_replay
+from simlab.stack import one_pass_obstacle
 from simlab.summary import Summary
 from simlab.sweep import _scalar, _tidy, check_no_overwrite, finished_summary, write_points
 from traces.format import Request
@@ -243,18 +240,11 @@ def one_pass(
     name: str, points: list[Point], steps: list[Any], requests: list[Request]
 ) -> list[PolicyRun]:
     """The policy's runs at every point from one stack-distance pass (:mod:`simlab.stack`)."""
-    start = time.perf_counter()
-    stacked = stack_replay(requests, steps)
-    wall = (time.perf_counter() - start) / len(points)  # the pass, shared equally
-    runs = []
-    for point, step, run in zip(points, steps, stacked, strict=True):
-        peak = run.peak_kv_bytes / 1e9
-        engine_run = EngineRun(
-            records=[], extras={"peak_kv_gb": peak, "peak_ssm_gb": 0.0, "peak_gb": peak}
-        )
-        summary = policy_summary(run.frame, engine_run, step, wall, point.plan.settings.metrics)
-        log.info("%s at %s GB: token hit rate %.4f", name, point.size, summary["token_hit_rate"])
-        runs.append(PolicyRun(run.frame, summary, occupancy_frame(name, engine_run, run.frame)))
+    metrics = [point.plan.settings.metrics for point in points]
+    runs = stacked_runs(name, requests, steps, metrics)
+    for point, run in zip(points, runs, strict=True):
+        rate = run.summary["token_hit_rate"]
+        log.info("%s at %s GB: token hit rate %.4f", name, point.size, rate)
     return runs
 
 

@@ -44,6 +44,7 @@ from simlab.records import (
     write_records,
 )
 from simlab.replay import ReplayEngine
+from simlab.stack import one_pass_obstacle, stack_replay
 from simlab.step import Controller, RequestStep
 from simlab.summary import Summary, add_bound_ratios, trace_stats
 from simlab.sweep import check_no_overwrite, finished_summary, is_multirun
@@ -342,8 +343,15 @@ def run_policy(
     engine: Engine,
     unit_tokens: int = 1,
 ) -> PolicyRun:
-    """Run the trace under one policy on a fresh cache with ``engine``."""
+    """Run the trace under one policy on a fresh cache with ``engine``. An LRU over whole
+    blocks on the replay engine (:func:`simlab.stack.one_pass_obstacle`) is computed from stack
+    distances unless ``cache.one_pass`` is false: the same records, occupancy and summary as the
+    request-by-request replay (``tests/test_capacities.py``), several times faster."""
     step = policy_step(name, pcfg, model, settings, unit_tokens)
+    if settings.cache.one_pass and one_pass_obstacle(step, engine) is None:
+        log.info("%s: an LRU over whole blocks, from stack distances (cache.one_pass)", name)
+        (stacked,) = stacked_runs(name, requests, [step], [settings.metrics])
+        return stacked
     start = time.perf_counter()
     with heap_frozen():
         if isinstance(engine, ClusterEngine):  # one fresh step per replica
@@ -358,6 +366,29 @@ def run_policy(
     rate, speed = summary["token_hit_rate"], summary["requests_per_s"]
     log.info("%s: token hit rate %.4f, %.0f req/s", name, rate, speed)
     return PolicyRun(frame, summary, occupancy_frame(name, run, frame))
+
+
+def stacked_runs(
+    name: str,
+    requests: list[Request],
+    steps: list[RequestStep],
+    metrics: list[MetricSettings],
+) -> list[PolicyRun]:
+    """The policy's run at each step's capacity from one stack-distance pass
+    (:func:`simlab.stack.stack_replay`; every step passes :func:`simlab.stack.one_pass_obstacle`):
+    the replay engine's records, occupancy and summary, the pass's wall time shared equally."""
+    start = time.perf_counter()
+    stacked = stack_replay(requests, steps)
+    wall = (time.perf_counter() - start) / len(steps)
+    runs = []
+    for step, run, point_metrics in zip(steps, stacked, metrics, strict=True):
+        peak = run.peak_kv_bytes / 1e9
+        engine_run = EngineRun(
+            records=[], extras={"peak_kv_gb": peak, "peak_ssm_gb": 0.0, "peak_gb": peak}
+        )
+        summary = policy_summary(run.frame, engine_run, step, wall, point_metrics)
+        runs.append(PolicyRun(run.frame, summary, occupancy_frame(name, engine_run, run.frame)))
+    return runs
 
 
 def policy_summary(

@@ -62,8 +62,8 @@ def run_list(base: list[str], sizes: list[str], out: Path, *extra: str):
     return run_capacities(compose([*base, sizes_arg(sizes), quoted_dir(out), *extra]))
 
 
-def run_scalar(base: list[str], size: str, out: Path):
-    return simulate(compose([*base, f"cache.size_gb={size}", quoted_dir(out)]))
+def run_scalar(base: list[str], size: str, out: Path, *extra: str):
+    return simulate(compose([*base, f"cache.size_gb={size}", quoted_dir(out), *extra]))
 
 
 def results(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
@@ -83,8 +83,9 @@ def without_timing(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def assert_point_equals_scalar(base: list[str], size: str, point_dir: Path, scalar_dir: Path):
-    """A list run's point directory holds what a scalar run of that capacity writes."""
-    run_scalar(base, size, scalar_dir)
+    """A list run's point directory holds what a scalar run of that capacity writes, replayed
+    request by request (``cache.one_pass=false``: no stack distances)."""
+    run_scalar(base, size, scalar_dir, "cache.one_pass=false")
     records, occupancy, summary = results(point_dir)
     want_records, want_occupancy, want_summary = results(scalar_dir)
     assert_frame_equal(records, want_records, check_exact=True)
@@ -131,6 +132,26 @@ def test_one_pass_records_equal_separate_scalar_runs(case, tmp_path):
     assert smallest["nodes_evicted"].sum() > 0 and smallest["admission_truncated"].any()
     infinite = results(tmp_path / "list" / "size_gb=inf")[0]
     assert infinite["nodes_evicted"].sum() == 0 and infinite["hit_tokens"].sum() > 0
+
+
+@needs_mooncake
+@pytest.mark.parametrize("size", ["0.3", "3"])
+def test_one_capacity_from_stack_distances_equals_the_replay(size, tmp_path, caplog):
+    """A scalar run of an LRU over whole blocks is computed from stack distances (logged), and
+    writes what the request-by-request replay writes."""
+    base = [*MOONCAKE_LRU, "trace.limit=300"]
+    caplog.set_level("INFO", logger="simlab.simulate")
+    run_scalar(base, size, tmp_path / "stack")
+    assert "from stack distances" in caplog.text
+    caplog.clear()
+    run_scalar(base, size, tmp_path / "replay", "cache.one_pass=false")
+    assert "from stack distances" not in caplog.text
+    records, occupancy, summary = results(tmp_path / "stack")
+    want_records, want_occupancy, want_summary = results(tmp_path / "replay")
+    assert_frame_equal(records, want_records, check_exact=True)
+    assert_frame_equal(occupancy, want_occupancy, check_exact=True)
+    assert without_timing(summary) == without_timing(want_summary)
+    assert records["nodes_evicted"].sum() > 0  # the capacity is small enough to evict
 
 
 @needs_mooncake
