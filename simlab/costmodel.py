@@ -343,6 +343,19 @@ class BatchShape:
         return sum(q for _, q in self.prefill) + len(self.decode)
 
 
+TimedOp = tuple[Op, float]  # an op and its op_time
+#: :meth:`CostModel._position_ops`: the attention projections, the SSM projections, and the
+#: ops after the SSM layers' (MLP / MoE, norms), each op with its time
+PositionOps = tuple[tuple[TimedOp, ...], tuple[TimedOp, ...], tuple[TimedOp, ...]]
+#: position counts :meth:`CostModel._position_ops` remembers (then it starts afresh)
+POSITION_MEMO = 4096
+
+#: A decode batch's ops by their place around decode attention (:meth:`CostModel.decode_span_of`):
+#: the summed seconds of the ops before it, its constants (None: no decode attention), and the
+#: seconds of each op after it
+DecodeTemplate = tuple[float, tuple[float, float, float, float, float] | None, tuple[float, ...]]
+
+
 class CostModel:
     """Iteration time of a model on a hardware preset, per DESIGN.md "Cost model"."""
 
@@ -377,6 +390,9 @@ class CostModel:
         self._rate["allreduce"] = (e.eta_c * hardware.peak_flops, e.eta_m * hardware.link_bw, e.t0)
         self._rate["overhead"] = (math.inf, math.inf, 0.0)  # fixed-time terms only
         self._curve = {name: log_curve(e.curve) for name, e in eff.items() if e.curve}
+        self._decode_templates: dict[int, DecodeTemplate | None] = {}
+        self._position_memo: dict[int, PositionOps] = {}
+        self._lm_head_memo: dict[int, TimedOp] = {}
 
     # ------------------------------------------------------------------ timing
     def op_time(self, op: Op) -> float:
@@ -388,14 +404,15 @@ class CostModel:
         return t + op.fixed_s
 
     def time(self, batch: BatchShape) -> float:
-        """Seconds for one iteration computing ``batch`` (0 for an empty batch)."""
+        """Seconds for one iteration computing ``batch`` (0 for an empty batch): the sum of
+        :meth:`op_time` over :meth:`ops`, in their order."""
         if not batch.prefill and not batch.decode:
             return 0.0
-        return sum(self.op_time(op) for op in self.ops(batch))
+        return sum([t for _, t in self._timed_ops(batch)])
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
         """Seconds per op name (for reports and calibration)."""
-        return {op.name: self.op_time(op) for op in self.ops(batch)}
+        return {op.name: t for op, t in self._timed_ops(batch)}
 
     def prefill_time(self, prefix: int, new: int) -> float:
         """One request prefilling ``new`` tokens after a cached ``prefix``, alone in a batch
@@ -409,7 +426,79 @@ class CostModel:
         """Durations of ``steps`` consecutive decode-only iterations of the same requests
         (contexts grow by one per step). Every op's FLOPs and bytes are affine in the step, so
         two evaluations give all of them."""
-        ctx = [int(c) for c in contexts]
+        ctx = np.asarray(contexts, dtype=np.int64)
+        return self.decode_span_of(len(ctx), int(ctx.sum()), steps, shared_kv_tokens)
+
+    def decode_span_of(
+        self, n: int, context_sum: int, steps: int, shared_kv_tokens: int = 0
+    ) -> np.ndarray:
+        """:meth:`decode_span` of ``n`` requests whose contexts sum to ``context_sum``.
+
+        Only decode attention depends on the contexts; every other op of a decode batch depends
+        on ``n`` alone, so its time is computed once per ``n`` (:meth:`_decode_template`). The
+        floats are the step-by-step ones bit for bit: each op's time comes from the same
+        formula, and the ops are added to the total in the same order."""
+        template = self._decode_template(n)
+        if template is None:  # an op other than decode attention depends on the contexts
+            # ops read a decode batch's contexts through their sum only: any with that sum
+            ctx = [context_sum - n + 1] + [1] * (n - 1) if n else []
+            return self._decode_span_generic(ctx, steps, shared_kv_tokens)
+        head, var, tail = template
+        if var is None:
+            total = np.full(steps, head)
+        else:
+            peak, bw, launch_s, scale, fixed = var
+            a = self._per_gpu(self._attn_decode_op(n, context_sum, shared_kv_tokens))
+            b = self._per_gpu(self._attn_decode_op(n, context_sum + n, shared_kv_tokens))
+            j = np.arange(steps, dtype=np.float64)
+            flops = a.flops + (b.flops - a.flops) * j
+            moved = a.bytes + (b.bytes - a.bytes) * j
+            total = head + ((np.maximum(flops / peak, moved / bw) + launch_s) * scale + fixed)
+        for t in tail:
+            total += t
+        return total
+
+    def _decode_template(self, n: int) -> DecodeTemplate | None:
+        """Per ``n``: the summed time of the ops before decode attention, decode attention's
+        constants, and the times of the ops after it (None: the ops of a decode batch do not
+        have that shape, :meth:`decode_span_of` then builds them per call)."""
+        if n in self._decode_templates:
+            return self._decode_templates[n]
+        ops = self.ops(BatchShape(decode=[1] * n))
+        other = self.ops(BatchShape(decode=[2] * n, shared_kv_tokens=1))
+        template: DecodeTemplate | None = None
+        if [op.name for op in ops] == [op.name for op in other]:
+            head, var, tail = 0.0, None, []
+            for op, op2 in zip(ops, other, strict=True):
+                if op.name == "attn_decode" and var is None:
+                    var = self._op_constants(op)
+                elif op != op2:
+                    break
+                elif var is None:
+                    head += self._span_term(op)
+                else:
+                    tail.append(self._span_term(op))
+            else:
+                template = (head, var, tuple(tail))
+        self._decode_templates[n] = template
+        return template
+
+    def _op_constants(self, op: Op) -> tuple[float, float, float, float, float]:
+        """``(peak, bandwidth, launch seconds, curve scale, fixed seconds)`` of ``op``: all of
+        its time but its FLOPs and bytes."""
+        peak, bw, t0 = self._rate[op.op_class]
+        scale = curve_scale(self._curve.get(op.op_class, ((), ())), op.tokens)
+        return peak, bw, op.launches * t0, scale, op.fixed_s
+
+    def _span_term(self, op: Op) -> float:
+        """``op``'s time as :meth:`_decode_span_generic` adds it (the scale always applied)."""
+        peak, bw, launch_s, scale, fixed = self._op_constants(op)
+        return (max(op.flops / peak, op.bytes / bw) + launch_s) * scale + fixed
+
+    def _decode_span_generic(
+        self, ctx: list[int], steps: int, shared_kv_tokens: int = 0
+    ) -> np.ndarray:
+        """:meth:`decode_span` from the ops of the first two steps (any model)."""
         ops0 = self.ops(BatchShape(decode=ctx, shared_kv_tokens=shared_kv_tokens))
         ops1 = self.ops(BatchShape(decode=[c + 1 for c in ctx], shared_kv_tokens=shared_kv_tokens))
         j = np.arange(steps, dtype=np.float64)
@@ -425,21 +514,52 @@ class CostModel:
     # ------------------------------------------------------------------ operations
     def ops(self, batch: BatchShape) -> list[Op]:
         """The operations of one iteration (order and names are stable for a given model)."""
+        return [op for op, _ in self._timed_ops(batch)]
+
+    def _timed_ops(self, batch: BatchShape) -> list[TimedOp]:
+        """:meth:`ops` with each op's :meth:`op_time`. The ops that depend on the batch's
+        position count alone (projections, MLP / MoE, norms) come from a memo per count
+        (:meth:`_position_ops`), the rest are built per batch."""
         m = self.model
         n_tok = batch.tokens
         pos = batch.unique_tokens if batch.unique_tokens is not None else n_tok
-        ops: list[Op] = []
+        attn_proj, ssm_proj, after = self._position_ops(pos)
+        timed = self._timed
+        ops: list[TimedOp] = []
         if m.n_attn_layers:
-            ops += self._attention_ops(batch, pos)
+            ops += attn_proj
+            ops += [timed(self._per_gpu(op)) for op in self._attention_batch_ops(batch)]
         if m.n_ssm_layers:
-            ops += self._ssm_ops(batch, pos)
+            ops += ssm_proj
+            ops += [timed(self._per_gpu(op)) for op in self._ssm_batch_ops(batch)]
+        ops += after
+        ops += self._output_ops(batch)
+        return ops + [timed(op) for op in self._fixed_ops(batch, pos)]
+
+    def _timed(self, op: Op) -> TimedOp:
+        return op, self.op_time(op)
+
+    def _position_ops(self, pos: int) -> PositionOps:
+        """The per-GPU ops that depend on the position count ``pos`` alone, timed, by their
+        place in :meth:`ops`: the attention projections, the SSM projections, and MLP / MoE
+        and the norms (memoised per ``pos``; Ops are immutable)."""
+        memo = self._position_memo
+        if pos in memo:
+            return memo[pos]
+        m = self.model
+        attn = tuple(self._timed(self._per_gpu(op)) for op in self._attention_proj_ops(pos))
+        ssm = tuple(self._timed(self._per_gpu(op)) for op in self._ssm_proj_ops(pos))
+        after: list[Op] = []
         if m.n_mlp_layers:
-            ops.append(self._mlp_op(pos))
+            after.append(self._mlp_op(pos))
         if m.n_moe_layers:
-            ops.append(self._moe_op(pos))
-        ops += self._common_ops(batch, pos)
-        ops = [self._per_gpu(op) for op in ops]
-        return ops + self._fixed_ops(batch, pos)
+            after.append(self._moe_op(pos))
+        after.append(self._norms_op(pos))
+        entry = attn, ssm, tuple(self._timed(self._per_gpu(op)) for op in after)
+        if len(memo) >= POSITION_MEMO:
+            memo.clear()
+        memo[pos] = entry
+        return entry
 
     def _fixed_ops(self, batch: BatchShape, pos: int) -> list[Op]:
         """The :class:`CostTerms` not tied to an op of the roofline, only when charged (> 0)."""
@@ -464,14 +584,23 @@ class CostModel:
         moved = (d_in * d_out + tokens * (d_in + d_out)) * w * layers
         return Op(name, "gemm", flops, moved, layers, tokens)
 
-    def _attention_ops(self, batch: BatchShape, pos: int) -> list[Op]:
+    def _attention_proj_ops(self, pos: int) -> list[Op]:
         m = self.model
-        na, w, D = m.n_attn_layers, m.dtype_bytes, m.d_model
+        if not m.n_attn_layers:
+            return []
+        na, D = m.n_attn_layers, m.d_model
         qdim, kvdim = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-        ops = [
+        return [
             self._gemm("attn_qkv_proj", pos, D, qdim + 2 * kvdim, na),
             self._gemm("attn_out_proj", pos, qdim, D, na),
         ]
+
+    def _attention_batch_ops(self, batch: BatchShape) -> list[Op]:
+        """Prefill and decode attention: what depends on the chunks and the contexts."""
+        m = self.model
+        na, w = m.n_attn_layers, m.dtype_bytes
+        qdim, kvdim = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+        ops: list[Op] = []
         if batch.prefill:
             flops = bytes_ = 0.0
             for prefix, new in batch.prefill:
@@ -480,30 +609,48 @@ class CostModel:
             new_tok = sum(q for _, q in batch.prefill)
             ops.append(Op("attn_prefill", "attn_prefill", flops * na, bytes_ * na, na, new_tok))
         if batch.decode:
-            ctx = float(sum(batch.decode))
-            kv_reads = max(ctx - batch.shared_kv_tokens, 0.0)
-            flops = 4.0 * qdim * ctx
-            bytes_ = (kv_reads * 2 * kvdim + 2 * len(batch.decode) * qdim) * w
-            n_dec = len(batch.decode)
-            ops.append(Op("attn_decode", "attn_decode", flops * na, bytes_ * na, na, n_dec))
+            ops.append(
+                self._attn_decode_op(len(batch.decode), sum(batch.decode), batch.shared_kv_tokens)
+            )
         return ops
 
-    def _ssm_ops(self, batch: BatchShape, pos: int) -> list[Op]:
+    def _attn_decode_op(self, n: int, context_sum: int, shared_kv_tokens: int) -> Op:
+        """Decode attention of ``n`` requests whose contexts sum to ``context_sum``."""
         m = self.model
-        ns, w, D, N, di = m.n_ssm_layers, m.dtype_bytes, m.d_model, m.ssm_state_dim, m.ssm_d_inner
-        conv_ch, K = m.ssm_conv_channels, m.ssm_conv_kernel
-        state = m.ssm_state_bytes_per_layer
+        na, w = m.n_attn_layers, m.dtype_bytes
+        qdim, kvdim = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+        ctx = float(context_sum)
+        kv_reads = max(ctx - shared_kv_tokens, 0.0)
+        flops = 4.0 * qdim * ctx
+        bytes_ = (kv_reads * 2 * kvdim + 2 * n * qdim) * w
+        return Op("attn_decode", "attn_decode", flops * na, bytes_ * na, na, n)
+
+    def _ssm_proj_ops(self, pos: int) -> list[Op]:
+        m = self.model
+        if not m.n_ssm_layers:
+            return []
+        ns, D, N, di = m.n_ssm_layers, m.d_model, m.ssm_state_dim, m.ssm_d_inner
         if m.ssm_kind == "mamba2":
             in_dim = 2 * di + 2 * m.ssm_n_groups * N + m.ssm_n_heads
-            scan_tok = 6 * di * N + 2 * K * conv_ch + 10 * di
         else:
             in_dim = 2 * di
-            R = m.ssm_dt_rank
-            scan_tok = 2 * di * (R + 2 * N) + 2 * R * di + 9 * di * N + 2 * K * di + 10 * di
-        ops = [
+        return [
             self._gemm("ssm_in_proj", pos, D, in_dim, ns),
             self._gemm("ssm_out_proj", pos, di, D, ns),
         ]
+
+    def _ssm_batch_ops(self, batch: BatchShape) -> list[Op]:
+        """The scan of the prefill chunks, the decode step, the checkpoint copies."""
+        m = self.model
+        ns, w, N, di = m.n_ssm_layers, m.dtype_bytes, m.ssm_state_dim, m.ssm_d_inner
+        conv_ch, K = m.ssm_conv_channels, m.ssm_conv_kernel
+        state = m.ssm_state_bytes_per_layer
+        if m.ssm_kind == "mamba2":
+            scan_tok = 6 * di * N + 2 * K * conv_ch + 10 * di
+        else:
+            R = m.ssm_dt_rank
+            scan_tok = 2 * di * (R + 2 * N) + 2 * R * di + 9 * di * N + 2 * K * di + 10 * di
+        ops: list[Op] = []
         prefill_tok = sum(q for _, q in batch.prefill)
         if prefill_tok:
             # activations in and out of conv + scan, plus each sequence's state read and written
@@ -540,26 +687,41 @@ class CostModel:
         moved = (active * mats * D * inter + pos * m.moe_top_k * (2 * D + mats * inter)) * w * n
         return Op("moe", "gemm", flops, moved, 3 * n, pos)
 
-    def _common_ops(self, batch: BatchShape, pos: int) -> list[Op]:
+    def _norms_op(self, pos: int) -> Op:
         m = self.model
         w, D = m.dtype_bytes, m.d_model
         layers = m.n_attn_layers + m.n_ssm_layers + m.n_mlp_layers + m.n_moe_layers
-        ops = [
-            Op(
-                "norms_residuals",
-                "elementwise",
-                8.0 * pos * D * layers,
-                4.0 * pos * D * w * layers,
-                layers,
-                pos,
-            )
-        ]
+        return Op(
+            "norms_residuals",
+            "elementwise",
+            8.0 * pos * D * layers,
+            4.0 * pos * D * w * layers,
+            layers,
+            pos,
+        )
+
+    def _output_ops(self, batch: BatchShape) -> list[TimedOp]:
+        """The LM head over the sampled positions and the tensor-parallel all-reduce, per GPU
+        and timed (the LM head memoised per sampled count)."""
+        m = self.model
+        w, D = m.dtype_bytes, m.d_model
+        layers = m.n_attn_layers + m.n_ssm_layers + m.n_mlp_layers + m.n_moe_layers
+        ops: list[TimedOp] = []
         sampled = (
             batch.sampled if batch.sampled is not None else len(batch.decode) + len(batch.prefill)
         )
         if m.vocab_size and sampled:
-            ops.append(self._gemm("lm_head", sampled, D, m.vocab_size, 1))
+            head = self._lm_head_memo.get(sampled)
+            if head is None:
+                head = self._timed(
+                    self._per_gpu(self._gemm("lm_head", sampled, D, m.vocab_size, 1))
+                )
+                if len(self._lm_head_memo) >= POSITION_MEMO:
+                    self._lm_head_memo.clear()
+                self._lm_head_memo[sampled] = head
+            ops.append(head)
         if self.tp > 1:
             reduced = 2.0 * (self.tp - 1) / self.tp * batch.tokens * D * w * layers
-            ops.append(Op("tp_allreduce", "allreduce", 0.0, reduced, layers, batch.tokens))
+            allreduce = Op("tp_allreduce", "allreduce", 0.0, reduced, layers, batch.tokens)
+            ops.append(self._timed(self._per_gpu(allreduce)))
         return ops

@@ -148,10 +148,12 @@ class Job:
     decode_only: bool = False  # disaggregated decode replica: its KV arrived, no prefill here
     input_tokens: int = field(init=False)  # req.input_tokens, read in every iteration
     output_len: int = field(init=False)
+    decode_end: int = field(init=False)  # output_len - 1: decode steps in all
 
     def __post_init__(self) -> None:
         self.input_tokens = self.req.input_tokens
         self.output_len = self.req.output_len
+        self.decode_end = self.output_len - 1
 
     @property
     def in_prefill(self) -> bool:
@@ -437,11 +439,15 @@ class TimedWorld:
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
-            if any(j.in_prefill for j in self.running):
+            if self._any_prefill():
                 yield from self._iteration()
             else:
                 yield from self._decode_span()
             self._complete_finished()
+
+    def _any_prefill(self) -> bool:
+        """Whether a running request is still in its prefill (``Job.in_prefill``, inlined)."""
+        return any(job.prefilled < job.input_tokens for job in self.running)
 
     def _no_more_arrivals(self) -> bool:
         return not self.waiting and self._open_sources == 0
@@ -514,11 +520,18 @@ class TimedWorld:
         return [c for c in job.ckpt_tokens if start < c < stop and (c - start) % chunk]
 
     # ------------------------------------------------------------------ iterations
+    def _decoders(self) -> list[Job]:
+        """Running requests past their prefill with decode steps left, in running order
+        (``not in_prefill and decode_left > 0``, inlined: this runs every iteration)."""
+        return [
+            j for j in self.running if j.decoded < j.decode_end and j.prefilled >= j.input_tokens
+        ]
+
     def _iteration(self):
         """One mixed iteration: every decoder steps once; prefill chunks fill the budget."""
         if self.shared:
             self._reserve_decode(1)
-        decoders = [j for j in self.running if not j.in_prefill and j.decode_left > 0]
+        decoders = self._decoders()
         chunks = self._prefill_chunks(self.settings.token_budget - len(decoders))
         if not chunks and not decoders:  # only host loads in flight: wait (or an arrival)
             yield from self._await_loads()
@@ -551,7 +564,9 @@ class TimedWorld:
         chunks: list[tuple[Job, int]] = []
         now = self.env.now
         for job in self.running:
-            if job.in_prefill and budget > 0 and job.ready <= now:
+            if budget <= 0:
+                break
+            if job.prefilled < job.input_tokens and job.ready <= now:
                 take = self._chunk_size(job, budget)
                 chunks.append((job, take))
                 budget -= take
@@ -586,13 +601,14 @@ class TimedWorld:
     def _decode_span(self):
         """Decode-only stretch until the first request finishes or a new one arrives."""
         fit = self._reserve_decode(None) if self.shared else 0
-        decoders = [j for j in self.running if j.decode_left > 0]
-        steps = min(j.decode_left for j in decoders)
+        decoders = [j for j in self.running if j.decoded < j.decode_end]  # decode_left > 0
+        steps = min([j.decode_end - j.decoded for j in decoders])
         if self.shared:
             steps = min(steps, fit)
-        contexts = np.array([j.input_tokens + j.decoded + 1 for j in decoders])
+        # the contexts (input + decoded + 1 each) enter the cost model through their sum only
+        context_sum = sum([j.input_tokens + j.decoded for j in decoders]) + len(decoders)
         shared = shared_prefix_reads(decoders) if self.settings.shared_prefix_attention else 0
-        ends = np.cumsum(self.cost.decode_span(contexts, steps, shared))
+        ends = np.cumsum(self.cost.decode_span_of(len(decoders), context_sum, steps, shared))
         start = self.env.now
         self._wakeup = self.env.event()
         if len(self.running) < self.settings.max_running:  # an arrival could join the batch
@@ -686,7 +702,7 @@ class TimedWorld:
         None: up to the first request's end), the room for all of them evicted at once."""
         kv = self.model.kv_bytes_per_token
         while True:
-            decoders = [j for j in self.running if not j.in_prefill and j.decode_left > 0]
+            decoders = self._decoders()
             if not decoders:
                 return limit or 0
             per_step = len(decoders) * kv
@@ -791,8 +807,18 @@ class TimedWorld:
 
     # ------------------------------------------------------------------ completion
     def _complete_finished(self) -> None:
-        for job in [j for j in self.running if not j.in_prefill and j.decode_left == 0]:
-            self.running.remove(job)
+        """Requests done (``not in_prefill and decode_left == 0``, inlined) leave the running
+        set, then complete in running order (completing one never reads the running set)."""
+        running = self.running
+        finished = [
+            j for j in running if j.decoded >= j.decode_end and j.prefilled >= j.input_tokens
+        ]
+        if not finished:
+            return
+        running[:] = [
+            j for j in running if j.decoded < j.decode_end or j.prefilled < j.input_tokens
+        ]
+        for job in finished:
             self._finish(job)
 
     def _start_decode(self, job: Job, need: float) -> None:
