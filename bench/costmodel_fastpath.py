@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
 #: an uncalibrated preset (default efficiencies) and a calibrated one (curves per op class)
-HARDWARE = ("h200", "h100_sxm")
+HARDWARE = ("h200", "h100_sxm", "a100_80gb")
 
 TERMS = {
     "default": CostTerms(),

@@ -28,6 +28,14 @@ one all-reduce of its output: ``t0`` (the small-message latency, per call) plus 
 the activation bytes over ``eta_m`` x the link bandwidth; a calibration may give the all-reduce
 one efficiency per tensor-parallel degree (``by_tp``). The scan of Mamba1 (selective scan, class
 ``selective_scan``) and of Mamba2 (SSD chunked scan, class ``ssm_scan``) are separate classes.
+
+Measured shapes. A calibration may also hold measured times of whole ops for given shapes
+(:class:`Profile`, the file's ``profiles``: Vidur's profiled Llama layers on A100 and H100). An op
+whose name, shape (``Op.shape``: the layer dimensions and dtype) and tensor-parallel degree match a
+profile is timed from it, ``units x profile(tokens)`` (plus its ``fixed_s``), instead of the
+roofline: GEMM times are a staircase in the token count (cuBLAS picks tiles per shape) that no
+model smooth in the tokens follows. Every other op, and every shape nobody measured, keeps the
+roofline above.
 """
 
 from __future__ import annotations
@@ -155,6 +163,83 @@ def curve_scale(curve: LogCurve, tokens: float) -> float:
     return ys[i - 1] * (1 - w) + ys[i] * w
 
 
+#: ops a calibration may time from measured tables (:class:`Profile`)
+PROFILED_OPS = ("attn_qkv_proj", "attn_out_proj", "mlp", "norms_residuals")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured seconds of one unit of an op (one layer's GEMM; one norm plus one residual add)
+    at increasing token counts, for one shape and tensor-parallel degree.
+
+    :meth:`at` is linear in (log tokens, log seconds) between measured counts, the first value
+    below the first count, and proportional to the tokens above the last (every profiled op's
+    FLOPs and activation bytes are linear in the tokens, and at the largest measured counts the
+    weights' share of the traffic is small)."""
+
+    tokens: tuple[float, ...]
+    seconds: tuple[float, ...]
+    _log_tokens: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _log_seconds: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.tokens or len(self.tokens) != len(self.seconds):
+            raise ValueError("needs as many seconds as tokens, at least one")
+        if any(not k >= 1 for k in self.tokens) or any(
+            b <= a for a, b in itertools.pairwise(self.tokens)
+        ):
+            raise ValueError(f"tokens must be >= 1 and increasing, got {list(self.tokens)[:8]}")
+        if any(not (v > 0 and math.isfinite(v)) for v in self.seconds):
+            raise ValueError("seconds must be finite and > 0")
+        object.__setattr__(self, "_log_tokens", tuple(math.log(k) for k in self.tokens))
+        object.__setattr__(self, "_log_seconds", tuple(math.log(v) for v in self.seconds))
+
+    def at(self, tokens: float) -> float:
+        """Seconds of one unit at ``tokens``."""
+        last = self.tokens[-1]
+        if tokens >= last:
+            return self.seconds[-1] * tokens / last
+        if tokens <= self.tokens[0]:
+            return self.seconds[0]
+        i = bisect.bisect_left(self.tokens, tokens)  # tokens[i - 1] < tokens <= tokens[i]
+        if self.tokens[i] == tokens:
+            return self.seconds[i]
+        xs, ys = self._log_tokens, self._log_seconds
+        w = (math.log(tokens) - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return math.exp(ys[i - 1] * (1 - w) + ys[i] * w)
+
+
+#: a calibration's profiles: (op name, shape, tensor-parallel degree) -> measured unit times
+Profiles = dict[tuple[str, tuple[int, ...], int], Profile]
+
+
+def _profiles(data: Any) -> Profiles:
+    """The ``profiles`` entry of a calibration file: ``{"series": [{"op", "shape", "tp",
+    "tokens", "seconds"}, ...]}``."""
+    out: Profiles = {}
+    for i, entry in enumerate(data.get("series") or []):
+        where = f"profiles.series[{i}]"
+        try:
+            op = entry["op"]
+            if op not in PROFILED_OPS:
+                raise ValueError(f"unknown op {op!r} (known: {', '.join(PROFILED_OPS)})")
+            shape = tuple(int(v) for v in entry["shape"])
+            tp = int(entry["tp"])
+            if tp < 1:
+                raise ValueError(f"tp must be >= 1, got {tp}")
+            profile = Profile(
+                tuple(float(k) for k in entry["tokens"]), tuple(float(v) for v in entry["seconds"])
+            )
+        except KeyError as err:
+            raise ValueError(f"{where}: missing {err}") from err
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{where}: {err}") from err
+        if (op, shape, tp) in out:
+            raise ValueError(f"{where}: a second series for {op} {list(shape)} at tp {tp}")
+        out[(op, shape, tp)] = profile
+    return out
+
+
 #: Defaults before calibration: typical achieved fractions on A100/H100-class GPUs.
 DEFAULT_EFFICIENCY = {
     "gemm": Efficiency(0.70, 0.80, 4e-6),
@@ -196,13 +281,22 @@ def _efficiency(values: Mapping[str, Any], where: str) -> Efficiency:
 class Calibration:
     """Per-op-class efficiency factors; see :meth:`load` for the file format. ``by_tp``: per
     class, efficiencies for given tensor-parallel degrees (the all-reduce), used over
-    ``efficiency`` at those degrees. ``hardware``: the preset the file was fitted against."""
+    ``efficiency`` at those degrees. ``hardware``: the preset the file was fitted against.
+    ``profiles``: measured op times per shape (:class:`Profile`), which time the ops they match
+    instead of the class model; ``profiled_held_back_error``: their own held-back error per op
+    class."""
 
     efficiency: dict[str, Efficiency] = field(default_factory=lambda: dict(DEFAULT_EFFICIENCY))
     source: str = "defaults"
     by_tp: dict[str, dict[int, Efficiency]] = field(default_factory=dict)
     hardware: str | None = None
     held_back_error: dict[str, Any] = field(default_factory=dict)
+    profiles: Profiles = field(default_factory=dict)
+    profiled_held_back_error: dict[str, Any] = field(default_factory=dict)
+
+    def without_profiles(self) -> Calibration:
+        """The same calibration timing every op with the class model (``engine.profiles=false``)."""
+        return replace(self, profiles={}, profiled_held_back_error={})
 
     def for_class(self, op_class: str, tp: int = 1) -> Efficiency:
         return self.by_tp.get(op_class, {}).get(tp, self.efficiency[op_class])
@@ -211,7 +305,8 @@ class Calibration:
     def load(cls, path: str | Path, hardware: str | None = None) -> Calibration:
         """Read ``{"hardware": {"name": ...} | name, "ops": {class: {"eta_c", "eta_m", "t0",
         ["curve": {"x": "tokens", "knots", "scale"}], ["by_tp": {tp: {...}}]}},
-        ["unmeasured": {class: why}]}``. Classes absent from ``ops`` keep their defaults; a
+        ["unmeasured": {class: why}], ["profiles": {"series": [{"op", "shape", "tp", "tokens",
+        "seconds"}]}]}``. Classes absent from ``ops`` keep their defaults; a
         file with ``unmeasured`` must name every class in one of the two (a class missing from
         both is an error). ``hardware``: the preset it is used with; a file fitted against
         another preset is an error. Errors name the file."""
@@ -236,10 +331,20 @@ class Calibration:
             fitted = fitted.get("name") if isinstance(fitted, Mapping) else fitted
             if hardware is not None and fitted is not None and fitted != hardware:
                 raise ValueError(f"fitted for hardware {fitted!r}, not for the preset {hardware!r}")
+            profiles = _profiles(data.get("profiles") or {})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"calibration file {path}: {err}") from err
         held = data.get("held_back_error") or {}
-        return cls(eff, str(path), by_tp, fitted, held if isinstance(held, dict) else {})
+        profiled = (data.get("profiles") or {}).get("held_back_error") or {}
+        return cls(
+            eff,
+            str(path),
+            by_tp,
+            fitted,
+            held if isinstance(held, dict) else {},
+            profiles,
+            profiled if isinstance(profiled, dict) else {},
+        )
 
 
 def resolve_calibration(path: str | Path) -> Path:
@@ -315,7 +420,9 @@ class CostTerms:
 class Op:
     """One operation of an iteration, totalled over the layers it runs in. ``tokens``: the
     positions it processes (the class curve's argument); ``fixed_s``: seconds added as they are
-    (the :class:`CostTerms`)."""
+    (the :class:`CostTerms`); ``shape`` and ``units``: the op is ``units`` repetitions of one
+    unit with these dimensions (layer sizes and dtype bytes), which a measured :class:`Profile`
+    of that name and shape may time (empty, 0: not profiled)."""
 
     name: str
     op_class: str
@@ -324,6 +431,8 @@ class Op:
     launches: int
     tokens: int = 0
     fixed_s: float = 0.0
+    shape: tuple[int, ...] = ()
+    units: int = 0
 
 
 @dataclass
@@ -390,12 +499,19 @@ class CostModel:
         self._rate["allreduce"] = (e.eta_c * hardware.peak_flops, e.eta_m * hardware.link_bw, e.t0)
         self._rate["overhead"] = (math.inf, math.inf, 0.0)  # fixed-time terms only
         self._curve = {name: log_curve(e.curve) for name, e in eff.items() if e.curve}
+        self._profiles = {
+            (name, shape): p for (name, shape, t), p in self.calibration.profiles.items() if t == tp
+        }
         self._decode_templates: dict[int, DecodeTemplate | None] = {}
         self._position_memo: dict[int, PositionOps] = {}
         self._lm_head_memo: dict[int, TimedOp] = {}
 
     # ------------------------------------------------------------------ timing
     def op_time(self, op: Op) -> float:
+        if op.units and self._profiles:
+            profile = self._profiles.get((op.name, op.shape))
+            if profile is not None:
+                return profile.at(op.tokens) * op.units + op.fixed_s
         peak, bw, t0 = self._rate[op.op_class]
         t = max(op.flops / peak, op.bytes / bw) + op.launches * t0
         curve = self._curve.get(op.op_class)
@@ -409,6 +525,10 @@ class CostModel:
         if not batch.prefill and not batch.decode:
             return 0.0
         return sum([t for _, t in self._timed_ops(batch)])
+
+    def measured(self, op: Op) -> bool:
+        """Whether a measured :class:`Profile` times ``op`` (not the roofline)."""
+        return bool(op.units) and (op.name, op.shape) in self._profiles
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
         """Seconds per op name (for reports and calibration)."""
@@ -492,6 +612,8 @@ class CostModel:
 
     def _span_term(self, op: Op) -> float:
         """``op``'s time as :meth:`_decode_span_generic` adds it (the scale always applied)."""
+        if self.measured(op):
+            return self.op_time(op)
         peak, bw, launch_s, scale, fixed = self._op_constants(op)
         return (max(op.flops / peak, op.bytes / bw) + launch_s) * scale + fixed
 
@@ -504,6 +626,9 @@ class CostModel:
         j = np.arange(steps, dtype=np.float64)
         total = np.zeros(steps)
         for a, b in zip(ops0, ops1, strict=True):
+            if self.measured(a):  # its tokens (the decode count) are the same every step
+                total += self.op_time(a)
+                continue
             peak, bw, t0 = self._rate[a.op_class]
             flops = a.flops + (b.flops - a.flops) * j
             moved = a.bytes + (b.bytes - a.bytes) * j
@@ -582,7 +707,7 @@ class CostModel:
         w = self.model.dtype_bytes
         flops = 2.0 * tokens * d_in * d_out * layers
         moved = (d_in * d_out + tokens * (d_in + d_out)) * w * layers
-        return Op(name, "gemm", flops, moved, layers, tokens)
+        return Op(name, "gemm", flops, moved, layers, tokens, shape=(d_in, d_out, w), units=layers)
 
     def _attention_proj_ops(self, pos: int) -> list[Op]:
         m = self.model
@@ -676,7 +801,8 @@ class CostModel:
         w, D, inter, n = m.dtype_bytes, m.d_model, m.mlp_intermediate, m.n_mlp_layers
         flops = 2.0 * pos * D * inter * mats * n
         moved = (mats * D * inter + pos * (2 * D + mats * inter)) * w * n
-        return Op("mlp", "gemm", flops, moved, 2 * n, pos)
+        shape = (D, inter, int(m.mlp_gated), w)
+        return Op("mlp", "gemm", flops, moved, 2 * n, pos, shape=shape, units=n)
 
     def _moe_op(self, pos: int) -> Op:
         m = self.model
@@ -698,6 +824,8 @@ class CostModel:
             4.0 * pos * D * w * layers,
             layers,
             pos,
+            shape=(D, w),
+            units=layers,  # one unit: a norm and a residual add
         )
 
     def _output_ops(self, batch: BatchShape) -> list[TimedOp]:

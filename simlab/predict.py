@@ -8,7 +8,9 @@ prefilled together after a cached ``prefix`` (one iteration, nothing else runnin
 that take most of it, and writes ``prediction.json`` (atomically) into the run directory:
 ``prefill_tokens``, ``prefill_ms``, ``breakdown_ms`` (op name -> one time per length), and the
 model, hardware, tensor-parallel degree and calibration used (the hardware preset's own by
-default, ``engine.calibration=null`` for the default efficiencies) with its held-back error. The
+default, ``engine.calibration=null`` for the default efficiencies) with its held-back error, and
+``measured_ops``: the ops timed from the calibration's measurements of their shape
+(``engine.profiles=false``: none) with those measurements' own held-back error. The
 breakdown holds the ``engine.costs`` terms when charged (``engine_overhead``, ``moe_dispatch``).
 The timed engine times its iterations with exactly this model
 (:class:`simlab.costmodel.CostModel`).
@@ -78,6 +80,9 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         "calibration": cfg.engine.get("calibration") or "default efficiencies (uncalibrated)",
         # the calibration's own held-back error per op class ({} when uncalibrated)
         "calibration_held_back_error": cost.calibration.held_back_error,
+        # ops timed from measured times of their shape (calibration profiles), and their error
+        "measured_ops": sorted({op.name for op in cost.ops(shapes[0]) if cost.measured(op)}),
+        "measured_held_back_error": cost.calibration.profiled_held_back_error,
         "prefix_tokens": prefix,
         "batch": batch,
         "prefill_tokens": prefill,
@@ -102,6 +107,16 @@ def table(prediction: dict[str, Any]) -> str:
                 for cls, e in errors.items()
             )
             + "; classes not listed run on defaults"
+        )
+    measured = prediction.get("measured_ops") or []
+    if measured:
+        lines.append(
+            f"timed from measurements of their shape: {', '.join(measured)} (held back: "
+            + ", ".join(
+                f"{cls} {100 * e['median']:.1f}% / {100 * e['p90']:.1f}%"
+                for cls, e in (prediction.get("measured_held_back_error") or {}).items()
+            )
+            + ")"
         )
     ops = prediction["breakdown_ms"]
     for i, (n, ms) in enumerate(

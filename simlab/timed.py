@@ -217,13 +217,19 @@ class PoolStats:
         }
 
 
-def load_calibration(path: str | None, hardware: str | None = None) -> Calibration | None:
+def load_calibration(
+    path: str | None, hardware: str | None = None, profiles: bool = True
+) -> Calibration | None:
     """The gpu_validate calibration at ``path`` (None: default efficiencies), fitted for the
-    ``hardware`` preset (another preset's file is an error naming the key and the file)."""
+    ``hardware`` preset (another preset's file is an error naming the key and the file);
+    ``profiles=False`` drops its measured op times (every op on the class model)."""
     try:
-        return Calibration.load(resolve_calibration(path), hardware) if path else None
+        calibration = Calibration.load(resolve_calibration(path), hardware) if path else None
     except (OSError, ValueError) as err:
         raise ValueError(f"engine.calibration: {err}") from err
+    if calibration is not None and not profiles:
+        return calibration.without_profiles()
+    return calibration
 
 
 @dataclass(frozen=True)
@@ -235,6 +241,7 @@ class TimedEngine(TimedSettings):
     name: str = "timed"
     tp: int = 1
     calibration: str | None = None  # gpu_validate calibration JSON (the preset's by default)
+    profiles: bool = True  # time the ops the calibration measured (its profiles) from them
     costs: Any = None  # engine.costs: the terms the roofline misses (CostTerms)
     _calibration: Calibration | None = field(default=None, init=False, repr=False)
     _terms: CostTerms = field(default_factory=CostTerms, init=False, repr=False)
@@ -248,7 +255,9 @@ class TimedEngine(TimedSettings):
                 object.__setattr__(self, "hardware", Hardware.from_config(self.hardware))
             if not (isinstance(self.tp, int) and self.tp >= 1):
                 raise ValueError(f"engine.tp must be an integer >= 1, got {self.tp!r}")
-            calibration = load_calibration(self.calibration, self.hardware.name)
+            if not isinstance(self.profiles, bool):
+                raise ValueError(f"engine.profiles must be true or false, got {self.profiles!r}")
+            calibration = load_calibration(self.calibration, self.hardware.name, self.profiles)
             terms = CostTerms.from_config(self.costs)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from err  # the message names its key

@@ -136,16 +136,27 @@ def cost_model_note(config: dict[str, Any]) -> str:
             "validated against measurements: TTFTs are model estimates"
         )
     try:
-        errors = Calibration.load(resolve_calibration(path)).held_back_error
+        calibration = Calibration.load(resolve_calibration(path))
     except ValueError as err:
         return f"Cost model: calibration {path} (not readable now: {err})"
-    fitted = ", ".join(
+    measured = ""
+    if calibration.profiles and engine.get("profiles", True):
+        measured = (
+            f"; ops of a measured shape timed from the measurements ("
+            f"{_errors(calibration.profiled_held_back_error) or 'error not recorded'})"
+        )
+    return (
+        f"Cost model: calibration {Path(path).name}; held-back per-op error median/P90: "
+        f"{_errors(calibration.held_back_error) or 'not recorded'}{measured}; other op classes "
+        "(attention, SSM scans) on defaults; whole-model TTFT not validated against a measured "
+        "table"
+    )
+
+
+def _errors(errors: dict[str, Any]) -> str:
+    """``class median/P90%, ...`` of a held-back error table."""
+    return ", ".join(
         f"{cls} {100 * e['median']:.0f}/{100 * e['p90']:.0f}%"
         for cls, e in errors.items()
         if isinstance(e, dict) and {"median", "p90"} <= set(e)
-    )
-    return (
-        f"Cost model: calibration {Path(path).name}; held-back per-op error median/P90: "
-        f"{fitted or 'not recorded'}; other op classes (attention, SSM scans) on defaults; "
-        "whole-model TTFT not validated against a measured table"
     )
