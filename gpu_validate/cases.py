@@ -189,13 +189,20 @@ def cost_op(spec: ModelSpec, batch: BatchShape, name: str) -> Op:
 
 
 def op_dict(op: Op) -> dict[str, Any]:
-    return {
+    """An op as a record holds it: with its token count (a class curve's argument) and its
+    profile key, ``shape`` and ``units``, when it has one (a calibration's measured shapes then
+    time it as simlab does)."""
+    out = {
         "name": op.name,
         "op_class": op.op_class,
         "flops": float(op.flops),
         "bytes": float(op.bytes),
         "launches": int(op.launches),
+        "tokens": int(op.tokens),  # the class curve's argument
     }
+    if op.units:
+        out |= {"shape": list(op.shape), "units": int(op.units)}
+    return out
 
 
 # ---------------------------------------------------------------------------- cases

@@ -15,13 +15,15 @@ the objective piecewise) and the best kept.
 The output is the JSON :meth:`simlab.costmodel.Calibration.load` reads, plus provenance:
 ``{"hardware": {...peaks used...}, "ops": {class: {"eta_c", "eta_m", "t0", "n",
 "median_rel_err", "p90_rel_err", "binding"}}, "floors": {...}, "residuals": [...]}``.
-Classes without records are left out (the cost model keeps their defaults).
+Classes without records are left out (the cost model keeps their defaults). ``profiles``: the
+measured op records of the run's own shapes (one layer's GEMMs, the LM head, a norm + residual)
+as per-shape unit times at TP 1 (:mod:`gpu_validate.profiles`), which the cost model uses for ops
+of those shapes, with their held-back error (alternate token counts).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 from collections.abc import Iterable, Sequence
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from gpu_validate import profiles
 from gpu_validate.cases import load_hardware
 from gpu_validate.records import headers, read_records, timed
 from simlab.costmodel import DEFAULT_EFFICIENCY, OP_CLASSES, Efficiency, Hardware
@@ -325,7 +328,18 @@ def calibration_json(
             "run_ids": sorted({h.get("run_id", "") for h in hdr}),
         },
         "residuals": residuals,
+        "profiles": profiles.section(
+            profile_rows(records, used), "this run's op records (medians), one GPU (TP 1)"
+        ),
     }
+
+
+def profile_rows(records: Sequence[dict], used: Sequence[dict]) -> list[dict]:
+    """The ``used`` op records of a measured shape (``shape``, ``units`` and ``tokens``, written
+    by :func:`gpu_validate.records.record_for`) as :mod:`gpu_validate.profiles` records: one GPU
+    (TP 1), the model named by the run's header."""
+    model = {h.get("run_id"): (h.get("model") or {}).get("name", "") for h in headers(records)}
+    return [r | {"tp": 1, "model": model.get(r.get("run_id"), "")} for r in used if r.get("units")]
 
 
 def run_fit(
@@ -345,7 +359,7 @@ def run_fit(
     data = calibration_json(records, hw, source, fits, used, [str(p) for p in paths])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    out.write_text(profiles.dumps(data, sort_keys=True) + "\n")
     return data
 
 

@@ -174,6 +174,11 @@ def record_for(
     }
     if case.kind == "stack":
         rec["ops"] = [op_dict(o) for o in case.ops]
+    if case.kind == "op" and len(case.ops) == 1:
+        op = case.ops[0]
+        rec["tokens"] = op.tokens  # a class curve's argument
+        if op.units:
+            rec["shape"], rec["units"] = list(op.shape), op.units  # a profile's key
     return rec
 
 

@@ -3,7 +3,9 @@
 Predictions go through the simlab cost model itself (:meth:`CostModel.op_time` on the ops the
 records carry): per op record one op, per composed-stack record the sum over the iteration's
 ops (what :meth:`CostModel.time` computes). "Uncalibrated" is the cost model's spec-sheet
-default efficiencies on the same peaks; "calibrated" is the calibration file. Per-op errors of
+default efficiencies on the same peaks; "calibrated" is the calibration file (in a composed
+stack, ops of a shape the file measured, its ``profiles``, are timed from them, as simlab does;
+a single op record is always timed by its class model). Per-op errors of
 the calibrated model are in-sample (the fit saw those records), so the report also gives a
 2-fold cross-validated error per op class; the composed stack is never fitted, so its error is
 out of sample.
@@ -32,18 +34,28 @@ _DUMMY = ModelSpec(d_model=8, n_attn_layers=1, n_ssm_layers=0, n_heads=1)  # op_
 
 
 def _ops(record: dict[str, Any]) -> list[Op]:
-    if record["kind"] == "stack":
+    if record["kind"] == "stack":  # ops of a measured shape as simlab times them
         return [
-            Op(o["name"], o["op_class"], o["flops"], o["bytes"], o["launches"])
+            Op(
+                o["name"],
+                o["op_class"],
+                o["flops"],
+                o["bytes"],
+                o["launches"],
+                o.get("tokens", 0),
+                shape=tuple(o.get("shape", ())),
+                units=o.get("units", 0),
+            )
             for o in record["ops"]
         ]
-    return [
+    return [  # by its class model (a profile built from this very record would just echo it)
         Op(
             record["op_name"],
             record["op_class"],
             record["flops"],
             record["bytes"],
             record["launches"],
+            record.get("tokens", 0),
         )
     ]
 

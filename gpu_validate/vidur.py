@@ -30,7 +30,7 @@ and the file says so (``unmeasured``, ``terms``).
 The file also carries the measurements themselves (``profiles``: per (op, layer shape, tp), the
 seconds of one unit at every measured token count, :class:`simlab.costmodel.Profile`), which the
 cost model uses for ops of those shapes; their held-back error is checked the same way, with the
-token counts of each (op, shape, tp) series alternating (:func:`split_profiles`), and their
+token counts of each (op, shape, tp) series alternating (:mod:`gpu_validate.profiles`), and their
 extrapolation above 4,096 tokens on the series that go further (:func:`extrapolation_error`).
 
     python -m gpu_validate.vidur --gpu a100 --hardware a100_80gb --out gpu_validate/calibration/a100_80gb.json
@@ -39,7 +39,6 @@ extrapolation above 4,096 tokens on the series that go further (:func:`extrapola
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -51,17 +50,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpu_validate import vidur_network
+from gpu_validate import profiles, vidur_network
 from gpu_validate.cases import load_hardware
 from gpu_validate.fit import ClassFit, fit_class, fit_curve, hardware_json, roofline
-from simlab.costmodel import (
-    DEFAULT_EFFICIENCY,
-    BatchShape,
-    CostModel,
-    Efficiency,
-    Hardware,
-    Profile,
-)
+from simlab.costmodel import DEFAULT_EFFICIENCY, BatchShape, CostModel, Efficiency, Hardware
 from simlab.model import ModelSpec
 from traces.atomic import atomic_path
 from traces.paths import resolve_data_dir
@@ -268,73 +260,6 @@ def neighbour_floor(train: Sequence[dict], test: Sequence[dict]) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def profile_of(rows: Sequence[dict]) -> Profile:
-    """The measured unit times of one (model, op, tp) series: seconds per unit (the op's
-    ``units``: one for a layer's GEMM, two norm + residual units per decoder layer) at each token
-    count, repeated measurements of one count averaged in log."""
-    logs: dict[int, list[float]] = {}
-    for r in rows:
-        logs.setdefault(int(r["tokens"]), []).append(math.log(r["median_s"] / r["units"]))
-    tokens = sorted(logs)
-    return Profile(
-        tuple(float(t) for t in tokens), tuple(math.exp(float(np.mean(logs[t]))) for t in tokens)
-    )
-
-
-def series_of(records: Sequence[dict]) -> dict[tuple, list[dict]]:
-    """Records per (op, shape, tp): a profile's key (one model's series; two models with the
-    same layer shape would share one)."""
-    out: dict[tuple, list[dict]] = {}
-    for r in records:
-        out.setdefault((r["op_name"], tuple(r["shape"]), r["tp"]), []).append(r)
-    return out
-
-
-def profiles_json(records: Sequence[dict]) -> list[dict[str, Any]]:
-    """The calibration file's ``profiles.series`` from ``records``
-    (:meth:`simlab.costmodel.Calibration.load`)."""
-    out = []
-    for (op, shape, tp), rows in sorted(series_of(records).items()):
-        profile = profile_of(rows)
-        out.append(
-            {
-                "op": op,
-                "shape": list(shape),
-                "tp": tp,
-                "models": sorted({r["model"] for r in rows}),
-                "tokens": [int(t) for t in profile.tokens],
-                "seconds": list(profile.seconds),
-            }
-        )
-    return out
-
-
-def split_profiles(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
-    """:func:`split_rows` for profiles: alternate token counts of each (op, shape, tp) series,
-    every measurement of one count (several models may share a layer shape) on the same side, so
-    no held-back count is also measured in the fitted half."""
-    train: list[dict] = []
-    test: list[dict] = []
-    for rows in series_of(records).values():
-        rank = {t: i for i, t in enumerate(sorted({int(r["tokens"]) for r in rows}))}
-        for r in rows:
-            (train if rank[int(r["tokens"])] % 2 == 0 else test).append(r)
-    return train, test
-
-
-def profiled_errors(train: Sequence[dict], test: Sequence[dict]) -> pd.DataFrame:
-    """Each held-back row timed as the cost model times a profiled op (``units x
-    Profile.at(tokens)``), the profile built from the fitted rows of its series. Columns as
-    :func:`errors`."""
-    profiles = {key: profile_of(rows) for key, rows in series_of(train).items()}
-    rows = []
-    for r in test:
-        profile = profiles[(r["op_name"], tuple(r["shape"]), r["tp"])]
-        pred = profile.at(r["tokens"]) * r["units"]
-        rows.append(r | {"rel_err": pred / r["median_s"] - 1.0})
-    return pd.DataFrame(rows)
-
-
 #: the extrapolation check: profiles measured up to this many tokens, checked above it
 EXTRAPOLATE_FROM = 4096
 
@@ -343,11 +268,12 @@ def extrapolation_error(records: Sequence[dict]) -> dict[str, Any]:
     """Profiles built from the rows up to :data:`EXTRAPOLATE_FROM` tokens and checked on the
     series' rows above it (where :meth:`Profile.at` is proportional to the tokens): median and
     P90 per op class, and the token counts checked. Empty when no series goes beyond."""
+    records = profiles.profiled(records)
     low = [r for r in records if r["tokens"] <= EXTRAPOLATE_FROM]
     high = [r for r in records if r["tokens"] > EXTRAPOLATE_FROM]
     if not high:
         return {}
-    frame = profiled_errors(low, high)
+    frame = pd.DataFrame(profiles.profiled_errors(low, high))
     return {
         "fitted_up_to_tokens": EXTRAPOLATE_FROM,
         "checked_tokens": [int(frame["tokens"].min()), int(frame["tokens"].max())],
@@ -448,7 +374,8 @@ def calibrate(
     if not by_model:
         raise ValueError(f"--fit {list(fit_models)}: no Vidur profile of these models for {gpu}")
     fits, held = held_back(train, test, hw, curve=True)
-    profiled = profiled_errors(*split_profiles(records))
+    split = profiles.split_profiles(profiles.profiled(records))
+    profiled = pd.DataFrame(profiles.profiled_errors(*split))
     plain = held_back(train, test, hw, curve=False)[1]
     models = held_back(by_model, others, hw, curve=True)[1] if others else pd.DataFrame()
     network = vidur_network.calibrate(gpu, hw, data_dir)
@@ -477,20 +404,7 @@ def calibrate(
         "note": NOTES.get(hardware, ""),
         "held_back_error": summary,
         "acceptance": {"target": ACCEPTANCE, **acceptance(summary)},
-        "profiles": {
-            "what": "measured seconds of one unit (a layer's GEMM; a norm + residual add) per "
-            "token count, per (op, shape, tp); simlab times the ops they match from them",
-            "source": f"vidur_profiling/compute/{gpu}/meta-llama/*/mlp.csv (medians, every row)",
-            "between": "linear in (log tokens, log seconds); above the last count: "
-            "proportional to the tokens; below the first: the first",
-            "split": "alternate token counts per (op, shape, tp): even ranks fitted, odd held back",
-            "held_back_error": per_class(profiled),
-            "acceptance": acceptance(per_class(profiled)),
-            "held_back_by_op": breakdown(profiled, ["op_class", "op_name"]),
-            "held_back_by_op_tokens": breakdown(profiled, ["op_class", "op_name", "token_range"]),
-            "extrapolation": extrapolation_error(records),
-            "series": profiles_json(records),
-        },
+        "profiles": profiled_section(records, profiled, gpu),
         "held_back_by_op": breakdown(held, ["op_class", "op_name"]),
         "held_back_by_op_tp": breakdown(held, ["op_class", "op_name", "tp"]),
         "held_back_by_op_tokens": breakdown(held, ["op_class", "op_name", "token_range"]),
@@ -507,32 +421,27 @@ def calibrate(
     }
 
 
+def profiled_section(records: Sequence[dict], held: pd.DataFrame, gpu: str) -> dict[str, Any]:
+    """The file's ``profiles`` (:func:`gpu_validate.profiles.section`) with the acceptance, the
+    held-back error by op and token range (``held``: :func:`profiles.profiled_errors` on the
+    split) and the extrapolation check."""
+    source = f"vidur_profiling/compute/{gpu}/meta-llama/*/mlp.csv (medians, every row)"
+    out = profiles.section(records, source)
+    series = out.pop("series")
+    return out | {
+        "acceptance": acceptance(per_class(held)),
+        "held_back_by_op": breakdown(held, ["op_class", "op_name"]),
+        "held_back_by_op_tokens": breakdown(held, ["op_class", "op_name", "token_range"]),
+        "extrapolation": extrapolation_error(records),
+        "series": series,
+    }
+
+
 def _rows(table: pd.DataFrame) -> list[dict[str, Any]]:
     return [
         {"model": m, "op_class": c, "tokens": str(t), **{k: float(v) for k, v in row.items()}}
         for (m, c, t), row in table.iterrows()
     ]
-
-
-def dumps(result: dict[str, Any]) -> str:
-    """The calibration file's text: indented JSON, each profile's token and seconds lists on one
-    line (thousands of numbers), the seconds to 6 significant digits (far below the
-    measurements' own spread, :func:`repeat_spread`)."""
-    flat, series = {}, []
-    for i, entry in enumerate(result.get("profiles", {}).get("series", [])):
-        entry = dict(entry)
-        for key in ("tokens", "seconds"):
-            marker = f"@{key}{i}@"
-            values = entry[key] if key == "tokens" else [float(f"{v:.6g}") for v in entry[key]]
-            flat[json.dumps(marker)] = json.dumps(values)
-            entry[key] = marker
-        series.append(entry)
-    if series:
-        result = result | {"profiles": result["profiles"] | {"series": series}}
-    text = json.dumps(result, indent=1)
-    for marker, values in flat.items():
-        text = text.replace(marker, values)
-    return text
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -583,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"gpu_validate.vidur: error: {err}\n")
         return 2
     with atomic_path(args.out) as tmp:
-        tmp.write_text(dumps(result) + "\n")
+        tmp.write_text(profiles.dumps(result) + "\n")
     sys.stdout.write(format_result(result) + f"\ncalibration: {args.out}\n")
     return 0
 

@@ -30,7 +30,8 @@ one efficiency per tensor-parallel degree (``by_tp``). The scan of Mamba1 (selec
 ``selective_scan``) and of Mamba2 (SSD chunked scan, class ``ssm_scan``) are separate classes.
 
 Measured shapes. A calibration may also hold measured times of whole ops for given shapes
-(:class:`Profile`, the file's ``profiles``: Vidur's profiled Llama layers on A100 and H100). An op
+(:class:`Profile`, the file's ``profiles``: Vidur's profiled Llama layers on A100 and H100, or
+the shapes a ``gpu_validate`` run measured on its GPU). An op
 whose name, shape (``Op.shape``: the layer dimensions and dtype) and tensor-parallel degree match a
 profile is timed from it, ``units x profile(tokens)`` (plus its ``fixed_s``), instead of the
 roofline: GEMM times are a staircase in the token count (cuBLAS picks tiles per shape) that no
@@ -163,8 +164,17 @@ def curve_scale(curve: LogCurve, tokens: float) -> float:
     return ys[i - 1] * (1 - w) + ys[i] * w
 
 
-#: ops a calibration may time from measured tables (:class:`Profile`)
-PROFILED_OPS = ("attn_qkv_proj", "attn_out_proj", "mlp", "norms_residuals")
+#: ops a calibration may time from measured tables (:class:`Profile`): the GEMMs of one layer
+#: (attention and SSM projections, dense MLP), the LM head, a layer's norm + residual add
+PROFILED_OPS = (
+    "attn_qkv_proj",
+    "attn_out_proj",
+    "ssm_in_proj",
+    "ssm_out_proj",
+    "mlp",
+    "lm_head",
+    "norms_residuals",
+)
 
 
 @dataclass(frozen=True)

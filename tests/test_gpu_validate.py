@@ -30,7 +30,7 @@ from gpu_validate.records import (
     timed,
     validate,
 )
-from gpu_validate.report import build_report
+from gpu_validate.report import build_report, predict
 from gpu_validate.synth import TRUE_EFFICIENCY, synthetic_records, write_synthetic
 from simlab.costmodel import (
     DEFAULT_EFFICIENCY,
@@ -199,6 +199,33 @@ def test_calibration_file_is_what_simlab_loads(synth_dir, synth_fit):
     assert synth_fit["hardware"]["name"] == "h100_sxm"
     assert synth_fit["hardware"]["peak_tflops"] == 989
     assert len(synth_fit["residuals"]) == synth_fit["fit"]["n_records"]
+
+
+def test_the_fit_writes_the_runs_shapes_as_profiles(synth_dir, synth_fit, nemotron, h100):
+    """The run's op records of one layer's shapes become profiles (TP 1) that simlab loads and
+    times those ops from: at a measured count, exactly the record's median per unit."""
+    section = synth_fit["profiles"]
+    ops = {s["op"] for s in section["series"]}
+    assert ops == {"attn_qkv_proj", "attn_out_proj", "ssm_in_proj", "ssm_out_proj", "mlp"} | {
+        "lm_head",
+        "norms_residuals",
+    }
+    assert all(s["tp"] == 1 and s["models"] == ["nemotron_h_8b"] for s in section["series"])
+    assert set(section["held_back_error"]) == {"gemm", "elementwise"}
+    cal = Calibration.load(synth_dir / "calibration.json", "h100_sxm")
+    on, off = (CostModel(nemotron, h100, c) for c in (cal, cal.without_profiles()))
+    record = next(
+        r
+        for r in select(read_records([synth_dir]))
+        if r["op_name"] == "ssm_in_proj" and r["params"]["tokens"] == 512
+    )
+    timed, plain = (c.breakdown(BatchShape(prefill=[(0, 512)])) for c in (on, off))
+    assert timed["ssm_in_proj"] == pytest.approx(
+        nemotron.n_ssm_layers * record["median_s"], rel=1e-5
+    )
+    assert timed["ssm_scan"] == plain["ssm_scan"]  # not a measured shape
+    stack = next(r for r in read_records([synth_dir]) if r["kind"] == "stack")
+    assert predict(stack, on) != predict(stack, off)  # the report times a stack as simlab does
 
 
 def test_fit_leaves_out_the_stand_in_moe(synth_dir):

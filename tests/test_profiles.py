@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from gpu_validate.cases import load_hardware
-from gpu_validate.vidur import ACCEPTANCE, calibrate, split_profiles
+from gpu_validate.profiles import split_profiles
+from gpu_validate.vidur import ACCEPTANCE, calibrate
 from simlab.config import ConfigError
 from simlab.costmodel import BatchShape, Calibration, CostModel, Profile
 from simlab.timed import TimedEngine
