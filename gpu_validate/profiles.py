@@ -40,7 +40,7 @@ def profiled(records: Sequence[dict]) -> list[dict]:
     return [
         r
         for r in records
-        if r["op_name"] in PROFILED_OPS and r.get("units") and r.get("shape") and r["median_s"] > 0
+        if r["op_name"] in PROFILED_OPS and r.get("units") and "shape" in r and r["median_s"] > 0
     ]
 
 

@@ -28,8 +28,9 @@ all-reduce is fitted per tensor-parallel degree on the network profiles
 and the file says so (``unmeasured``, ``terms``).
 
 The file also carries the measurements themselves (``profiles``: per (op, layer shape, tp), the
-seconds of one unit at every measured token count, :class:`simlab.costmodel.Profile`), which the
-cost model uses for ops of those shapes; their held-back error is checked the same way, with the
+seconds of one unit at every measured token count, and per tp one all-reduce call at every
+measured message size, :class:`simlab.costmodel.Profile`), which the cost model uses for ops of
+those shapes; their held-back error is checked the same way, with the
 token counts of each (op, shape, tp) series alternating (:mod:`gpu_validate.profiles`), and their
 extrapolation above 4,096 tokens on the series that go further (:func:`extrapolation_error`).
 
@@ -374,11 +375,11 @@ def calibrate(
     if not by_model:
         raise ValueError(f"--fit {list(fit_models)}: no Vidur profile of these models for {gpu}")
     fits, held = held_back(train, test, hw, curve=True)
-    split = profiles.split_profiles(profiles.profiled(records))
-    profiled = pd.DataFrame(profiles.profiled_errors(*split))
     plain = held_back(train, test, hw, curve=False)[1]
     models = held_back(by_model, others, hw, curve=True)[1] if others else pd.DataFrame()
     network = vidur_network.calibrate(gpu, hw, data_dir)
+    measured = profiles.profiled(records) + network["profile_records"]
+    profiled = pd.DataFrame(profiles.profiled_errors(*profiles.split_profiles(measured)))
     summary = per_class(held)
     summary["allreduce"] = network["held_back_error"]["held_back"]
     floor = error_floor(records, train, test, hw, {c: f.efficiency for c, f in fits.items()})
@@ -404,7 +405,7 @@ def calibrate(
         "note": NOTES.get(hardware, ""),
         "held_back_error": summary,
         "acceptance": {"target": ACCEPTANCE, **acceptance(summary)},
-        "profiles": profiled_section(records, profiled, gpu),
+        "profiles": profiled_section(measured, profiled, gpu),
         "held_back_by_op": breakdown(held, ["op_class", "op_name"]),
         "held_back_by_op_tp": breakdown(held, ["op_class", "op_name", "tp"]),
         "held_back_by_op_tokens": breakdown(held, ["op_class", "op_name", "token_range"]),
@@ -423,16 +424,22 @@ def calibrate(
 
 def profiled_section(records: Sequence[dict], held: pd.DataFrame, gpu: str) -> dict[str, Any]:
     """The file's ``profiles`` (:func:`gpu_validate.profiles.section`) with the acceptance, the
-    held-back error by op and token range (``held``: :func:`profiles.profiled_errors` on the
-    split) and the extrapolation check."""
-    source = f"vidur_profiling/compute/{gpu}/meta-llama/*/mlp.csv (medians, every row)"
+    held-back error by op, by token range and (the all-reduce) by tp (``held``:
+    :func:`profiles.profiled_errors` on the split) and the extrapolation check."""
+    topology = vidur_network.TOPOLOGY[gpu][0]
+    source = (
+        f"vidur_profiling/compute/{gpu}/meta-llama/*/mlp.csv and "
+        f"vidur_profiling/network/{topology}/all_reduce.csv (medians, every row)"
+    )
     out = profiles.section(records, source)
     series = out.pop("series")
+    compute = held[held["op_class"] != "allreduce"]
     return out | {
         "acceptance": acceptance(per_class(held)),
         "held_back_by_op": breakdown(held, ["op_class", "op_name"]),
-        "held_back_by_op_tokens": breakdown(held, ["op_class", "op_name", "token_range"]),
-        "extrapolation": extrapolation_error(records),
+        "held_back_by_op_tokens": breakdown(compute, ["op_class", "op_name", "token_range"]),
+        "held_back_allreduce_by_tp": breakdown(held[held["op_class"] == "allreduce"], ["tp"]),
+        "extrapolation": extrapolation_error([r for r in records if r["op_class"] != "allreduce"]),
         "series": series,
     }
 

@@ -13,6 +13,8 @@ bandwidth over the ring's bytes (above 1 where NCCL does better than the ring). 
 message sizes (sorted, per degree) are fitted and the others held back; the fit is also checked
 on the other topology of the same GPU (pairwise NVLink instead of an NVSwitch node), which it
 was not fitted on. Invariant: a degree absent from the data gets the joint fit over all degrees.
+The rows themselves also become the calibration's measured all-reduce (:func:`profile_records`,
+``profiles`` of :mod:`gpu_validate.vidur`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from simlab.costmodel import ETA_MAX, Efficiency, Hardware
+from simlab.costmodel import ALLREDUCE, ETA_MAX, Efficiency, Hardware
 from traces.paths import resolve_data_dir
 
 ELEMENT_BYTES = 2  # Vidur's ``size`` counts fp16 elements
@@ -142,6 +144,7 @@ def calibrate(gpu: str, hw: Hardware, data_dir: str | None = None) -> dict[str, 
     }
     return {
         "entry": entry,
+        "profile_records": profile_records(frame, fitted_on),
         "held_back_error": summary,
         "table": _table(held, "held_back") + _table(other, f"other_topology ({checked_on})"),
         "provenance": {
@@ -155,6 +158,24 @@ def calibrate(gpu: str, hw: Hardware, data_dir: str | None = None) -> dict[str, 
             "other tp": "the joint fit over all tp (ops.allreduce itself)",
         },
     }
+
+
+def profile_records(frame: pd.DataFrame, topology: str) -> list[dict[str, Any]]:
+    """The rows as :mod:`gpu_validate.profiles` records of the cost model's ``tp_allreduce``
+    (one call per unit; the profile's argument is the message bytes)."""
+    return [
+        {
+            "model": topology,
+            "op_name": ALLREDUCE,
+            "op_class": "allreduce",
+            "shape": (),
+            "units": 1,
+            "tp": int(tp),
+            "tokens": int(size),
+            "median_s": float(t),
+        }
+        for tp, size, t in zip(frame["tp"], frame["message_bytes"], frame["median_s"], strict=True)
+    ]
 
 
 def _summary(frame: pd.DataFrame) -> dict[str, Any]:

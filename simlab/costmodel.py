@@ -30,6 +30,7 @@ one efficiency per tensor-parallel degree (``by_tp``). The scan of Mamba1 (selec
 ``selective_scan``) and of Mamba2 (SSD chunked scan, class ``ssm_scan``) are separate classes.
 
 Measured shapes. A calibration may also hold measured times of whole ops for given shapes
+(and of one all-reduce call per message size and tensor-parallel degree)
 (:class:`Profile`, the file's ``profiles``: Vidur's profiled Llama layers on A100 and H100, or
 the shapes a ``gpu_validate`` run measured on its GPU). An op
 whose name, shape (``Op.shape``: the layer dimensions and dtype) and tensor-parallel degree match a
@@ -165,7 +166,8 @@ def curve_scale(curve: LogCurve, tokens: float) -> float:
 
 
 #: ops a calibration may time from measured tables (:class:`Profile`): the GEMMs of one layer
-#: (attention and SSM projections, dense MLP), the LM head, a layer's norm + residual add
+#: (attention and SSM projections, dense MLP), the LM head, a layer's norm + residual add (over
+#: the token count), and one tensor-parallel all-reduce call (over its message bytes)
 PROFILED_OPS = (
     "attn_qkv_proj",
     "attn_out_proj",
@@ -174,7 +176,10 @@ PROFILED_OPS = (
     "mlp",
     "lm_head",
     "norms_residuals",
+    "tp_allreduce",
 )
+#: the profiled op whose profile is over the bytes of one call's message, not the token count
+ALLREDUCE = "tp_allreduce"
 
 
 @dataclass(frozen=True)
@@ -387,7 +392,7 @@ class CostTerms:
       (scheduling, sampling, launch gaps): op ``engine_overhead``;
     * ``moe_dispatch_s_per_token``: routing / permutation per token per MoE layer (``moe_dispatch``);
     * ``allreduce_latency_s``: the all-reduce's per-call latency, over the calibration's ``t0``
-      (null: keep it);
+      and instead of its measured all-reduce (null: keep them);
     * ``mamba1_scan_scale`` / ``mamba2_scan_scale``: factors on the achieved efficiency of the
       selective scan (class ``selective_scan``) / the SSD chunked scan (``ssm_scan``);
     * ``state_load_s`` per SSM checkpoint loaded at a hit, ``state_store_s`` per checkpoint
@@ -510,8 +515,11 @@ class CostModel:
         self._rate["overhead"] = (math.inf, math.inf, 0.0)  # fixed-time terms only
         self._curve = {name: log_curve(e.curve) for name, e in eff.items() if e.curve}
         self._profiles = {
-            (name, shape): p for (name, shape, t), p in self.calibration.profiles.items() if t == tp
+            (name, shape): p
+            for (name, shape, t), p in self.calibration.profiles.items()
+            if t == tp and not (name == ALLREDUCE and self.terms.allreduce_latency_s is not None)
         }
+        self._message_bytes_per_token = model.d_model * model.dtype_bytes  # one all-reduce call
         self._decode_templates: dict[int, DecodeTemplate | None] = {}
         self._position_memo: dict[int, PositionOps] = {}
         self._lm_head_memo: dict[int, TimedOp] = {}
@@ -521,7 +529,8 @@ class CostModel:
         if op.units and self._profiles:
             profile = self._profiles.get((op.name, op.shape))
             if profile is not None:
-                return profile.at(op.tokens) * op.units + op.fixed_s
+                x = op.tokens * self._message_bytes_per_token if op.name == ALLREDUCE else op.tokens
+                return profile.at(x) * op.units + op.fixed_s
         peak, bw, t0 = self._rate[op.op_class]
         t = max(op.flops / peak, op.bytes / bw) + op.launches * t0
         curve = self._curve.get(op.op_class)
@@ -860,6 +869,8 @@ class CostModel:
             ops.append(head)
         if self.tp > 1:
             reduced = 2.0 * (self.tp - 1) / self.tp * batch.tokens * D * w * layers
-            allreduce = Op("tp_allreduce", "allreduce", 0.0, reduced, layers, batch.tokens)
+            allreduce = Op(
+                ALLREDUCE, "allreduce", 0.0, reduced, layers, batch.tokens, units=layers
+            )  # one call per layer, of batch.tokens x d_model x dtype bytes
             ops.append(self._timed(self._per_gpu(allreduce)))
         return ops

@@ -119,8 +119,11 @@ def test_scan_scales_and_allreduce_latency_change_their_own_ops():
         changed = {op for op, ms in slow["breakdown_ms"].items() if ms != plain["breakdown_ms"][op]}
         assert changed == {"ssm_scan"}
         assert slow["breakdown_ms"]["ssm_scan"][1] > 1.5 * plain["breakdown_ms"]["ssm_scan"][1]
-    plain = predict(config(base))
+    # an explicit latency replaces the measured all-reduce by the class model with that t0
+    assert "tp_allreduce" in predict(config(base))["measured_ops"]
+    plain = predict(config([*base, "engine.profiles=false"]))
     slow = predict(config([*base, "engine.costs.allreduce_latency_s=0.001"]))
+    assert "tp_allreduce" not in slow["measured_ops"]
     layers = 64  # llama3_8b: 32 attention + 32 MLP sublayers, one all-reduce each
     extra = slow["breakdown_ms"]["tp_allreduce"][0] - plain["breakdown_ms"]["tp_allreduce"][0]
     cal = json.loads((ROOT / "gpu_validate/calibration/a100_40gb.json").read_text())
