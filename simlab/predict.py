@@ -10,7 +10,8 @@ that take most of it, and writes ``prediction.json`` (atomically) into the run d
 model, hardware, tensor-parallel degree and calibration used (the hardware preset's own by
 default, ``engine.calibration=null`` for the default efficiencies) with its held-back error, and
 ``measured_ops``: the ops timed from the calibration's measurements of their shape
-(``engine.profiles=false``: none) with those measurements' own held-back error. The
+(``engine.profiles=false``: none) with those measurements' own held-back error, and
+``measured_share``: per length, the share of the predicted time those ops make up. The
 breakdown holds the ``engine.costs`` terms when charged (``engine_overhead``, ``moe_dispatch``).
 The timed engine times its iterations with exactly this model
 (:class:`simlab.costmodel.CostModel`).
@@ -88,7 +89,16 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         "prefill_tokens": prefill,
         "prefill_ms": [1000 * cost.time(shape) for shape in shapes],
         "breakdown_ms": {op: [1000 * b[op] for b in breakdowns] for op in breakdowns[0]},
+        # per length: the share of the predicted time that comes from measurements
+        "measured_share": [measured_share(cost, shape) for shape in shapes],
     }
+
+
+def measured_share(cost: CostModel, shape: BatchShape) -> float:
+    """The share of ``shape``'s predicted time timed from measured shapes (0: all modelled)."""
+    total = cost.time(shape)
+    timed = [(op, cost.op_time(op)) for op in cost.ops(shape)]
+    return sum(t for op, t in timed if cost.measured(op)) / total if total else 0.0
 
 
 def table(prediction: dict[str, Any]) -> str:
@@ -124,7 +134,9 @@ def table(prediction: dict[str, Any]) -> str:
     ):
         top = sorted(ops, key=lambda op: -ops[op][i])[:TOP_OPS]
         parts = ", ".join(f"{op} {ops[op][i]:.2f}" for op in top)
-        lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms)")
+        share = prediction.get("measured_share", [0.0] * (i + 1))[i]
+        measured_part = f"; {100 * share:.0f}% measured" if measured else ""
+        lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms{measured_part})")
     return "\n".join(lines)
 
 

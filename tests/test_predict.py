@@ -47,6 +47,10 @@ def test_the_preset_calibration_is_the_default_and_null_reverts():
     assert default["calibration"].startswith("default efficiencies")
     assert default["calibration_held_back_error"] == {}
     assert default["measured_ops"] == [] and default["measured_held_back_error"] == {}
+    assert default["measured_share"] == [0.0, 0.0]
+    measured = sum(calibrated["breakdown_ms"][op][1] for op in calibrated["measured_ops"])
+    assert calibrated["measured_share"][1] == pytest.approx(measured / calibrated["prefill_ms"][1])
+    assert 0.5 < calibrated["measured_share"][1] < 1  # llama3_8b on A100: all but attention
     for op in ("attn_qkv_proj", "attn_out_proj", "mlp", "norms_residuals", "lm_head"):
         for a, b in zip(calibrated["breakdown_ms"][op], default["breakdown_ms"][op], strict=True):
             assert abs(a / b - 1) > 0.005, op
