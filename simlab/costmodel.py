@@ -549,6 +549,12 @@ class CostModel:
         """Whether a measured :class:`Profile` times ``op`` (not the roofline)."""
         return bool(op.units) and (op.name, op.shape) in self._profiles
 
+    def measured_share(self, batch: BatchShape) -> float:
+        """The share of ``batch``'s predicted time timed from measured shapes (0: all modelled)."""
+        timed = self._timed_ops(batch) if batch.prefill or batch.decode else []
+        total = sum([t for _, t in timed])
+        return sum([t for op, t in timed if self.measured(op)]) / total if total else 0.0
+
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
         """Seconds per op name (for reports and calibration)."""
         return {op.name: t for op, t in self._timed_ops(batch)}

@@ -90,15 +90,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         "prefill_ms": [1000 * cost.time(shape) for shape in shapes],
         "breakdown_ms": {op: [1000 * b[op] for b in breakdowns] for op in breakdowns[0]},
         # per length: the share of the predicted time that comes from measurements
-        "measured_share": [measured_share(cost, shape) for shape in shapes],
+        "measured_share": [cost.measured_share(shape) for shape in shapes],
     }
-
-
-def measured_share(cost: CostModel, shape: BatchShape) -> float:
-    """The share of ``shape``'s predicted time timed from measured shapes (0: all modelled)."""
-    total = cost.time(shape)
-    timed = [(op, cost.op_time(op)) for op in cost.ops(shape)]
-    return sum(t for op, t in timed if cost.measured(op)) / total if total else 0.0
 
 
 def table(prediction: dict[str, Any]) -> str:

@@ -356,6 +356,7 @@ def test_the_cost_model_note_names_the_calibration_and_its_error():
     assert f"gemm {100 * gemm['median']:.0f}/{100 * gemm['p90']:.0f}%" in note
     measured = fitted["profiles"]["held_back_error"]["gemm"]
     assert "measured shape timed from the measurements (allreduce" in note
+    assert "% of a 4,096-token prefill" in note  # the default model: marconi_7b's attention
     assert f"gemm {100 * measured['median']:.0f}/{100 * measured['p90']:.0f}%)" in note
     config["engine"]["profiles"] = False
     assert "measured shape" not in cost_model_note(config)

@@ -7,7 +7,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simlab.costmodel import Calibration, resolve_calibration
+from simlab.costmodel import (
+    BatchShape,
+    Calibration,
+    CostModel,
+    CostTerms,
+    Hardware,
+    resolve_calibration,
+)
+from simlab.model import ModelSpec
 from simlab.report.load import RunResults, SweepResults
 from simlab.report.style import fmt_value
 
@@ -141,9 +149,11 @@ def cost_model_note(config: dict[str, Any]) -> str:
         return f"Cost model: calibration {path} (not readable now: {err})"
     measured = ""
     if calibration.profiles and engine.get("profiles", True):
+        share = measured_share(config, calibration)
         measured = (
             f"; ops of a measured shape timed from the measurements ("
             f"{_errors(calibration.profiled_held_back_error) or 'error not recorded'})"
+            + (f", {100 * share:.0f}% of a {NOTE_PREFILL:,}-token prefill" if share else "")
         )
     return (
         f"Cost model: calibration {Path(path).name}; held-back per-op error median/P90: "
@@ -151,6 +161,27 @@ def cost_model_note(config: dict[str, Any]) -> str:
         "(attention, SSM scans) on defaults; whole-model TTFT not validated against a measured "
         "table"
     )
+
+
+#: the prompt length at which the note gives the share of the predicted time that is measured
+NOTE_PREFILL = 4096
+
+
+def measured_share(config: dict[str, Any], calibration: Calibration) -> float:
+    """The share of a :data:`NOTE_PREFILL`-token prefill's predicted time that the run's cost
+    model takes from measurements (0 when the run's model or costs cannot be rebuilt)."""
+    engine = config["engine"]
+    try:
+        cost = CostModel(
+            ModelSpec.from_config(config["model"]),
+            Hardware.from_config(engine["hardware"]),
+            calibration,
+            int(engine.get("tp", 1)),
+            CostTerms.from_config(engine.get("costs")),
+        )
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    return cost.measured_share(BatchShape(prefill=[(0, NOTE_PREFILL)]))
 
 
 def _errors(errors: dict[str, Any]) -> str:
