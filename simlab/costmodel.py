@@ -29,15 +29,14 @@ the activation bytes over ``eta_m`` x the link bandwidth; a calibration may give
 one efficiency per tensor-parallel degree (``by_tp``). The scan of Mamba1 (selective scan, class
 ``selective_scan``) and of Mamba2 (SSD chunked scan, class ``ssm_scan``) are separate classes.
 
-Measured shapes. A calibration may also hold measured times of whole ops for given shapes
-(and of one all-reduce call per message size and tensor-parallel degree)
-(:class:`Profile`, the file's ``profiles``: Vidur's profiled Llama layers on A100 and H100, or
-the shapes a ``gpu_validate`` run measured on its GPU). An op
-whose name, shape (``Op.shape``: the layer dimensions and dtype) and tensor-parallel degree match a
-profile is timed from it, ``units x profile(tokens)`` (plus its ``fixed_s``), instead of the
-roofline: GEMM times are a staircase in the token count (cuBLAS picks tiles per shape) that no
-model smooth in the tokens follows. Every other op, and every shape nobody measured, keeps the
-roofline above.
+Measured shapes. A calibration may also hold measured times of whole ops (:class:`Profile`, the
+file's ``profiles``): per layer shape and tensor-parallel degree against the token count, and
+for the all-reduce one call against its message bytes (Vidur's Llama layers and NCCL runs on
+A100 and H100, or the shapes a ``gpu_validate`` run measured on its GPU). An op whose name, shape
+(``Op.shape``: the layer dimensions and dtype) and tensor-parallel degree match a profile is
+timed from it, ``units x profile(x)`` (plus its ``fixed_s``), instead of the roofline: GEMM times
+are a staircase in the token count (cuBLAS picks tiles per shape) that no model smooth in the
+tokens follows. Every other op, and every shape nobody measured, keeps the roofline above.
 """
 
 from __future__ import annotations
@@ -184,8 +183,9 @@ ALLREDUCE = "tp_allreduce"
 
 @dataclass(frozen=True)
 class Profile:
-    """Measured seconds of one unit of an op (one layer's GEMM; one norm plus one residual add)
-    at increasing token counts, for one shape and tensor-parallel degree.
+    """Measured seconds of one unit of an op (one layer's GEMM; one norm plus one residual add;
+    one all-reduce call) at increasing token counts (the all-reduce: message bytes), for one
+    shape and tensor-parallel degree.
 
     :meth:`at` is linear in (log tokens, log seconds) between measured counts, the first value
     below the first count, and proportional to the tokens above the last (every profiled op's

@@ -8,9 +8,9 @@ prefilled together after a cached ``prefix`` (one iteration, nothing else runnin
 that take most of it, and writes ``prediction.json`` (atomically) into the run directory:
 ``prefill_tokens``, ``prefill_ms``, ``breakdown_ms`` (op name -> one time per length), and the
 model, hardware, tensor-parallel degree and calibration used (the hardware preset's own by
-default, ``engine.calibration=null`` for the default efficiencies) with its held-back error, and
+default, ``engine.calibration=null`` for the default efficiencies) with its held-back error;
 ``measured_ops``: the ops timed from the calibration's measurements of their shape
-(``engine.profiles=false``: none) with those measurements' own held-back error, and
+(``engine.profiles=false``: none) with those measurements' own held-back error;
 ``measured_share``: per length, the share of the predicted time those ops make up. The
 breakdown holds the ``engine.costs`` terms when charged (``engine_overhead``, ``moe_dispatch``).
 The timed engine times its iterations with exactly this model
@@ -127,7 +127,7 @@ def table(prediction: dict[str, Any]) -> str:
     ):
         top = sorted(ops, key=lambda op: -ops[op][i])[:TOP_OPS]
         parts = ", ".join(f"{op} {ops[op][i]:.2f}" for op in top)
-        share = prediction.get("measured_share", [0.0] * (i + 1))[i]
+        share = prediction["measured_share"][i]
         measured_part = f"; {100 * share:.0f}% measured" if measured else ""
         lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms{measured_part})")
     return "\n".join(lines)
