@@ -523,6 +523,7 @@ class CostModel:
         self._decode_templates: dict[int, DecodeTemplate | None] = {}
         self._position_memo: dict[int, PositionOps] = {}
         self._lm_head_memo: dict[int, TimedOp] = {}
+        self._allreduce_memo: dict[int, TimedOp] = {}
 
     # ------------------------------------------------------------------ timing
     def op_time(self, op: Op) -> float:
@@ -855,10 +856,8 @@ class CostModel:
 
     def _output_ops(self, batch: BatchShape) -> list[TimedOp]:
         """The LM head over the sampled positions and the tensor-parallel all-reduce, per GPU
-        and timed (the LM head memoised per sampled count)."""
+        and timed (memoised per sampled count and per position count)."""
         m = self.model
-        w, D = m.dtype_bytes, m.d_model
-        layers = m.n_attn_layers + m.n_ssm_layers + m.n_mlp_layers + m.n_moe_layers
         ops: list[TimedOp] = []
         sampled = (
             batch.sampled if batch.sampled is not None else len(batch.decode) + len(batch.prefill)
@@ -867,16 +866,27 @@ class CostModel:
             head = self._lm_head_memo.get(sampled)
             if head is None:
                 head = self._timed(
-                    self._per_gpu(self._gemm("lm_head", sampled, D, m.vocab_size, 1))
+                    self._per_gpu(self._gemm("lm_head", sampled, m.d_model, m.vocab_size, 1))
                 )
                 if len(self._lm_head_memo) >= POSITION_MEMO:
                     self._lm_head_memo.clear()
                 self._lm_head_memo[sampled] = head
             ops.append(head)
         if self.tp > 1:
-            reduced = 2.0 * (self.tp - 1) / self.tp * batch.tokens * D * w * layers
-            allreduce = Op(
-                ALLREDUCE, "allreduce", 0.0, reduced, layers, batch.tokens, units=layers
-            )  # one call per layer, of batch.tokens x d_model x dtype bytes
-            ops.append(self._timed(self._per_gpu(allreduce)))
+            ops.append(self._allreduce(batch.tokens))
         return ops
+
+    def _allreduce(self, tokens: int) -> TimedOp:
+        """The tensor-parallel all-reduces of an iteration over ``tokens`` positions, timed:
+        one call per layer, of ``tokens x d_model x dtype`` bytes (memoised per count)."""
+        timed = self._allreduce_memo.get(tokens)
+        if timed is None:
+            m = self.model
+            layers = m.n_attn_layers + m.n_ssm_layers + m.n_mlp_layers + m.n_moe_layers
+            reduced = 2.0 * (self.tp - 1) / self.tp * tokens * m.d_model * m.dtype_bytes * layers
+            op = Op(ALLREDUCE, "allreduce", 0.0, reduced, layers, tokens, units=layers)
+            timed = self._timed(self._per_gpu(op))
+            if len(self._allreduce_memo) >= POSITION_MEMO:
+                self._allreduce_memo.clear()
+            self._allreduce_memo[tokens] = timed
+        return timed
