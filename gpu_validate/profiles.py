@@ -24,8 +24,9 @@ import numpy as np
 from simlab.costmodel import PROFILED_OPS, Profile
 
 WHAT = (
-    "measured seconds of one unit (a layer's GEMM; a norm + residual add) per token count, per "
-    "(op, shape, tp); simlab times the ops they match from them"
+    "measured seconds of one unit (a layer's GEMM; a norm + residual add; one all-reduce call) "
+    "per token count (the all-reduce: per message bytes), per (op, shape, tp); simlab times the "
+    "ops they match from them"
 )
 BETWEEN = (
     "linear in (log tokens, log seconds); above the last count: proportional to the tokens; "
