@@ -128,6 +128,17 @@ FIXED_CASES: list[Case] = [
     ("vllm-whole_input-llama3_8b-sharegpt-replay",
      ["+policy=vllm", "+policy.semantics.whole_input_hit=true", "model=llama3_8b",
       "engine=replay", *SHAREGPT_1GB]),
+    # FIFO and Belady over whole blocks: computed on block ids (simlab/block_heap.py), so their
+    # records must stay the request-by-request replay's
+    ("vllm_fifo-llama3_8b-mooncake-replay",
+     ["+policy=vllm", "eviction@policy.eviction=fifo", "policy.block_size=512",
+      "trace=mooncake", "model=llama3_8b", "arrivals.mode=timestamps", "engine=replay",
+      "cache.size_gb=20"]),
+    ("clairvoyant_blocks-llama3_8b-mooncake-replay",
+     ["+policy=clairvoyant_blocks", "policy.block_size=512", "trace=mooncake",
+      "model=llama3_8b", "arrivals.mode=timestamps", "engine=replay", "cache.size_gb=20"]),
+    ("clairvoyant_blocks-llama3_8b-sharegpt-replay",
+     ["+policy=clairvoyant_blocks", "model=llama3_8b", "engine=replay", *SHAREGPT_1GB]),
     # a hybrid on a hash-id trace: the admission's token parameters (here the scan chunk that
     # round_down aligns checkpoints to) are converted to blocks
     ("marconi-rounddown-mooncake-replay",

@@ -28,9 +28,11 @@ token, 64 MiB per block, so 1 GiB = 16 blocks exactly); simlab runs ``model=llam
 
 Four capacities x three policies in one call: kvcache-simulator's one ``run_sweep`` call beside one
 ``python -m simlab`` call with ``cache.size_gb`` a list of the four capacities and the three
-policies as the ``compare`` set (:func:`compare_overrides`): LRU in one stack-distance pass over
-the trace (``simlab/stack.py``), and again with ``cache.one_pass=false`` (every capacity back to
-back); FIFO and optimal run back to back in both. ``--case TEXT`` runs only the matching cases.
+policies as the ``compare`` set (:func:`compare_overrides`): on the block pool's fast paths (one
+walk of the trace shared by the policies; LRU in one stack-distance pass, ``simlab/stack.py``;
+FIFO and optimal on block ids, ``simlab/block_heap.py``), and again with ``cache.one_pass=false``
+(every capacity and policy replayed request by request). ``--case TEXT`` runs only the matching
+cases.
 
 Hit rates are kvcache-simulator's: hit tokens over input tokens of the last 50% of requests (its
 measurement window; simlab's and DynoSim's from their per-request records). Same semantics must
@@ -364,8 +366,9 @@ def run_simlab_list(
     setup: Setup, policies: Sequence[str], blocks: Sequence[int], one_pass: bool = True
 ) -> Run:
     """One ``python -m simlab`` process for every (policy, blocks) point: ``cache.size_gb`` a
-    list, the policies as the ``compare`` set; ``cache.one_pass=false`` runs LRU's capacities
-    back to back instead of in one stack-distance pass. ``sim_s``: the summed ``wall_s``."""
+    list, the policies as the ``compare`` set; ``cache.one_pass=false`` replays every point
+    request by request instead of on the block pool's fast paths. ``sim_s``: the summed
+    ``wall_s``."""
     import pandas as pd
 
     out = setup.out_dir()
@@ -464,8 +467,8 @@ def build_cases(peers: dict[str, Path]) -> list[Case]:
                 run_kvsim, backend=backend, blocks=CAPACITIES, policies=POLICIES
             )
         calls: dict[str, Runner] = {
-            "simlab, one call (LRU one pass)": lambda s: run_simlab_list(s, POLICIES, CAPACITIES),
-            "simlab, one call (back to back)": lambda s: run_simlab_list(
+            "simlab, one call (block paths)": lambda s: run_simlab_list(s, POLICIES, CAPACITIES),
+            "simlab, one call (request by request)": lambda s: run_simlab_list(
                 s, POLICIES, CAPACITIES, one_pass=False
             ),
         }

@@ -12,12 +12,14 @@ another config or code are never replaced silently (``overwrite=true`` replaces 
 
 Per policy, the capacities run in one replay when the policy has the inclusion property
 (:mod:`simlab.stack`: an LRU over whole blocks on the replay engine) and ``cache.one_pass`` is
-true, otherwise back to back on the shared requests; the choice is logged. ``wall_s`` of a
-one-pass point is the pass's time shared equally by its capacities.
+true; FIFO and Belady on the same block pools replay each capacity on the block ids of one walk
+of the trace (:mod:`simlab.block_heap`); everything else runs back to back on the shared
+requests. The choice is logged. ``wall_s`` of a one-pass or block-heap point is the whole
+computation's time shared equally by its capacities.
 
 Top level: ``<out>/capacities.parquet``, one row per (capacity, policy): ``cache.size_gb``,
 ``run_dir`` (the point's directory, relative), ``policy``, ``replay`` (``one_pass``,
-``back_to_back`` or ``resumed``) and every metric of that policy's summary entry; written
+``block_heap``, ``back_to_back`` or ``resumed``) and every metric of that policy's summary entry; written
 atomically. ``report=true`` draws ``<out>/report.pdf``, the sweep report of the list (its points
 are the capacities: :func:`simlab.report.load.load_sweep` reads this table); ``python -m
 simlab.report <point dir>`` draws one capacity's run report.
@@ -34,6 +36,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, ListConfig, open_dict
 
+from simlab.block_replay import LRU, Walks, eviction_order, one_pass_obstacle
 from simlab.config import ConfigError
 from simlab.provenance import code_version
 from simlab.simulate import (
@@ -50,7 +53,6 @@ from simlab.simulate import (
     stacked_runs,
     trace_requests,
 )
-from simlab.stack import one_pass_obstacle
 from simlab.summary import Summary
 from simlab.sweep import _scalar, _tidy, check_no_overwrite, finished_summary, write_points
 from traces.format import Request
@@ -96,7 +98,7 @@ class Point:
     plan: RunPlan
     out_dir: Path | None
     done: Summary | None = None
-    replay: dict[str, str] = field(default_factory=dict)  # policy -> one_pass | back_to_back
+    replay: dict[str, str] = field(default_factory=dict)  # policy -> how it ran (table)
 
 
 @dataclass
@@ -206,6 +208,7 @@ def run_policies(
     and ``cache.one_pass`` is on, else back to back. Returns point -> policy -> run."""
     runs: dict[int, dict[str, PolicyRun]] = {id(p): {} for p in points}
     first = points[0].plan.settings
+    walks: Walks = {}  # block walks of the requests, shared by the policies
     for name in first.policies:
         steps = [
             policy_step(name, p.plan.settings.policies[name], p.plan.model, p.plan.settings, unit)
@@ -215,10 +218,12 @@ def run_policies(
         if obstacle is None and not first.cache.one_pass:
             obstacle = "cache.one_pass=false"
         if obstacle is None:
-            log.info("%s: one-pass stack-distance replay for %d capacities", name, len(points))
-            for point, run in zip(points, one_pass(name, points, steps, requests), strict=True):
+            replay = fast_replay(name, steps[0], len(points))
+            for point, run in zip(
+                points, one_pass(name, points, steps, requests, walks), strict=True
+            ):
                 runs[id(point)][name] = run
-                point.replay[name] = "one_pass"
+                point.replay[name] = replay
             continue
         log.info("%s: back to back for %d capacities (%s)", name, len(points), obstacle)
         for point in points:
@@ -236,12 +241,24 @@ def run_policies(
     return runs
 
 
+def fast_replay(name: str, step: Any, n_points: int) -> str:
+    """Log and name how a policy on a block pool's fast path runs its capacities: ``one_pass``
+    (an LRU: stack distances) or ``block_heap`` (FIFO, Belady: a heap over block ids each)."""
+    order = eviction_order(step.eviction)
+    if order == LRU:
+        log.info("%s: one-pass stack-distance replay for %d capacities", name, n_points)
+        return "one_pass"
+    log.info("%s: %s over block ids for %d capacities (one walk)", name, order, n_points)
+    return "block_heap"
+
+
 def one_pass(
-    name: str, points: list[Point], steps: list[Any], requests: list[Request]
+    name: str, points: list[Point], steps: list[Any], requests: list[Request], walks: Walks
 ) -> list[PolicyRun]:
-    """The policy's runs at every point from one stack-distance pass (:mod:`simlab.stack`)."""
+    """The policy's runs at every point from one walk of the trace (shared in ``walks`` with
+    the other policies: :func:`simlab.block_replay.block_replay`)."""
     metrics = [point.plan.settings.metrics for point in points]
-    runs = stacked_runs(name, requests, steps, metrics)
+    runs = stacked_runs(name, requests, steps, metrics, walks)
     for point, run in zip(points, runs, strict=True):
         rate = run.summary["token_hit_rate"]
         log.info("%s at %s GB: token hit rate %.4f", name, point.size, rate)

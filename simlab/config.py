@@ -47,8 +47,9 @@ class CacheSettings:
     ssm_gb: float | None = None
     host_gb: float | None = None  # a host-memory tier (simlab.tiers); None: none
     host_bw_gbps: float | None = None  # host <-> GPU bandwidth, GB/s (inf: free loads)
-    #: a ``size_gb`` list: replay once for every capacity where the policy allows it
-    #: (:mod:`simlab.stack`); False: back to back. A scalar capacity ignores it.
+    #: a block pool's fast paths (:mod:`simlab.block_replay`): an LRU's capacities from one
+    #: stack-distance pass, FIFO's and Belady's on block ids; False: request by request (a
+    #: ``size_gb`` list back to back)
     one_pass: bool = True
 
     def __post_init__(self) -> None:

@@ -29,6 +29,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from policies.base import AdmissionPolicy, EvictionPolicy, Semantics, in_units
+from simlab.block_replay import Walks, block_replay, fast_path, one_pass_obstacle
 from simlab.bounds import infinite_cache_hits
 from simlab.cluster import ClusterEngine, ClusterSettings, with_cluster
 from simlab.compat import semantics_for, with_compat
@@ -44,7 +45,6 @@ from simlab.records import (
     write_records,
 )
 from simlab.replay import ReplayEngine
-from simlab.stack import one_pass_obstacle, stack_replay
 from simlab.step import Controller, RequestStep
 from simlab.summary import Summary, add_bound_ratios, trace_stats
 from simlab.sweep import check_no_overwrite, finished_summary, is_multirun
@@ -343,13 +343,14 @@ def run_policy(
     engine: Engine,
     unit_tokens: int = 1,
 ) -> PolicyRun:
-    """Run the trace under one policy on a fresh cache with ``engine``. An LRU over whole
-    blocks on the replay engine (:func:`simlab.stack.one_pass_obstacle`) is computed from stack
-    distances unless ``cache.one_pass`` is false: the same records, occupancy and summary as the
-    request-by-request replay (``tests/test_capacities.py``), several times faster."""
+    """Run the trace under one policy on a fresh cache with ``engine``. An LRU, FIFO or Belady
+    over whole blocks on the replay engine (:func:`simlab.block_replay.one_pass_obstacle`) is
+    computed on block ids unless ``cache.one_pass`` is false: the same records, occupancy and
+    summary as the request-by-request replay (``tests/test_capacities.py``,
+    ``tests/test_block_heap.py``), several times faster."""
     step = policy_step(name, pcfg, model, settings, unit_tokens)
     if settings.cache.one_pass and one_pass_obstacle(step, engine) is None:
-        log.info("%s: an LRU over whole blocks, from stack distances (cache.one_pass)", name)
+        log.info("%s: %s (cache.one_pass)", name, fast_path(step.eviction))
         (stacked,) = stacked_runs(name, requests, [step], [settings.metrics])
         return stacked
     start = time.perf_counter()
@@ -373,12 +374,15 @@ def stacked_runs(
     requests: list[Request],
     steps: list[RequestStep],
     metrics: list[MetricSettings],
+    walks: Walks | None = None,
 ) -> list[PolicyRun]:
-    """The policy's run at each step's capacity from one stack-distance pass
-    (:func:`simlab.stack.stack_replay`; every step passes :func:`simlab.stack.one_pass_obstacle`):
-    the replay engine's records, occupancy and summary, the pass's wall time shared equally."""
+    """The policy's run at each step's capacity from one walk of the trace
+    (:func:`simlab.block_replay.block_replay`; every step passes
+    :func:`simlab.block_replay.one_pass_obstacle`): the replay engine's records, occupancy and
+    summary, the whole computation's wall time shared equally. ``walks``: the block walks of
+    ``requests`` other policies took (shared)."""
     start = time.perf_counter()
-    stacked = stack_replay(requests, steps)
+    stacked = block_replay(requests, steps, walks)
     wall = (time.perf_counter() - start) / len(steps)
     runs = []
     for step, run, point_metrics in zip(steps, stacked, metrics, strict=True):

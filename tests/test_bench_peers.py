@@ -186,11 +186,12 @@ def test_main_skips_without_trace(tmp_path, capsys):
 
 def test_one_call_compare_set_is_the_three_peer_policies():
     """The one-call case's ``compare`` set: kvcache-simulator's names, 512-token blocks, LRU
-    computed in one stack-distance pass, FIFO and optimal back to back."""
+    computed in one stack-distance pass, FIFO and optimal on block ids (no request-by-request
+    replay)."""
+    from simlab.block_replay import eviction_order, one_pass_obstacle
     from simlab.config import run_settings
     from simlab.model import ModelSpec
     from simlab.simulate import build_engine, policy_step
-    from simlab.stack import one_pass_obstacle
     from tests.fixtures import compose
 
     cfg = compose(
@@ -206,13 +207,14 @@ def test_one_call_compare_set_is_the_three_peer_policies():
     assert list(settings.policies) == list(peers.POLICIES)
     model = ModelSpec.from_config(cfg.model)
     engine = build_engine(cfg)
-    blocking = {}
+    orders = {}
     for name, pcfg in settings.policies.items():
         step = policy_step(name, pcfg, model, settings, peers.BLOCK_TOKENS)
         assert step.cache.semantics.whole_input_hit
         assert step.cache.kv_per_token == peers.BLOCK_BYTES  # one node per 512-token block
-        blocking[name] = one_pass_obstacle(step, engine)
-    assert blocking["lru"] is None and blocking["fifo"] and blocking["optimal"]
+        assert one_pass_obstacle(step, engine) is None
+        orders[name] = eviction_order(step.eviction)
+    assert orders == {"fifo": "fifo", "lru": "lru", "optimal": "belady"}
 
 
 def test_size_list_holds_exactly_the_blocks():

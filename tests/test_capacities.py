@@ -17,11 +17,12 @@ import pandas as pd
 import pytest
 from pandas.testing import assert_frame_equal
 
+from simlab.block_replay import one_pass_obstacle
 from simlab.capacities import TABLE, point_dir_name, run_capacities
 from simlab.config import ConfigError, run_settings
 from simlab.model import ModelSpec
 from simlab.simulate import build_engine, policy_step, saved_config, simulate
-from simlab.stack import Fenwick, matched_blocks, one_pass_obstacle
+from simlab.stack import Fenwick, matched_blocks
 from tests.fixtures import ROOT, compose
 from traces.paths import resolve_data_dir
 
@@ -206,15 +207,33 @@ VLLM_LLAMA = ["+policy=vllm", "model=llama3_8b", "engine=replay"]
         ([*VLLM_LLAMA, "+policy.semantics.whole_input_hit=true"], None),
         (["+policy=vllm", "model=marconi_7b", "engine=replay"], "hybrid"),
         (["+policy=vllm", "model=llama3_8b", "engine=timed"], "engine timed"),
-        ([*VLLM_LLAMA, "eviction@policy.eviction=fifo"], "eviction policies.fifo.FIFO"),
+        ([*VLLM_LLAMA, "eviction@policy.eviction=fifo"], None),
+        (["+policy=clairvoyant_blocks", "model=llama3_8b", "engine=replay"], None),
+        (
+            [
+                *VLLM_LLAMA,
+                "eviction@policy.eviction=fifo",
+                "+policy.eviction.evicts_inner_nodes=true",
+            ],
+            "inner nodes",
+        ),
+        (
+            [
+                "+policy=clairvoyant_blocks",
+                "model=llama3_8b",
+                "engine=replay",
+                "policy.eviction.page_size=4",
+            ],
+            "pages",
+        ),
+        ([*VLLM_LLAMA, "eviction@policy.eviction=lfu"], "eviction policies.lfu"),
         ([*VLLM_LLAMA, "eviction@policy.eviction=lru"], "refreshes nothing"),
         ([*VLLM_LLAMA, "+policy.semantics.clock=operation"], "semantics"),
         (["+policy=sglang_plus", "model=llama3_8b", "engine=replay"], "admission"),
-        (["+policy=clairvoyant_blocks", "model=llama3_8b", "engine=replay"], "eviction"),
         ([*VLLM_LLAMA, "cache.host_gb=10", "cache.host_bw_gbps=inf"], "host tier"),
     ],
 )
-def test_one_pass_only_for_an_lru_over_whole_blocks(overrides, why):
+def test_fast_path_only_for_an_lru_fifo_or_belady_over_whole_blocks(overrides, why):
     found = _obstacle(overrides)
     assert found is None if why is None else why in str(found), found
 

@@ -1,0 +1,210 @@
+"""The block pool's fast paths: which runs take them, and their records.
+
+A pure Transformer on a block pool, on the replay engine, with an LRU refreshing its insert path
+(stack distances, every capacity in one pass: :mod:`simlab.stack`), FIFO or Belady (a heap over
+block ids per capacity: :mod:`simlab.block_heap`), gives the same records as the
+request-by-request replay from one walk of the trace (:mod:`simlab.block_walk`), shared by every
+capacity of a ``cache.size_gb`` list. ``cache.one_pass=false`` replays request by request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from policies.base import EvictionPolicy, Semantics
+from simlab.block_heap import BELADY, FIFO, heap_replay, input_passes
+from simlab.block_walk import CapacityColumns, Paths, block_paths
+from simlab.engine import Engine
+from simlab.keys import BlockKeys, key_scheme
+from simlab.records import RECORD_COLUMNS
+from simlab.replay import ReplayEngine
+from simlab.stack import lru_ranks, replay_capacity
+from simlab.step import RequestStep
+from traces.format import Request
+
+#: eviction classes whose hit refreshes (at least) the hit path and whose insertion refreshes
+#: the matched path, leaves only (``policies.lru``, ``policies.production``)
+_LRU_TARGETS = ("policies.lru.LRU", "policies.production.BlockLRU", "policies.production.RadixLRU")
+_FIFO = "policies.fifo.FIFO"
+_BELADY = "policies.clairvoyant.Clairvoyant"
+#: admission classes keyed by whole blocks (one node per block)
+_BLOCK_TARGETS = ("policies.production.VLLM", "policies.production.BlockPool")
+LRU = "lru"
+
+
+def _qualname(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def eviction_order(eviction: EvictionPolicy) -> str | None:
+    """``lru``, ``fifo`` or ``belady``: the fast path that evicts as ``eviction`` does on a
+    block pool (None: none does)."""
+    name = _qualname(eviction)
+    if eviction.ties != "oldest":
+        return None
+    if name in _LRU_TARGETS:
+        refreshes = getattr(eviction, "refreshes_insert_path", False)
+        return LRU if refreshes and not eviction.evicts_inner_nodes else None
+    if name == _FIFO:
+        return FIFO if not eviction.evicts_inner_nodes else None
+    if name == _BELADY:
+        return BELADY if getattr(eviction, "page_size", None) == 1 else None
+    return None
+
+
+def fast_path(eviction: EvictionPolicy) -> str:
+    """How a run passing :func:`one_pass_obstacle` with ``eviction`` is computed (logged)."""
+    return {
+        LRU: "an LRU over whole blocks, from stack distances",
+        FIFO: "FIFO over whole blocks, on block ids",
+        BELADY: "Belady over whole blocks, on block ids",
+    }[eviction_order(eviction) or LRU]
+
+
+def _eviction_obstacle(eviction: EvictionPolicy) -> str | None:
+    if eviction_order(eviction) is not None:
+        return None
+    name = _qualname(eviction)
+    if name in _LRU_TARGETS and not getattr(eviction, "refreshes_insert_path", False):
+        return "an insertion that refreshes nothing"
+    if name in (*_LRU_TARGETS, _FIFO, _BELADY):
+        return "eviction tie order, inner nodes or pages"
+    return f"eviction {name} (an LRU refreshing its insert path, FIFO or Belady only)"
+
+
+def one_pass_obstacle(step: RequestStep, engine: Engine) -> str | None:
+    """Why ``step`` run by ``engine`` cannot be computed by :func:`block_replay` (None: it
+    can, with records identical to the replay's; see the module docstring)."""
+    cache, admission = step.cache, step.admission
+    checks = (
+        (type(engine) is ReplayEngine, f"engine {engine.name} (only the replay engine)"),
+        (not cache.hybrid, "a hybrid model (states make it no eviction over blocks alone)"),
+        (_qualname(admission) in _BLOCK_TARGETS, f"admission {_qualname(admission)}"),
+        (isinstance(step_keys(step), BlockKeys), "token keys (not whole blocks)"),
+        (
+            cache.semantics in (Semantics(), Semantics(whole_input_hit=True)),
+            "the reference code's semantics",
+        ),
+        (cache.host is None and cache.ssm_capacity is None, "a host tier or SSM pool"),
+        (not step.controllers and step.page_size == 1, "controllers or pages"),
+    )
+    for ok, why in checks:
+        if not ok:
+            return why
+    return _eviction_obstacle(step.eviction)
+
+
+def step_keys(step: RequestStep) -> object:
+    """A fresh key scheme of the step's admission (the ids its own scheme would give)."""
+    return key_scheme(step.admission.keys)
+
+
+@dataclass
+class BlockRun:
+    """One capacity's records frame and its cache peaks (bytes)."""
+
+    frame: pd.DataFrame
+    peak_kv_bytes: int
+
+
+#: walks of one request list by key scheme (block size, committed): several policies' runs on
+#: the same requests share them (block ids depend on content alone)
+Walks = dict[tuple[int, bool], Paths]
+
+
+def block_replay(
+    requests: Sequence[Request], steps: Sequence[RequestStep], walks: Walks | None = None
+) -> list[BlockRun]:
+    """The records the replay engine would give for each of ``steps`` (one policy's steps at
+    several capacities, each passing :func:`one_pass_obstacle`), from one walk of the trace
+    (taken from, or added to, ``walks`` of these ``requests``): an LRU's capacities from one
+    stack-distance pass, FIFO's and Belady's each from a heap."""
+    first = steps[0]
+    keys = step_keys(first)
+    assert isinstance(keys, BlockKeys)
+    order = eviction_order(first.eviction)
+    walks = {} if walks is None else walks
+    scheme = (keys.block_size, keys.committed)
+    paths = walks.get(scheme)
+    if paths is None:
+        paths = walks[scheme] = block_paths(requests, keys)
+    ranks = lru_ranks(paths) if order == LRU else None
+    passes = input_passes(paths) if order == BELADY else None
+    fixed = request_columns(requests, first)
+    runs = []
+    for step in steps:
+        cache = step.cache
+        slack = 0 if cache.semantics.whole_input_hit else 1
+        args = (cache.capacity, cache.kv_per_token, slack)
+        if ranks is not None:
+            cols = replay_capacity(paths, ranks, *args)
+        else:
+            cols = heap_replay(paths, *args, passes)
+        runs.append(capacity_run(step, fixed, cols, keys.block_size))
+    return runs
+
+
+def request_columns(requests: Sequence[Request], step: RequestStep) -> dict[str, np.ndarray]:
+    """The record columns no capacity changes."""
+    model = step.cache.model
+    inputs = np.fromiter((r.input_tokens for r in requests), np.int64, len(requests))
+    return {
+        "request_id": np.fromiter((r.request_id for r in requests), np.int64, len(requests)),
+        "session_id": np.fromiter((r.session_id for r in requests), np.int64, len(requests)),
+        "turn": np.fromiter((r.turn for r in requests), np.int64, len(requests)),
+        "arrival": np.fromiter((r.arrival for r in requests), np.float64, len(requests)),
+        "input_tokens": inputs,
+        "output_tokens": np.fromiter((r.output_len for r in requests), np.int64, len(requests)),
+        "prefill_flops": np.array([model.prefill_flops(0, int(n)) for n in inputs.tolist()]),
+        "unit_tokens": np.fromiter((r.block_size for r in requests), np.int64, len(requests)),
+    }
+
+
+def capacity_run(
+    step: RequestStep, fixed: dict[str, np.ndarray], cols: CapacityColumns, ids_per_key: int
+) -> BlockRun:
+    """One capacity's records frame, column for column as :func:`simlab.records.records_frame`
+    makes it from the replay's records."""
+    n = len(cols.hit)
+    model, block_bytes = step.cache.model, step.cache.kv_per_token
+
+    def tokens(blocks: list[int]) -> np.ndarray:  # Request.hit_tokens, vectorised
+        units = np.asarray(blocks, dtype=np.int64) * ids_per_key
+        return np.minimum(units * fixed["unit_tokens"], fixed["input_tokens"])
+
+    hit = tokens(cols.hit)
+    saved = [model.prefill_flops(0, h) if h else 0.0 for h in hit.tolist()]
+    nan = np.full(n, math.nan)
+    zeros = np.zeros(n, dtype=np.int64)
+    resident = np.asarray(cols.resident, dtype=np.int64) * block_bytes
+    columns = {
+        "policy": [step.policy] * n,
+        "request_id": fixed["request_id"],
+        "session_id": fixed["session_id"],
+        "turn": fixed["turn"],
+        "arrival": fixed["arrival"],
+        "input_tokens": fixed["input_tokens"],
+        "output_tokens": fixed["output_tokens"],
+        "matched_tokens": tokens(cols.matched),
+        "hit_tokens": hit,
+        "prefill_flops": fixed["prefill_flops"],
+        "flops_saved": np.asarray(saved, dtype=np.float64),
+        "kv_bytes_admitted": np.asarray(cols.admitted, dtype=np.int64) * block_bytes,
+        "ssm_bytes_admitted": zeros,
+        "ckpts_admitted": zeros.copy(),
+        "bytes_evicted": np.asarray(cols.evicted, dtype=np.int64) * block_bytes,
+        "nodes_evicted": np.asarray(cols.evicted, dtype=np.int64),
+        "admission_truncated": np.asarray(cols.truncated, dtype=bool),
+        "cache_kv_bytes": resident,
+        "cache_ssm_bytes": zeros.copy(),
+    }
+    for name in RECORD_COLUMNS:  # the rest are the timed engine's columns: NaN in replay
+        columns.setdefault(name, nan.copy())
+    frame = pd.DataFrame({name: columns[name] for name in RECORD_COLUMNS})
+    return BlockRun(frame, int(resident.max()) if n else 0)

@@ -1,0 +1,128 @@
+"""FIFO and Belady over whole blocks on block ids (simlab/block_heap.py).
+
+The oracle is simlab's own request-by-request replay (``cache.one_pass=false``: the prefix tree,
+the evictor, ``policies.fifo`` and ``policies.clairvoyant``): every capacity of a list, and a
+scalar run, must give its records, occupancy and summary exactly, on real trace slices (Mooncake
+hash ids of 512 tokens, ShareGPT tokens in 16- and 32-token blocks with partial tail blocks), at
+capacities that evict and truncate and an infinite one, under vLLM's hit rule and under
+whole-input hits."""
+
+from __future__ import annotations
+
+import pytest
+
+from simlab.block_heap import LeafHeap, input_passes
+from simlab.block_walk import Paths
+from simlab.capacities import point_dir_name
+from tests.test_capacities import (
+    MOONCAKE,
+    QUIET,
+    assert_point_equals_scalar,
+    results,
+    run_list,
+    run_scalar,
+)
+
+MOONCAKE_BLOCKS = [
+    "trace=mooncake",
+    "trace.limit=300",
+    "model=llama3_8b",
+    "policy.block_size=512",
+    "arrivals.mode=timestamps",
+    *QUIET,
+]
+SHAREGPT_BLOCKS = ["trace=sharegpt", "trace.limit=60", "model=llama3_8b", *QUIET]
+FIFO = ["+policy=vllm", "eviction@policy.eviction=fifo"]
+BELADY = ["+policy=clairvoyant_blocks"]
+WHOLE = ["+policy.semantics.whole_input_hit=true"]
+
+CASES = {
+    "mooncake, FIFO, whole-input hits (kvcache-simulator's fifo)": (
+        [*FIFO, *MOONCAKE_BLOCKS, *WHOLE],
+        ["0.3", "2", "20", "inf"],
+    ),
+    "mooncake, FIFO, vLLM's hit rule": ([*FIFO, *MOONCAKE_BLOCKS], ["0.3", "20"]),
+    "mooncake, Belady, whole-input hits (kvcache-simulator's optimal)": (
+        [*BELADY, *MOONCAKE_BLOCKS, *WHOLE],
+        ["0.3", "2", "20", "inf"],
+    ),
+    "mooncake, Belady, vLLM's hit rule": ([*BELADY, *MOONCAKE_BLOCKS], ["0.3", "20"]),
+    "sharegpt, FIFO, 16-token blocks": (
+        [*FIFO, *SHAREGPT_BLOCKS, "policy.block_size=16"],
+        ["0.003", "0.02", "inf"],
+    ),
+    "sharegpt, Belady, 16-token blocks": (
+        [*BELADY, *SHAREGPT_BLOCKS, "policy.block_size=16"],
+        ["0.003", "0.02", "inf"],
+    ),
+    "sharegpt, Belady, 32-token blocks, whole-input hits": (
+        [*BELADY, *SHAREGPT_BLOCKS, "policy.block_size=32", *WHOLE],
+        ["0.003", "0.02"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_block_heap_records_equal_the_request_by_request_replay(case, tmp_path):
+    base, sizes = CASES[case]
+    if "trace=mooncake" in base and not MOONCAKE.is_file():
+        pytest.skip(f"no trace at {MOONCAKE}")
+    run = run_list(base, sizes, tmp_path / "list")
+    assert all(set(p.replay.values()) == {"block_heap"} for p in run.points)  # not a fallback
+    evicted = truncated = 0
+    for size in sizes:
+        point = tmp_path / "list" / point_dir_name(float(size))
+        records = assert_point_equals_scalar(base, size, point, tmp_path / f"scalar_{size}")
+        evicted += int(records["nodes_evicted"].sum())
+        truncated += int(records["admission_truncated"].sum())
+    assert evicted > 0 and truncated > 0  # the small capacities evict and truncate
+
+
+@pytest.mark.parametrize(("policy", "logged"), [(FIFO, "FIFO"), (BELADY, "Belady")])
+def test_a_scalar_run_takes_the_block_heap(policy, logged, tmp_path, caplog):
+    base = [*policy, *SHAREGPT_BLOCKS, "policy.block_size=16"]
+    caplog.set_level("INFO", logger="simlab.simulate")
+    run_scalar(base, "0.01", tmp_path / "heap")
+    assert f"{logged} over whole blocks, on block ids (cache.one_pass)" in caplog.text
+    caplog.clear()
+    run_scalar(base, "0.01", tmp_path / "replay", "cache.one_pass=false")
+    assert "on block ids" not in caplog.text
+    got, want = results(tmp_path / "heap"), results(tmp_path / "replay")
+    assert got[0].equals(want[0]) and got[1].equals(want[1])
+    assert got[0]["nodes_evicted"].sum() > 0
+
+
+# ------------------------------------------------------------------------ the heap by hand
+def tiny_paths(nodes: list[list[int]]) -> Paths:
+    """Branches ``1-b`` under one shared block 1 (nodes ``2..``); each request's input is its
+    whole path plus a partial tail id."""
+    n = len(nodes)
+    return Paths(
+        nodes=nodes,
+        parent=[0, 0] + [1] * (max(max(p) for p in nodes) - 1),
+        cacheable=[2] * n,
+        lookup_full=[2] * n,
+        lookup_len=[3] * n,
+        sequence=[3] * n,
+    )
+
+
+def test_passes_need_one_more_id():
+    paths = tiny_paths([[1, 2], [1, 3], [1, 2], [1, 3]])
+    assert input_passes(paths) == [[], [0, 1, 2, 3], [0, 2], [1, 3]]
+    paths.lookup_len = [2, 2, 2, 2]  # an input ending on a block: no hit can use that block
+    assert input_passes(paths) == [[], [0, 1, 2, 3], [], []]
+
+
+@pytest.mark.parametrize(("belady", "gone"), [(False, 2), (True, 3)])
+def test_fifo_evicts_the_oldest_leaf_belady_the_one_used_last(belady, gone):
+    """Leaves 2 (admitted first, used again at 3) and 3 (used again at 4); request 2 brings
+    block 4 and evicts one leaf, with block 1 pinned."""
+    paths = tiny_paths([[1, 2], [1, 3], [1, 4], [1, 2], [1, 3]])
+    heap = LeafHeap(paths, input_passes(paths) if belady else None)
+    heap.admit([1, 2], 0, 2, 0)
+    heap.admit([1, 3], 1, 1, 1)
+    heap.evict([1, 4], 1, 1, 2)
+    heap.admit([1, 4], 1, 1, 2)
+    assert [n for n in (2, 3, 4) if not heap.resident[n]] == [gone]
+    assert heap.kids[1] == 2 and heap.resident[1]
