@@ -342,16 +342,18 @@ def run_policy(
     settings: RunSettings,
     engine: Engine,
     unit_tokens: int = 1,
+    walks: Walks | None = None,
 ) -> PolicyRun:
     """Run the trace under one policy on a fresh cache with ``engine``. An LRU, FIFO or Belady
     over whole blocks on the replay engine (:func:`simlab.block_replay.one_pass_obstacle`) is
     computed on block ids unless ``cache.one_pass`` is false: the same records, occupancy and
     summary as the request-by-request replay (``tests/test_capacities.py``,
-    ``tests/test_block_heap.py``), several times faster."""
+    ``tests/test_block_heap.py``), several times faster; ``walks`` shares the walk of the
+    trace with the run's other policies."""
     step = policy_step(name, pcfg, model, settings, unit_tokens)
     if settings.cache.one_pass and one_pass_obstacle(step, engine) is None:
         log.info("%s: %s (cache.one_pass)", name, fast_path(step.eviction))
-        (stacked,) = stacked_runs(name, requests, [step], [settings.metrics])
+        (stacked,) = stacked_runs(name, requests, [step], [settings.metrics], walks)
         return stacked
     start = time.perf_counter()
     with heap_frozen():
@@ -498,8 +500,9 @@ def simulate(cfg: DictConfig) -> Summary:
         return done
     trace, requests = trace_requests(cfg, settings)
     check_request_fits(settings, model, requests)
+    walks: Walks = {}  # block walks of the requests, shared by the policies
     runs = {
-        name: run_policy(name, pcfg, requests, model, settings, engine, trace.block_size)
+        name: run_policy(name, pcfg, requests, model, settings, engine, trace.block_size, walks)
         for name, pcfg in settings.policies.items()
     }
     return finish_run(cfg, plan, trace, requests, runs)

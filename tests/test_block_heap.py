@@ -78,6 +78,27 @@ def test_block_heap_records_equal_the_request_by_request_replay(case, tmp_path):
     assert evicted > 0 and truncated > 0  # the small capacities evict and truncate
 
 
+def test_policies_sharing_one_walk_equal_their_replays(tmp_path):
+    """kvcache-simulator's three policies as one run's ``compare`` set (``bench/peers.py``):
+    FIFO, the LRU and Belady share one walk of the trace, and each gives its replay's records."""
+    from bench.peers import compare_overrides
+
+    if not MOONCAKE.is_file():
+        pytest.skip(f"no trace at {MOONCAKE}")
+    trace = [o for o in MOONCAKE_BLOCKS if not o.startswith("policy.")]
+    base = [*trace, *compare_overrides(["fifo", "lru", "optimal"])]
+    sizes = ["0.3", "20"]
+    run = run_list(base, sizes, tmp_path / "list")
+    replays = [p.replay for p in run.points]
+    assert replays == [{"fifo": "block_heap", "lru": "one_pass", "optimal": "block_heap"}] * 2
+    for size in sizes:
+        point = tmp_path / "list" / point_dir_name(float(size))
+        records = assert_point_equals_scalar(base, size, point, tmp_path / f"scalar_{size}")
+        assert set(records["policy"]) == {"fifo", "lru", "optimal"}
+    run_scalar(base, "0.3", tmp_path / "one_run")  # a scalar run's policies share it too
+    assert results(tmp_path / "one_run")[0].equals(results(tmp_path / "scalar_0.3")[0])
+
+
 @pytest.mark.parametrize(("policy", "logged"), [(FIFO, "FIFO"), (BELADY, "Belady")])
 def test_a_scalar_run_takes_the_block_heap(policy, logged, tmp_path, caplog):
     base = [*policy, *SHAREGPT_BLOCKS, "policy.block_size=16"]
