@@ -106,8 +106,8 @@ def simlab_runner(trace: str, gb: float, alpha: float, mode: str):
         policy_run = run_policy(
             name, pcfg, requests, plan.model, plan.settings, plan.engine, loaded.block_size
         )
-        frame = policy_run.frame
-        by_id = dict(zip(frame["request_id"], frame["hit_tokens"], strict=True))
+        records = policy_run.records
+        by_id = dict(zip(records["request_id"], records["hit_tokens"], strict=True))
         return float(policy_run.summary["wall_s"]), [int(by_id[r.request_id]) for r in requests]
 
     return run

@@ -14,14 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from policies.base import EvictionPolicy, Semantics
 from simlab.block_heap import BELADY, FIFO, heap_replay, input_passes
 from simlab.block_walk import CapacityColumns, Paths, block_paths
 from simlab.engine import Engine
 from simlab.keys import BlockKeys, key_scheme
-from simlab.records import RECORD_COLUMNS
+from simlab.records import RECORD_COLUMNS, Columns
 from simlab.replay import ReplayEngine
 from simlab.stack import lru_ranks, replay_capacity
 from simlab.step import RequestStep
@@ -107,9 +106,9 @@ def step_keys(step: RequestStep) -> object:
 
 @dataclass
 class BlockRun:
-    """One capacity's records frame and its cache peaks (bytes)."""
+    """One capacity's records and its cache peaks (bytes)."""
 
-    frame: pd.DataFrame
+    records: Columns
     peak_kv_bytes: int
 
 
@@ -169,8 +168,8 @@ def request_columns(requests: Sequence[Request], step: RequestStep) -> dict[str,
 def capacity_run(
     step: RequestStep, fixed: dict[str, np.ndarray], cols: CapacityColumns, ids_per_key: int
 ) -> BlockRun:
-    """One capacity's records frame, column for column as :func:`simlab.records.records_frame`
-    makes it from the replay's records."""
+    """One capacity's records, column for column as :func:`simlab.records.record_columns`
+    makes them from the replay's records."""
     n = len(cols.hit)
     model, block_bytes = step.cache.model, step.cache.kv_per_token
 
@@ -184,7 +183,7 @@ def capacity_run(
     zeros = np.zeros(n, dtype=np.int64)
     resident = np.asarray(cols.resident, dtype=np.int64) * block_bytes
     columns = {
-        "policy": [step.policy] * n,
+        "policy": np.full(n, step.policy, dtype=object),
         "request_id": fixed["request_id"],
         "session_id": fixed["session_id"],
         "turn": fixed["turn"],
@@ -206,5 +205,5 @@ def capacity_run(
     }
     for name in RECORD_COLUMNS:  # the rest are the timed engine's columns: NaN in replay
         columns.setdefault(name, nan.copy())
-    frame = pd.DataFrame({name: columns[name] for name in RECORD_COLUMNS})
-    return BlockRun(frame, int(resident.max()) if n else 0)
+    records = {name: columns[name] for name in RECORD_COLUMNS}
+    return BlockRun(records, int(resident.max()) if n else 0)

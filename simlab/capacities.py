@@ -31,9 +31,8 @@ import copy
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from omegaconf import DictConfig, ListConfig, open_dict
 
 from simlab.block_replay import LRU, Walks, eviction_order, one_pass_obstacle
@@ -56,6 +55,9 @@ from simlab.simulate import (
 from simlab.summary import Summary
 from simlab.sweep import _scalar, _tidy, check_no_overwrite, finished_summary, write_points
 from traces.format import Request
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +270,8 @@ def one_pass(
 def capacity_table(points: list[Point], summaries: list[Summary], top: Path | None) -> pd.DataFrame:
     """One row per (capacity, policy): the capacity, the point's directory, the policy, how
     it was replayed and every metric of its summary entry (sweep tables' types)."""
+    import pandas as pd
+
     rows: list[dict[str, Any]] = []
     for point, summary in zip(points, summaries, strict=True):
         run_dir = point.out_dir

@@ -1,6 +1,10 @@
 """One flat, typed record per request, and the per-policy summary computed from records.
 
 Reports and sweeps read ``records.parquet`` and ``summary.json``, never live simulator objects.
+A run holds its records as :data:`Columns` (numpy arrays by name, in :data:`RECORD_COLUMNS`
+order) and writes them with pyarrow: a replay never imports pandas (``python -m simlab``'s
+start-up); :func:`as_frame` gives the same table as a DataFrame, with the dtypes a DataFrame
+built from the records would have.
 """
 
 from __future__ import annotations
@@ -9,15 +13,20 @@ import dataclasses
 import json
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from traces.atomic import atomic_path
-from traces.format import write_frame_atomic
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: a table: equal-length numpy columns by name, in order (records, occupancy)
+Columns = dict[str, np.ndarray]
 
 
 @dataclass(slots=True)
@@ -61,69 +70,128 @@ class RequestRecord:
 #: columns a run with a host tier adds (:mod:`simlab.tiers`)
 HOST_COLUMNS = ["host_hit_tokens", "host_loaded_bytes", "host_load_s"]
 RECORD_COLUMNS = [f.name for f in dataclasses.fields(RequestRecord) if f.name not in HOST_COLUMNS]
-_as_row = operator.attrgetter(*RECORD_COLUMNS)
+
+
+def record_columns(records: list[RequestRecord], extra: dict[str, Any] | None = None) -> Columns:
+    """One column per record field (the host-tier columns only when the run had a host tier),
+    then ``extra`` (an engine's per-record columns). Types are inferred from the values as a
+    DataFrame infers them (ints -> int64, floats or ints and floats -> float64, bools -> bool);
+    ``policy`` holds Python strings."""
+    names = list(RECORD_COLUMNS)
+    if records and records[0].host_hit_tokens is not None:
+        names += HOST_COLUMNS
+    rows = list(zip(*(operator.attrgetter(*names)(r) for r in records), strict=True))
+    columns = {
+        name: _column(values, object if name == "policy" else None)
+        for name, values in zip(names, rows or [()] * len(names), strict=True)
+    }
+    for name, values in (extra or {}).items():
+        columns[name] = _column(values)
+    return columns
+
+
+def _column(values: Any, dtype: Any = None) -> np.ndarray:
+    if dtype is object:
+        out = np.empty(len(values), dtype=object)
+        out[:] = list(values)
+        return out
+    return np.asarray(values, dtype=dtype)
+
+
+def concat_columns(tables: list[Columns]) -> Columns:
+    """The tables one after another; a column some tables lack is NaN in their rows (as
+    ``pd.concat`` fills it)."""
+    if len(tables) == 1:
+        return dict(tables[0])
+    names = dict.fromkeys(name for table in tables for name in table)
+    rows = [len(next(iter(table.values()), ())) for table in tables]
+    return {
+        name: np.concatenate(
+            [
+                t[name] if name in t else np.full(n, math.nan)
+                for t, n in zip(tables, rows, strict=True)
+            ]
+        )
+        for name in names
+    }
+
+
+def as_frame(columns: Columns) -> pd.DataFrame:
+    """The table as a DataFrame (imports pandas: reports, sweeps and tests only)."""
+    import pandas as pd
+
+    return pd.DataFrame(columns)
 
 
 def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
     """One row per record; the host-tier columns only when the run had a host tier."""
-    frame = pd.DataFrame.from_records([_as_row(r) for r in records], columns=RECORD_COLUMNS)
-    if records and records[0].host_hit_tokens is not None:
-        frame = frame.assign(**{c: [getattr(r, c) for r in records] for c in HOST_COLUMNS})
-    return frame
+    return as_frame(record_columns(records))
 
 
 def summarize(
-    frame: pd.DataFrame, min_hit_tokens: int = 1, min_hit_share: float = 0.0
+    frame: Columns | pd.DataFrame, min_hit_tokens: int = 1, min_hit_share: float = 0.0
 ) -> dict[str, Any]:
-    """Hit rates, FLOPs and bytes of one policy's records. A request counts as a hit when it
-    reuses at least ``min_hit_tokens`` tokens and ``min_hit_share`` of its input."""
-    input_tokens = int(frame["input_tokens"].sum())
-    flops = float(frame["prefill_flops"].sum())
-    cache_total = frame["cache_kv_bytes"] + frame["cache_ssm_bytes"]
+    """Hit rates, FLOPs and bytes of one policy's records (:data:`Columns` or a DataFrame). A
+    request counts as a hit when it reuses at least ``min_hit_tokens`` tokens and
+    ``min_hit_share`` of its input."""
+    col = _columns_of(frame)
+    inputs, hits = col("input_tokens"), col("hit_tokens")
+    input_tokens = int(inputs.sum())
+    flops = float(col("prefill_flops").sum())
+    saved = float(col("flops_saved").sum())
+    cache_total = col("cache_kv_bytes") + col("cache_ssm_bytes")
+    is_hit = (hits >= max(1, min_hit_tokens)) & (hits >= min_hit_share * inputs)
     return {
-        "requests": len(frame),
-        "sessions": int(frame["session_id"].nunique()),
+        "requests": len(inputs),
+        "sessions": len(np.unique(col("session_id"))),
         "input_tokens": input_tokens,
-        "hit_tokens": int(frame["hit_tokens"].sum()),
-        "token_hit_rate": float(frame["hit_tokens"].sum() / input_tokens) if input_tokens else 0.0,
-        "request_hit_rate": float(
-            (
-                (frame["hit_tokens"] >= max(1, min_hit_tokens))
-                & (frame["hit_tokens"] >= min_hit_share * frame["input_tokens"])
-            ).mean()
-        ),
-        "matched_tokens": int(frame["matched_tokens"].sum()),
+        "hit_tokens": int(hits.sum()),
+        "token_hit_rate": float(hits.sum() / input_tokens) if input_tokens else 0.0,
+        "request_hit_rate": float(is_hit.mean()),
+        "matched_tokens": int(col("matched_tokens").sum()),
         "prefill_flops": flops,
-        "flops_saved": float(frame["flops_saved"].sum()),
-        "flops_saved_ratio": float(frame["flops_saved"].sum() / flops) if flops else 0.0,
-        "kv_bytes_admitted": int(frame["kv_bytes_admitted"].sum()),
-        "ssm_bytes_admitted": int(frame["ssm_bytes_admitted"].sum()),
-        "ckpts_admitted": int(frame["ckpts_admitted"].sum()),
-        "bytes_evicted": int(frame["bytes_evicted"].sum()),
-        "nodes_evicted": int(frame["nodes_evicted"].sum()),
-        "admissions_truncated": int(frame["admission_truncated"].sum()),
-        "final_kv_bytes": int(frame["cache_kv_bytes"].iloc[-1]),
-        "final_ssm_bytes": int(frame["cache_ssm_bytes"].iloc[-1]),
+        "flops_saved": saved,
+        "flops_saved_ratio": saved / flops if flops else 0.0,
+        "kv_bytes_admitted": int(col("kv_bytes_admitted").sum()),
+        "ssm_bytes_admitted": int(col("ssm_bytes_admitted").sum()),
+        "ckpts_admitted": int(col("ckpts_admitted").sum()),
+        "bytes_evicted": int(col("bytes_evicted").sum()),
+        "nodes_evicted": int(col("nodes_evicted").sum()),
+        "admissions_truncated": int(col("admission_truncated").sum()),
+        "final_kv_bytes": int(col("cache_kv_bytes")[-1]),
+        "final_ssm_bytes": int(col("cache_ssm_bytes")[-1]),
         "max_resident_bytes": int(cache_total.max()),
     } | host_summary(frame, input_tokens)
 
 
-def host_summary(frame: pd.DataFrame, input_tokens: int) -> dict[str, Any]:
+def _columns_of(table: Columns | pd.DataFrame) -> Callable[[str], np.ndarray]:
+    """``name -> numpy array`` of a :data:`Columns` table or a DataFrame."""
+    return lambda name: np.asarray(table[name])
+
+
+def host_summary(frame: Columns | pd.DataFrame, input_tokens: int) -> dict[str, Any]:
     """With a host tier: the hit split into its GPU and host parts (``token_hit_rate`` counts
     both), the bytes loaded back and their seconds on the critical path ({} without one)."""
-    if "host_hit_tokens" not in frame.columns:
+    if "host_hit_tokens" not in frame:
         return {}
-    host = int(frame["host_hit_tokens"].sum())
-    gpu = int(frame["hit_tokens"].sum()) - host
-    load = frame["host_load_s"].dropna()
+    col = _columns_of(frame)
+    host = int(col("host_hit_tokens").sum())
+    gpu = int(col("hit_tokens").sum()) - host
+    load = _finite(col("host_load_s"))
     return {
         "host_hit_tokens": host,
         "host_token_hit_rate": host / input_tokens if input_tokens else 0.0,
         "gpu_token_hit_rate": gpu / input_tokens if input_tokens else 0.0,
-        "host_hit_requests": int((frame["host_hit_tokens"] > 0).sum()),
-        "host_loaded_gb": float(frame["host_loaded_bytes"].sum()) / 1e9,
+        "host_hit_requests": int((col("host_hit_tokens") > 0).sum()),
+        "host_loaded_gb": float(col("host_loaded_bytes").sum()) / 1e9,
         "host_load_s_total": float(load.sum()) if load.size else math.nan,
     }
+
+
+def _finite(values: np.ndarray) -> np.ndarray:
+    """``values`` without its NaNs (a DataFrame's ``dropna``)."""
+    values = np.asarray(values, dtype=np.float64)
+    return values[~np.isnan(values)]
 
 
 #: Latency columns and the percentiles of each that a timed run's summary reports.
@@ -135,26 +203,40 @@ LATENCY_PERCENTILES = {
 }
 
 
-def latency_summary(frame: pd.DataFrame) -> dict[str, Any]:
+def latency_summary(frame: Columns | pd.DataFrame) -> dict[str, Any]:
     """TTFT / TPOT / end-to-end / queueing percentiles and throughput of a timed run ({} for
-    replay records, whose latency columns are NaN)."""
-    if frame["ttft"].isna().all():
+    replay records, whose latency columns are NaN). NaNs are skipped, as a DataFrame skips
+    them."""
+    col = _columns_of(frame)
+    if np.isnan(col("ttft").astype(np.float64)).all():
         return {}
     out: dict[str, Any] = {}
-    for col, pcts in LATENCY_PERCENTILES.items():
-        values = frame[col].dropna().to_numpy()
+    for name, pcts in LATENCY_PERCENTILES.items():
+        values = _finite(col(name))
         for p in pcts:
-            out[f"{col}_p{p}"] = float(np.percentile(values, p)) if values.size else math.nan
-    span = float(frame["finished"].max() - frame["arrival"].min())
+            out[f"{name}_p{p}"] = float(np.percentile(values, p)) if values.size else math.nan
+    span = float(np.nanmax(col("finished")) - np.nanmin(col("arrival")))
     out["makespan_s"] = span
-    out["throughput_rps"] = len(frame) / span if span > 0 else math.nan
-    out["throughput_tps"] = float(frame["output_tokens"].sum()) / span if span > 0 else math.nan
-    out["mean_queue_delay"] = float(frame["queue_delay"].mean())
+    out["throughput_rps"] = len(col("ttft")) / span if span > 0 else math.nan
+    out["throughput_tps"] = float(col("output_tokens").sum()) / span if span > 0 else math.nan
+    out["mean_queue_delay"] = _nan_mean(col("queue_delay"))
     return out
 
 
-def write_records(frame: pd.DataFrame, path: Path) -> None:
-    write_frame_atomic(frame, path)
+def _nan_mean(values: np.ndarray) -> float:
+    """The mean of the non-NaN values, summed as a DataFrame sums them (NaNs as zeros, so the
+    floats are the same); NaN when there are none."""
+    values = np.asarray(values, dtype=np.float64)
+    present = ~np.isnan(values)
+    count = int(present.sum())
+    return float(np.where(present, values, 0.0).sum() / count) if count else math.nan
+
+
+def write_records(table: Columns, path: Path) -> None:
+    """``table`` as a parquet file, written atomically (:func:`traces.format.write_table_atomic`)."""
+    from traces.format import write_table_atomic
+
+    write_table_atomic(table, path)
 
 
 def _jsonable(value: Any) -> Any:

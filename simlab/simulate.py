@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import get_method, instantiate
@@ -38,8 +38,10 @@ from simlab.engine import Engine, EngineRun
 from simlab.model import ModelSpec
 from simlab.provenance import code_version
 from simlab.records import (
+    Columns,
+    concat_columns,
     latency_summary,
-    records_frame,
+    record_columns,
     summarize,
     write_json_atomic,
     write_records,
@@ -59,11 +61,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PolicyRun:
-    """One policy's records, summary and cache occupancy over time."""
+    """One policy's records, summary and cache occupancy over time (numpy columns)."""
 
-    frame: pd.DataFrame
+    records: Columns
     summary: dict[str, Any]
-    occupancy: pd.DataFrame
+    occupancy: Columns
 
 
 @dataclass(frozen=True)
@@ -364,11 +366,11 @@ def run_policy(
         else:
             run = engine.run(requests, step)
     wall = time.perf_counter() - start
-    frame = records_frame(run.records).assign(**run.columns)
-    summary = policy_summary(frame, run, step, wall, settings.metrics)
+    records = record_columns(run.records, run.columns)
+    summary = policy_summary(records, run, step, wall, settings.metrics)
     rate, speed = summary["token_hit_rate"], summary["requests_per_s"]
     log.info("%s: token hit rate %.4f, %.0f req/s", name, rate, speed)
-    return PolicyRun(frame, summary, occupancy_frame(name, run, frame))
+    return PolicyRun(records, summary, occupancy_columns(name, run, records))
 
 
 def stacked_runs(
@@ -392,13 +394,14 @@ def stacked_runs(
         engine_run = EngineRun(
             records=[], extras={"peak_kv_gb": peak, "peak_ssm_gb": 0.0, "peak_gb": peak}
         )
-        summary = policy_summary(run.frame, engine_run, step, wall, point_metrics)
-        runs.append(PolicyRun(run.frame, summary, occupancy_frame(name, engine_run, run.frame)))
+        summary = policy_summary(run.records, engine_run, step, wall, point_metrics)
+        occupancy = occupancy_columns(name, engine_run, run.records)
+        runs.append(PolicyRun(run.records, summary, occupancy))
     return runs
 
 
 def policy_summary(
-    frame: pd.DataFrame,
+    records: Columns,
     run: EngineRun,
     step: RequestStep,
     wall: float,
@@ -408,11 +411,11 @@ def policy_summary(
     plug-ins' items, peak cache bytes and simulation speed."""
     cache = step.cache
     metrics = metrics or MetricSettings()
-    speed = len(frame) / wall if wall > 0 else float("inf")
+    speed = len(records["request_id"]) / wall if wall > 0 else float("inf")
     return (
-        summarize(frame, metrics.request_hit_min_tokens, metrics.request_hit_min_share)
+        summarize(records, metrics.request_hit_min_tokens, metrics.request_hit_min_share)
         | {"request_hit_rule": metrics.rule}
-        | latency_summary(frame)
+        | latency_summary(records)
         | {
             "peak_kv_gb": cache.peak_kv_bytes / 1e9,
             "peak_ssm_gb": cache.peak_ssm_bytes / 1e9,
@@ -424,15 +427,18 @@ def policy_summary(
     )
 
 
-def occupancy_frame(policy: str, run: EngineRun, frame: pd.DataFrame) -> pd.DataFrame:
+def occupancy_columns(policy: str, run: EngineRun, records: Columns) -> Columns:
     """Cache bytes over time: the engine's samples, or per request (replay)."""
     if run.occupancy:
-        times, kv, ssm = zip(*run.occupancy, strict=True)
+        times, kv, ssm = (np.asarray(c) for c in zip(*run.occupancy, strict=True))
     else:
-        times, kv, ssm = frame["arrival"], frame["cache_kv_bytes"], frame["cache_ssm_bytes"]
-    return pd.DataFrame(
-        {"policy": policy, "time": list(times), "kv_bytes": list(kv), "ssm_bytes": list(ssm)}
-    )
+        times, kv, ssm = records["arrival"], records["cache_kv_bytes"], records["cache_ssm_bytes"]
+    return {
+        "policy": np.full(len(times), policy, dtype=object),
+        "time": times,
+        "kv_bytes": kv,
+        "ssm_bytes": ssm,
+    }
 
 
 def hit_rate_bounds(
@@ -527,7 +533,7 @@ def finish_run(
         trace=trace_stats(trace),
         config=saved_config(cfg),
         out_dir=output_dir(cfg),
-        records=pd.concat([run.frame for run in runs.values()], ignore_index=True),
+        record_columns=concat_columns([run.records for run in runs.values()]),
     )
     if summary.out_dir is not None:
         write_results(summary, summary.out_dir, runs)
@@ -536,8 +542,8 @@ def finish_run(
 
 def write_results(summary: Summary, out_dir: Path, runs: dict[str, PolicyRun]) -> None:
     """``records.parquet``, ``occupancy.parquet`` and ``summary.json``, each written atomically."""
-    write_records(summary.records, out_dir / "records.parquet")
-    occupancy = pd.concat([run.occupancy for run in runs.values()], ignore_index=True)
+    write_records(summary.record_columns, out_dir / "records.parquet")
+    occupancy = concat_columns([run.occupancy for run in runs.values()])
     write_records(occupancy, out_dir / "occupancy.parquet")
     write_json_atomic(summary.to_dict(), out_dir / "summary.json")
     log.info("results written to %s", out_dir)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+import numpy as np
 
 from simlab.provenance import provenance
+from simlab.records import Columns, as_frame
 from traces.describe import input_tokens as trace_input_tokens
 from traces.format import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SUMMARY_COLUMNS = {
     "token_hit_rate": "token hit",
@@ -39,7 +43,12 @@ class Summary:
     config: dict[str, Any]
     bounds: dict[str, float] = field(default_factory=dict)
     out_dir: Path | None = None
-    records: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    record_columns: Columns = field(default_factory=dict, repr=False)
+
+    @property
+    def records(self) -> pd.DataFrame:
+        """The run's records as a DataFrame (``records.parquet``'s; built on each call)."""
+        return as_frame(self.record_columns)
 
     def table(self) -> str:
         columns = dict(SUMMARY_COLUMNS)
@@ -50,8 +59,11 @@ class Summary:
         rules = {p.get("request_hit_rule") for p in self.policies.values()} - {None}
         if len(rules) == 1:
             columns["request_hit_rate"] = f"req hit ({rules.pop()})"
-        frame = pd.DataFrame(self.policies).T[list(columns)].rename(columns=columns)
-        text = frame.to_string(float_format=lambda v: f"{v:.4f}")
+        text = text_table(
+            list(self.policies),
+            list(columns.values()),
+            [[p.get(key, math.nan) for key in columns] for p in self.policies.values()],
+        )
         if self.bounds:
             text += "\nbounds (token hit rate): " + ", ".join(
                 f"{name} {rate:.4f}" for name, rate in self.bounds.items()
@@ -82,23 +94,43 @@ class Summary:
         }
 
 
+def text_table(index: list[str], headers: list[str], rows: list[list[Any]]) -> str:
+    """Rows under their headers, right-aligned, each row led by its left-aligned index label;
+    floats with 4 decimals (the layout of ``DataFrame.to_string``)."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    label = max([len(i) for i in index], default=0)
+    lines = [" " * label + "".join(f" {h:>{w}}" for h, w in zip(headers, widths, strict=True))]
+    for name, row in zip(index, cells, strict=True):
+        values = "".join(f" {v:>{w}}" for v, w in zip(row, widths, strict=True))
+        lines.append(f"{name:<{label}}{values}")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float | np.floating):
+        return "NaN" if math.isnan(value) else f"{value:.4f}"
+    return str(value)
+
+
 def trace_stats(trace: Trace) -> dict[str, Any]:
-    frame = trace.frame
-    input_lens = pd.Series(trace_input_tokens(trace))
+    input_lens = trace_input_tokens(trace)
     stats: dict[str, Any] = {
         "name": trace.name,
         "block_size": trace.block_size,
-        "requests": len(frame),
+        "requests": len(trace),
         "sessions": trace.n_sessions,
         "input_tokens": int(input_lens.sum()),
-        "output_tokens": int(frame["output_len"].sum()),
-        "input_len_p50": float(input_lens.median()),
-        "input_len_p95": float(input_lens.quantile(0.95)),
+        "output_tokens": int(trace.column("output_len").sum()),
+        "input_len_p50": float(np.median(input_lens)),
+        "input_len_p95": float(np.quantile(input_lens, 0.95)),
     }
-    if {"ref_prompt_tokens", "ref_cached_tokens"} <= set(frame.columns):
-        prompt = float(frame["ref_prompt_tokens"].sum())
+    if {"ref_prompt_tokens", "ref_cached_tokens"} <= set(trace.columns):
+        prompt = float(np.nansum(trace.column("ref_prompt_tokens")))
         stats["ref_prompt_tokens"] = prompt
-        stats["ref_cached_tokens"] = float(frame["ref_cached_tokens"].sum())
+        stats["ref_cached_tokens"] = float(np.nansum(trace.column("ref_cached_tokens")))
         stats["ref_cached_share"] = stats["ref_cached_tokens"] / prompt if prompt else 0.0
     return stats
 

@@ -44,9 +44,8 @@ import math
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -57,6 +56,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from simlab.config import ConfigError
 from traces.atomic import atomic_path
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +208,8 @@ def _missing(value: Any) -> bool:
 
 def _tidy(column: pd.Series) -> pd.Series:
     """One type per column: numbers, booleans, or strings (pyarrow needs it); gaps are null."""
+    import pandas as pd
+
     present = [v for v in column if not _missing(v)]
     if not present:
         return column
@@ -228,6 +232,8 @@ def point_rows(point: int, run_dir: str, params: dict[str, Any], summary: dict[s
 
 def collect(sweep_dir: Path) -> tuple[pd.DataFrame, list[str], list[int]]:
     """(rows, override-key columns, unfinished points) of a sweep directory."""
+    import pandas as pd
+
     sweep_dir = Path(sweep_dir)
     expected = expected_jobs(sweep_dir)
     dirs = point_dirs(sweep_dir)

@@ -50,5 +50,7 @@ def test_a_trace_survives_the_round_trip_and_shares_one_buffer(tmp_path):
 def test_decode_inverts_encode(sessions):
     """Any inputs (prefixes, extensions, branches, repeats): the same ids in every cell."""
     frame = frame_of(sessions)
-    back = decode(pa.Table.from_pandas(encode(frame), preserve_index=False))
+    scalars, back = decode(pa.Table.from_pandas(encode(frame), preserve_index=False))
     assert [a.tolist() for a in back["input_ids"]] == [a.tolist() for a in frame["input_ids"]]
+    assert [a.tolist() for a in back["output_ids"]] == [a.tolist() for a in frame["output_ids"]]
+    assert scalars.column("turn").to_pylist() == frame["turn"].tolist()

@@ -54,7 +54,6 @@ import logging
 import os
 
 import numpy as np
-import pandas as pd
 
 from traces.arrivals import GapsError, assign_arrivals, check_gaps, within_session_gaps
 from traces.azure import azure_path as resolve_azure_path
@@ -100,8 +99,6 @@ def assign(
             typing_wpm=typing_wpm,
             response_time=response_time,
         )
-        if out.block_size != trace.block_size:  # frame.attrs normally carries it over
-            out = Trace(name=out.name, frame=out.frame, block_size=trace.block_size)
         return out
     if mode in ("timestamps", "azure") and (not np.isfinite(time_scale) or time_scale <= 0):
         raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
@@ -123,44 +120,77 @@ def assign(
     raise ValueError(f"arrivals mode must be one of {MODES}, got {mode!r}")
 
 
-def _session_order(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _session_order(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """Row order by (session_id, turn) and a mask of each session's first row in that order."""
-    order = np.lexsort((frame["turn"].to_numpy(), frame["session_id"].to_numpy()))
-    sessions = frame["session_id"].to_numpy()[order]
+    order = np.lexsort((trace.column("turn"), trace.column("session_id")))
+    sessions = trace.column("session_id")[order]
     first = np.r_[True, sessions[1:] != sessions[:-1]] if len(order) else np.zeros(0, bool)
     return order, first
 
 
 def _with_arrivals(trace: Trace, order: np.ndarray, arrival: np.ndarray) -> Trace:
-    out = trace.frame.copy()
     column = np.empty(len(order))
     column[order] = arrival
-    out["arrival"] = column
-    return Trace(name=trace.name, frame=out, block_size=trace.block_size)
+    return trace.with_arrivals(column)
 
 
 def assign_timestamps(trace: Trace, time_scale: float = 1.0) -> Trace:
     """``arrival = (ref_timestamp - min(ref_timestamp)) x time_scale`` for every request
     (seconds; ``time_scale=0.5`` replays the trace twice as fast)."""
-    frame = trace.frame
-    if "ref_timestamp" not in frame.columns:
+    if "ref_timestamp" not in trace.columns:
         raise ValueError(
             f"arrivals mode 'timestamps' needs a ref_timestamp column; trace {trace.name!r} has "
             f"{trace.reference_columns or 'no reference columns'}"
         )
-    stamps = pd.to_numeric(frame["ref_timestamp"]).to_numpy(dtype=np.float64)
+    stamps = np.asarray(trace.column("ref_timestamp"), dtype=np.float64)
     if not np.isfinite(stamps).all():
         raise ValueError(f"trace {trace.name!r}: missing or infinite ref_timestamp values")
-    order, first = _session_order(frame)
+    order, first = _session_order(trace)
     rebased = (stamps - stamps.min())[order]
     if time_scale != 1.0:  # 1.0 leaves the arrivals bit-identical
         rebased = rebased * float(time_scale)
-    session_index = np.cumsum(first) - 1
-    clamped = pd.Series(rebased).groupby(session_index).cummax().to_numpy()
+    clamped = running_max_within(rebased, first)
     moved = int((clamped != rebased).sum())
     if moved:
         log.warning("trace %s: %d within-session timestamps clamped forward", trace.name, moved)
     return _with_arrivals(trace, order, clamped)
+
+
+def running_max_within(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """The running maximum of ``values`` restarting where ``first`` is set (rows grouped by
+    session): only the sessions that ever step back are walked."""
+    out = np.array(values, dtype=np.float64)
+    back = np.flatnonzero((np.diff(out) < 0) & ~first[1:]) + 1
+    if back.size == 0:
+        return out
+    starts = np.flatnonzero(first)
+    ends = np.r_[starts[1:], len(out)]
+    for s in np.unique(starts[np.searchsorted(starts, back, side="right") - 1]).tolist():
+        e = int(ends[np.searchsorted(starts, s)])
+        out[s:e] = np.maximum.accumulate(out[s:e])
+    return out
+
+
+def compensated_cumsum_within(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """The cumulative sum of ``values`` restarting where ``first`` is set (rows grouped by
+    session), with Kahan compensation: the floats of a grouped pandas ``cumsum``, bit for bit
+    (earlier versions computed it so; runs keep their arrivals). Steps every session's ``k``-th
+    row together, so the loop runs as many times as the longest session has rows."""
+    values = np.asarray(values, dtype=np.float64)
+    starts = np.flatnonzero(first)
+    lengths = np.diff(np.r_[starts, len(values)])
+    out = np.empty_like(values)
+    accum = np.zeros(len(starts))
+    compensation = np.zeros(len(starts))
+    for k in range(int(lengths.max()) if len(starts) else 0):
+        alive = np.flatnonzero(lengths > k)
+        rows = starts[alive] + k
+        y = values[rows] - compensation[alive]
+        t = accum[alive] + y
+        compensation[alive] = (t - accum[alive]) - y
+        accum[alive] = t
+        out[rows] = t
+    return out
 
 
 def tiled_starts(starts: np.ndarray, n: int) -> np.ndarray:
@@ -192,7 +222,7 @@ def assign_session_starts(
     if not np.isfinite(think_time_mean) or think_time_mean < 0:
         raise ValueError(f"think_time_mean must be a finite number >= 0 s, got {think_time_mean}")
     rng = np.random.default_rng(seed)
-    order, first = _session_order(trace.frame)
+    order, first = _session_order(trace)
     session_index = np.cumsum(first) - 1
     begin = tiled_starts(starts, int(first.sum()))
     within_gaps = within_session_gaps(
@@ -205,5 +235,5 @@ def assign_session_starts(
         typing_wpm=typing_wpm,
         response_time=response_time,
     )
-    within = pd.Series(within_gaps).groupby(session_index).cumsum().to_numpy()
+    within = compensated_cumsum_within(within_gaps, first)
     return _with_arrivals(trace, order, begin[session_index] + within)

@@ -42,7 +42,6 @@ import math
 import numbers
 
 import numpy as np
-import pandas as pd
 
 from traces.format import Trace
 
@@ -76,9 +75,8 @@ def assign_arrivals(
     if mode == "trace" and gaps != "exponential":
         raise GapsError(f"mode 'trace' takes its gaps from ref_timestamp; gaps={gaps!r} unused")
     rng = np.random.default_rng(seed)
-    frame = trace.frame
-    order = np.lexsort((frame["turn"].to_numpy(), frame["session_id"].to_numpy()))
-    sessions = frame["session_id"].to_numpy()[order]
+    order = np.lexsort((trace.column("turn"), trace.column("session_id")))
+    sessions = trace.column("session_id")[order]
     first = np.r_[True, sessions[1:] != sessions[:-1]]
     n_sessions = int(first.sum())
     if mode == "uniform":
@@ -100,11 +98,9 @@ def assign_arrivals(
             response_time=response_time,
         )
     arrival = _cumulative_within_sessions(within, first) + np.repeat(starts, _run_lengths(first))
-    out = frame.copy()
     column = np.empty(len(order))
     column[order] = arrival
-    out["arrival"] = column
-    return Trace(name=trace.name, frame=out)
+    return trace.with_arrivals(column)
 
 
 def _check_parameters(session_rate: float, think_time_mean: float, mode: str) -> None:
@@ -164,14 +160,13 @@ def within_session_gaps(
 def typing_gaps(trace: Trace, order: np.ndarray, typing_wpm: float) -> np.ndarray:
     """``ref_user_words * 60 / typing_wpm`` seconds per row, in ``order``; :class:`GapsError`
     when the trace has no (or an incomplete) ``ref_user_words`` column."""
-    frame = trace.frame
-    if USER_WORDS not in frame.columns:
+    if USER_WORDS not in trace.columns:
         raise GapsError(
             f"trace {trace.name!r} has no {USER_WORDS} column (the word count of each request's "
             "user message, recorded by the chat loaders sharegpt and lmsys); use gaps "
             "'exponential' or 'poisson_seconds'"
         )
-    words = pd.to_numeric(frame[USER_WORDS]).to_numpy(dtype=np.float64)[order]
+    words = np.asarray(trace.column(USER_WORDS), dtype=np.float64)[order]
     if not np.isfinite(words).all() or (words < 0).any():
         raise GapsError(f"trace {trace.name!r}: missing or negative {USER_WORDS} values")
     return words * 60.0 / float(typing_wpm)
@@ -196,12 +191,12 @@ def _session_starts(rng: np.random.Generator, n_sessions: int, session_rate: flo
 
 def _trace_gaps(trace: Trace, order: np.ndarray) -> np.ndarray:
     """Within-session gaps of ``ref_timestamp`` in (session, turn) order; first-turn gaps unset."""
-    if "ref_timestamp" not in trace.frame.columns:
+    if "ref_timestamp" not in trace.columns:
         raise ValueError(
             f"mode='trace' needs a ref_timestamp column; trace {trace.name!r} has "
             f"{trace.reference_columns or 'no reference columns'}"
         )
-    stamps = pd.to_numeric(trace.frame["ref_timestamp"]).to_numpy(dtype=np.float64)[order]
+    stamps = np.asarray(trace.column("ref_timestamp"), dtype=np.float64)[order]
     if np.isnan(stamps).any():
         raise ValueError(f"mode='trace': trace {trace.name!r} has missing ref_timestamp values")
     gaps = np.diff(stamps, prepend=stamps[:1])

@@ -16,11 +16,17 @@ equals ``f`` row for row (same columns, same ids in every cell).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
+from traces.arrow_numpy import list_views, to_numpy
 from traces.format import TOKEN_DTYPE
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CHAIN_COLUMNS = ("_input_owner", "_input_len", "_input_chain")
 
@@ -67,26 +73,32 @@ def encode(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def list_views(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """A list<int> column as (flat int32 values, offsets): one buffer, no per-row copies."""
-    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    values = array.values.to_numpy(zero_copy_only=False).astype(TOKEN_DTYPE, copy=False)
-    return values, array.offsets.to_numpy()
-
-
-def decode(table: pa.Table) -> pd.DataFrame:
-    """The frame of an :func:`encode`-d table, ``input_ids`` and ``output_ids`` as views."""
+def decode(table: pa.Table) -> tuple[pa.Table, dict[str, np.ndarray]]:
+    """An :func:`encode`-d table as its scalar columns (arrow, the chain columns dropped) and
+    ``input_ids`` / ``output_ids`` as object arrays of views (:class:`traces.format.Trace`'s
+    columns)."""
     values, offsets = list_views(table.column("_input_chain"))
-    owners = table.column("_input_owner").to_numpy()
-    lengths = table.column("_input_len").to_numpy()
+    values = values.astype(TOKEN_DTYPE, copy=False)
+    owners = to_numpy(table.column("_input_owner"))
+    lengths = to_numpy(table.column("_input_len"))
     starts = offsets[owners]
     out_values, out_offsets = list_views(table.column("output_ids"))
-    frame = table.drop(["_input_chain", "output_ids"]).to_pandas()
-    frame["input_ids"] = [
+    out_values = out_values.astype(TOKEN_DTYPE, copy=False)
+    inputs = _objects(
         values[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)
-    ]
-    frame["output_ids"] = [
+    )
+    outputs = _objects(
         out_values[a:b]
         for a, b in zip(out_offsets[:-1].tolist(), out_offsets[1:].tolist(), strict=True)
-    ]
-    return frame.drop(columns=["_input_owner", "_input_len"])
+    )
+    scalars = table.drop(["_input_chain", "output_ids", "_input_owner", "_input_len"])
+    return scalars, {"input_ids": inputs, "output_ids": outputs}
+
+
+def _objects(arrays: Iterator[np.ndarray]) -> np.ndarray:
+    """An object array holding ``arrays`` (numpy would stack equal-length ones into 2-D)."""
+    items = list(arrays)
+    out = np.empty(len(items), dtype=object)
+    for i, item in enumerate(items):
+        out[i] = item
+    return out

@@ -93,10 +93,10 @@ def ideal_reuse(trace: Trace) -> ReuseTotals:
 
 def input_tokens(trace: Trace) -> np.ndarray:
     """True input tokens per row: ``ref_input_length`` when present, else ids x block_size."""
-    frame = trace.frame
-    if "ref_input_length" in frame.columns:
-        return frame["ref_input_length"].to_numpy(dtype=np.int64)
-    return frame["input_ids"].map(len).to_numpy(dtype=np.int64) * trace.block_size
+    if "ref_input_length" in trace.columns:
+        return np.asarray(trace.column("ref_input_length"), dtype=np.int64)
+    lengths = np.fromiter((len(ids) for ids in trace.column("input_ids")), np.int64, len(trace))
+    return lengths * trace.block_size
 
 
 def percentiles(values: np.ndarray) -> dict[str, int]:

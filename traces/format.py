@@ -25,6 +25,10 @@ never admitted as blocks). :attr:`Request.input_tokens` and :meth:`Request.hit_t
 request's units to tokens. ``block_size`` travels with the frame (``frame.attrs``) and with parquet
 files (schema metadata ``simlab.block_size``).
 
+A trace read from parquet (the trace cache) keeps its columns in arrow and numpy and builds its
+DataFrame only when :attr:`Trace.frame` is asked for: a replay (requests, arrivals, validation)
+never imports pandas.
+
 Invariants (checked by :func:`validate`): ``(session_id, turn)`` is unique, turns of a session
 are 0..n-1, token ids are non-negative, ``output_len >= 0`` and equals ``len(output_ids)``
 whenever ``output_ids`` is non-empty.
@@ -33,17 +37,20 @@ whenever ``output_ids`` is non-empty.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from traces.arrow_numpy import from_numpy, to_numpy
 from traces.atomic import atomic_path
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TOKEN_DTYPE = np.int32
 #: Parquet schema-metadata key (and ``DataFrame.attrs`` key) holding a trace's block size.
@@ -99,9 +106,18 @@ class Request:
         return np.concatenate((self.input_ids, self.output_ids))
 
 
-@dataclass
+#: a trace's columns without pandas: the scalar columns in arrow, the token columns as object
+#: arrays of numpy views (:func:`traces.columnar.decode`)
+TOKEN_COLUMNS = ("input_ids", "output_ids")
+
+
 class Trace:
     """A named canonical trace table plus the settings that produced it.
+
+    Built from a DataFrame (``Trace(name, frame)``: the loaders) or from arrow columns
+    (:meth:`from_columns`: a parquet file); :meth:`column` reads either without pandas, and
+    :attr:`frame` is the DataFrame (built on first use for arrow columns, the same frame
+    ``table.to_pandas()`` plus the token columns gives).
 
     ``block_size`` is the number of tokens per id (see the module docstring). When it is left at
     1 and ``frame.attrs`` carries a block size (a frame copied from a block trace, e.g. by
@@ -109,44 +125,103 @@ class Trace:
     is recorded in ``frame.attrs`` so copies of the frame keep it.
     """
 
-    name: str
-    frame: pd.DataFrame
-    block_size: int = 1
+    def __init__(self, name: str, frame: pd.DataFrame | None = None, block_size: int = 1) -> None:
+        self.name = name
+        self._frame = frame
+        self._scalars: pa.Table | None = None
+        self._tokens: dict[str, np.ndarray] = {}
+        self._order: list[str] = []
+        if frame is not None:
+            self._finish(block_size)
 
-    def __post_init__(self) -> None:
-        validate(self.frame, self.name)
-        if self.block_size == 1:
-            self.block_size = int(self.frame.attrs.get(BLOCK_SIZE_KEY, 1))
-        if isinstance(self.block_size, bool) or int(self.block_size) < 1:
+    @classmethod
+    def from_columns(
+        cls,
+        name: str,
+        scalars: pa.Table,
+        tokens: dict[str, np.ndarray],
+        order: list[str],
+        block_size: int = 1,
+    ) -> Trace:
+        """A trace of arrow ``scalars`` and ``tokens`` (object arrays of id arrays), its columns
+        in ``order``; validated like any other."""
+        trace = cls(name)
+        trace._scalars, trace._tokens, trace._order = scalars, tokens, list(order)
+        trace._finish(block_size)
+        return trace
+
+    def _finish(self, block_size: int) -> None:
+        validate_columns(self.columns, self.column, len(self), self.name)
+        if block_size == 1 and self._frame is not None:
+            block_size = int(self._frame.attrs.get(BLOCK_SIZE_KEY, 1))
+        if isinstance(block_size, bool) or int(block_size) < 1:
             raise TraceFormatError(f"trace {self.name!r}: block_size must be >= 1")
-        self.block_size = int(self.block_size)
-        if self.block_size != 1:
-            self.frame.attrs[BLOCK_SIZE_KEY] = self.block_size
+        self.block_size = int(block_size)
+        if self.block_size != 1 and self._frame is not None:
+            self._frame.attrs[BLOCK_SIZE_KEY] = self.block_size
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The trace as a DataFrame (for arrow columns built here once: imports pandas)."""
+        if self._frame is None:
+            assert self._scalars is not None
+            frame = self._scalars.to_pandas()
+            for column, values in self._tokens.items():
+                frame[column] = list(values)
+            frame = frame[self._order]
+            if self.block_size != 1:
+                frame.attrs[BLOCK_SIZE_KEY] = self.block_size
+            self._frame = frame
+        return self._frame
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self._frame.columns) if self._frame is not None else list(self._order)
+
+    def column(self, name: str) -> np.ndarray:
+        """One column as a numpy array (token columns: object arrays of id arrays)."""
+        if self._frame is not None:
+            return self._frame[name].to_numpy()
+        if name in self._tokens:
+            return self._tokens[name]
+        assert self._scalars is not None
+        return to_numpy(self._scalars.column(name))
+
+    def with_arrivals(self, arrival: np.ndarray) -> Trace:
+        """A copy with the ``arrival`` column replaced (same name, block size and columns)."""
+        if self._frame is not None:
+            frame = self._frame.copy()
+            frame["arrival"] = arrival
+            return Trace(name=self.name, frame=frame, block_size=self.block_size)
+        assert self._scalars is not None
+        index = self._scalars.schema.get_field_index("arrival")
+        values = from_numpy(np.asarray(arrival, dtype=np.float64))
+        scalars = self._scalars.set_column(index, "arrival", values)
+        return Trace.from_columns(self.name, scalars, self._tokens, self._order, self.block_size)
 
     def __len__(self) -> int:
-        return len(self.frame)
+        if self._frame is not None:
+            return len(self._frame)
+        assert self._scalars is not None
+        return self._scalars.num_rows
 
     @property
     def n_sessions(self) -> int:
-        return int(self.frame["session_id"].nunique())
+        return len(np.unique(self.column("session_id")))
 
     @property
     def reference_columns(self) -> list[str]:
-        return [c for c in self.frame.columns if c.startswith("ref_")]
+        return [c for c in self.columns if c.startswith("ref_")]
 
     def requests(self) -> Iterator[Request]:
         """Requests in arrival order (ties by session, turn); request_id is the row position."""
-        frame = self.frame
-        order = np.lexsort(
-            (frame["turn"].to_numpy(), frame["session_id"].to_numpy(), frame["arrival"].to_numpy())
-        )
+        column = self.column
         # whole columns once (a row lookup per request costs more than the rest of start-up)
-        sessions, turns = frame["session_id"].to_numpy(), frame["turn"].to_numpy()
-        arrivals, output_lens = frame["arrival"].to_numpy(), frame["output_len"].to_numpy()
-        inputs, outputs = frame["input_ids"].to_numpy(), frame["output_ids"].to_numpy()
-        true_inputs = (
-            frame["ref_input_length"].to_numpy() if "ref_input_length" in frame.columns else None
-        )
+        sessions, turns, arrivals = column("session_id"), column("turn"), column("arrival")
+        order = np.lexsort((turns, sessions, arrivals))
+        output_lens = column("output_len")
+        inputs, outputs = column("input_ids"), column("output_ids")
+        true_inputs = column("ref_input_length") if "ref_input_length" in self.columns else None
         for pos in order.tolist():
             yield Request(
                 request_id=pos,
@@ -166,7 +241,7 @@ class Trace:
 
         metadata = {
             BLOCK_SIZE_KEY: str(self.block_size),
-            COLUMNS_KEY: json.dumps([str(c) for c in self.frame.columns]),
+            COLUMNS_KEY: json.dumps([str(c) for c in self.columns]),
         }
         write_frame_atomic(encode(self.frame), path, metadata)
 
@@ -175,15 +250,13 @@ class Trace:
         """The trace :meth:`to_parquet` wrote; token columns are views of one buffer each."""
         from traces.columnar import decode
 
-        table = pq.read_table(path)
+        table = pq.ParquetFile(path).read()  # not read_table: its datasets import pandas
         metadata = table.schema.metadata or {}
         block_size = int(metadata.get(BLOCK_SIZE_KEY.encode(), b"1"))
-        frame = decode(table)
-        frame.attrs.pop(BLOCK_SIZE_KEY, None)
+        scalars, tokens = decode(table)
         columns = metadata.get(COLUMNS_KEY.encode())
-        if columns is not None:
-            frame = frame[json.loads(columns)]
-        return cls(name=name, frame=frame, block_size=block_size)
+        order = json.loads(columns) if columns is not None else [*scalars.column_names, *tokens]
+        return cls.from_columns(name, scalars, tokens, order, block_size)
 
 
 def as_tokens(values: object) -> np.ndarray:
@@ -209,6 +282,8 @@ def request_row(
 
 def make_frame(rows: list[dict]) -> pd.DataFrame:
     """Build a canonical frame from row dicts holding at least the required columns."""
+    import pandas as pd
+
     frame = pd.DataFrame(rows)
     if frame.empty:
         frame = pd.DataFrame({c: pd.Series(dtype=object) for c in REQUIRED_COLUMNS})
@@ -222,21 +297,38 @@ def make_frame(rows: list[dict]) -> pd.DataFrame:
 
 def validate(frame: pd.DataFrame, name: str) -> None:
     """Raise :class:`TraceFormatError` naming the trace and row when an invariant fails."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    validate_columns(list(frame.columns), lambda c: frame[c].to_numpy(), len(frame), name)
+
+
+def validate_columns(
+    names: list[str], column: Callable[[str], np.ndarray], n_rows: int, name: str
+) -> None:
+    """:func:`validate` on a table given as its column names, a column getter and its rows.
+    Errors name the first offending row (a duplicate: its second occurrence) or the smallest
+    offending session."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:
         raise TraceFormatError(f"trace {name!r}: missing columns {missing}")
-    if frame.empty:
+    if n_rows == 0:
         raise TraceFormatError(f"trace {name!r}: no requests")
-    keys = frame[["session_id", "turn"]]
-    if keys.duplicated().any():
-        row = int(np.flatnonzero(keys.duplicated().to_numpy())[0])
-        raise TraceFormatError(f"trace {name!r}: duplicate (session_id, turn) at row {row}")
-    turns = frame.groupby("session_id")["turn"].agg(["min", "max", "count"])
-    bad = turns[(turns["min"] != 0) | (turns["max"] != turns["count"] - 1)]
-    if not bad.empty:
-        raise TraceFormatError(f"trace {name!r}: session {bad.index[0]} turns are not 0..n-1")
+    sessions, turns = column("session_id"), column("turn")
+    order = np.lexsort((turns, sessions))  # stable: equal keys keep their row order
+    s, t = sessions[order], turns[order]
+    repeat = np.r_[False, (s[1:] == s[:-1]) & (t[1:] == t[:-1])]
+    if repeat.any():
+        raise TraceFormatError(
+            f"trace {name!r}: duplicate (session_id, turn) at row {int(order[repeat].min())}"
+        )
+    first = np.r_[True, s[1:] != s[:-1]]
+    starts = np.flatnonzero(first)
+    counts = np.diff(np.r_[starts, n_rows])
+    last = np.r_[starts[1:], n_rows] - 1
+    bad = (t[starts] != 0) | (t[last] != counts - 1)
+    if bad.any():
+        session = s[starts[np.flatnonzero(bad)[0]]]
+        raise TraceFormatError(f"trace {name!r}: session {session} turns are not 0..n-1")
     for pos, (inp, out, out_len) in enumerate(
-        zip(frame["input_ids"], frame["output_ids"], frame["output_len"], strict=True)
+        zip(column("input_ids"), column("output_ids"), column("output_len"), strict=True)
     ):
         if len(inp) == 0:
             raise TraceFormatError(f"trace {name!r}: empty input at row {pos}")
@@ -258,5 +350,16 @@ def write_frame_atomic(
         merged = dict(table.schema.metadata or {})
         merged.update({k.encode(): v.encode() for k, v in metadata.items()})
         table = table.replace_schema_metadata(merged)
+    _write_table(table, path)
+
+
+def write_table_atomic(columns: dict[str, np.ndarray], path: Path) -> None:
+    """Numpy columns to parquet, atomically (:func:`write_frame_atomic` without pandas: read
+    back, the same frame; strings as arrow strings)."""
+    arrays = [from_numpy(values) for values in columns.values()]
+    _write_table(pa.Table.from_arrays(arrays, names=list(columns)), path)
+
+
+def _write_table(table: pa.Table, path: Path) -> None:
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
