@@ -106,11 +106,6 @@ class Request:
         return np.concatenate((self.input_ids, self.output_ids))
 
 
-#: a trace's columns without pandas: the scalar columns in arrow, the token columns as object
-#: arrays of numpy views (:func:`traces.columnar.decode`)
-TOKEN_COLUMNS = ("input_ids", "output_ids")
-
-
 class Trace:
     """A named canonical trace table plus the settings that produced it.
 
