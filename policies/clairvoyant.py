@@ -18,6 +18,11 @@ What "used" means follows the hit rule, judged against the current tree:
   the first checkpointed nodes below it (those hits would use the deeper checkpoint). A
   one-child node without checkpoint frees nothing and is never chosen while anything else is.
 
+Under a host tier the GPU evicts by writing back, and "leaf" means no GPU child: a GPU node
+whose children are all on the host follows the leaf rules (a hybrid's is used by any future
+input passing through all of it, since hits landing on the host checkpoints below need its
+KV too). Scores still count uses, not load times: a written-back node is not lost.
+
 So a parent's next use is never later than a child's (whatever passes through a child passes
 through its parent), and a node's usefulness for hybrids comes from the checkpoints future hits
 land on. Approximations (documented bounds, not proofs of optimality): scores are judged against
@@ -164,7 +169,7 @@ class Clairvoyant(EvictionPolicy):
 
     def _recompute(self, cache: CacheView, node: Node, t: int) -> None:
         slot, dep = node.slot, -1
-        if not node.children:
+        if cache.n_children[slot] == 0:  # no GPU child (under a host tier, maybe host ones)
             nu = self._leaf_next_use(cache, node, t)
         else:
             nu = self._inner_next_use(cache, node, t)
@@ -177,14 +182,14 @@ class Clairvoyant(EvictionPolicy):
         self._until[slot] = nu if math.isfinite(nu) else INF
         self._nid[slot] = node.nid
         self._bytes[slot] = cache.node_bytes[slot]
-        self._kids[slot] = len(node.children)
+        self._kids[slot] = cache.n_children[slot]
         self._dep[slot] = dep
 
     # ------------------------------------------------------------------ next uses
     def _leaf_next_use(self, cache: CacheView, node: Node, t: int) -> float:
         trie = cast(BatchTrie, self._trie)
-        if cache.hybrid:
-            loc = self._loc(cache, node) if node.ckpt else None
+        if cache.hybrid:  # with host children, hits landing on their checkpoints pass it too
+            loc = self._loc(cache, node) if node.ckpt or node.children else None
         else:
             page = max(self.page_size, cache.page_size)
             depth = (node.start // page + 1) * page  # the first page boundary inside the node

@@ -306,7 +306,7 @@ def _evict_heap(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tupl
             if now_score != score:
                 frontier.push((now_score, nid, slot))
                 continue
-        parent, child = node.parent, next(iter(node.children.values()), None)
+        parent, child = node.parent, _gpu_child(cache, node)
         freed += cache._evict_node(node)
         count += 1
         if notify is not None:
@@ -320,6 +320,12 @@ def _evict_heap(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tupl
                 s = float(policy.scores(cache, np.array([other.slot]))[0])
                 frontier.push((s, other.nid, other.slot))
     return freed, count
+
+
+def _gpu_child(cache: PrefixCache, node: Node) -> Node | None:
+    """The child a merge moves ``node``'s KV into; None for a node without GPU children (a
+    leaf, or under a host tier one written back, whose host children may be dropped with it)."""
+    return next(iter(node.children.values())) if cache.n_children[node.slot] else None
 
 
 def _evict_up(

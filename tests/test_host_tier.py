@@ -39,6 +39,9 @@ SHAREGPT = ["trace=sharegpt", "trace.limit=40"]
         # hybrid: states go to the host with their nodes
         ["model=nemotron_h_8b", "+policy=sglang_plus", "cache.size_gb=5"],
         ["model=nemotron_h_8b", "+policy=sglang", "cache.size_gb=5"],
+        # Belady's written-back nodes keep their host children (scored as GPU leaves); not a
+        # hybrid's Belady, whose merges drop the checkpoints it judges no hit lands on
+        ["model=llama3_8b", "+policy=clairvoyant", "cache.size_gb=0.3"],
     ],
     ids=[
         "llama-sglang_plus",
@@ -46,6 +49,7 @@ SHAREGPT = ["trace=sharegpt", "trace.limit=40"]
         "llama-vllm",
         "nemotron-sglang_plus",
         "nemotron-sglang",
+        "llama-clairvoyant",
     ],
 )
 def test_an_infinite_free_host_tier_hits_as_an_infinite_cache(setting):
@@ -80,8 +84,17 @@ def test_a_block_lru_with_an_exclusive_host_tier_is_one_lru_of_both_sizes():
         ["model=llama3_8b", "+policy=vllm", "cache.size_gb=0.2", "cache.host_gb=0.3"],
         ["model=nemotron_h_8b", "+policy=marconi", "cache.size_gb=1", "cache.host_gb=1"],
         ["model=nemotron_h_8b", "+policy=sglang_plus", "cache.size_gb=1", "cache.host_gb=0.5"],
+        ["model=nemotron_h_8b", "+policy=clairvoyant", "cache.size_gb=1", "cache.host_gb=0.5"],
+        ["model=llama3_8b", "+policy=clairvoyant", "cache.size_gb=0.2", "cache.host_gb=0.3"],
     ],
-    ids=["llama-sglang", "llama-vllm", "nemotron-marconi", "nemotron-sglang_plus"],
+    ids=[
+        "llama-sglang",
+        "llama-vllm",
+        "nemotron-marconi",
+        "nemotron-sglang_plus",
+        "nemotron-clairvoyant",
+        "llama-clairvoyant",
+    ],
 )
 def test_tier_bytes_stay_within_capacity_through_a_run(setting):
     """After every request: the tree's invariants (GPU residency closed upwards, GPU-child
@@ -162,6 +175,28 @@ def test_each_replica_of_a_cluster_has_its_own_host_tier():
     assert {"replica", *HOST_COLUMNS} <= set(frame.columns)
     assert frame["host_hit_tokens"].sum() > 0
     assert frame.groupby("replica")["host_hit_tokens"].sum().gt(0).all()
+
+
+def test_the_clairvoyant_bound_runs_under_a_host_tier():
+    """The default hybrid with its bounds on, a small GPU and a host tier: Belady writes back
+    GPU nodes whose children are all on the host, and may drop them with their host subtree
+    when the host is full (a crash until stop 31). The bound stays below the infinite one."""
+    summary = simulate(
+        compose(
+            [
+                *SHAREGPT,
+                "trace.limit=200",
+                "+policy=sglang_plus",
+                "engine=replay",
+                "report=false",
+                "cache.size_gb=0.5",
+                "cache.host_gb=1",
+                "cache.host_bw_gbps=25",
+            ]
+        )
+    )
+    policy = summary.policies["sglang_plus"]["token_hit_rate"]
+    assert policy <= summary.bounds["clairvoyant"] <= summary.bounds["infinite"]
 
 
 # ------------------------------------------------------------------ no host tier
