@@ -351,6 +351,17 @@ class PrefixCache:
                 return node
         return partial
 
+    def split_at_match(self, lookup: Lookup) -> Lookup:
+        """``lookup`` after splitting the edge its match stops inside, when the hit ends in
+        that edge (a Transformer's): the hit then lies on whole nodes, so a pin of its node
+        covers none of the edge's unmatched tail (SGLang splits there when it matches,
+        ``_split_node``). The split is the one an admission of the request makes anyway."""
+        partial = lookup.partial
+        if partial is None or lookup.hit_node is not partial:
+            return lookup
+        upper = self._split(partial, lookup.matched)
+        return Lookup(lookup.matched, lookup.hit, upper, [*lookup.path, upper], None)
+
     def use_state(self, node: Node | None) -> None:
         """A request resumes from ``node``'s state: only that state counts as recently used
         in the SSM pool's own LRU (SGLang: a hit refreshes only the consumed Mamba node)."""
@@ -487,11 +498,13 @@ class PrefixCache:
                 held = (int(seq.shape[0]) - held_from) * self.kv_per_token
                 need = max(need, held + need - (plan.end - plan.matched) * self.kv_per_token)
             if states and states > self.ssm_free:
+                path, partial, deepest = self._pin_matched_part(path, matched, partial)
                 freed, count = evictor.evict_states(self, states, policy)
                 result.evicted_bytes, result.evicted_nodes = freed, count
             if need > self.free_bytes:
                 if self.semantics.ticks_per_operation:
                     self.now += 1.0
+                path, partial, deepest = self._pin_matched_part(path, matched, partial)
                 freed, count = self.evict(need, policy)
                 result.evicted_bytes += freed
                 result.evicted_nodes += count
@@ -505,6 +518,22 @@ class PrefixCache:
             self.unpin(deepest)
         self._note_peaks()
         return result
+
+    def _pin_matched_part(
+        self, path: list[Node], matched: int, partial: Node | None
+    ) -> tuple[list[Node], Node | None, Node | None]:
+        """Before an admission evicts, with the walk stopped inside an edge (``partial``
+        pinned): split the edge at the match, so that only the matched part stays pinned and
+        the rest of the edge, off the request's path, may be evicted like any leaf (SGLang
+        splits the edge when it matches, ``_split_node``). Returns the new ``(path, partial,
+        deepest pinned node)``; the split is the one :meth:`_apply` makes anyway."""
+        deepest = partial if partial is not None else (path[-1] if path else None)
+        if partial is None:
+            return path, None, deepest
+        self.unpin(partial)
+        upper = self._split(partial, matched)
+        self.pin(upper)
+        return [*path, upper], None, upper
 
     def _recomputed(
         self, path: list[Node], matched: int, partial: Node | None, policy: EvictionPolicy

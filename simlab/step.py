@@ -165,7 +165,8 @@ class RequestStep:
         return self.finish(self.start(req, pin=False))
 
     def start(self, req: Request, pin: bool = True) -> Started:
-        """The request is scheduled: tick, match, ``on_hit``, plan, pin the reused prefix."""
+        """The request is scheduled: tick, match, ``on_hit``, plan, pin the reused prefix (an
+        edge the hit ends in is split at the match first: see ``PrefixCache.split_at_match``)."""
         cache = self.cache
         cache.now += 1.0
         keyed = self._view(req)
@@ -177,9 +178,12 @@ class RequestStep:
             cache.use_state(lookup.hit_node)
         self.eviction.on_hit(cache, lookup)
         plan = self.admission.plan(lookup, int(keyed.lookup.shape[0]), keyed.cacheable)
-        pinned = lookup.hit_node if pin else None
-        if pinned is not None:
-            cache.pin(pinned)
+        pinned = None
+        if pin:  # the pin covers the matched part of a partly matched edge only
+            lookup = cache.split_at_match(lookup)
+            pinned = lookup.hit_node
+            if pinned is not None:
+                cache.pin(pinned)
         per_key = self._ids_per_key
         hit = req.hit_tokens(lookup.hit * per_key)
         started = Started(

@@ -124,6 +124,24 @@ def test_pinned_nodes_are_never_evicted():
     assert not res.truncated and cache.lookup(np.concatenate((a, seq(5)))).hit == 0
 
 
+@pytest.mark.parametrize("spec", [LLAMA, HYBRID], ids=["transformer", "hybrid"])
+def test_an_admission_may_evict_the_unmatched_tail_of_the_edge_it_branches_in(spec):
+    """A cache full of one 100-token sequence; a new one shares its first 60 tokens and goes
+    on for 60 more. Only the shared 60 are on the new request's path: the other 40 of that
+    edge go to make room (SGLang splits the edge at the match), so the whole new sequence is
+    admitted. Pinning the whole edge truncated it to 60 + what was free."""
+    unit = spec.kv_bytes_per_token
+    cache = PrefixCache(spec, 120 * unit + 3 * spec.ssm_state_bytes)
+    old = np.arange(100, dtype=np.int32)
+    cache.insert(old, [100], 100, LRU())
+    new = np.concatenate((old[:60], np.arange(1000, 1060, dtype=np.int32)))
+    res = cache.insert(new, [60, 120], 120, LRU())
+    assert not res.truncated and res.admitted_end == 120
+    assert res.evicted_nodes == 1 and res.evicted_bytes == 40 * unit + spec.ssm_state_bytes
+    assert sorted((n.start, n.end) for n in cache.nodes()) == [(0, 60), (60, 120)]
+    cache.check_invariants()
+
+
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match="capacity"):
         PrefixCache(LLAMA, 0)

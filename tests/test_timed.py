@@ -12,10 +12,11 @@ from simlab.cache import PrefixCache
 from simlab.config import ConfigError
 from simlab.costmodel import BatchShape, Calibration, CostModel, CostTerms, Hardware
 from simlab.replay import replay_step
+from simlab.simulate import simulate
 from simlab.step import RequestStep
 from simlab.summary import Summary
 from simlab.timed import EngineStats, SessionFeeder, TimedEngine, saturation, unique_tokens
-from tests.fixtures import CONFIGS, POLICIES, chat_trace, model, policy_plugins
+from tests.fixtures import CONFIGS, POLICIES, chat_trace, compose, model, policy_plugins
 from traces.arrivals import assign_arrivals
 from traces.format import Request
 
@@ -48,6 +49,30 @@ def test_low_load_hits_equal_replay(policy):
     by_id = {r.request_id: r.hit_tokens for r in replayed}
     assert [r.hit_tokens for r in timed] == [by_id[r.request_id] for r in timed]
     assert sum(by_id.values()) > 0
+
+
+@pytest.mark.parametrize("policy", ["sglang", "sglang_plus", "vllm"])
+def test_low_load_records_equal_replay_on_a_tight_transformer_cache(policy):
+    """Llama-3-8B with room for ~760 tokens, smaller than most requests: admissions are
+    truncated and branch inside edges. Sessions 10^4 s apart: the timed engine (which
+    publishes SGLang's and vLLM's prompts at the end of prefill) hits and evicts as the
+    replay does, request for request."""
+    base = [
+        "trace=chat",
+        "trace.n_sessions=40",
+        "arrivals.mode=uniform",
+        "arrivals.session_rate=0.0001",
+        "model=llama3_8b",
+        f"+policy={policy}",
+        "cache.size_gb=0.1",
+        "bounds.enabled=false",
+        "report=false",
+    ]
+    runs = [simulate(compose([*base, f"engine={e}"])).records for e in ("replay", "timed")]
+    replayed, timed = (r.sort_values("request_id").reset_index(drop=True) for r in runs)
+    assert replayed["admission_truncated"].any() and replayed["hit_tokens"].sum() > 0
+    for column in ("hit_tokens", "nodes_evicted", "bytes_evicted", "kv_bytes_admitted"):
+        np.testing.assert_array_equal(timed[column], replayed[column], err_msg=column)
 
 
 def test_littles_law_for_the_queue():
