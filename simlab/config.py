@@ -9,7 +9,7 @@ they are instantiated (``simlab.simulate.build_engine`` / ``build_policy``), als
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -237,6 +237,16 @@ def _section(cfg: DictConfig, key: str) -> dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
 
 
+def _known_keys(settings: type, key: str, section: dict[str, Any]) -> dict[str, Any]:
+    """``section`` if each of its keys is a field of the ``settings`` dataclass, else a
+    :class:`ConfigError` naming the first unknown key (a typo would otherwise be a TypeError)."""
+    known = {f.name for f in fields(settings) if f.init}
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    return section
+
+
 def selected_policies(cfg: DictConfig) -> dict[str, DictConfig]:
     """``+policy=NAME`` runs that one policy; otherwise the standard set under ``compare``."""
     if cfg.get("policy") is not None:
@@ -271,8 +281,14 @@ def run_settings(cfg: DictConfig) -> RunSettings:
     check_switches(cfg)
     return RunSettings(
         seed=seed,
-        cache=CacheSettings(**_section(cfg, "cache")),
-        arrivals=ArrivalSettings(**_section(cfg, "arrivals")),
+        cache=CacheSettings(**_known_keys(CacheSettings, "cache", _section(cfg, "cache"))),
+        arrivals=ArrivalSettings(
+            **_known_keys(ArrivalSettings, "arrivals", _section(cfg, "arrivals"))
+        ),
         policies=selected_policies(cfg),
-        metrics=MetricSettings(**(_section(cfg, "metrics") if cfg.get("metrics") else {})),
+        metrics=MetricSettings(
+            **_known_keys(
+                MetricSettings, "metrics", _section(cfg, "metrics") if cfg.get("metrics") else {}
+            )
+        ),
     )

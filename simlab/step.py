@@ -120,6 +120,12 @@ class RequestStep:
         host = None
         if host_capacity_bytes is not None:
             host = host_tier(host_capacity_bytes, host_bw_bytes, eviction, semantics)
+        if ssm_capacity_bytes is not None and semantics is not None and semantics.reference_insert:
+            raise ConfigError(
+                "cache.ssm_gb: a separate SSM pool is not supported with the Marconi reference "
+                "code's insertion (policy.compat=reference / reference_fixed, "
+                "policy.semantics.reference_insert): it sizes evictions on one budget"
+            )
         admission = admission.for_model(model, unit_tokens)
         block = admission.keys.block_size
         shape = (page_size, unit_tokens) if block is None else (1, unit_tokens * block)

@@ -653,6 +653,11 @@ class TimedWorld:
                 "use engine.kv_pool=separate"
             )
         self.pool.budget = cache.capacity + self.settings.running_memory_gb * 1e9
+        if not math.isfinite(self.pool.budget):
+            raise ConfigError(
+                "engine.kv_pool=shared: the pool (cache.size_gb + engine.running_memory_gb) "
+                "must be finite; use engine.kv_pool=separate for an infinite cache"
+            )
         cache.capacity = self.pool.budget
         if requests:
             longest = max(r.input_tokens + r.output_len for r in requests)

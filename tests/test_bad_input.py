@@ -73,6 +73,17 @@ BAD_CONFIG = [
     (["trace=azure_conv", "trace.path=/nonexistent.csv"], "not found at /nonexistent.csv"),
     (["arrivals.mode=timestamps"], "arrivals.mode=timestamps: "),
     (["output_dir=/proc/simlab"], "output_dir: cannot write to /proc/simlab"),
+    (["+cache.bogus=1"], "cache.bogus: unknown key"),
+    (["+arrivals.bogus=1"], "arrivals.bogus: unknown key"),
+    (["+metrics.bogus=1"], "metrics.bogus: unknown key"),
+    (
+        ["+policy=marconi", "policy.compat=reference", "model=nemotron_h_8b", "cache.ssm_gb=0.3"],
+        "cache.ssm_gb: a separate SSM pool is not supported with the Marconi reference",
+    ),
+    (
+        ["+policy=sglang_plus", "trace.limit=5", "cache.size_gb=inf", "engine.kv_pool=shared"],
+        "engine.kv_pool=shared: the pool (cache.size_gb + engine.running_memory_gb) must be",
+    ),
 ]
 
 
