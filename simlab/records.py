@@ -239,15 +239,24 @@ def write_records(table: Columns, path: Path) -> None:
     write_table_atomic(table, path)
 
 
-def _jsonable(value: Any) -> Any:
+def strict_json(value: Any) -> Any:
+    """``value`` with every float made valid JSON (RFC 8259 has no NaN or Infinity): NaN (a
+    metric with nothing to measure, e.g. ``hit_vs_infinite`` when the bound is 0) becomes null,
+    an infinity the string ``"inf"`` / ``"-inf"`` (``cache.size_gb=inf``; ``float()`` reads it
+    back); numpy scalars become Python ones. Containers are copied, everything else kept."""
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(item) for item in value]
     if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, float) and not np.isfinite(value):
-        return str(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else str(value)
+    return value
 
 
 def write_json_atomic(data: dict[str, Any], path: Path) -> None:
-    """Write JSON through a temp file and a rename, so readers never see a partial file."""
+    """Write strict JSON (:func:`strict_json`) through a temp file and a rename, so readers
+    never see a partial file."""
     with atomic_path(path) as tmp, tmp.open("w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True, default=_jsonable)
+        json.dump(strict_json(data), fh, indent=2, sort_keys=True, allow_nan=False)

@@ -108,10 +108,14 @@ def text_table(index: list[str], headers: list[str], rows: list[list[Any]]) -> s
 
 
 def _cell(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
+    """A number to 4 decimals; NaN, or the null that stands for it in ``summary.json``
+    (:func:`simlab.records.strict_json`), as ``n/a``."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
         return str(value)
     if isinstance(value, float | np.floating):
-        return "NaN" if math.isnan(value) else f"{value:.4f}"
+        return "n/a" if math.isnan(value) else f"{value:.4f}"
     return str(value)
 
 

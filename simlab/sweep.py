@@ -55,6 +55,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from simlab.config import ConfigError
+from simlab.records import strict_json
 from traces.atomic import atomic_path
 
 if TYPE_CHECKING:
@@ -76,7 +77,9 @@ def is_multirun() -> bool:
 
 
 def _normalised(value: Any) -> Any:
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+    """``value`` as ``summary.json`` stores it (strict JSON), so a stored config compares equal
+    to the config that wrote it."""
+    return json.loads(json.dumps(strict_json(value), sort_keys=True, default=str))
 
 
 def stored_results(out_dir: Path) -> dict[str, Any] | None:

@@ -111,15 +111,16 @@ class Feeder(Protocol):
 
     ``processes(world)``: SimPy generators that submit jobs; the world ends once they all
     returned and every submitted job completed. ``ready(job)``: whether a queued job may be
-    scheduled now (FCFS: a job that is not ready holds the queue). ``finished(job)``: called
-    after a job's admission; False for engine-made work that gets no record of its own.
+    scheduled now (FCFS: a job that is not ready holds the queue). ``finished(job, record)``:
+    called after a job's admission with its record; False for engine-made work that gets no
+    record of its own (the feeder charges what it computed to a record it keeps).
     """
 
     def processes(self, world: TimedWorld) -> list[Generator[Any, Any, None]]: ...
 
     def ready(self, job: Job) -> bool: ...
 
-    def finished(self, job: Job) -> bool: ...
+    def finished(self, job: Job, record: RequestRecord) -> bool: ...
 
 
 @dataclass
@@ -335,7 +336,7 @@ class SessionFeeder:
     def ready(self, job: Job) -> bool:
         return True
 
-    def finished(self, job: Job) -> bool:
+    def finished(self, job: Job, record: RequestRecord) -> bool:
         return True
 
     def _session(self, world: TimedWorld, turns: list[Request]) -> Generator[Any, Any, None]:
@@ -875,7 +876,7 @@ class TimedWorld:
             record.host_load_s = job.load_s
         if self.shared:
             self._check_pool()
-        if self._feeder.finished(job):
+        if self._feeder.finished(job, record):
             self.records.append(record)
             if self._progress is not None:
                 self._progress.update()

@@ -84,6 +84,13 @@ BAD_CONFIG = [
         ["+policy=sglang_plus", "trace.limit=5", "cache.size_gb=inf", "engine.kv_pool=shared"],
         "engine.kv_pool=shared: the pool (cache.size_gb + engine.running_memory_gb) must be",
     ),
+    (["+trace.limt=5"], "trace.limt: unknown key for traces.sharegpt"),
+    (["engine=offline", "engine.prefix_share=1.5"], "engine.prefix_share must be a number in"),
+    (["engine=offline", "engine.prefix_share=-0.1"], "engine.prefix_share must be a number in"),
+    (
+        ["policy@bounds.clairvoyant=clairvoyant_blocks", "+policy=marconi"],
+        "bounds.clairvoyant: 'clairvoyant_blocks' is a bound for Transformers only",
+    ),
 ]
 
 

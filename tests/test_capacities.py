@@ -21,6 +21,7 @@ from simlab.block_replay import one_pass_obstacle
 from simlab.capacities import TABLE, point_dir_name, run_capacities
 from simlab.config import ConfigError, run_settings
 from simlab.model import ModelSpec
+from simlab.records import strict_json
 from simlab.simulate import build_engine, policy_step, saved_config, simulate
 from simlab.stack import Fenwick, matched_blocks
 from tests.fixtures import ROOT, compose
@@ -94,7 +95,7 @@ def assert_point_equals_scalar(base: list[str], size: str, point_dir: Path, scal
     assert without_timing(summary) == without_timing(want_summary)
     assert summary["bounds"] == want_summary["bounds"]
     point_cfg = compose([*base, f"cache.size_gb={size}", quoted_dir(point_dir)])
-    assert summary["config"] == json.loads(json.dumps(saved_config(point_cfg)))
+    assert summary["config"] == strict_json(saved_config(point_cfg))
     return records
 
 

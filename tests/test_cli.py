@@ -117,3 +117,32 @@ def test_same_config_and_seed_give_identical_records(tmp_path):
     frame_a = pd.read_parquet(tmp_path / "a" / "run" / "records.parquet")
     frame_c = pd.read_parquet(tmp_path / "c" / "run" / "records.parquet")
     assert not frame_a["arrival"].equals(frame_c["arrival"]), c.stderr
+
+
+def _strict(text: str) -> dict:
+    """JSON as RFC 8259 defines it: NaN and Infinity are not numbers there."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not valid JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_summary_is_strict_json_for_an_infinite_cache_and_a_zero_bound(tmp_path):
+    # every request its own blocks: nothing is shared, every bound is 0, so hit_vs_* has no
+    # value (was NaN) and the cache size is infinite (was Infinity); both invalid JSON
+    trace = tmp_path / "unshared.jsonl"
+    lines = [
+        json.dumps({"timestamp": i, "input_length": 40, "output_length": 2, "hash_ids": [i]})
+        for i in range(6)
+    ]
+    trace.write_text("\n".join(lines) + "\n")
+    proc = simlab(
+        tmp_path, "trace=mooncake", f"trace.path={trace}", "cache.size_gb=inf", "+policy=vllm"
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = _strict((tmp_path / "run" / "summary.json").read_text())
+    assert summary["bounds"] == {"infinite": 0.0, "clairvoyant": 0.0}
+    assert summary["policies"]["vllm"]["hit_vs_infinite"] is None
+    assert float(summary["config"]["cache"]["size_gb"]) == float("inf")
+    assert "n/a" in proc.stdout
