@@ -7,6 +7,8 @@ Every engine (replay, timed, offline) and the alpha tuner's window replays run a
   (the match; with ``Semantics.clock == "operation"`` the insertion ticks it again),
   match the input, let the eviction policy note the hit (``on_hit``), ask the admission policy
   for its checkpoints (``plan``) and pin the reused prefix;
+* :meth:`RequestStep.prefilled` (the prefill ended): a plan that publishes the prompt (SGLang's
+  and vLLM's rules) admits it;
 * :meth:`RequestStep.finish` (the request completed): admit input + output (evicting as needed),
   release the pin, tell the eviction policy and the controllers (``observe``) and build the
   request's :class:`~simlab.records.RequestRecord`, the one place a record is made.
@@ -164,11 +166,15 @@ class RequestStep:
         self.eviction.prepare(requests)
 
     def serve(self, req: Request) -> RequestRecord:
-        """:meth:`start` and :meth:`finish` back to back (the replay engine, the tuner's window
-        replays). Nothing can happen between the two, so the reused prefix is not pinned on its
-        own: the insertion pins its matched path while it evicts, which protects the same nodes
-        (the hit node is on that path)."""
-        return self.finish(self.start(req, pin=False))
+        """:meth:`start`, :meth:`prefilled` and :meth:`finish` back to back (the replay engine,
+        the tuner's window replays): a plan that publishes the prompt admits it first, then the
+        whole sequence, as the timed engine does (so at low load both make the same evictions).
+        Nothing can happen in between, so the reused prefix is not pinned on its own: each
+        insertion pins its matched path while it evicts, which protects the same nodes (the hit
+        node is on that path)."""
+        started = self.start(req, pin=False)
+        self.prefilled(started)
+        return self.finish(started)
 
     def start(self, req: Request, pin: bool = True) -> Started:
         """The request is scheduled: tick, match, ``on_hit``, plan, pin the reused prefix (an
@@ -256,9 +262,10 @@ class RequestStep:
             started.pinned = None
 
     def prefilled(self, started: Started) -> None:
-        """The request's prefill ended (timed engines). A plan that ``publishes_prompt`` admits
-        the prompt now, so requests scheduled from now on can hit it, and the request's pin
-        moves to the published prompt (SGLang moves its lock there)."""
+        """The request's prefill ended (timed engines; the replay calls it right after
+        :meth:`start`). A plan that ``publishes_prompt`` admits the prompt now, so requests
+        scheduled from now on can hit it, and the request's pin moves to the published prompt
+        (SGLang moves its lock there)."""
         plan, cache = started.plan, self.cache
         if not plan.publishes_prompt or started.prompt <= 0:
             return
