@@ -12,11 +12,13 @@ threshold, not a request count, limits the batch).
 Saving ratio (BatchLLM Eq. 1): ``1 - N_processed / N_logical`` where ``N_processed`` counts every
 prefilled token, group prefixes included, and ``N_logical`` the batch's input tokens.
 
-A prefix job has no record of its own: what it prefilled (tokens and FLOPs) is charged to its
-group's first member, the request whose input the prefix was cut from and which a replay in
-arrival order would have charged. So a member's ``hit_tokens`` are the tokens not computed for
-it, the batch's token hit rate is its saving ratio, and no plan beats the infinite cache's hits
-(without the charge a batch reported 0.909 against an infinite bound of 0.852).
+A prefix job has no record of its own: each token it prefilled is charged (tokens and FLOPs) to
+the first of its group's members, in completion order, whose hit covers it. So a member's
+``hit_tokens`` are the tokens not computed for it, and no plan beats the infinite cache's hits
+(without the charge a batch reported 0.909 against an infinite bound of 0.852). When the members
+reuse all of it (a checkpoint at the prefix's end), the batch's token hit rate is its saving
+ratio; a token no member reuses (a hybrid whose checkpoints miss the prefix's end) was computed
+again by the members and is charged to none, so the hit rate is then above the saving ratio.
 """
 
 from __future__ import annotations
@@ -73,26 +75,24 @@ class _GroupPin:
     prefix: np.ndarray
     remaining: int
     finished: Any  # simpy event: the group's last member completed
-    charged: int  # request id of the member charged with the prefix job's prefill
     node: Any = None
-    charge_tokens: int = 0  # what the prefix job prefilled
-    charge_flops: float = 0.0
+    charged: int = 0  # the prefix job's prefill not charged yet: tokens [charged, len(prefix))
 
     def prefix_done(self, world: TimedWorld, record: RequestRecord) -> None:
         probe = np.append(self.prefix, np.int32(-1))  # so a hit may cover the whole prefix
         self.node = world.cache.lookup(probe).hit_node
         world.cache.pin(self.node)
-        self.charge_tokens = record.input_tokens - record.hit_tokens
-        self.charge_flops = record.prefill_flops - record.flops_saved
+        self.charged = record.hit_tokens  # what the prefix job reused is nobody's cost
 
-    def charge(self, record: RequestRecord) -> None:
-        """The prefix job's prefill, charged to the member's record. Invariant: the member
-        (held until the prefix job finished, the prefix pinned) hit at least what it charges."""
-        if record.request_id != self.charged:
+    def charge(self, record: RequestRecord, world: TimedWorld) -> None:
+        """Charge the member the prefix job's prefilled tokens its hit covers and no member
+        before it was charged. Invariant: 0 <= charged tokens <= the member's hit tokens."""
+        end = min(record.hit_tokens, len(self.prefix))
+        if end <= self.charged:
             return
-        assert record.hit_tokens >= self.charge_tokens, (record, self.charge_tokens)
-        record.hit_tokens -= self.charge_tokens
-        record.flops_saved -= self.charge_flops
+        record.hit_tokens -= end - self.charged
+        record.flops_saved -= world.cache.model.prefill_flops(self.charged, end - self.charged)
+        self.charged = end
 
     def member_done(self, world: TimedWorld) -> None:
         self.remaining -= 1
@@ -138,7 +138,7 @@ class BatchFeeder:
         if hold.prefix:
             hold.pin.prefix_done(self._world, record)
             return False
-        hold.pin.charge(record)
+        hold.pin.charge(record, self._world)
         hold.pin.member_done(self._world)
         return True
 
@@ -151,7 +151,7 @@ class BatchFeeder:
             hold = _Hold()
             if group.prefix_len and len(members) > 1:
                 prefix = members[0].input_ids[: group.prefix_len]
-                hold.pin = _GroupPin(prefix, len(members), env.event(), members[0].request_id)
+                hold.pin = _GroupPin(prefix, len(members), env.event())
                 older = self._oldest_live(pins, hold.pin, budget, world)
                 hold.after = self._submit_prefix(world, hold.pin, older).done
                 pins.append(hold.pin)

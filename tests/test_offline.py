@@ -117,17 +117,33 @@ def test_offline_schedulers_are_selectable_by_config(name: str):
     assert (run["plan_saving_ratio"] > 0) == (name != "random_order")  # only plans share explicitly
 
 
-@pytest.mark.parametrize("model_name", ["llama3_8b", "nemotron_h_8b"])
-@pytest.mark.parametrize("scheduler", ["batchllm", "threshold_sort"])
-def test_a_batch_hit_rate_is_its_saving_ratio_and_within_the_infinite_bound(model_name, scheduler):
-    """A prefix job's prefill is charged to its group's first member: the records' token hit
-    rate is what the engine did not compute (the saving ratio), FLOPs likewise, and no order
-    beats the infinite cache (the batch reported 0.909 against a bound of 0.852 without it)."""
-    overrides = [*COMMON, *BATCH, f"model={model_name}", "bounds.enabled=true", "cache.size_gb=4"]
-    cfg = compose([*overrides, f"offline@engine.scheduler={scheduler}"])
-    summary = simulate(cfg)
-    run = summary.policies["sglang_plus"]
+@pytest.mark.parametrize(
+    ("model_name", "policy", "scheduler"),
+    [
+        ("llama3_8b", "sglang_plus", "batchllm"),
+        ("llama3_8b", "sglang_plus", "threshold_sort"),
+        ("nemotron_h_8b", "sglang_plus", "batchllm"),
+        ("nemotron_h_8b", "vllm_plus", "batchllm"),  # checkpoints miss the prefix's end
+        ("nemotron_h_8b", "sglang", "threshold_sort"),
+    ],
+)
+def test_a_batch_charges_its_prefix_jobs_and_stays_within_the_infinite_bound(
+    model_name, policy, scheduler
+):
+    """Each token a prefix job prefilled is charged to the first member whose hit covers it: no
+    order beats the infinite cache (a batch reported 0.909 against a bound of 0.852 without the
+    charge), and when members reuse all of it (a checkpoint at the prefix's end) the token hit
+    rate is the saving ratio; otherwise the members recomputed what they did not reuse."""
+    overrides = ["engine=offline", "report=false", *BATCH, f"+policy={policy}"]
+    overrides += [f"model={model_name}", "cache.size_gb=4"]
+    summary = simulate(compose([*overrides, f"offline@engine.scheduler={scheduler}"]))
+    run = summary.policies[policy]
     assert run["plan_saving_ratio"] > 0  # the plan made prefix jobs
-    assert run["token_hit_rate"] == pytest.approx(run["saving_ratio"], abs=1e-12)
-    assert run["token_hit_rate"] <= summary.bounds["infinite"] + 1e-12
-    assert 0 <= run["flops_saved_ratio"] <= run["token_hit_rate"] + 1e-12
+    assert (
+        run["saving_ratio"] - 1e-12 <= run["token_hit_rate"] <= summary.bounds["infinite"] + 1e-12
+    )
+    if policy == "sglang_plus":
+        assert run["token_hit_rate"] == pytest.approx(run["saving_ratio"], abs=1e-12)
+    assert (summary.records["flops_saved"] >= 0).all() and (
+        summary.records["hit_tokens"] >= 0
+    ).all()
