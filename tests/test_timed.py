@@ -51,25 +51,31 @@ def test_low_load_hits_equal_replay(policy):
     assert sum(by_id.values()) > 0
 
 
+def low_load_runs(model_name: str, policy: str, size_gb: float) -> list:
+    """Records of the replay and of the timed engine (sessions 10^4 s apart) on 40 chat
+    sessions, by request id."""
+    base = [
+        "trace=chat",
+        "trace.n_sessions=40",
+        "arrivals.mode=uniform",
+        "arrivals.session_rate=0.0001",
+        f"model={model_name}",
+        f"+policy={policy}",
+        f"cache.size_gb={size_gb}",
+        "bounds.enabled=false",
+        "report=false",
+    ]
+    runs = [simulate(compose([*base, f"engine={e}"])).records for e in ("replay", "timed")]
+    return [r.sort_values("request_id").reset_index(drop=True) for r in runs]
+
+
 @pytest.mark.parametrize("policy", ["sglang", "sglang_plus", "vllm"])
 def test_low_load_records_equal_replay_on_a_tight_transformer_cache(policy):
     """Llama-3-8B with room for ~760 tokens, smaller than most requests: admissions are
     truncated and branch inside edges. Sessions 10^4 s apart: the timed engine (which
     publishes SGLang's and vLLM's prompts at the end of prefill) hits and evicts as the
     replay does, request for request."""
-    base = [
-        "trace=chat",
-        "trace.n_sessions=40",
-        "arrivals.mode=uniform",
-        "arrivals.session_rate=0.0001",
-        "model=llama3_8b",
-        f"+policy={policy}",
-        "cache.size_gb=0.1",
-        "bounds.enabled=false",
-        "report=false",
-    ]
-    runs = [simulate(compose([*base, f"engine={e}"])).records for e in ("replay", "timed")]
-    replayed, timed = (r.sort_values("request_id").reset_index(drop=True) for r in runs)
+    replayed, timed = low_load_runs("llama3_8b", policy, 0.1)
     assert replayed["admission_truncated"].any() and replayed["hit_tokens"].sum() > 0
     for column in ("hit_tokens", "nodes_evicted", "bytes_evicted", "kv_bytes_admitted"):
         np.testing.assert_array_equal(timed[column], replayed[column], err_msg=column)
@@ -81,19 +87,7 @@ def test_low_load_records_equal_replay_for_production_rules_on_a_hybrid(policy):
     ends, then the whole sequence; the replay makes both insertions back to back, so at low load
     the two engines evict at the same requests and hold the same bytes (the replay used to admit
     once, and 8 (SGLang) and 82 (vLLM) of 211 requests evicted differently)."""
-    base = [
-        "trace=chat",
-        "trace.n_sessions=40",
-        "arrivals.mode=uniform",
-        "arrivals.session_rate=0.0001",
-        "model=nemotron_h_8b",
-        f"+policy={policy}",
-        "cache.size_gb=0.5",
-        "bounds.enabled=false",
-        "report=false",
-    ]
-    runs = [simulate(compose([*base, f"engine={e}"])).records for e in ("replay", "timed")]
-    replayed, timed = (r.sort_values("request_id").reset_index(drop=True) for r in runs)
+    replayed, timed = low_load_runs("nemotron_h_8b", policy, 0.5)
     assert replayed["nodes_evicted"].sum() > 0 and replayed["hit_tokens"].sum() > 0
     columns = ["hit_tokens", "nodes_evicted", "bytes_evicted", "kv_bytes_admitted"]
     columns += ["ssm_bytes_admitted", "cache_kv_bytes", "cache_ssm_bytes"]
