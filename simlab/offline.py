@@ -5,7 +5,9 @@ BatchLLM groups ordered by ``R_group``, the threshold-sort heuristic, or a rando
 group with a shared prefix, an engine-made *prefix job* prefills the prefix first (checkpointed at
 its end) and the group's members are held until it is done; the prefix stays pinned in the cache
 until the group's last member completes; the prefixes pinned at once hold at most
-``prefix_share`` of the cache (a group's prefix job waits for older groups to finish first). Batching is memory-centric: requests are admitted while
+``prefix_share`` of the cache, each counted with its KV and the SSM states its policy plans
+(:meth:`simlab.step.RequestStep.admission_bytes`; a group's prefix job waits for older groups
+to finish first). Batching is memory-centric: requests are admitted while
 their KV fits in ``engine.running_memory_gb`` (set ``engine.max_running`` high so the memory
 threshold, not a request count, limits the batch).
 
@@ -24,7 +26,7 @@ again by the members and is charged to none, so the hit rate is then above the s
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -72,22 +74,25 @@ class OfflineEngine(TimedEngine):
 class _GroupPin:
     """Pins a group's prefix from its prefix job's completion to its last member's."""
 
-    prefix: np.ndarray
+    job: Request  # the engine-made prefix job
     remaining: int
     finished: Any  # simpy event: the group's last member completed
+    nbytes: int = 0  # what the prefix holds once cached (KV and planned states)
     node: Any = None
-    charged: int = 0  # the prefix job's prefill not charged yet: tokens [charged, len(prefix))
+    charged: int = 0  # the prefix job's prefill not charged yet: tokens [charged, prefix end)
 
     def prefix_done(self, world: TimedWorld, record: RequestRecord) -> None:
-        probe = np.append(self.prefix, np.int32(-1))  # so a hit may cover the whole prefix
-        self.node = world.cache.lookup(probe).hit_node
+        """Pin the node holding the cached prefix, found as the policy's own lookup finds it
+        (its keys and pages: a block-keyed policy's tree holds block ids, not tokens)."""
+        ids = np.append(self.job.input_ids, np.int32(-1))  # so a hit may cover the whole prefix
+        _, self.node = world.step.peek_hit(replace(self.job, input_ids=ids))
         world.cache.pin(self.node)
         self.charged = record.hit_tokens  # what the prefix job reused is nobody's cost
 
     def charge(self, record: RequestRecord, world: TimedWorld) -> None:
         """Charge the member the prefix job's prefilled tokens its hit covers and no member
         before it was charged. Invariant: 0 <= charged tokens <= the member's hit tokens."""
-        end = min(record.hit_tokens, len(self.prefix))
+        end = min(record.hit_tokens, self.job.input_tokens)
         if end <= self.charged:
             return
         record.hit_tokens -= end - self.charged
@@ -150,10 +155,11 @@ class BatchFeeder:
             members = [self.requests[i] for i in group.members]
             hold = _Hold()
             if group.prefix_len and len(members) > 1:
-                prefix = members[0].input_ids[: group.prefix_len]
-                hold.pin = _GroupPin(prefix, len(members), env.event())
-                older = self._oldest_live(pins, hold.pin, budget, world)
-                hold.after = self._submit_prefix(world, hold.pin, older).done
+                req = self._prefix_request(members[0], group.prefix_len, env.now)
+                nbytes = world.step.admission_bytes(req)
+                hold.pin = _GroupPin(req, len(members), env.event(), nbytes=nbytes)
+                older = self._oldest_live(pins, hold.pin, budget)
+                hold.after = self._submit_prefix(world, req, hold.pin, older).done
                 pins.append(hold.pin)
             for req in members:
                 self._holds[req.request_id] = hold
@@ -161,33 +167,29 @@ class BatchFeeder:
         yield env.timeout(0)
 
     @staticmethod
-    def _oldest_live(
-        pins: list[_GroupPin], new: _GroupPin, budget: float, world: TimedWorld
-    ) -> _GroupPin | None:
+    def _oldest_live(pins: list[_GroupPin], new: _GroupPin, budget: float) -> _GroupPin | None:
         """The group that must finish before ``new``'s prefix is cached: the newest one whose
-        departure brings the live prefixes (newest first, ``new`` included) within ``budget``."""
-        per_id = world.cache.kv_per_token
-        held = len(new.prefix) * per_id
+        departure brings the live prefixes' bytes (newest first, ``new`` included; KV and SSM
+        states) within ``budget``."""
+        held = new.nbytes
         for older in reversed(pins):
-            held += len(older.prefix) * per_id
+            held += older.nbytes
             if held > budget:
                 return older
         return None
 
-    def _submit_prefix(self, world: TimedWorld, pin: _GroupPin, older: _GroupPin | None) -> Job:
+    def _prefix_request(self, member: Request, prefix_len: int, now: float) -> Request:
+        """The engine-made job of a group's first ``prefix_len`` ids (``member``'s units)."""
         self.prefix_jobs += 1
         rid = PREFIX_ID_BASE - self.prefix_jobs
-        req = Request(
-            request_id=rid,
-            session_id=rid,
-            turn=0,
-            arrival=world.env.now,
-            input_ids=pin.prefix,
-            output_ids=np.zeros(0, dtype=np.int32),
-            output_len=0,
-        )
+        prefix, empty = member.input_ids[:prefix_len], np.zeros(0, dtype=np.int32)
+        return Request(rid, rid, 0, now, prefix, empty, 0, block_size=member.block_size)
+
+    def _submit_prefix(
+        self, world: TimedWorld, req: Request, pin: _GroupPin, older: _GroupPin | None
+    ) -> Job:
         after = older.finished if older is not None else None
-        self._holds[rid] = _Hold(after=after, pin=pin, prefix=True)
+        self._holds[req.request_id] = _Hold(after=after, pin=pin, prefix=True)
         return world.submit(Job(req=req, arrival=world.env.now, done=world.env.event()))
 
 

@@ -254,6 +254,17 @@ class RequestStep:
         lookup = self.cache.lookup(self._keys.lookup_ids(req), self._page)
         return req.hit_tokens(lookup.hit * self._ids_per_key), lookup.hit_node
 
+    def admission_bytes(self, req: Request) -> int:
+        """Bytes admitting ``req``'s input would take in a cache holding none of it: the KV of
+        the ids the plan admits plus its planned SSM states (an upper bound when the cache
+        already holds part of it). Read-only: plans are pure and no key is assigned."""
+        n = int(self._keys.lookup_ids(req).shape[0])
+        plan = self.admission.plan(Lookup(0, 0, None, [], None), n, n)
+        end = min(plan.end, n)
+        cache = self.cache
+        states = sum(1 for c in set(plan.ckpts) if 0 < c <= end) if cache.hybrid else 0
+        return end * cache.kv_per_token + states * cache.ckpt_bytes
+
     def abort(self, started: Started) -> None:
         """The started request was preempted (recompute): release its pin; nothing is
         admitted and nothing observed (it starts again later, with a fresh :meth:`start`)."""

@@ -7,8 +7,12 @@ before it, which isolates what the cache and the order alone give.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
+from simlab import offline as offline_engine
 from simlab.simulate import simulate
 from tests.fixtures import compose, model
 
@@ -147,3 +151,38 @@ def test_a_batch_charges_its_prefix_jobs_and_stays_within_the_infinite_bound(
     assert (summary.records["flops_saved"] >= 0).all() and (
         summary.records["hit_tokens"] >= 0
     ).all()
+
+
+def test_pinned_prefixes_count_their_ssm_states_against_the_prefix_share():
+    """On a hybrid a pinned prefix holds its SSM states as well as its KV: vLLM+'s 62 states of
+    a 2,000-token prefix take 3.3 GB on Nemotron-H-8B, its KV 33 MB. Within a 4 GB cache (2 GB
+    of prefix share) the groups' prefix jobs must then run one at a time, and every member but
+    each group's first (charged the prefix job's prefill) reuses the prefix up to its last
+    32-token state, 1,984 tokens. Budgeting KV alone let all six prefix jobs run at once: 34
+    of 48 members reused nothing (token hit rate 0.159 against 0.789)."""
+    overrides = ["engine=offline", "report=false", *BATCH, "+policy=vllm_plus"]
+    run = simulate(compose([*overrides, "model=nemotron_h_8b", "cache.size_gb=4"]))
+    hits = sorted(run.records["hit_tokens"].tolist())
+    assert hits == [0] * 6 + [1984] * 42
+    assert run.policies["vllm_plus"]["token_hit_rate"] == pytest.approx(42 * 1984 / (48 * 2200))
+
+
+@pytest.mark.parametrize("policy", ["sglang_plus", "vllm", "clairvoyant_blocks"])
+def test_each_prefix_job_pins_its_whole_prefix_as_its_policy_keys_it(policy, monkeypatch):
+    """A prefix job's pin is found by the policy's own lookup: a block-keyed tree (vLLM's block
+    pool, the block trie) holds block ids, where a lookup of the prefix's tokens found nothing
+    and left the prefix unpinned."""
+    pins: list[tuple[int, int]] = []
+    prefix_done = offline_engine._GroupPin.prefix_done
+
+    def spy(pin, world, record):
+        prefix_done(pin, world, record)
+        ids = np.append(pin.job.input_ids, np.int32(-1))  # a hit may cover the whole prefix
+        hit, node = world.step.peek_hit(replace(pin.job, input_ids=ids))
+        assert node is pin.node is not None and world.cache.pins[node.slot] > 0
+        pins.append((hit, pin.job.input_tokens))
+
+    monkeypatch.setattr(offline_engine._GroupPin, "prefix_done", spy)
+    overrides = ["model=llama3_8b", f"+policy={policy}", "engine=offline", "report=false"]
+    simulate(compose([*overrides, *BATCH, "cache.size_gb=0.75", "bounds.enabled=false"]))
+    assert pins == [(2000, 2000)] * 6
