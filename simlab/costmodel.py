@@ -190,7 +190,8 @@ class Profile:
     :meth:`at` is linear in (log tokens, log seconds) between measured counts, the first value
     below the first count, and proportional to the tokens above the last (every profiled op's
     FLOPs and activation bytes are linear in the tokens, and at the largest measured counts the
-    weights' share of the traffic is small)."""
+    weights' share of the traffic is small). Invariant: the seconds never decrease as the
+    tokens grow, so neither does :meth:`at`."""
 
     tokens: tuple[float, ...]
     seconds: tuple[float, ...]
@@ -206,6 +207,11 @@ class Profile:
             raise ValueError(f"tokens must be >= 1 and increasing, got {list(self.tokens)[:8]}")
         if any(not (v > 0 and math.isfinite(v)) for v in self.seconds):
             raise ValueError("seconds must be finite and > 0")
+        if any(b < a for a, b in itertools.pairwise(self.seconds)):
+            raise ValueError(
+                "seconds must not decrease as the tokens grow (gpu_validate.profiles makes "
+                "them non-decreasing)"
+            )
         object.__setattr__(self, "_log_tokens", tuple(math.log(k) for k in self.tokens))
         object.__setattr__(self, "_log_seconds", tuple(math.log(v) for v in self.seconds))
 
@@ -434,7 +440,8 @@ class CostTerms:
 @dataclass(frozen=True, slots=True)
 class Op:
     """One operation of an iteration, totalled over the layers it runs in. ``tokens``: the
-    positions it processes (the class curve's argument); ``fixed_s``: seconds added as they are
+    class curve's argument, its GEMMs' rows (the positions it processes; for the MoE op, one
+    expert's share of them); ``fixed_s``: seconds added as they are
     (the :class:`CostTerms`); ``shape`` and ``units``: the op is ``units`` repetitions of one
     unit with these dimensions (layer sizes and dtype bytes), which a measured :class:`Profile`
     of that name and shape may time (empty, 0: not profiled)."""
@@ -837,7 +844,10 @@ class CostModel:
         active = min(m.moe_experts, pos * m.moe_top_k)  # distinct experts whose weights are read
         flops = (2.0 * pos * D * m.moe_experts + 2.0 * pos * m.moe_top_k * D * inter * mats) * n
         moved = (active * mats * D * inter + pos * m.moe_top_k * (2 * D + mats * inter)) * w * n
-        return Op("moe", "gemm", flops, moved, 3 * n, pos)
+        # the GEMM class curve's argument is a GEMM's rows: an expert's, not the batch's (at
+        # the batch's count the dense curve's ridge bump made 128 tokens slower than 1,042)
+        rows = max(1, round(pos * m.moe_top_k / m.moe_experts))
+        return Op("moe", "gemm", flops, moved, 3 * n, rows)
 
     def _norms_op(self, pos: int) -> Op:
         m = self.model

@@ -599,6 +599,9 @@ class TimedWorld:
             decode=[j.input_tokens + j.decoded + 1 for j in decoders],
             state_loads=loads if self.model.is_hybrid else 0,
             state_stores=stores if self.model.is_hybrid else 0,
+            # logits only where a token is sampled: decodes and chunks that end their prompt
+            sampled=len(decoders)
+            + sum(1 for job, take in chunks if job.prefilled + take >= job.input_tokens),
         )
         if self.settings.radix_mlp and len(chunks) > 1 and self.cache.unit == 1:
             batch.unique_tokens = unique_tokens(

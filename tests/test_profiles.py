@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.optimize import isotonic_regression
 
 from gpu_validate.cases import load_hardware
 from gpu_validate.profiles import split_profiles
@@ -104,11 +105,20 @@ def test_the_allreduce_profile_is_over_one_calls_message_bytes():
     assert prefill_breakdown(latency, 100) == prefill_breakdown(plain, 100)
 
 
+def monotone_unit_seconds(frame: pd.DataFrame, columns: tuple[str, ...]) -> pd.Series:
+    """Seconds per token count of the summed ``columns`` (ms): repeats in log mean, then the
+    least-squares non-decreasing fit in log seconds weighted by repeats (what a profile holds)."""
+    logs = np.log(frame[list(columns)].sum(axis=1) / 1e3).groupby(frame["num_tokens"])
+    fitted = isotonic_regression(logs.mean().to_numpy(), weights=logs.size().to_numpy(float))
+    return pd.Series(np.exp(fitted.x), index=logs.mean().index)
+
+
 @pytest.mark.skipif(not LLAMA3.is_file(), reason="Vidur profiles not in the data dir")
 @pytest.mark.parametrize("tp", [1, 4])
 def test_the_committed_a100_file_gives_vidurs_measured_llama3_times(tp):
     """The oracle: Llama-3-8B on A100, at counts Vidur measured, is 32 layers x Vidur's medians
-    (the QKV and MLP shapes are Llama-3-8B's alone; seconds kept to 6 digits)."""
+    made non-decreasing in the tokens (the QKV and MLP shapes are Llama-3-8B's alone; seconds
+    kept to 6 digits)."""
     frame = pd.read_csv(LLAMA3)
     frame = frame[frame["num_tensor_parallel_workers"] == tp]
     cost = CostModel(
@@ -117,23 +127,18 @@ def test_the_committed_a100_file_gives_vidurs_measured_llama3_times(tp):
         Calibration.load(CALIBRATIONS / "a100_80gb.json", "a100_80gb"),
         tp=tp,
     )
+    qkv = monotone_unit_seconds(frame, ("time_stats.attn_pre_proj.median",))
+    mlp = monotone_unit_seconds(
+        frame,
+        tuple(f"time_stats.{op}.median" for op in ("mlp_up_proj", "mlp_act", "mlp_down_proj")),
+    )
     for tokens in (1, 512, 1000, 4096, 32768):
-        row = frame[frame["num_tokens"] == tokens]
-        if row.empty:
+        if tokens not in qkv.index:
             continue
         got = prefill_breakdown(cost, tokens)
-        qkv = geometric_mean(row["time_stats.attn_pre_proj.median"]) / 1e3  # repeats: log mean
-        mlp = (
-            geometric_mean(
-                sum(
-                    row[f"time_stats.{op}.median"]
-                    for op in ("mlp_up_proj", "mlp_act", "mlp_down_proj")
-                )
-            )
-            / 1e3
-        )
-        assert got["attn_qkv_proj"] == pytest.approx(32 * qkv, rel=1e-5)
-        assert got["mlp"] == pytest.approx(32 * mlp, rel=1e-5)
+        assert got["attn_qkv_proj"] == pytest.approx(32 * qkv[tokens], rel=1e-5)
+        assert got["mlp"] == pytest.approx(32 * mlp[tokens], rel=1e-5)
+    assert (np.diff(qkv.to_numpy()) >= 0).all() and (np.diff(mlp.to_numpy()) >= 0).all()
     measured = {op.name for op in cost.ops(BatchShape(prefill=[(0, 100)])) if cost.measured(op)}
     allreduce = {"tp_allreduce"} if tp > 1 else set()  # one call per message size, per tp
     assert measured == {"attn_qkv_proj", "attn_out_proj", "mlp", "norms_residuals"} | allreduce
@@ -199,11 +204,16 @@ def test_the_committed_files_hold_profiles_and_their_error(preset):
 #: held-back |relative error| (median, P90) of the profiles (alternate token counts of each
 #: (op, shape, tp) series held back); README "GPU calibration" quotes them
 MEASURED = {
-    "a100": {"gemm": (0.011, 0.043), "elementwise": (0.007, 0.030), "allreduce": (0.008, 0.074)},
-    "h100": {"gemm": (0.012, 0.067), "elementwise": (0.005, 0.029), "allreduce": (0.005, 0.050)},
+    "a100": {"gemm": (0.012, 0.049), "elementwise": (0.008, 0.031), "allreduce": (0.009, 0.138)},
+    "h100": {"gemm": (0.016, 0.074), "elementwise": (0.005, 0.029), "allreduce": (0.005, 0.118)},
 }
-#: the all-reduce's held-back P90 per tp (alternate message sizes): TP 2 is bimodal below 1 MB
-ALLREDUCE_P90 = {"a100": {2: 0.104, 4: 0.065, 8: 0.042}, "h100": {2: 0.215, 4: 0.024, 8: 0.022}}
+#: the all-reduce's held-back P90 per tp (alternate message sizes). Vidur's small all-reduce
+#: times are bimodal (H100, TP 2: 7-11 us and ~40 us alternate up to 650 KB), which a profile
+#: that never falls as the message grows cannot follow: its P90 misses the 10% acceptance
+#: (it was 7.4% and 5.0% when the profiles followed every measurement, and a longer prompt
+#: could then take 25% less time than a shorter one)
+ALLREDUCE_P90 = {"a100": {2: 0.097, 4: 0.173, 8: 0.177}, "h100": {2: 0.251, 4: 0.098, 8: 0.030}}
+MEETS_ACCEPTANCE = ("gemm", "elementwise")
 
 
 @pytest.mark.parametrize(("gpu", "preset"), [("a100", "a100_80gb"), ("h100", "h100_sxm")])
@@ -216,14 +226,38 @@ def test_the_profiles_held_back_error_meets_the_acceptance(gpu, preset):
         held = profiles["held_back_error"][cls]
         assert held["median"] == pytest.approx(median, abs=0.002)
         assert held["p90"] == pytest.approx(p90, abs=0.005)
-        assert profiles["acceptance"][cls] == {"median_ok": True, "p90_ok": True}
-        assert held["p90"] <= ACCEPTANCE["p90"] < result["held_back_error"][cls]["p90"]
+        assert profiles["acceptance"][cls]["median_ok"]
+        if cls in MEETS_ACCEPTANCE:
+            assert profiles["acceptance"][cls]["p90_ok"]
+            assert held["p90"] <= ACCEPTANCE["p90"] < result["held_back_error"][cls]["p90"]
     by_tp = {r["tp"]: r["p90"] for r in profiles["held_back_allreduce_by_tp"]}
     assert by_tp == pytest.approx(ALLREDUCE_P90[gpu], abs=0.005)
     if gpu == "a100":  # Llama-3-8B goes to 32K tokens: proportional past 4,096 is checked there
         extrapolation = profiles["extrapolation"]
         assert extrapolation["checked_tokens"] == [4160, 32768]
         assert extrapolation["gemm"]["median"] < 0.05
+
+
+@pytest.mark.parametrize("preset", ["a100_80gb", "h100_sxm"])
+@pytest.mark.parametrize("model_name", ["llama3_8b", "nemotron_h_8b"])
+def test_more_tokens_or_a_cache_hit_never_make_a_calibrated_prefill_faster_or_slower(
+    preset, model_name
+):
+    """With the committed calibrations, a longer prompt never takes less time (to the class
+    curves' 0.2% wiggles) and a hit never makes a prompt slower than no hit (but for one state
+    load, under 1%). Profiles interpolated through every measurement broke both: Llama-3-8B on
+    H100 at TP 4 took 5.84 ms for 163 tokens and 4.35 ms for 166, and 16 cached + 16 new
+    tokens at TP 2 took 48% longer than 32 uncached ones."""
+    cal = Calibration.load(CALIBRATIONS / f"{preset}.json", preset)
+    tokens = np.unique(np.geomspace(1, 20000, 400).round().astype(int))
+    for tp in (1, 2, 4, 8):
+        cost = CostModel(model(model_name), load_hardware(preset), cal, tp=tp)
+        t = np.array([cost.prefill_time(0, int(n)) for n in tokens])
+        assert (t[1:] >= t[:-1] * (1 - 0.002)).all(), (tp, tokens[np.argmin(t[1:] / t[:-1])])
+        for prefix in (1, 16, 256, 4000):
+            for new in (1, 16, 32, 500, 8000):
+                no_hit = cost.prefill_time(0, prefix + new)
+                assert cost.prefill_time(prefix, new) <= no_hit * 1.01, (tp, prefix, new)
 
 
 def test_held_back_counts_are_never_measured_in_the_fitted_half():
@@ -238,3 +272,15 @@ def test_held_back_counts_are_never_measured_in_the_fitted_half():
     fitted = {r["tokens"] for r in train}
     assert fitted == {1, 3, 6} and {r["tokens"] for r in test} == {2, 4}
     assert len(train) + len(test) == len(rows)
+
+
+@pytest.mark.parametrize("preset", ["a100_80gb", "h100_sxm"])
+def test_the_moe_op_never_gets_faster_with_more_tokens(preset):
+    """The GEMM class curve (fitted on dense GEMMs by their rows) takes an expert's rows for the
+    MoE op (to the curve's 0.2% wiggles near the ridge): at the batch's count its ridge bump made Jamba's expert-weight read take 73.5 ms
+    at 128 tokens and 59.6 ms at 1,042 on A100."""
+    cal = Calibration.load(CALIBRATIONS / f"{preset}.json", preset)
+    cost = CostModel(model("jamba_1_5_mini"), load_hardware(preset), cal)
+    moe = [prefill_breakdown(cost, n)["moe"] for n in range(8, 4096, 8)]
+    moe_ms = np.array(moe)
+    assert (moe_ms[1:] >= moe_ms[:-1] * (1 - 0.002)).all()

@@ -137,6 +137,24 @@ def test_prefix_hit_lowers_prefill_time_by_the_modelled_cost_of_the_skipped_part
     assert warm.flops_saved == pytest.approx(HYBRID.prefill_flops(0, 4050))
 
 
+def test_a_chunked_prefill_computes_logits_only_in_the_chunk_that_ends_the_prompt():
+    """A 20,000-token prompt alone in 8,192-token chunks: TTFT is the three chunks' times, the
+    LM head only in the last (every chunk paid one before, 0.3-0.6 ms each)."""
+    llama = model("llama3_8b")
+    cost = CostModel(llama, A100)
+    req = Request(0, 0, 0, 0.0, np.arange(20_000, dtype=np.int32), np.zeros(0, np.int32), 4)
+    admission, eviction = policy_plugins("sglang_plus")
+    step = RequestStep(PrefixCache(llama, math.inf), admission, eviction, "sglang_plus")
+    (record,) = TimedEngine(hardware=A100, token_budget=8192).run([req], step).records
+    chunks = [(0, 8192, 0), (8192, 8192, 0), (16384, 3616, 1)]
+    expected = sum(cost.time(BatchShape(prefill=[(p, n)], sampled=s)) for p, n, s in chunks)
+    assert record.ttft == pytest.approx(expected, rel=1e-12)
+    head = cost.breakdown(BatchShape(prefill=[(0, 8192)]))["lm_head"]
+    assert head > 0 and expected < sum(
+        cost.time(BatchShape(prefill=[(p, n)])) for p, n, _ in chunks
+    )
+
+
 @pytest.mark.parametrize(("B", "P", "S"), [(32, 512, 64), (8, 2000, 200), (4, 100, 1000)])
 def test_radix_mlp_compression_ratio(B, P, S):
     rng = np.random.default_rng(0)
