@@ -45,7 +45,7 @@ class TokenUnit:
     """Marker of a parameter counted in tokens (see :data:`Tokens`)."""
 
 
-#: An admission parameter counted in tokens. Engines convert it to the trace's units (ids of
+#: A plug-in parameter counted in tokens. Engines convert it to the trace's units (ids of
 #: ``unit_tokens`` tokens for hash-id traces) with :func:`in_units`; an ``int`` field without
 #: this type is taken as unit-free.
 Tokens = Annotated[int, TokenUnit]
@@ -285,24 +285,29 @@ def overrides(policy: object, hook: str, base: type) -> bool:
     return method is not None and getattr(method, "__func__", None) is not getattr(base, hook)
 
 
-def token_fields(admission: AdmissionPolicy) -> tuple[str, ...]:
-    """Names of the admission's fields typed :data:`Tokens`."""
-    hints = typing.get_type_hints(type(admission), include_extras=True)
+def token_fields(plugin: object) -> tuple[str, ...]:
+    """Names of a dataclass plug-in's fields typed :data:`Tokens` (none for another object)."""
+    if not dataclasses.is_dataclass(plugin):
+        return ()
+    hints = typing.get_type_hints(type(plugin), include_extras=True)
     return tuple(
         f.name
-        for f in dataclasses.fields(admission)  # type: ignore[arg-type]
-        if TokenUnit in getattr(hints.get(f.name), "__metadata__", ())
+        for f in dataclasses.fields(plugin)
+        if f.init and TokenUnit in getattr(hints.get(f.name), "__metadata__", ())
     )
 
 
-def in_units(admission: AdmissionPolicy, unit_tokens: int) -> AdmissionPolicy:
-    """The admission with its :data:`Tokens` parameters converted to ids of ``unit_tokens``
-    tokens (rounded, at least 1); unchanged for token traces."""
-    names = token_fields(admission)
+Plugin = typing.TypeVar("Plugin")
+
+
+def in_units(plugin: Plugin, unit_tokens: int) -> Plugin:
+    """The plug-in (an admission or an eviction) with its :data:`Tokens` parameters converted
+    to ids of ``unit_tokens`` tokens (rounded, at least 1); unchanged for token traces."""
+    names = token_fields(plugin)
     if unit_tokens == 1 or not names:
-        return admission
-    scaled = {n: max(1, round(getattr(admission, n) / unit_tokens)) for n in names}
-    return dataclasses.replace(admission, **scaled)  # type: ignore[type-var]
+        return plugin
+    scaled = {n: max(1, round(getattr(plugin, n) / unit_tokens)) for n in names}
+    return dataclasses.replace(plugin, **scaled)  # type: ignore[type-var]
 
 
 def min_max(values: np.ndarray) -> np.ndarray:

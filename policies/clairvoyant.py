@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from policies.base import CacheView, EvictionPolicy
+from policies.base import CacheView, EvictionPolicy, Tokens
 from traces.trie import BatchTrie, as_inputs
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class Clairvoyant(EvictionPolicy):
     """Belady on the prefix tree (see the module docstring). ``page_size``: KV page of the
     admission (Transformer hits round down to it; the cache's own page size also counts)."""
 
-    page_size: int = 1
+    page_size: Tokens = 1
     evicts_inner_nodes: bool = True
     scores_depend_on_candidates: bool = False
     _trie: BatchTrie | None = field(default=None, init=False, repr=False, compare=False)

@@ -156,7 +156,7 @@ class MarconiPlus(EvictionPolicy):
         root = cache.root
         for slot in changed.tolist():
             node = cache.node_at(slot)
-            self._end[slot] = node.end
+            self._end[slot] = node.end * cache.unit  # tokens, as the FLOPs count them
             self._ckpt[slot] = node.ckpt or node is root
             self._parent[slot] = node.parent.slot if node.parent is not None else root.slot
         self._key[changed] = key[changed]

@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from simlab.batchllm import Group
-from simlab.batchllm import saving_ratio as plan_saving_ratio
 from simlab.engine import EngineRun
 from simlab.records import RequestRecord
 from simlab.step import RequestStep
@@ -65,7 +64,7 @@ class OfflineEngine(TimedEngine):
         extras = world.stats.summary(len(records)) | {
             "scheduler": self.scheduler.name,
             "saving_ratio": saving_ratio(world, requests),
-            "plan_saving_ratio": plan_saving_ratio(groups),
+            "plan_saving_ratio": plan_saving_ratio(groups, requests),
         }
         return EngineRun(records, extras, world.stats.occupancy)
 
@@ -155,7 +154,7 @@ class BatchFeeder:
             members = [self.requests[i] for i in group.members]
             hold = _Hold()
             if group.prefix_len and len(members) > 1:
-                req = self._prefix_request(members[0], group.prefix_len, env.now)
+                req = self._prefix_request(members, group.prefix_len, env.now)
                 nbytes = world.step.admission_bytes(req)
                 hold.pin = _GroupPin(req, len(members), env.event(), nbytes=nbytes)
                 older = self._oldest_live(pins, hold.pin, budget)
@@ -178,12 +177,14 @@ class BatchFeeder:
                 return older
         return None
 
-    def _prefix_request(self, member: Request, prefix_len: int, now: float) -> Request:
-        """The engine-made job of a group's first ``prefix_len`` ids (``member``'s units)."""
+    def _prefix_request(self, members: list[Request], prefix_len: int, now: float) -> Request:
+        """The engine-made job of a group's first ``prefix_len`` ids (the members' units)."""
         self.prefix_jobs += 1
         rid = PREFIX_ID_BASE - self.prefix_jobs
-        prefix, empty = member.input_ids[:prefix_len], np.zeros(0, dtype=np.int32)
-        return Request(rid, rid, 0, now, prefix, empty, 0, block_size=member.block_size)
+        first = members[0]
+        prefix, empty = first.input_ids[:prefix_len], np.zeros(0, dtype=np.int32)
+        tokens = prefix_tokens(members, prefix_len) if first.block_size > 1 else None
+        return Request(rid, rid, 0, now, prefix, empty, 0, first.block_size, tokens)
 
     def _submit_prefix(
         self, world: TimedWorld, req: Request, pin: _GroupPin, older: _GroupPin | None
@@ -191,6 +192,25 @@ class BatchFeeder:
         after = older.finished if older is not None else None
         self._holds[req.request_id] = _Hold(after=after, pin=pin, prefix=True)
         return world.submit(Job(req=req, arrival=world.env.now, done=world.env.event()))
+
+
+def prefix_tokens(members: Sequence[Request], prefix_len: int) -> int:
+    """Tokens of a group's first ``prefix_len`` ids: on a hash-id trace the last of them may be
+    a member's partial last block (its ``input_tokens`` end there)."""
+    return min(min(prefix_len * m.block_size, m.input_tokens) for m in members)
+
+
+def plan_saving_ratio(groups: Sequence[Group], requests: Sequence[Request]) -> float:
+    """BatchLLM Eq. 1 of the plan, in tokens: each group's shared prefix prefilled once (on a
+    token trace, :func:`simlab.batchllm.saving_ratio`; a hash-id trace's ids are blocks)."""
+    logical = processed = 0
+    for group in groups:
+        members = [requests[i] for i in group.members]
+        tokens = [m.input_tokens for m in members]
+        shared = prefix_tokens(members, group.prefix_len) if len(members) > 1 else 0
+        logical += sum(tokens)
+        processed += shared + sum(tokens) - shared * len(members)
+    return 1.0 - processed / logical if logical else 0.0
 
 
 def saving_ratio(world: TimedWorld, requests: Sequence[Request]) -> float:

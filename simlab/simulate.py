@@ -19,7 +19,7 @@ import time
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         model = ModelSpec.from_config(cfg.model)
     except ValueError as err:
         raise ConfigError(f"model: {err}") from err
-    check_capacity(settings, model)
+    check_capacity(settings, model, int(cfg.trace.get("block_size") or 1))
     check_loader_options(cfg.trace)
     for name, pcfg in settings.policies.items():
         policy_step(name, pcfg, model, settings)
@@ -117,14 +117,20 @@ def check_bound_policy(cfg: DictConfig, model: ModelSpec, settings: RunSettings)
         )
 
 
-def check_capacity(settings: RunSettings, model: ModelSpec) -> None:
+def page_tokens(settings: RunSettings, unit_tokens: int) -> int:
+    """Tokens of the smallest KV page the cache can hold: ``cache.page_size`` in whole ids of
+    ``unit_tokens`` tokens (a hash-id trace's id is a block: 512 tokens for Mooncake)."""
+    return max(1, round(settings.cache.page_size / unit_tokens)) * unit_tokens
+
+
+def check_capacity(settings: RunSettings, model: ModelSpec, unit_tokens: int = 1) -> None:
     """The cache must hold one KV page, plus one SSM checkpoint for a hybrid: a smaller one
     can never admit anything, and every hit rate would be a silent 0."""
     cache = settings.cache
     if cache.ssm_gb is not None:
-        check_separate_pools(settings, model)
+        check_separate_pools(settings, model, unit_tokens)
         return
-    need = settings.cache.page_size * model.kv_bytes_per_token
+    need = page_tokens(settings, unit_tokens) * model.kv_bytes_per_token
     need += model.ssm_state_bytes if model.is_hybrid else 0
     if settings.cache.capacity_bytes < need:
         what = "one KV page plus one SSM checkpoint" if model.is_hybrid else "one KV page"
@@ -134,7 +140,7 @@ def check_capacity(settings: RunSettings, model: ModelSpec) -> None:
         )
 
 
-def check_separate_pools(settings: RunSettings, model: ModelSpec) -> None:
+def check_separate_pools(settings: RunSettings, model: ModelSpec, unit_tokens: int = 1) -> None:
     """With ``cache.ssm_gb`` the model must have SSM states, the SSM pool must hold one and
     the KV pool one page."""
     cache = settings.cache
@@ -145,7 +151,7 @@ def check_separate_pools(settings: RunSettings, model: ModelSpec) -> None:
             f"cache.ssm_gb: smaller than one SSM state of {model.name} "
             f"({model.ssm_state_bytes / 1e9:.4g} GB), got {cache.ssm_gb}"
         )
-    if cache.kv_bytes < cache.page_size * model.kv_bytes_per_token:
+    if cache.kv_bytes < page_tokens(settings, unit_tokens) * model.kv_bytes_per_token:
         raise ConfigError(
             f"cache.size_gb - cache.ssm_gb: the KV pool ({cache.kv_bytes / 1e9:.4g} GB) is "
             f"smaller than one KV page of {model.name}"
@@ -329,7 +335,7 @@ def policy_step(
     """A fresh cache with the policy's plug-ins (admission in the trace's units) and its
     controllers (``policy.tuning``: the alpha tuner)."""
     admission, eviction = build_policy(name, pcfg)
-    admission = in_units(admission, unit_tokens)
+    admission, eviction = in_units(admission, unit_tokens), in_units(eviction, unit_tokens)
     page = max(1, round(settings.cache.page_size / unit_tokens))
     block = admission.keys.block_size
     if block is not None and settings.cache.page_size not in (1, pcfg.get("block_size")):
@@ -351,10 +357,20 @@ def policy_step(
         unit_tokens=unit_tokens,
         controllers=controllers,
         ssm_capacity_bytes=settings.cache.ssm_bytes,
-        semantics=policy_semantics(name, pcfg),
+        semantics=in_units_semantics(policy_semantics(name, pcfg), unit_tokens),
         host_capacity_bytes=settings.cache.host_bytes,
         host_bw_bytes=settings.cache.host_bw_bytes,
     )
+
+
+def in_units_semantics(semantics: Semantics, unit_tokens: int) -> Semantics:
+    """``semantics`` with vLLM+'s insertion estimate (``block_estimate``, tokens; 0: off) in
+    ids of ``unit_tokens`` tokens, as :func:`policies.base.in_units` converts its admission's
+    block (on a Mooncake trace, in tokens against ids, it went negative and a 20 GB cache
+    held 33.7 GB)."""
+    if unit_tokens == 1 or not semantics.block_estimate:
+        return semantics
+    return replace(semantics, block_estimate=max(1, round(semantics.block_estimate / unit_tokens)))
 
 
 @contextmanager

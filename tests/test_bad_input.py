@@ -26,6 +26,10 @@ BAD_CONFIG = [
     (["cache.size_gb=-1"], "cache.size_gb must be a positive number"),
     (["cache.size_gb=abc"], "cache.size_gb must be a positive number"),
     (["cache.size_gb=0.0000001"], "cache.size_gb: smaller than one KV page plus one SSM"),
+    (  # a Mooncake id is a 512-token block: 0.06 GB holds no Llama-3-8B page (0.067 GB)
+        ["trace=mooncake", "model=llama3_8b", "cache.size_gb=0.06"],
+        "cache.size_gb: smaller than one KV page of llama3_8b (0.06711 GB)",
+    ),
     (["cache.page_size=0"], "cache.page_size must be an integer >= 1"),
     (["cache.page_size=1.5"], "cache.page_size must be an integer >= 1"),
     (["cache.ssm_gb=-1"], "cache.ssm_gb: the SSM pool must be more than 0"),

@@ -16,8 +16,10 @@ from policies.lru import LRU
 from simlab.bounds import infinite_cache_hits
 from simlab.cache import PrefixCache
 from simlab.replay import replay, replay_step
+from simlab.simulate import simulate
 from simlab.step import RequestStep
-from tests.fixtures import CONFIGS, POLICIES, chat_trace, ideal_hits, model, policy_plugins
+from tests.fixtures import CONFIGS, POLICIES, chat_trace, compose, ideal_hits, model, policy_plugins
+from tests.test_capacities import MOONCAKE
 from traces.format import Trace, make_frame
 
 HYBRID = model("marconi_7b")
@@ -164,3 +166,18 @@ def test_clairvoyant_frees_hybrid_checkpoints_no_hit_lands_on():
         cache.insert(base, [100, 200], 200, policy)
         victim = cache.next_victim(policy)
         assert victim is not None and (victim.end == 100) == expect_inner_first
+
+
+def test_the_clairvoyant_page_is_converted_to_a_hash_id_traces_ids():
+    """On a Mooncake trace (512 tokens per id) a 512-token page is one id, the default: the
+    bound must not change. Unconverted, the eviction took 512 ids per page and the bound fell
+    from 0.104 to LRU's 0.013."""
+    if not MOONCAKE.is_file():
+        pytest.skip(f"no trace at {MOONCAKE}")
+    base = ["trace=mooncake", "trace.limit=2000", "model=llama3_8b", "+policy=clairvoyant"]
+    base += ["cache.size_gb=40", "engine=replay", "report=false", "bounds.enabled=false"]
+    rates = [
+        simulate(compose([*base, *page])).policies["clairvoyant"]["token_hit_rate"]
+        for page in ([], ["policy.admission.page_size=512"])
+    ]
+    assert rates[0] == rates[1] > 0.1

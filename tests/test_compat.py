@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +180,24 @@ def test_reference_vllm_plus_inserts_past_capacity():
         used[preset] = step.cache.used_bytes
     assert used["reference"] == 100 * (32 * HYBRID.kv_bytes_per_token + HYBRID.ssm_state_bytes)
     assert used["reference"] > 1e9 >= used["null"]
+
+
+def test_reference_vllm_plus_estimates_in_a_hash_id_traces_ids():
+    """On ids of 512 tokens vLLM+'s 32-token block is one id, and so is its insertion estimate:
+    distinct 4-id requests through a cache of 10 ids stay within one id of it (the estimate's
+    own root block). In tokens against ids the estimate went negative and nothing was evicted
+    (a Mooncake run held 33.7 GB in a 20 GB cache)."""
+    per_id = 512 * HYBRID.kv_bytes_per_token + HYBRID.ssm_state_bytes
+    cfg = compose(["+policy=vllm_plus", "policy.compat=reference", "cache.size_gb=1"])
+    settings = run_settings(cfg)
+    settings = replace(settings, cache=replace(settings.cache, size_gb=10 * per_id / 1e9))
+    step = policy_step("vllm_plus", cfg.policy, HYBRID, settings, unit_tokens=512)
+    empty = np.zeros(0, dtype=np.int32)
+    for i in range(6):
+        ids = np.arange(4 * i + 1, 4 * i + 5, dtype=np.int32)
+        step.serve(Request(i, i, 0, 0.0, ids, empty, 1, block_size=512))
+        assert step.cache.used_bytes <= 11 * per_id
+    assert step.cache.used_bytes > 9 * per_id
 
 
 def test_the_whole_input_may_hit_under_the_reference():

@@ -162,3 +162,20 @@ def test_marconi_plus_alpha_hook_validates():
         policy.set_alpha(-1.0)
     with pytest.raises(ValueError, match="recency"):
         MarconiPlus(recency="square")
+
+
+def test_marconi_plus_counts_lost_flops_in_tokens_on_a_hash_id_trace():
+    """With ids of 512 tokens (a Mooncake trace) a leaf below the root loses exactly the FLOPs
+    the cache saved for it: the node's ends are converted to tokens (in ids, its attention
+    term was 512x and its linear term 512x too small, and the ranking distorted)."""
+    policy = MarconiPlus(alpha=1.0, landing=False, frequency=False)
+    for unit in (1, 512):
+        cache = PrefixCache(HYBRID, math.inf, unit_tokens=unit)
+        cache.insert(np.arange(1, 9, dtype=np.int32), [8], 8, policy)
+        (leaf,) = cache.nodes()
+        cand = np.array([leaf.slot])
+        lost, _ = policy._efficiency(cache, cand)
+        assert lost[0] * cache.node_bytes[leaf.slot] == pytest.approx(
+            cache.saved_flops[leaf.slot], rel=1e-12
+        )
+        assert cache.saved_flops[leaf.slot] == pytest.approx(HYBRID.prefill_flops(0, 8 * unit))

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from simlab import offline as offline_engine
+from simlab.batchllm import Group
 from simlab.simulate import simulate
 from tests.fixtures import compose, model
+from traces.format import Request
 
 KV = model("llama3_8b").kv_bytes_per_token
 COMMON = [
@@ -186,3 +188,19 @@ def test_each_prefix_job_pins_its_whole_prefix_as_its_policy_keys_it(policy, mon
     overrides = ["model=llama3_8b", f"+policy={policy}", "engine=offline", "report=false"]
     simulate(compose([*overrides, *BATCH, "cache.size_gb=0.75", "bounds.enabled=false"]))
     assert pins == [(2000, 2000)] * 6
+
+
+def test_a_hash_id_plan_counts_tokens_and_a_partial_last_block():
+    """Ids of 512 tokens: a group sharing two ids, one member's whole input (600 tokens, its
+    last block partial), the other's first two of three (1,300 tokens). The plan shares 600
+    tokens, not 2 ids: saving 1 - (600 + 700) / 1900 (in ids it read 1 - 3/5 = 0.4), and the
+    prefix job prefills 600 tokens, not 1,024."""
+    ids = np.arange(3, dtype=np.int32)
+    empty = np.zeros(0, dtype=np.int32)
+    short = Request(0, 0, 0, 0.0, ids[:2], empty, 1, block_size=512, ref_input_tokens=600)
+    long = Request(1, 1, 0, 0.0, ids, empty, 1, block_size=512, ref_input_tokens=1300)
+    group = Group(prefix_len=2, members=(0, 1), distinct_tokens=1)
+    assert offline_engine.plan_saving_ratio([group], [short, long]) == pytest.approx(
+        1 - 1300 / 1900
+    )
+    assert offline_engine.prefix_tokens([short, long], 2) == 600
