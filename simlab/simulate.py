@@ -34,7 +34,7 @@ from simlab.block_replay import Walks, block_replay, fast_path, one_pass_obstacl
 from simlab.bounds import infinite_cache_hits
 from simlab.cluster import ClusterEngine, ClusterSettings, with_cluster
 from simlab.compat import semantics_for, with_compat
-from simlab.config import ConfigError, MetricSettings, RunSettings, run_settings
+from simlab.config import CacheSettings, ConfigError, MetricSettings, RunSettings, run_settings
 from simlab.engine import Engine, EngineRun
 from simlab.model import ModelSpec
 from simlab.provenance import code_version
@@ -495,10 +495,14 @@ def hit_rate_bounds(
 ) -> dict[str, float]:
     """Token hit rates no policy can beat: the infinite cache (ideal reuse at token
     granularity, as if every position were checkpointed) and the clairvoyant policy (Belady on
-    the prefix tree at this capacity, replayed in arrival order); none with ``bounds.enabled``
-    false."""
+    the prefix tree at this capacity, replayed in arrival order; for a cluster, one cache of
+    all its replicas' capacity, which their caches together never exceed: at one replica's, 4
+    replicas read 4.0x the bound); none with ``bounds.enabled`` false."""
     if not (cfg.get("bounds") and cfg.bounds.get("enabled")):
         return {}
+    replicas = ClusterSettings.from_config(cfg.get("cluster")).replicas
+    if replicas > 1:
+        settings = replace(settings, cache=pooled(settings.cache, replicas))
     total = sum(req.input_tokens for req in requests)
     ideal = infinite_cache_hits(requests)
     bounds = {
@@ -509,6 +513,12 @@ def hit_rate_bounds(
         run = run_policy("clairvoyant", pcfg, requests, model, settings, ReplayEngine(), unit)
         bounds["clairvoyant"] = run.summary["token_hit_rate"]
     return bounds
+
+
+def pooled(cache: CacheSettings, replicas: int) -> CacheSettings:
+    """One cache holding ``replicas`` caches' bytes (GPU, SSM pool and host tier)."""
+    scale = {k: getattr(cache, k) for k in ("size_gb", "ssm_gb", "host_gb")}
+    return replace(cache, **{k: v * replicas for k, v in scale.items() if v is not None})
 
 
 def saved_config(cfg: DictConfig) -> dict[str, Any]:

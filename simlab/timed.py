@@ -479,6 +479,13 @@ class TimedWorld:
             self.waiting.popleft()
             self._start(job, need)
 
+    def _ckpt_tokens(self, req: Request, ckpts: Sequence[int]) -> list[int]:
+        """The plan's checkpoint positions (ids) in tokens, sorted: one within the input ends
+        at most where the input does (a hash-id trace's last block may be partial; at ids x
+        512 the prompt-end state fell past the prefill and was never charged)."""
+        unit, n_in, tokens = self.cache.unit, req.input_len, req.input_tokens
+        return [min(c * unit, tokens) if c <= n_in else c * unit for c in ckpts]
+
     def _reservation(self, job: Job) -> float:
         """Running memory a request holds: KV of what it computes plus one SSM state."""
         req = job.req
@@ -490,8 +497,11 @@ class TimedWorld:
             self._start_decode(job, need)
             return
         started = job.started = self.step.start(job.req)
-        job.seq, job.hit, job.hit_node = started.seq, started.hit, started.lookup.hit_node
-        job.ckpt_tokens = [c * self.cache.unit for c in started.plan.ckpts]
+        job.seq, job.hit_node = started.seq, started.lookup.hit_node
+        # the first token needs the last position's logits: a hit of the whole input (the
+        # reference's ``whole_input_hit``) still computes that position (TTFT was NaN)
+        job.hit = min(started.hit, job.input_tokens - 1)
+        job.ckpt_tokens = self._ckpt_tokens(job.req, started.plan.ckpts)
         job.splits = self._prefill_splits(job)
         job.prefilled = job.hit
         job.reserved = need - job.hit * self.model.kv_bytes_per_token

@@ -342,3 +342,14 @@ def test_bad_cluster_config_is_one_line_naming_the_key(tmp_path, overrides, mess
     text = str(caught.value)
     assert message in text and "\n" not in text
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_clusters_clairvoyant_bound_is_one_cache_of_all_its_replicas_capacity():
+    """Four replicas' caches together hold no more than one cache of their summed capacity,
+    whose Belady is the bound (at one replica's capacity the pooled hit rate read 4.0x it)."""
+    common = ["+policy=sglang_plus", "model=llama3_8b", "trace=sharegpt", "trace.limit=300"]
+    common += ["report=false"]
+    four = simulate(compose([*common, "cluster.replicas=4", "cache.size_gb=0.05"]))
+    pooled = simulate(compose([*common, "engine=replay", "cache.size_gb=0.2"]))
+    assert four.bounds["clairvoyant"] == pooled.bounds["clairvoyant"] > 0
+    assert four.policies["sglang_plus"]["hit_vs_clairvoyant"] <= 1

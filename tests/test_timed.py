@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from policies.base import Semantics
 from simlab.cache import PrefixCache
 from simlab.config import ConfigError
 from simlab.costmodel import BatchShape, Calibration, CostModel, CostTerms, Hardware
@@ -272,6 +273,37 @@ def test_the_timed_engine_charges_checkpoint_stores_and_zero_terms_change_nothin
         1
     ]
     assert sum(r.ttft for r in slow) > sum(r.ttft for r in base) + 0.05
+
+
+def test_the_prompt_end_state_of_a_hash_id_request_is_charged_where_its_input_ends():
+    """Three ids of 512 tokens holding 1,300 (the last block partial), alone: the state taken
+    at the prompt's end (id 3) is stored in its last prefill chunk and charged once. At
+    3 x 512 = 1,536 tokens it lay past the 1,300 prefilled and was never charged."""
+    admission, eviction = policy_plugins("sglang_plus")
+    step = RequestStep(PrefixCache(HYBRID, math.inf, unit_tokens=512), admission, eviction, "p")
+    ids, empty = np.arange(1, 4, dtype=np.int32), np.zeros(0, dtype=np.int32)
+    req = Request(0, 0, 0, 0.0, ids, empty, 1, block_size=512, ref_input_tokens=1300)
+    engine = TimedEngine(hardware=A100, costs={"state_store_s": 0.05})
+    (record,) = engine.run([req], step).records
+    cost = CostModel(HYBRID, A100, terms=CostTerms(state_store_s=0.05))
+    assert record.ttft == pytest.approx(cost.time(BatchShape(prefill=[(0, 1300)], state_stores=1)))
+    assert record.ttft > CostModel(HYBRID, A100).prefill_time(0, 1300) + 0.05 - 1e-9
+
+
+def test_a_whole_input_hit_still_computes_the_last_position_for_its_first_token():
+    """Under the reference's ``whole_input_hit`` a repeated prompt hits all of its input; the
+    first token still needs that position's logits, so alone its TTFT is a one-token prefill
+    over the rest (it was NaN: no prefill chunk ever ran)."""
+    llama = model("llama3_8b")
+    cache = PrefixCache(llama, math.inf, semantics=Semantics(whole_input_hit=True))
+    admission, eviction = policy_plugins("sglang_plus")
+    prompt, out = np.arange(100, dtype=np.int32), np.arange(500, 505, dtype=np.int32)
+    reqs = [Request(i, i, 0, 100.0 * i, prompt, out, 5) for i in range(2)]
+    first, again = (
+        TimedEngine(hardware=A100).run(reqs, RequestStep(cache, admission, eviction, "p")).records
+    )
+    assert again.hit_tokens == 100 and first.hit_tokens == 0
+    assert again.ttft == pytest.approx(CostModel(llama, A100).prefill_time(99, 1))
 
 
 def test_a_calibration_for_another_preset_is_rejected_by_the_engine():
