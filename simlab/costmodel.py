@@ -181,6 +181,23 @@ PROFILED_OPS = (
 ALLREDUCE = "tp_allreduce"
 
 
+def check_tp(model: ModelSpec, tp: int) -> None:
+    """Tensor parallelism splits the attention heads, the KV heads and the SSM heads evenly
+    over the GPUs: ``tp`` must divide each (KV-head replication when ``tp`` exceeds them, as
+    vLLM does, is not modelled: the KV per GPU would be understated)."""
+    heads = []
+    if model.n_attn_layers:
+        heads += [("attention heads", model.n_heads), ("KV heads", model.n_kv_heads)]
+    if model.n_ssm_layers:
+        heads.append(("SSM heads", model.ssm_n_heads))
+    for what, n in heads:
+        if n and n % tp:
+            raise ValueError(
+                f"engine.tp: {tp} does not divide {model.name}'s {n} {what} (tensor "
+                "parallelism splits them evenly; replicated KV heads are not modelled)"
+            )
+
+
 @dataclass(frozen=True)
 class Profile:
     """Measured seconds of one unit of an op (one layer's GEMM; one norm plus one residual add;
@@ -500,6 +517,7 @@ class CostModel:
     ):
         if tp < 1:
             raise ValueError(f"tensor-parallel degree must be >= 1, got {tp}")
+        check_tp(model, tp)
         self.model = model
         self.hw = hardware
         self.calibration = calibration or Calibration()

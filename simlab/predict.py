@@ -20,6 +20,7 @@ The timed engine times its iterations with exactly this model
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,13 @@ from omegaconf import DictConfig
 
 from simlab.__main__ import reported_as_one_line
 from simlab.config import ConfigError
-from simlab.costmodel import BatchShape, CostModel
+from simlab.costmodel import BatchShape, CostModel, check_tp
 from simlab.model import ModelSpec
 from simlab.simulate import build_engine
 from simlab.timed import TimedEngine
 from traces.atomic import atomic_path
+
+log = logging.getLogger(__name__)
 
 TOP_OPS = 4  # ops named per length in the printed table
 
@@ -64,6 +67,20 @@ def cost_model(cfg: DictConfig) -> CostModel:
     engine = build_engine(cfg)
     if not isinstance(engine, TimedEngine):
         raise ConfigError("engine: simlab.predict needs a timed engine (engine=timed)")
+    try:
+        check_tp(model, engine.tp)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    weights = (model.layer_params + model.embedding_params) * model.dtype_bytes / 1e9
+    if weights > engine.hardware.mem_gb * engine.tp:
+        log.warning(
+            "%s's %.1f GB of weights exceed %g GB (%s x tp %d): no engine could serve this",
+            model.name,
+            weights,
+            engine.hardware.mem_gb * engine.tp,
+            engine.hardware.name,
+            engine.tp,
+        )
     return engine.cost_model(model)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import inspect
 import logging
-import math
 import tempfile
 import time
 import typing
@@ -93,7 +92,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         policy_step(name, pcfg, model, settings)
     check_bound_policy(cfg, model, settings)
     engine = build_engine(cfg)
-    if isinstance(engine, TimedEngine | ClusterEngine) and math.isfinite(settings.cache.size_gb):
+    if isinstance(engine, TimedEngine | ClusterEngine):
         engine.check_memory(model, settings.cache.size_gb)
     check_writable(output_dir(cfg))
     return RunPlan(settings, model, engine)

@@ -46,6 +46,7 @@ from simlab.costmodel import (
     CostModel,
     CostTerms,
     Hardware,
+    check_tp,
     resolve_calibration,
 )
 from simlab.engine import EngineRun
@@ -266,9 +267,14 @@ class TimedEngine(TimedSettings):
         object.__setattr__(self, "_terms", terms)
 
     def check_memory(self, model: ModelSpec, cache_gb: float) -> None:
-        """Prefix cache + memory for running sequences + weights must fit the GPUs' memory
+        """``tp`` splits ``model``'s heads evenly (:func:`simlab.costmodel.check_tp`), and the
+        prefix cache + memory for running sequences + weights must fit the GPUs' memory
         (``hardware.mem_gb`` x ``tp``); ``engine.memory_check=false`` allows what-if studies."""
-        if not self.memory_check:
+        try:
+            check_tp(model, self.tp)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        if not self.memory_check or not math.isfinite(cache_gb):
             return
         weights = (model.layer_params + model.embedding_params) * model.dtype_bytes / 1e9
         need = cache_gb + self.running_memory_gb + weights

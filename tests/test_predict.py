@@ -190,3 +190,10 @@ def test_the_command_writes_prediction_json(tmp_path):
     saved = json.loads((tmp_path / "prediction.json").read_text())
     assert saved["prefill_tokens"] == [1000, 2000] and len(saved["prefill_ms"]) == 2
     assert "prefill   1,000 tokens:" in proc.stdout
+
+
+def test_a_tensor_parallel_degree_that_does_not_split_the_heads_is_a_one_line_error():
+    with pytest.raises(ConfigError) as err:
+        predict(config(["model=llama3_8b", "engine.tp=3"]))
+    assert str(err.value).startswith("engine.tp: 3 does not divide llama3_8b's 32 attention heads")
+    assert "\n" not in str(err.value)
