@@ -134,11 +134,23 @@ def unusable_launcher(args: list[str]) -> str | None:
     return None
 
 
+def compose_once(args: list[str]) -> None:
+    """Hydra 1.3 composes the whole config a first time only to read ``hydra.mode`` (0.1-0.15 s
+    of a short run's start-up), then again to run. simlab's configs never set it
+    (``tests/test_cli.py``), so unless the command line does, the mode is what Hydra falls
+    back to without one: ``-m`` / ``--multirun`` runs a sweep, anything else one run."""
+    if not any("hydra.mode" in arg for arg in args):
+        from hydra._internal.hydra import Hydra
+
+        Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
     problem = unknown_choice(sys.argv[1:]) or unusable_launcher(sys.argv[1:])
     if problem is not None:
         print(f"simlab: error: {problem}", file=sys.stderr)
         sys.exit(2)
+    compose_once(sys.argv[1:])
     try:
         main()
     finally:

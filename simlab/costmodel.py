@@ -127,13 +127,15 @@ class Efficiency:
             raise ValueError(
                 f"eta_c and eta_m must be in (0, {ETA_MAX}], got {self.eta_c}, {self.eta_m}"
             )
-        if not self.t0 >= 0:
-            raise ValueError(f"t0 (overhead per launch) must be >= 0 s, got {self.t0}")
+        if not (self.t0 >= 0 and math.isfinite(self.t0)):
+            raise ValueError(f"t0 (overhead per launch) must be >= 0 s and finite, got {self.t0}")
         knots = [k for k, _ in self.curve]
         if any(not k >= 1 for k in knots) or any(b <= a for a, b in itertools.pairwise(knots)):
             raise ValueError(f"curve tokens must be >= 1 and increasing, got {knots}")
-        if any(not v > 0 for _, v in self.curve):
-            raise ValueError(f"curve scales must be > 0, got {[v for _, v in self.curve]}")
+        if any(not (v > 0 and math.isfinite(v)) for _, v in self.curve):
+            raise ValueError(
+                f"curve scales must be finite and > 0, got {[v for _, v in self.curve]}"
+            )
 
     def scaled(self, factor: float) -> Efficiency:
         """The same class with ``eta_c`` and ``eta_m`` multiplied by ``factor`` (capped at 1.5)."""
@@ -347,7 +349,7 @@ class Calibration:
         "seconds"}]}]}``. Classes absent from ``ops`` keep their defaults; a
         file with ``unmeasured`` must name every class in one of the two (a class missing from
         both is an error). ``hardware``: the preset it is used with; a file fitted against
-        another preset is an error. Errors name the file."""
+        another preset, or naming no hardware, is an error. Errors name the file."""
         path = Path(path)
         try:
             data = json.loads(path.read_text())
@@ -367,7 +369,12 @@ class Calibration:
                     raise ValueError(f"op class {missing[0]!r} is neither in ops nor in unmeasured")
             fitted = data.get("hardware")
             fitted = fitted.get("name") if isinstance(fitted, Mapping) else fitted
-            if hardware is not None and fitted is not None and fitted != hardware:
+            if hardware is not None and fitted is None:
+                raise ValueError(
+                    f"no hardware name: cannot tell whether it was fitted for the preset "
+                    f'{hardware!r} (gpu_validate writes "hardware": {{"name": ...}})'
+                )
+            if hardware is not None and fitted != hardware:
                 raise ValueError(f"fitted for hardware {fitted!r}, not for the preset {hardware!r}")
             profiles = _profiles(data.get("profiles") or {})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
@@ -438,6 +445,8 @@ class CostTerms:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"engine.costs.{key} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"engine.costs.{key} must be finite, got {value!r}")
             if key.endswith("_scale") and not value > 0:
                 raise ValueError(f"engine.costs.{key} must be > 0, got {value!r}")
             if not value >= 0:

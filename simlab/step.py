@@ -290,12 +290,28 @@ class RequestStep:
             stateless_kv=plan.stateless_kv,
         )
         if plan.held_from is not None:  # the published prompt's slots are the tree's now
-            started.plan = replace(plan, held_from=max(plan.held_from, prompt))
+            started.plan = replace(plan, held_from=self._held_after_publish(started))
         if started.pinned is not None:
             deepest = cache.deepest_cached(started.seq[:prompt])
             cache.pin(deepest)
             cache.unpin(started.pinned)
             started.pinned = deepest
+
+    def _held_after_publish(self, started: Started) -> int:
+        """Where the request's own slots start once its prompt is published: past the prompt,
+        except that a block pool (vLLM) keeps the blocks it recomputed though they were cached
+        (the hit stops at ``len - 1``): vLLM allocates fresh blocks for every position past the
+        hit and never de-duplicates them against the cached ones, so they hold memory until the
+        request finishes (real vLLM 0.33 ``KVCacheManager``: ``tests/test_production.py``).
+        Hybrid pools keep the plain rule: no real-engine case checks their duplicates yet.
+        Invariant: ``plan.held_from <= result``."""
+        plan, prompt = started.plan, started.prompt
+        assert plan.held_from is not None
+        held_from = max(plan.held_from, prompt)
+        if isinstance(self._keys, BlockKeys) and not self.cache.hybrid:
+            recomputed = min(started.lookup.matched, prompt) - plan.held_from
+            held_from -= max(0, recomputed)
+        return held_from
 
     def finish(self, started: Started, timing: Timing | None = None) -> RequestRecord:
         """The request completed: admit input + output, unpin, ``observe``, the record."""

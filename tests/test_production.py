@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from policies.lru import LRU
 from policies.production import VLLM, BlockLRU, RadixLRU, SGLang, vllm_hybrid_block_size
+from simlab.block_replay import block_replay
 from simlab.config import ConfigError
 from simlab.costmodel import Hardware
 from simlab.keys import BlockKeys, TokenKeys
@@ -155,6 +156,32 @@ def test_block_lru_evicts_a_requests_tail_block_first():
     step.serve(req(0, ids(0, 48), [1]))
     step.serve(req(1, ids(1000, 16), [1]))  # one block: A's last block goes
     assert step.serve(req(2, ids(0, 49), [1])).hit_tokens == 32
+
+
+def test_a_fully_cached_prompt_holds_the_block_it_recomputes_as_real_vllm_does():
+    """4-token blocks, a pool of 4. Y and X take 2 blocks each; X again hits 1 block (the hit
+    stops at ``len - 1``) and vLLM allocates a fresh block for the recomputed second one,
+    evicting the least recent (Y's tail), though X's own copy is cached. So Y + 4 tokens then
+    hits 4 tokens, not 8. The hits are real vLLM 0.33.0's ``KVCacheManager`` driven through
+    ``crosscheck.vllm_blocks.VllmReplay`` on these four requests: after X again, its hash
+    maps to two blocks (vLLM does not de-duplicate). Request by request and the one-pass block
+    path agree."""
+    y, x = ids(100, 8), ids(200, 8)
+    trace = [req(0, y, [1]), req(1, x, [1]), req(2, x, [1]), req(3, [*y, *ids(300, 4)], [1])]
+    real_vllm_hits = [0, 0, 4, 4]
+
+    def fresh() -> RequestStep:
+        step = RequestStep.build(LLAMA, 4 * 4 * KV, VLLM(block_size=4), BlockLRU(), "vllm")
+        step.prepare(trace)
+        return step
+
+    step = fresh()
+    records = [step.serve(r) for r in trace]
+    assert [r.hit_tokens for r in records] == real_vllm_hits
+    assert records[2].bytes_evicted == 4 * KV  # Y's tail makes room for X's recomputed block
+    one_pass = block_replay(trace, [fresh()])[0].records
+    assert np.asarray(one_pass["hit_tokens"]).tolist() == real_vllm_hits
+    assert np.asarray(one_pass["bytes_evicted"]).tolist() == [r.bytes_evicted for r in records]
 
 
 # --------------------------------------------------------------------------- config errors

@@ -331,3 +331,24 @@ def test_a_calibration_file_missing_a_class_or_with_a_negative_overhead_is_rejec
     path.write_text('{"ops": {"gemm": {"eta_c": 0.5, "t0": 0}}}')
     with pytest.raises(ValueError, match=r"cal\.json: ops\.gemm: missing eta_m"):
         Calibration.load(path)
+    path.write_text('{"ops": {"gemm": {"eta_c": 0.5, "eta_m": 0.5, "t0": Infinity}}}')
+    with pytest.raises(ValueError, match=r"cal\.json: ops\.gemm: t0 .* finite, got inf"):
+        Calibration.load(path)
+    curve = '"curve": {"x": "tokens", "knots": [1, 64], "scale": [1.0, Infinity]}'
+    path.write_text(f'{{"ops": {{"gemm": {{"eta_c": 0.5, "eta_m": 0.5, "t0": 0, {curve}}}}}}}')
+    with pytest.raises(ValueError, match=r"cal\.json: ops\.gemm: curve scales must be finite"):
+        Calibration.load(path)
+
+
+def test_a_calibration_file_naming_no_hardware_is_refused_for_a_preset(tmp_path):
+    """The file cannot show it was fitted for the preset's GPU, so the engine refuses it; a
+    file read on its own (no preset) is still accepted."""
+    path = tmp_path / "cal.json"
+    path.write_text('{"ops": {"gemm": {"eta_c": 0.5, "eta_m": 0.5, "t0": 0}}}')
+    assert Calibration.load(path).hardware is None
+    with pytest.raises(
+        ConfigError,
+        match=r"engine\.calibration: calibration file .*cal\.json: no hardware name: cannot "
+        r"tell whether it was fitted for the preset 'a100_40gb'",
+    ):
+        TimedEngine(hardware=A100, calibration=str(path))
