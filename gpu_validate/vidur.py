@@ -22,7 +22,10 @@ a per-series lookup that interpolates each held-back row between its two fitted 
 count that no model smooth in the token count follows; that interpolation is not a cost model,
 only a bound on what any model smooth between adjacent token counts can reach). The NCCL
 all-reduce is fitted per tensor-parallel degree on the network profiles
-(:mod:`gpu_validate.vidur_network`). The output is a calibration file
+(:mod:`gpu_validate.vidur_network`). Every fit is against the peaks of the card that ran the measurements (:data:`MEASURED_ON`:
+Vidur's A100 is the 80 GB part); a file for another preset of the same chip (``a100_40gb``:
+less memory bandwidth) keeps the fitted fractions of peak and scales the measured shapes by the
+class model (:func:`transfer`). The output is a calibration file
 (:meth:`simlab.costmodel.Calibration.load`) with that provenance; classes Vidur does not measure
 (attention kernels, SSM scans, state copies) and the ``engine.costs`` terms keep their defaults,
 and the file says so (``unmeasured``, ``terms``).
@@ -72,12 +75,19 @@ TOKEN_RANGES = ((1, 64), (65, 512), (513, 2048), (2049, 1 << 20))
 #: the issue's acceptance per op class and GPU: |held-back relative error| median and P90
 ACCEPTANCE = {"median": 0.05, "p90": 0.10}
 UNMEASURED = ("attn_prefill", "attn_decode", "ssm_scan", "selective_scan", "ssm_step", "state_copy")
+#: the preset of the card each Vidur device folder was measured on. Vidur's A100 is the 80 GB
+#: SXM4 part: its device config says so (``A100DeviceSKUConfig.total_memory_gb = 80``), and the
+#: data agree: at <= 64 tokens Llama-3-8B's MLP up-projection streams its 235 MB of weights at up
+#: to 1,655 GB/s, more than a 40 GB card's 1,555 GB/s peak (:func:`weight_stream_gbps`)
+MEASURED_ON = {"a100": "a100_80gb", "h100": "h100_sxm"}
 #: what a calibration file for a preset should warn about
 NOTES = {
-    "a100_40gb": "fitted on the same A100 measurements as a100_80gb (against this preset's peaks, "
-    "so its predictions equal that file's); Vidur's CSVs do not record the A100's memory size: "
-    "if they come from an 80 GB card (2,039 GB/s), memory-bound ops on a 40 GB card (1,555 GB/s) "
-    "take up to 1.3x longer than predicted here",
+    "a100_40gb": "fitted on Vidur's A100 measurements, taken on an A100-SXM4-80GB (2,039 GB/s; "
+    "see measured_on). The class efficiencies are fractions of a card's peaks, so here they "
+    "apply to this preset's 1,555 GB/s; the measured shapes (profiles) are Vidur's times, each "
+    "scaled by the fitted class model's time on this preset over its time on the measured one "
+    "(1 where compute-bound, up to 2,039 / 1,555 = 1.31 where memory-bound). Clocks, tensor "
+    "peak and NVLink are the same on both cards; the all-reduce profiles are kept as measured",
 }
 #: engine.costs terms no Vidur profile pins down (they stay at their no-charge defaults)
 TERMS = (
@@ -143,6 +153,36 @@ def records_of(path: Path, model: str, hw: Hardware) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def transfer(
+    records: Sequence[dict], fitted: dict[str, Efficiency], measured: Hardware, target: Hardware
+) -> list[dict]:
+    """Compute records measured on ``measured`` as ``target`` would time them: each measured
+    time times the fitted class model's time on ``target`` over its time on ``measured`` (the
+    same achieved fractions of each card's peaks). The records themselves when the presets'
+    peaks agree."""
+    if (target.peak_flops, target.mem_bw) == (measured.peak_flops, measured.mem_bw):
+        return list(records)
+    out = []
+    for r in records:
+        eff = fitted.get(r["op_class"], DEFAULT_EFFICIENCY[r["op_class"]])
+        f, b, n, tok = (np.array([float(r[k])]) for k in ("flops", "bytes", "launches", "tokens"))
+        ratio = roofline(f, b, n, target, eff, tok)[0] / roofline(f, b, n, measured, eff, tok)[0]
+        out.append(r | {"median_s": r["median_s"] * float(ratio)})
+    return out
+
+
+def weight_stream_gbps(path: Path, max_tokens: int = 64) -> float:
+    """The highest bandwidth at which a Vidur CSV's MLP up-projection (TP 1) streams its weights
+    at up to ``max_tokens`` tokens (weights and activations over the measured median, GB/s): a
+    lower bound on the measuring card's memory bandwidth (the weights do not fit in L2)."""
+    frame = pd.read_csv(path)
+    frame = frame[(frame["num_tensor_parallel_workers"] == 1) & (frame["num_tokens"] <= max_tokens)]
+    d, inter, tokens = frame["n_embd"], frame["n_expanded_embd"], frame["num_tokens"]
+    mats = np.where(frame["use_gated_mlp"].astype(bool), 2, 1)
+    moved = (d * mats * inter + tokens * (d + mats * inter)) * 2
+    return float((moved / (frame["time_stats.mlp_up_proj.median"] / 1e3)).max() / 1e9)
 
 
 def load_records(gpu: str, hw: Hardware, data_dir: str | None = None) -> list[dict[str, Any]]:
@@ -367,7 +407,14 @@ def calibrate(
     alternate token counts of every model, held-back errors on the others (and, as a check
     of generalisation, on the models left out of a fit on ``fit_models``), the all-reduce
     (:mod:`gpu_validate.vidur_network`), provenance."""
-    hw = load_hardware(hardware)
+    target = load_hardware(hardware)
+    measured_on = MEASURED_ON.get(gpu, hardware)
+    hw = load_hardware(measured_on)  # the card that ran the measurements: every fit is against it
+    if (target.peak_flops, target.link_bw) != (hw.peak_flops, hw.link_bw):
+        raise ValueError(
+            f"--hardware {hardware}: not the chip Vidur's {gpu} profiles were measured on "
+            f"({measured_on}); only the memory bandwidth may differ"
+        )
     records = load_records(gpu, hw, data_dir)
     train, test = split_rows(records)
     by_model = [r for r in records if r["model"] in fit_models]
@@ -378,14 +425,17 @@ def calibrate(
     plain = held_back(train, test, hw, curve=False)[1]
     models = held_back(by_model, others, hw, curve=True)[1] if others else pd.DataFrame()
     network = vidur_network.calibrate(gpu, hw, data_dir)
-    measured = profiles.profiled(records) + network["profile_records"]
+    efficiency = {cls: fit.efficiency for cls, fit in fits.items()}
+    measured = transfer(profiles.profiled(records), efficiency, hw, target)
+    measured += network["profile_records"]
     profiled = pd.DataFrame(profiles.profiled_errors(*profiles.split_profiles(measured)))
     summary = per_class(held)
     summary["allreduce"] = network["held_back_error"]["held_back"]
-    floor = error_floor(records, train, test, hw, {c: f.efficiency for c, f in fits.items()})
+    floor = error_floor(records, train, test, hw, efficiency)
     return {
-        "hardware": hardware_json(hw, f"preset {hardware}"),
+        "hardware": hardware_json(target, f"preset {hardware}"),
         "device": f"Vidur {gpu}",
+        "measured_on": hardware_json(hw, f"preset {measured_on}: the card Vidur's {gpu} ran on"),
         "ops": {cls: fit.as_json() for cls, fit in fits.items()} | {"allreduce": network["entry"]},
         "unmeasured": {cls: "not in Vidur's profiles: cost-model default" for cls in UNMEASURED},
         "terms": {

@@ -28,6 +28,10 @@ one all-reduce of its output: ``t0`` (the small-message latency, per call) plus 
 the activation bytes over ``eta_m`` x the link bandwidth; a calibration may give the all-reduce
 one efficiency per tensor-parallel degree (``by_tp``). The scan of Mamba1 (selective scan, class
 ``selective_scan``) and of Mamba2 (SSD chunked scan, class ``ssm_scan``) are separate classes.
+Mamba1's ``x_proj`` (``d_inner -> dt_rank + 2N``) and ``dt_proj`` (``dt_rank -> d_inner``) are
+GEMMs (``ssm_x_proj``, ``ssm_dt_proj``), not scan work; ``x_proj`` is row-parallel in vLLM and
+SGLang (``RowParallelLinear``), so under tensor parallelism each Mamba1 layer adds a second,
+small all-reduce of ``dt_rank + 2N`` values per token (``ssm_x_proj_allreduce``).
 
 Measured shapes. A calibration may also hold measured times of whole ops (:class:`Profile`, the
 file's ``profiles``): per layer shape and tensor-parallel degree against the token count, and
@@ -181,6 +185,8 @@ PROFILED_OPS = (
 )
 #: the profiled op whose profile is over the bytes of one call's message, not the token count
 ALLREDUCE = "tp_allreduce"
+#: Mamba1's second all-reduce per layer (row-parallel ``x_proj``), timed by the same profile
+X_PROJ_ALLREDUCE = "ssm_x_proj_allreduce"
 
 
 def check_tp(model: ModelSpec, tp: int) -> None:
@@ -553,18 +559,23 @@ class CostModel:
             for (name, shape, t), p in self.calibration.profiles.items()
             if t == tp and not (name == ALLREDUCE and self.terms.allreduce_latency_s is not None)
         }
-        self._message_bytes_per_token = model.d_model * model.dtype_bytes  # one all-reduce call
+        # one all-reduce call's message bytes per token, per all-reduce op (its profile's x)
+        self._message_bytes_per_token = {ALLREDUCE: model.d_model * model.dtype_bytes}
+        if model.n_ssm_layers and model.ssm_kind == "mamba1":
+            x_proj_out = model.ssm_dt_rank + 2 * model.ssm_state_dim
+            self._message_bytes_per_token[X_PROJ_ALLREDUCE] = x_proj_out * model.dtype_bytes
+        self._allreduce_profile = self._profiles.get((ALLREDUCE, ()))
         self._decode_templates: dict[int, DecodeTemplate | None] = {}
         self._position_memo: dict[int, PositionOps] = {}
         self._lm_head_memo: dict[int, TimedOp] = {}
-        self._allreduce_memo: dict[int, TimedOp] = {}
+        self._allreduce_memo: dict[int, tuple[TimedOp, ...]] = {}
 
     # ------------------------------------------------------------------ timing
     def op_time(self, op: Op) -> float:
         if op.units and self._profiles:
-            profile = self._profiles.get((op.name, op.shape))
-            if profile is not None:
-                x = op.tokens * self._message_bytes_per_token if op.name == ALLREDUCE else op.tokens
+            measured = self._profile_of(op)
+            if measured is not None:
+                profile, x = measured
                 return profile.at(x) * op.units + op.fixed_s
         peak, bw, t0 = self._rate[op.op_class]
         t = max(op.flops / peak, op.bytes / bw) + op.launches * t0
@@ -580,9 +591,19 @@ class CostModel:
             return 0.0
         return sum([t for _, t in self._timed_ops(batch)])
 
+    def _profile_of(self, op: Op) -> tuple[Profile, float] | None:
+        """The measured :class:`Profile` that times ``op`` and its argument (an all-reduce's:
+        one call's message bytes; every other op's: its tokens), or None."""
+        per_token = self._message_bytes_per_token.get(op.name)
+        if per_token is not None:
+            profile = self._allreduce_profile
+            return None if profile is None else (profile, float(op.tokens * per_token))
+        profile = self._profiles.get((op.name, op.shape))
+        return None if profile is None else (profile, op.tokens)
+
     def measured(self, op: Op) -> bool:
         """Whether a measured :class:`Profile` times ``op`` (not the roofline)."""
-        return bool(op.units) and (op.name, op.shape) in self._profiles
+        return bool(op.units) and self._profile_of(op) is not None
 
     def measured_share(self, batch: BatchShape) -> float:
         """The share of ``batch``'s predicted time timed from measured shapes (0: all modelled)."""
@@ -817,10 +838,15 @@ class CostModel:
         ns, D, N, di = m.n_ssm_layers, m.d_model, m.ssm_state_dim, m.ssm_d_inner
         if m.ssm_kind == "mamba2":
             in_dim = 2 * di + 2 * m.ssm_n_groups * N + m.ssm_n_heads
-        else:
-            in_dim = 2 * di
+            return [
+                self._gemm("ssm_in_proj", pos, D, in_dim, ns),
+                self._gemm("ssm_out_proj", pos, di, D, ns),
+            ]
+        R = m.ssm_dt_rank
         return [
-            self._gemm("ssm_in_proj", pos, D, in_dim, ns),
+            self._gemm("ssm_in_proj", pos, D, 2 * di, ns),
+            self._gemm("ssm_x_proj", pos, di, R + 2 * N, ns),
+            self._gemm("ssm_dt_proj", pos, R, di, ns),
             self._gemm("ssm_out_proj", pos, di, D, ns),
         ]
 
@@ -832,9 +858,8 @@ class CostModel:
         state = m.ssm_state_bytes_per_layer
         if m.ssm_kind == "mamba2":
             scan_tok = 6 * di * N + 2 * K * conv_ch + 10 * di
-        else:
-            R = m.ssm_dt_rank
-            scan_tok = 2 * di * (R + 2 * N) + 2 * R * di + 9 * di * N + 2 * K * di + 10 * di
+        else:  # x_proj and dt_proj are GEMMs of their own (_ssm_proj_ops)
+            scan_tok = 9 * di * N + 2 * K * di + 10 * di
         ops: list[Op] = []
         prefill_tok = sum(q for _, q in batch.prefill)
         if prefill_tok:
@@ -910,19 +935,33 @@ class CostModel:
                 self._lm_head_memo[sampled] = head
             ops.append(head)
         if self.tp > 1:
-            ops.append(self._allreduce(batch.tokens))
+            ops += self._allreduces(batch.tokens)
         return ops
 
-    def _allreduce(self, tokens: int) -> TimedOp:
+    def _allreduces(self, tokens: int) -> tuple[TimedOp, ...]:
         """The tensor-parallel all-reduces of an iteration over ``tokens`` positions, timed:
-        one call per layer, of ``tokens x d_model x dtype`` bytes (memoised per count)."""
+        one call per layer of ``tokens x d_model x dtype`` bytes, and for Mamba1 one more per
+        SSM layer of its ``x_proj`` output (memoised per count)."""
         timed = self._allreduce_memo.get(tokens)
         if timed is None:
             m = self.model
             layers = m.n_attn_layers + m.n_ssm_layers + m.n_mlp_layers + m.n_moe_layers
-            reduced = 2.0 * (self.tp - 1) / self.tp * tokens * m.d_model * m.dtype_bytes * layers
-            op = Op(ALLREDUCE, "allreduce", 0.0, reduced, layers, tokens, units=layers)
-            timed = self._timed(self._per_gpu(op))
+            calls = {ALLREDUCE: layers, X_PROJ_ALLREDUCE: m.n_ssm_layers}
+            ring = 2.0 * (self.tp - 1) / self.tp
+            timed = tuple(
+                self._timed(
+                    Op(
+                        name,
+                        "allreduce",
+                        0.0,
+                        ring * tokens * per_token * calls[name],
+                        calls[name],
+                        tokens,
+                        units=calls[name],
+                    )
+                )
+                for name, per_token in self._message_bytes_per_token.items()
+            )
             if len(self._allreduce_memo) >= POSITION_MEMO:
                 self._allreduce_memo.clear()
             self._allreduce_memo[tokens] = timed

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from simlab.config import ConfigError
@@ -134,10 +135,20 @@ def test_a_hybrid_host_hit_loads_its_state_at_its_true_size():
 
 
 # ------------------------------------------------------------------ timed engine
+def alone(frame: pd.DataFrame) -> np.ndarray:
+    """Per request: no other request in flight between its arrival and its first token."""
+    arrival, first, done = (frame[k].to_numpy() for k in ("arrival", "first_token", "finished"))
+    busy = (arrival[None, :] < first[:, None]) & (done[None, :] > arrival[:, None])
+    np.fill_diagonal(busy, False)
+    return ~busy.any(axis=1)
+
+
 def test_a_finite_bandwidth_delays_the_first_token_of_host_hits():
-    """At low load (one session at a time) both runs take the same cache decisions; a request
-    with a host hit then waits its load (bytes / bandwidth) before its prefill, so its TTFT is
-    no less than with free loads, and larger by about its load."""
+    """At low load both runs take the same cache decisions; a request with a host hit then
+    waits its load (bytes / bandwidth) before its prefill, so its TTFT is no less than with free
+    loads, and one that finds the engine idle in both runs (no other request in flight from its
+    arrival to its first token) takes exactly its load longer. (Sessions still overlap at this
+    rate: a load overlaps another request's iterations, which a free load waits for too.)"""
     low = [
         *SHAREGPT,
         "trace.limit=20",
@@ -155,8 +166,11 @@ def test_a_finite_bandwidth_delays_the_first_token_of_host_hits():
     assert (slow["ttft"].to_numpy()[hit] >= free["ttft"].to_numpy()[hit]).all()
     expected = slow["host_loaded_bytes"].to_numpy()[hit] / 5e9
     np.testing.assert_allclose(slow["host_load_s"].to_numpy()[hit], expected, rtol=1e-6, atol=1e-9)
-    delay = slow["ttft"].to_numpy()[hit] - free["ttft"].to_numpy()[hit]
-    assert (delay >= expected - 1e-6).all()
+    idle = hit & alone(free) & alone(slow)
+    assert idle.sum() >= hit.sum() // 2  # 21 of 27
+    delay = slow["ttft"].to_numpy()[idle] - free["ttft"].to_numpy()[idle]
+    loaded = slow["host_loaded_bytes"].to_numpy()[idle] / 5e9
+    np.testing.assert_allclose(delay, loaded, rtol=1e-9, atol=1e-9)
     assert (free["host_load_s"] == 0).all()
     assert (slow["host_load_s"].to_numpy()[~hit] == 0).all()
 

@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from simlab.config import ConfigError
-from simlab.costmodel import CostModel
+from simlab.costmodel import BatchShape, CostModel
 from simlab.model import ModelSpec
 from simlab.predict import predict
 from tests.fixtures import CONFIGS, ROOT
@@ -197,3 +197,50 @@ def test_a_tensor_parallel_degree_that_does_not_split_the_heads_is_a_one_line_er
         predict(config(["model=llama3_8b", "engine.tp=3"]))
     assert str(err.value).startswith("engine.tp: 3 does not divide llama3_8b's 32 attention heads")
     assert "\n" not in str(err.value)
+
+
+def test_mamba1_projections_are_gemms_and_x_proj_adds_an_all_reduce_under_tp():
+    """vLLM's and SGLang's MambaMixer: ``x_proj`` (d_inner -> dt_rank + 2N) is a
+    RowParallelLinear, so each Mamba1 layer all-reduces its output under tensor parallelism;
+    ``dt_proj`` (dt_rank -> d_inner) is column-parallel. Both are GEMMs, timed as such: the
+    selective scan keeps only the recurrence, the convolution and the gating."""
+    cfg = config(["model=jamba_1_5_mini", "engine.tp=4", "prefill=[3000]"])
+    from simlab.simulate import build_engine
+
+    m = ModelSpec.from_config(cfg.model)
+    cost: CostModel = build_engine(cfg).cost_model(m)
+    T, tp, ns, w = 3000, 4, m.n_ssm_layers, m.dtype_bytes
+    di, N, R, K = m.ssm_d_inner, m.ssm_state_dim, m.ssm_dt_rank, m.ssm_conv_kernel
+    ops = {op.name: op for op in cost.ops(BatchShape(prefill=[(0, T)]))}
+    x_proj, dt_proj, scan = ops["ssm_x_proj"], ops["ssm_dt_proj"], ops["ssm_scan"]
+    assert (x_proj.op_class, x_proj.shape) == ("gemm", (di, R + 2 * N, w))
+    assert (dt_proj.op_class, dt_proj.shape) == ("gemm", (R, di, w))
+    assert x_proj.flops == pytest.approx(2 * T * di * (R + 2 * N) * ns / tp)
+    assert dt_proj.flops == pytest.approx(2 * T * R * di * ns / tp)
+    assert scan.op_class == "selective_scan"
+    assert scan.flops == pytest.approx((9 * di * N + 2 * K * di + 10 * di) * T * ns / tp)
+    # the layer's FLOPs are unchanged, only where they are timed
+    per_layer = sum(ops[n].flops for n in ("ssm_in_proj", "ssm_x_proj", "ssm_dt_proj"))
+    per_layer += scan.flops + ops["ssm_out_proj"].flops
+    assert per_layer == pytest.approx(m.ssm_flops(0, T) / tp)
+    # one more all-reduce per Mamba1 layer, of dt_rank + 2N values per token, timed from the
+    # measured NCCL profile at that message size
+    reduce = ops["ssm_x_proj_allreduce"]
+    assert (reduce.op_class, reduce.units, reduce.launches) == ("allreduce", ns, ns)
+    assert reduce.bytes == pytest.approx(2 * (tp - 1) / tp * T * (R + 2 * N) * w * ns)
+    assert cost.measured(reduce) and cost.measured(ops["tp_allreduce"])
+    profile = cost.calibration.profiles[("tp_allreduce", (), tp)]
+    assert cost.op_time(reduce) == pytest.approx(ns * profile.at(T * (R + 2 * N) * w))
+    # one GPU has nothing to reduce; a Mamba2 model has no x_proj
+    single = build_engine(config(["model=jamba_1_5_mini"])).cost_model(m)
+    assert not {"ssm_x_proj_allreduce", "tp_allreduce"} & {
+        op.name for op in single.ops(BatchShape(prefill=[(0, T)]))
+    }
+    nemotron = config(["model=nemotron_h_8b", "engine.tp=4"])
+    names = {
+        op.name
+        for op in build_engine(nemotron)
+        .cost_model(ModelSpec.from_config(nemotron.model))
+        .ops(BatchShape(prefill=[(0, T)]))
+    }
+    assert "tp_allreduce" in names and not {"ssm_x_proj", "ssm_x_proj_allreduce"} & names

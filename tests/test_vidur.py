@@ -15,12 +15,14 @@ from gpu_validate.cases import load_hardware
 from gpu_validate.fit import fit_class, roofline
 from gpu_validate.vidur import (
     ACCEPTANCE,
+    MEASURED_ON,
     acceptance,
     calibrate,
     error_table,
     main,
     neighbour_floor,
     repeat_spread,
+    weight_stream_gbps,
 )
 from simlab.costmodel import OP_CLASSES, Calibration, CostModel, Efficiency, Op
 from tests.fixtures import ROOT, model
@@ -203,3 +205,58 @@ def test_the_committed_calibrations_load_for_their_preset(preset):
         assert cost.op_time(op) == pytest.approx(want, rel=1e-9)
     with pytest.raises(ValueError, match=rf"{preset}\.json: fitted for hardware '{preset}', not"):
         Calibration.load(path, "h200")
+
+
+@needs_vidur
+def test_vidurs_a100_is_the_80_gb_card_so_the_40_gb_file_runs_at_its_own_bandwidth():
+    """Vidur's A100 profiles stream Llama-3-8B's MLP up-projection weights (235 MB, far above
+    L2) faster than a 40 GB card's peak: they were measured on the 80 GB card (Vidur's device
+    config says 80 GB too). The a100_40gb file keeps the fitted fractions of peak, so its
+    memory-bound ops take up to 2,039 / 1,555 = 1.31x the 80 GB card's time, and its
+    compute-bound ops the same time (same clocks, same tensor peak)."""
+    llama3 = VIDUR / "compute" / "a100" / "meta-llama" / "Meta-Llama-3-8B" / "mlp.csv"
+    a40, a80 = load_hardware("a100_40gb"), load_hardware("a100_80gb")
+    assert a40.mem_bw_gbps < weight_stream_gbps(llama3) < a80.mem_bw_gbps  # 1,655 GB/s
+    assert MEASURED_ON["a100"] == "a100_80gb"
+    files = {
+        p: json.loads((CALIBRATIONS / f"{p}.json").read_text()) for p in ("a100_40gb", "a100_80gb")
+    }
+    for data in files.values():
+        assert data["measured_on"]["name"] == "a100_80gb"
+    for cls in ("gemm", "elementwise"):
+        for key in ("eta_c", "eta_m"):
+            assert files["a100_40gb"]["ops"][cls][key] == pytest.approx(
+                files["a100_80gb"]["ops"][cls][key], rel=1e-4
+            )
+    costs = {
+        p: CostModel(
+            model("llama3_8b"), load_hardware(p), Calibration.load(CALIBRATIONS / f"{p}.json", p)
+        )
+        for p in files
+    }
+    ratio = {
+        n: costs["a100_40gb"].prefill_time(0, n) / costs["a100_80gb"].prefill_time(0, n)
+        for n in (1, 8192)
+    }
+    assert (
+        1.2 < ratio[1] <= a80.mem_bw / a40.mem_bw
+    )  # weight-bound: the bandwidth ratio but launches
+    assert 1.0 <= ratio[8192] < 1.02  # compute-bound (the norms stay memory-bound)
+    series = {
+        p: {(s["op"], tuple(s["shape"]), s["tp"]): s for s in files[p]["profiles"]["series"]}
+        for p in files
+    }
+    mlp = next(k for k in series["a100_80gb"] if k[0] == "mlp" and k[2] == 1)
+    slow, fast = series["a100_40gb"][mlp], series["a100_80gb"][mlp]
+    assert slow["tokens"] == fast["tokens"]
+    scale = np.array(slow["seconds"]) / np.array(fast["seconds"])
+    assert 1.2 < scale[0] <= a80.mem_bw / a40.mem_bw and scale[-1] == pytest.approx(1.0, abs=0.01)
+    reduce = [k for k in series["a100_80gb"] if k[0] == "tp_allreduce"]
+    assert all(
+        series["a100_40gb"][k]["seconds"] == series["a100_80gb"][k]["seconds"] for k in reduce
+    )
+
+
+def test_a_preset_of_another_chip_than_the_measured_one_is_refused():
+    with pytest.raises(ValueError, match="--hardware h100_sxm: not the chip Vidur's a100"):
+        calibrate("a100", "h100_sxm", ["Llama-2-7b-hf"])
