@@ -4,9 +4,15 @@
     python -m simlab.predict prefix=8000 'prefill=[500]'     # a prefix hit: 500 new tokens
 
 For each length in ``prefill`` it prints the predicted time of ``batch`` identical requests
-prefilled together after a cached ``prefix`` (one iteration, nothing else running) and the ops
-that take most of it, and writes ``prediction.json`` (atomically) into the run directory:
-``prefill_tokens``, ``prefill_ms``, ``breakdown_ms`` (op name -> one time per length), and the
+that arrive together, alone on the GPU, each with ``prefix`` tokens cached, until the last one's
+first token, and the ops that take most of it. The timed engine prefills them in iterations of
+at most ``engine.token_budget`` tokens (chunked prefill, the requests in order, logits only in
+a prompt's last chunk, a request whose prefill ended decoding meanwhile: :func:`prefill_iterations`), so a prompt longer than the budget takes
+several iterations, each reading the weights again and attending to the chunks before it (vLLM
+V1 on an A100 chunks at 8,192 tokens for ``LLM`` and 2,048 for its server). It writes
+``prediction.json`` (atomically) into the run directory: ``prefill_tokens``, ``prefill_ms``,
+``iterations`` (per length), ``breakdown_ms`` (op name -> one time per length, summed over the
+iterations), and the
 model, hardware, tensor-parallel degree and calibration used (the hardware preset's own by
 default, ``engine.calibration=null`` for the default efficiencies) with its held-back error;
 ``measured_ops``: the ops timed from the calibration's measurements of their shape
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -84,13 +91,53 @@ def cost_model(cfg: DictConfig) -> CostModel:
     return engine.cost_model(model)
 
 
+def prefill_iterations(
+    prefix: int, new: int, batch: int, budget: int, hybrid: bool
+) -> list[BatchShape]:
+    """The iterations in which the timed engine prefills ``batch`` identical requests of
+    ``new`` uncached tokens after a cached ``prefix``, arrived together and alone on the GPU,
+    up to the last one's first token. As in ``TimedEngine._iteration``: a request whose prefill
+    ended decodes one token per later iteration (continuous batching), and the others get
+    chunks, in order, that fill the rest of ``budget``; a hybrid loads a request's checkpoint
+    in its first chunk when it has a prefix; decodes and chunks that end their prompt sample.
+    Invariant: the chunks of each request cover its ``new`` tokens once, in order."""
+    done = [0] * batch  # tokens prefilled per request
+    decoded = [0] * batch  # tokens decoded since its prefill ended
+    iterations = []
+    while done[-1] < new:
+        decoders = [i for i in range(batch) if done[i] == new]
+        left, chunks, loads, sampled = budget - len(decoders), [], 0, len(decoders)
+        for i in range(batch):
+            if left <= 0:
+                break
+            if done[i] < new:
+                take = min(left, new - done[i])
+                chunks.append((prefix + done[i], take))
+                loads += int(hybrid and prefix > 0 and done[i] == 0)
+                sampled += int(done[i] + take == new)
+                done[i] += take
+                left -= take
+        decode = [prefix + new + decoded[i] + 1 for i in decoders]
+        for i in decoders:
+            decoded[i] += 1
+        iterations.append(
+            BatchShape(prefill=chunks, decode=decode, state_loads=loads, sampled=sampled)
+        )
+    return iterations
+
+
 def predict(cfg: DictConfig) -> dict[str, Any]:
     """The prediction as ``prediction.json`` holds it (see the module docstring)."""
     prefill, prefix, batch = lengths(cfg)
     cost = cost_model(cfg)
-    loads = batch if (prefix and cost.model.is_hybrid) else 0
-    shapes = [BatchShape(prefill=[(prefix, n)] * batch, state_loads=loads) for n in prefill]
-    breakdowns = [cost.breakdown(shape) for shape in shapes]
+    budget = int(cfg.engine.token_budget)
+    runs = [prefill_iterations(prefix, n, batch, budget, cost.model.is_hybrid) for n in prefill]
+    breakdowns = [summed(cost.breakdown(shape) for shape in run) for run in runs]
+    totals = [sum(cost.time(shape) for shape in run) for run in runs]
+    measured = [
+        sum(cost.measured_share(shape) * cost.time(shape) for shape in run) / total
+        for run, total in zip(runs, totals, strict=True)
+    ]
     return {
         "model": cost.model.name,
         "hardware": cost.hw.name,
@@ -99,16 +146,38 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         # the calibration's own held-back error per op class ({} when uncalibrated)
         "calibration_held_back_error": cost.calibration.held_back_error,
         # ops timed from measured times of their shape (calibration profiles), and their error
-        "measured_ops": sorted({op.name for op in cost.ops(shapes[0]) if cost.measured(op)}),
+        "measured_ops": sorted(
+            {
+                op.name
+                for run in runs
+                for shape in run
+                for op in cost.ops(shape)
+                if cost.measured(op)
+            }
+        ),
         "measured_held_back_error": cost.calibration.profiled_held_back_error,
         "prefix_tokens": prefix,
         "batch": batch,
+        "token_budget": budget,
         "prefill_tokens": prefill,
-        "prefill_ms": [1000 * cost.time(shape) for shape in shapes],
-        "breakdown_ms": {op: [1000 * b[op] for b in breakdowns] for op in breakdowns[0]},
+        "prefill_ms": [1000 * total for total in totals],
+        "iterations": [len(run) for run in runs],
+        "breakdown_ms": {
+            op: [1000 * b.get(op, 0.0) for b in breakdowns]
+            for op in dict.fromkeys(op for b in breakdowns for op in b)
+        },
         # per length: the share of the predicted time that comes from measurements
-        "measured_share": [cost.measured_share(shape) for shape in shapes],
+        "measured_share": measured,
     }
+
+
+def summed(breakdowns: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Seconds per op over several iterations (an op absent from one adds nothing there)."""
+    out: dict[str, float] = {}
+    for breakdown in breakdowns:
+        for op, seconds in breakdown.items():
+            out[op] = out.get(op, 0.0) + seconds
+    return out
 
 
 def table(prediction: dict[str, Any]) -> str:
@@ -146,7 +215,9 @@ def table(prediction: dict[str, Any]) -> str:
         parts = ", ".join(f"{op} {ops[op][i]:.2f}" for op in top)
         share = prediction["measured_share"][i]
         measured_part = f"; {100 * share:.0f}% measured" if measured else ""
-        lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms{measured_part})")
+        chunks = prediction["iterations"][i]
+        chunked = f"; {chunks} chunks of <= {prediction['token_budget']:,}" if chunks > 1 else ""
+        lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms{measured_part}{chunked})")
     return "\n".join(lines)
 
 

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
+from simlab.cache import PrefixCache
 from simlab.config import ConfigError
 from simlab.costmodel import BatchShape, CostModel
 from simlab.model import ModelSpec
 from simlab.predict import predict
-from tests.fixtures import CONFIGS, ROOT
+from simlab.simulate import build_engine
+from simlab.step import RequestStep
+from tests.fixtures import CONFIGS, ROOT, policy_plugins
+from traces.format import Request
 
 
 def config(overrides: list[str]):
@@ -24,8 +30,6 @@ def config(overrides: list[str]):
 def test_the_prediction_is_the_timed_engines_prefill_time():
     cfg = config(["model=nemotron_h_8b", "engine.tp=2", "prefix=4000", "prefill=[500,5000]"])
     prediction = predict(cfg)
-    from simlab.simulate import build_engine
-
     cost: CostModel = build_engine(cfg).cost_model(ModelSpec.from_config(cfg.model))
     expected = [1000 * cost.prefill_time(4000, n) for n in (500, 5000)]
     assert prediction["prefill_ms"] == pytest.approx(expected, rel=1e-12)
@@ -205,8 +209,6 @@ def test_mamba1_projections_are_gemms_and_x_proj_adds_an_all_reduce_under_tp():
     ``dt_proj`` (dt_rank -> d_inner) is column-parallel. Both are GEMMs, timed as such: the
     selective scan keeps only the recurrence, the convolution and the gating."""
     cfg = config(["model=jamba_1_5_mini", "engine.tp=4", "prefill=[3000]"])
-    from simlab.simulate import build_engine
-
     m = ModelSpec.from_config(cfg.model)
     cost: CostModel = build_engine(cfg).cost_model(m)
     T, tp, ns, w = 3000, 4, m.n_ssm_layers, m.dtype_bytes
@@ -244,3 +246,41 @@ def test_mamba1_projections_are_gemms_and_x_proj_adds_an_all_reduce_under_tp():
         .ops(BatchShape(prefill=[(0, T)]))
     }
     assert "tp_allreduce" in names and not {"ssm_x_proj", "ssm_x_proj_allreduce"} & names
+
+
+@pytest.mark.parametrize(("new", "batch", "iterations"), [(20_000, 1, 3), (6_000, 2, 2)])
+def test_a_prompt_longer_than_the_token_budget_is_predicted_as_the_engine_chunks_it(
+    new, batch, iterations
+):
+    """Alone on the GPU, the timed engine prefills in iterations of at most
+    ``engine.token_budget`` tokens (the requests in order, logits only in a prompt's last
+    chunk): the prediction is the last request's first token in that engine, not one
+    iteration of every token."""
+    cfg = config(["engine.token_budget=8192", f"prefill=[{new}]", f"batch={batch}"])
+    prediction = predict(cfg)
+    assert prediction["iterations"] == [iterations] and prediction["token_budget"] == 8192
+    engine = build_engine(cfg)
+    spec = ModelSpec.from_config(cfg.model)
+    requests = [  # distinct contents: nothing one request computes is a hit for the other
+        Request(
+            i,
+            i,
+            0,
+            0.0,
+            np.arange(i * new, (i + 1) * new, dtype=np.int32),
+            np.zeros(0, np.int32),
+            4,
+        )
+        for i in range(batch)
+    ]
+    admission, eviction = policy_plugins("sglang_plus")
+    step = RequestStep(PrefixCache(spec, math.inf), admission, eviction, "sglang_plus")
+    records = engine.run(requests, step).records
+    assert max(r.ttft for r in records) == pytest.approx(
+        prediction["prefill_ms"][0] / 1000, rel=1e-12
+    )
+    cost = engine.cost_model(spec)
+    one_iteration = cost.time(BatchShape(prefill=[(0, new)] * batch))
+    assert prediction["prefill_ms"][0] > 1000 * one_iteration  # weights read per chunk
+    total = sum(ms[0] for ms in prediction["breakdown_ms"].values())
+    assert total == pytest.approx(prediction["prefill_ms"][0])
