@@ -22,10 +22,10 @@ a per-series lookup that interpolates each held-back row between its two fitted 
 count that no model smooth in the token count follows; that interpolation is not a cost model,
 only a bound on what any model smooth between adjacent token counts can reach). The NCCL
 all-reduce is fitted per tensor-parallel degree on the network profiles
-(:mod:`gpu_validate.vidur_network`). Every fit is against the peaks of the card that ran the measurements (:data:`MEASURED_ON`:
-Vidur's A100 is the 80 GB part); a file for another preset of the same chip (``a100_40gb``:
-less memory bandwidth) keeps the fitted fractions of peak and scales the measured shapes by the
-class model (:func:`transfer`). The output is a calibration file
+(:mod:`gpu_validate.vidur_network`). Every fit is against the peaks of the card that ran the
+measurements (:data:`MEASURED_ON`: Vidur's A100 is the 80 GB part); a file for another preset of
+the same chip (``a100_40gb``: less memory bandwidth) keeps the fitted fractions of peak and
+scales the measured shapes by the class model (:func:`transfer`). The output is a calibration file
 (:meth:`simlab.costmodel.Calibration.load`) with that provenance; classes Vidur does not measure
 (attention kernels, SSM scans, state copies) and the ``engine.costs`` terms keep their defaults,
 and the file says so (``unmeasured``, ``terms``).

@@ -6,13 +6,13 @@
 For each length in ``prefill`` it prints the predicted time of ``batch`` identical requests
 that arrive together, alone on the GPU, each with ``prefix`` tokens cached, until the last one's
 first token, and the ops that take most of it. The timed engine prefills them in iterations of
-at most ``engine.token_budget`` tokens (chunked prefill, the requests in order, logits only in
-a prompt's last chunk, a request whose prefill ended decoding meanwhile: :func:`prefill_iterations`), so a prompt longer than the budget takes
-several iterations, each reading the weights again and attending to the chunks before it (vLLM
-V1 on an A100 chunks at 8,192 tokens for ``LLM`` and 2,048 for its server). It writes
-``prediction.json`` (atomically) into the run directory: ``prefill_tokens``, ``prefill_ms``,
-``iterations`` (per length), ``breakdown_ms`` (op name -> one time per length, summed over the
-iterations), and the
+at most ``engine.token_budget`` tokens (chunked prefill: the requests in order, logits only in
+a prompt's last chunk, a request whose prefill ended decoding meanwhile;
+:func:`prefill_iterations`), so a prompt longer than the budget takes several iterations, each
+reading the weights again and attending to the chunks before it (vLLM V1 on an A100 chunks at
+8,192 tokens for ``LLM`` and 2,048 for its server). It writes ``prediction.json`` (atomically)
+into the run directory: ``prefill_tokens``, ``prefill_ms``, ``iterations`` (per length),
+``breakdown_ms`` (op name -> one time per length, summed over the iterations), and the
 model, hardware, tensor-parallel degree and calibration used (the hardware preset's own by
 default, ``engine.calibration=null`` for the default efficiencies) with its held-back error;
 ``measured_ops``: the ops timed from the calibration's measurements of their shape
