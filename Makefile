@@ -62,6 +62,7 @@ XC_SHARE := $(XC_OUT)/sharegpt_llama3_8b.npz
 XC_SHARE_H := $(XC_OUT)/sharegpt_nemotron_h_8b.npz
 XC_SWE := $(XC_OUT)/swebench10_llama3_8b.npz
 XC_SWE_H := $(XC_OUT)/swebench10_nemotron_h_8b.npz
+XC_MOON := $(XC_OUT)/mooncake_llama3_8b.npz
 
 $(XC_STAMP): crosscheck/requirements.txt
 	python3.11 -m venv $(XC_VENV)
@@ -77,6 +78,8 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	$(BIN)/python -m crosscheck.export --out $(XC_SHARE_H) trace=sharegpt model=nemotron_h_8b
 	$(BIN)/python -m crosscheck.export --out $(XC_SWE) trace=swebench trace.limit=10 model=llama3_8b
 	$(BIN)/python -m crosscheck.export --out $(XC_SWE_H) trace=swebench trace.limit=10 model=nemotron_h_8b
+	$(BIN)/python -m crosscheck.export --out $(XC_MOON) trace=mooncake model=llama3_8b \
+		arrivals.mode=timestamps
 	rm -f $(XC_FIXTURES)/*.csv $(XC_FIXTURES)/manifest.json
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SHARE) --name sharegpt_llama3_8b \
 		--cache radix unified --size-gb inf 2 5 --rust-check
@@ -90,3 +93,5 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--block-size 16 --size-gb inf 8
 	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
 		--size-gb inf
+	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_MOON) --name mooncake_llama3_8b \
+		--block-size 512 --size-gb inf 30 70 275

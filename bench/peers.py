@@ -38,20 +38,23 @@ Hit rates are kvcache-simulator's: hit tokens over input tokens of the last 50% 
 measurement window; simlab's and DynoSim's from their per-request records). Same semantics must
 agree within 0.1 point (exit status 1 otherwise):
 
-* LRU: simlab ``+policy=vllm policy.block_size=512 +policy.semantics.whole_input_hit=true``
-  (one tree node per block, LRU over leaves, the matched path refreshed on a hit, the prompt
-  admitted after the lookup) is kvcache-simulator's ``lru``. ``whole_input_hit`` because
-  kvcache-simulator credits a fully cached prompt whole, last (partial) block included, where
-  simlab's default leaves the last block (``len(input) - 1``) to recompute.
+* LRU: simlab ``+policy=vllm policy.block_size=512 +policy.semantics.whole_input_hit=true
+  policy.admission.whole_last_id=true`` (one tree node per block, LRU over leaves, the matched
+  path refreshed on a hit, the prompt admitted after the lookup) is kvcache-simulator's ``lru``.
+  kvcache-simulator takes every hash id for a whole block, a prompt's partial last one too
+  (``whole_last_id``; vLLM never caches a partial block), and credits a fully cached prompt
+  whole (``whole_input_hit``; vLLM leaves the last block, ``len(input) - 1``, to recompute).
 * FIFO and optimal are reported beside simlab's nearest policies, not required to agree:
   kvcache-simulator's ``fifo`` evicts any block in insertion order (inner blocks too), simlab's
   FIFO evicts leaves only; its ``optimal`` is Belady that also refuses to admit a block used
   later than every cached leaf, simlab's ``clairvoyant_blocks`` always admits.
 * DynoSim is vLLM: a hit within ``len(input) - 1`` tokens in full blocks and the partial tail
   block never cached. Its sequential replay is compared with simlab's ``vllm`` policy (default
-  semantics; the hit rates agree at an infinite cache), whose block-unit trace caches the tail
-  block as a whole block, so at a finite capacity simlab's hit rate is lower; DynoSim also
-  caches full output blocks. Its timed replay has its own timing model (polynomial) and
+  semantics, the same rules; simlab's are checked against vLLM's own ``KVCacheManager`` on this
+  trace, ``tests/fixtures/crosscheck/mooncake_*``): the hit rates agree at an infinite cache;
+  at a finite one DynoSim also caches the full blocks of its made-up replies, which take room
+  from the prompts' (simlab admits no reply of a hash-id trace: its blocks are unknown). Its
+  timed replay has its own timing model (polynomial) and
   simlab's timed engine the roofline model: the hit rates are reported, not compared.
 
 Writes ``bench/results/peers.json`` (atomically) and prints the table.
@@ -108,7 +111,7 @@ _SIMLAB_BASE = [
     "overwrite=true",
 ]
 _VLLM = ["+policy=vllm", f"policy.block_size={BLOCK_TOKENS}"]
-_WHOLE = ["+policy.semantics.whole_input_hit=true"]
+_WHOLE = ["+policy.semantics.whole_input_hit=true", "policy.admission.whole_last_id=true"]
 #: simlab's policy nearest to each kvcache-simulator policy (module docstring)
 SIMLAB_POLICY = {
     "lru": [*_VLLM, *_WHOLE],
@@ -135,7 +138,8 @@ _COMPARE_AS_PEER = {
 
 def compare_overrides(policies: Sequence[str]) -> list[str]:
     """The ``compare`` set of :data:`SIMLAB_POLICY`'s policies for ``policies``
-    (kvcache-simulator's names), named after them, with 512-token blocks and whole-input hits."""
+    (kvcache-simulator's names), named after them, with 512-token blocks, whole-input hits and
+    every id a whole block."""
     out = list(_COMPARE_DROP)
     for name in policies:
         out += _COMPARE_AS_PEER[name]
@@ -143,6 +147,7 @@ def compare_overrides(policies: Sequence[str]) -> list[str]:
             f"compare.{name}.name={name}",
             f"compare.{name}.block_size={BLOCK_TOKENS}",
             f"+compare.{name}.semantics.whole_input_hit=true",
+            f"compare.{name}.admission.whole_last_id=true",
         ]
     return out
 
@@ -506,7 +511,7 @@ def build_cases(peers: dict[str, Path]) -> list[Case]:
                     "DynoSim sequential": lambda s: run_dynosim(s, "sequential", ONE_CAPACITY),
                 },
                 set(),
-                "simlab caches the partial tail block as a whole block; DynoSim never caches it",
+                "DynoSim also caches its made-up replies' full blocks: not required to agree",
             )
         )
         inf = [("vllm", INF_BLOCKS)]

@@ -11,6 +11,13 @@ simlab's replay order (:meth:`traces.format.Trace.requests`) to one ``.npz``:
   ``input_offsets`` / ``output_offsets`` (``len + 1`` entries each);
 * ``overrides``, ``model``, ``kv_bytes_per_token``, ``ssm_state_bytes``: what was exported.
 
+A hash-id trace (Mooncake: one id per 512-token block, ``trace.block_size`` tokens per id) has no
+tokens, so each id stands for ``block_size`` copies of itself and a prompt is cut at its true
+length (``input_tokens``: the last id's block is usually partial). Distinct ids give distinct
+blocks, equal id chains equal prefixes, so an engine's block hashes match exactly where the ids
+do. Its replies are unknown and simlab admits none of them: each request exports one output
+token (``-1``, sampled and never fed back), so the engine caches no output block either.
+
 The drivers (``crosscheck.sglang_radix`` and friends) read this file with NumPy only, so they
 never import simlab, and this module never imports torch or an engine.
 """
@@ -28,6 +35,7 @@ from hydra import compose, initialize_config_dir
 from simlab.config import run_settings
 from simlab.model import ModelSpec
 from simlab.simulate import load_trace
+from traces.format import Request
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +49,26 @@ def export(overrides: list[str], out: Path) -> int:
         cfg = compose(config_name="config", overrides=overrides)
     model = ModelSpec.from_config(cfg.model)
     trace = load_trace(cfg, run_settings(cfg))
-    if trace.block_size != 1:
-        raise ValueError(f"trace {trace.name!r} holds hash ids (block_size {trace.block_size})")
     requests = list(trace.requests())
-    for r in requests:
-        if r.output_ids.shape[0] != r.output_len:
-            raise ValueError(f"request {r.request_id}: output tokens unknown")
-    input_lens = np.array([r.input_len for r in requests], dtype=np.int64)
-    output_lens = np.array([r.output_len for r in requests], dtype=np.int64)
+    if trace.block_size == 1:
+        for r in requests:
+            if r.output_ids.shape[0] != r.output_len:
+                raise ValueError(f"request {r.request_id}: output tokens unknown")
+        inputs = [r.input_ids for r in requests]
+        outputs = [r.output_ids for r in requests]
+    else:
+        inputs = [hash_id_tokens(r) for r in requests]
+        outputs = [np.full(1, -1, dtype=np.int64) for _ in requests]
+    input_lens = np.array([len(x) for x in inputs], dtype=np.int64)
+    output_lens = np.array([len(x) for x in outputs], dtype=np.int64)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
         out,
         request_id=np.array([r.request_id for r in requests], dtype=np.int64),
         input_len=input_lens,
         output_len=output_lens,
-        input_ids=np.concatenate([r.input_ids for r in requests]).astype(np.int64),
-        output_ids=np.concatenate([r.output_ids for r in requests]).astype(np.int64),
+        input_ids=np.concatenate(inputs).astype(np.int64),
+        output_ids=np.concatenate(outputs).astype(np.int64),
         input_offsets=np.concatenate(([0], np.cumsum(input_lens))),
         output_offsets=np.concatenate(([0], np.cumsum(output_lens))),
         overrides=np.array(overrides),
@@ -65,6 +77,13 @@ def export(overrides: list[str], out: Path) -> int:
         ssm_state_bytes=np.array(model.ssm_state_bytes),
     )
     return len(requests)
+
+
+def hash_id_tokens(req: Request) -> np.ndarray:
+    """A hash-id request's prompt as tokens: each id repeated ``block_size`` times, cut at its
+    true length (module docstring)."""
+    tokens = np.repeat(req.input_ids.astype(np.int64), req.block_size)
+    return tokens[: req.input_tokens]
 
 
 def main(argv: list[str] | None = None) -> int:

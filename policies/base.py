@@ -178,10 +178,15 @@ class Keys:
     chain), one node per block, only full blocks cached. ``committed``: the sequence a request
     leaves is ``input + output - 1`` tokens (a production engine never feeds back the last
     sampled token, so its KV and state are never computed), not ``input + output``.
+    ``whole_last_id`` (blocks, hash-id traces): a prompt's last id counts as a whole block even
+    when it holds fewer tokens than its block (kvcache-simulator's rule: an id is a block);
+    by default it is the partial block it is, held while the request runs and never cached
+    (vLLM hashes full blocks only).
     """
 
     block_size: int | None = None
     committed: bool = False
+    whole_last_id: bool = False
 
 
 class AdmissionPolicy:

@@ -127,13 +127,18 @@ class BlockPool(AdmissionPolicy):
 
     block_size: Tokens = 16
     committed: bool = False
+    whole_last_id: bool = False  # hash-id traces: :class:`policies.base.Keys`
 
     def __post_init__(self) -> None:
         positive_int(self.block_size, "policy.block_size")
+        if not isinstance(self.whole_last_id, bool):
+            raise ValueError(
+                f"policy.admission.whole_last_id must be true or false, got {self.whole_last_id!r}"
+            )
 
     @property
     def keys(self) -> Keys:
-        return Keys(block_size=self.block_size, committed=self.committed)
+        return Keys(self.block_size, self.committed, self.whole_last_id)
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
         return Admission(ckpts=list(range(1, seq_len + 1)), end=seq_len, held_from=lookup.hit)

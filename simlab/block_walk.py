@@ -61,7 +61,7 @@ def block_paths(requests: Sequence[Request], keys: BlockKeys) -> Paths:
             parent = node
         out.nodes.append(path)
         out.cacheable.append(view.cacheable)
-        out.lookup_full.append(req.input_len // keys.block_size)
+        out.lookup_full.append(keys.input_blocks(req))
         out.lookup_len.append(int(view.lookup.shape[0]))
         out.sequence.append(int(view.sequence.shape[0]))
     return out

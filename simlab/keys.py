@@ -19,9 +19,12 @@ Schemes:
   is never cached, but the running request holds it (``sequence`` includes it).
 
 Hash-id traces (ids of many tokens) keep their ids; ``committed`` then has nothing to trim (an
-id is the smallest unit the trace knows). Invariants: ``lookup`` is a prefix of the sequence
-the input would allocate, except for a partial block; ids are deterministic in content, so the
-same requests give the same keys in any order of calls.
+id is the smallest unit the trace knows). A prompt's last id usually holds fewer tokens than
+the others (``Request.input_tokens`` short of ids x id tokens): for blocks it is a partial
+block, so the full blocks are counted in tokens, unless ``whole_last_id`` counts it whole
+(:class:`policies.base.Keys`). Invariants: ``lookup`` is a prefix of the sequence the input
+would allocate, except for a partial block; ids are deterministic in content, so the same
+requests give the same keys in any order of calls.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class BlockKeys:
 
     block_size: int
     committed: bool = True
+    whole_last_id: bool = False  # hash-id traces: a short last id counts as a whole one
     _ids: dict[bytes, int] = field(default_factory=dict, repr=False)
     _partial: itertools.count = field(default_factory=lambda: itertools.count(-1, -1), repr=False)
 
@@ -88,17 +92,30 @@ class BlockKeys:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
 
+    def whole_ids(self, req: Request) -> int:
+        """Leading input ids that hold all their tokens: every id, except a hash-id trace's
+        last one when the prompt ends inside it (``input_tokens`` short of ids x id tokens)
+        and ``whole_last_id`` is off."""
+        n = req.input_len
+        short = n and req.block_size > 1 and req.input_tokens < n * req.block_size
+        return n - 1 if short and not self.whole_last_id else n
+
+    def input_blocks(self, req: Request) -> int:
+        """Full blocks of the input (the most a lookup can match)."""
+        return self.whole_ids(req) // self.block_size
+
     def view(self, req: Request) -> KeyedRequest:
         seq = sequence_ids(req, self.committed)
-        full = self._full_blocks(seq)
-        n_input = req.input_len
-        lookup = full[: n_input // self.block_size]
-        if n_input % self.block_size:
+        n_input, whole = req.input_len, self.whole_ids(req)
+        full = self._full_blocks(seq if whole == n_input else seq[:whole])
+        n_full = whole // self.block_size
+        lookup = full[:n_full]
+        if n_input > n_full * self.block_size:
             lookup = np.append(lookup, next(self._partial)).astype(TOKEN_DTYPE)
         sequence = full
-        if seq.shape[0] % self.block_size:
+        if seq.shape[0] > full.shape[0] * self.block_size:
             sequence = np.append(full, next(self._partial)).astype(TOKEN_DTYPE)
-        prompt = min(n_input // self.block_size, int(full.shape[0]))
+        prompt = min(n_full, int(full.shape[0]))
         return KeyedRequest(lookup, sequence, int(full.shape[0]), prompt)
 
     def lookup_ids(self, req: Request) -> np.ndarray:
@@ -106,11 +123,11 @@ class BlockKeys:
         without changing the numbering. A block content never seen (and the partial tail block)
         gets ``len(ids)``, an id no node holds, so the match stops there as it would."""
         width = self.block_size * _ID_BYTES
-        n_full = req.input_len // self.block_size
+        n_full = self.input_blocks(req)
         buf = np.ascontiguousarray(req.input_ids[: n_full * self.block_size], TOKEN_DTYPE).tobytes()
         fresh, get = len(self._ids), self._ids.get
         out = [get(buf[i : i + width], fresh) for i in range(0, len(buf), width)]
-        if req.input_len % self.block_size:
+        if req.input_len > n_full * self.block_size:
             out.append(fresh)
         return np.asarray(out, dtype=TOKEN_DTYPE)
 
@@ -138,4 +155,4 @@ def key_scheme(keys: Keys) -> KeyScheme:
     """The scheme a policy's :class:`~policies.base.Keys` asks for (a fresh id table)."""
     if keys.block_size is None:
         return TokenKeys(keys.committed)
-    return BlockKeys(keys.block_size, keys.committed)
+    return BlockKeys(keys.block_size, keys.committed, keys.whole_last_id)

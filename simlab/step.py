@@ -61,6 +61,7 @@ class Started:
     matched: int  # tokens of the longest cached prefix (checkpoint rule ignored)
     pinned: Node | None  # the node pinned until finish (None: nothing pinned)
     prompt: int = 0  # ids of ``seq`` the prompt fills (:meth:`RequestStep.prefilled`)
+    allocated: int = 0  # ids of ``seq`` its prefill allocates (a partial block of it included)
     published: InsertResult | None = None  # what the prefill published
     host_hit: int = 0  # tokens of ``hit`` loaded back from the host tier
     host_loaded: int = 0  # bytes loaded back for them (KV and states)
@@ -207,6 +208,7 @@ class RequestStep:
             req.hit_tokens(lookup.matched * per_key),
             pinned,
             keyed.prompt,
+            int(keyed.lookup.shape[0]),
         )
         if host_ids:
             started.host_hit = hit - req.hit_tokens((lookup.hit - host_ids) * per_key)
@@ -280,13 +282,16 @@ class RequestStep:
         plan, cache = started.plan, self.cache
         if not plan.publishes_prompt or started.prompt <= 0:
             return
-        prompt = started.prompt
+        prompt, seq, held_from = started.prompt, started.seq, None
+        if self._holds_whole_blocks and plan.held_from is not None:
+            seq, held_from = seq[: started.allocated], plan.held_from
         started.published = cache.insert(
-            started.seq,
+            seq,
             [c for c in plan.ckpts if c <= prompt],
             prompt,
             self.eviction,
             cuts=[c for c in plan.cuts if c <= prompt],
+            held_from=held_from,
             stateless_kv=plan.stateless_kv,
         )
         if plan.held_from is not None:  # the published prompt's slots are the tree's now
@@ -296,6 +301,15 @@ class RequestStep:
             cache.pin(deepest)
             cache.unpin(started.pinned)
             started.pinned = deepest
+
+    @property
+    def _holds_whole_blocks(self) -> bool:
+        """A Transformer's block pool (vLLM): a request allocates every block of its prompt, a
+        partial one included, when it is scheduled, so publishing the prompt keeps room for all
+        of them (real vLLM never caches into the blocks its running requests hold); and it
+        keeps the blocks it recomputed (:meth:`_held_after_publish`). Hybrid pools keep the
+        plain rules: no real-engine case checks them yet."""
+        return isinstance(self._keys, BlockKeys) and not self.cache.hybrid
 
     def _held_after_publish(self, started: Started) -> int:
         """Where the request's own slots start once its prompt is published: past the prompt,
@@ -308,7 +322,7 @@ class RequestStep:
         plan, prompt = started.plan, started.prompt
         assert plan.held_from is not None
         held_from = max(plan.held_from, prompt)
-        if isinstance(self._keys, BlockKeys) and not self.cache.hybrid:
+        if self._holds_whole_blocks:
             recomputed = min(started.lookup.matched, prompt) - plan.held_from
             held_from -= max(0, recomputed)
         return held_from

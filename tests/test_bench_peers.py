@@ -211,6 +211,7 @@ def test_one_call_compare_set_is_the_three_peer_policies():
     for name, pcfg in settings.policies.items():
         step = policy_step(name, pcfg, model, settings, peers.BLOCK_TOKENS)
         assert step.cache.semantics.whole_input_hit
+        assert step.admission.keys.whole_last_id  # kvcache-simulator: every id a whole block
         assert step.cache.kv_per_token == peers.BLOCK_BYTES  # one node per 512-token block
         assert one_pass_obstacle(step, engine) is None
         orders[name] = eviction_order(step.eviction)

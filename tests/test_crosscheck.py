@@ -16,7 +16,9 @@ CASES = load_cases()
 
 def test_the_fixtures_cover_the_acceptance_set():
     """ShareGPT with llama3_8b at infinite, 2 and 5 GB for SGLang and vLLM (B=16 and 32),
-    SGLang's hybrid no_buffer at infinite capacity, and a SWE-bench slice."""
+    SGLang's hybrid no_buffer at infinite capacity, a SWE-bench slice, and the Mooncake hash-id
+    trace on vLLM's 512-token blocks at infinite and finite capacities (its prompts end inside
+    their last block: only full blocks are cached)."""
     share = ["trace=sharegpt", "model=llama3_8b"]
 
     def covered(engine: str, size: str, **match) -> bool:
@@ -33,6 +35,8 @@ def test_the_fixtures_cover_the_acceptance_set():
         assert covered("vllm", size, block_size=16) and covered("vllm", size, block_size=32)
     assert any("MAMBA" in c["cache"] and "model=nemotron_h_8b" in c["overrides"] for c in CASES)
     assert any(o.startswith("trace=swebench") for c in CASES for o in c["overrides"])
+    moon = [c for c in CASES if "trace=mooncake" in c["overrides"]]
+    assert {str(c["size_gb"]) for c in moon if c["block_size"] == 512} >= {"inf", "30", "275"}
     for case in CASES:
         assert (FIXTURES / case["file"]).exists(), case["file"]
 

@@ -7,11 +7,13 @@ pin each rule on its own so that a regression names the rule it broke.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from policies.base import Semantics
 from policies.lru import LRU
 from policies.production import VLLM, BlockLRU, RadixLRU, SGLang, vllm_hybrid_block_size
 from simlab.block_replay import block_replay
@@ -138,6 +140,36 @@ def test_block_keys_identify_a_block_by_content_and_give_the_tail_its_own_id():
     assert one.lookup[:2].tolist() == two.lookup[:2].tolist()
     assert one.lookup.shape[0] == 3 and one.lookup[2] < 0  # a partial input block: unique id
     assert keys.view(req(2, ids(0, 13), [1])).sequence[-1] < 0  # partial tail: held, not cached
+
+
+def hash_req(i: int, hash_ids: list[int], tokens: int) -> Request:
+    """A Mooncake-style request: one id per 512-token block, ``tokens`` true prompt tokens."""
+    return replace(req(i, hash_ids, []), block_size=512, ref_input_tokens=tokens)
+
+
+@pytest.mark.parametrize("whole_last_id", [False, True])
+def test_a_hash_id_prompts_short_last_id_is_a_partial_block_vllm_never_caches(whole_last_id):
+    """1,300 tokens in ids [1, 2, 3]: the last id holds 276 tokens, a partial 512-token block.
+    vLLM caches the two full blocks only (the real ``KVCacheManager`` on the Mooncake trace:
+    ``tests/fixtures/crosscheck/mooncake_*``), so the same prompt again, even with whole-input
+    hits, reuses 1,024 tokens; ``whole_last_id`` (kvcache-simulator's rule: an id is a block)
+    caches all three and reuses all 1,300. A prompt of whole blocks (1,536 tokens) is cached
+    whole either way."""
+    admission = VLLM(block_size=1, whole_last_id=whole_last_id)
+    step = RequestStep.build(
+        LLAMA, math.inf, admission, BlockLRU(), "vllm", unit_tokens=512,
+        semantics=Semantics(whole_input_hit=True),
+    )  # fmt: skip
+    first = step.serve(hash_req(0, [1, 2, 3], 1300))
+    blocks = 3 if whole_last_id else 2
+    assert first.kv_bytes_admitted == blocks * 512 * KV
+    assert step.serve(hash_req(1, [1, 2, 3], 1300)).hit_tokens == (1300 if whole_last_id else 1024)
+    step.serve(hash_req(2, [7, 8, 9], 1536))
+    assert step.serve(hash_req(3, [7, 8, 9], 1536)).hit_tokens == 1536
+    keys = BlockKeys(1, whole_last_id=whole_last_id)
+    view = keys.view(hash_req(4, [1, 2, 3], 1300))
+    assert view.cacheable == blocks and view.sequence.shape[0] == 3  # the tail is held
+    assert keys.input_blocks(hash_req(5, [1, 2, 3], 1300)) == blocks
 
 
 def test_the_running_request_also_holds_its_partial_block():
