@@ -261,10 +261,10 @@ class MirroredStep(RequestStep):
         self._later(lambda: twin_started.append(self.twin.start(req, pin)))
         return started
 
-    def prefilled(self, started: Started) -> None:
-        super().prefilled(started)
+    def prefilled(self, started: Started, keep_room: bool = True) -> None:
+        super().prefilled(started, keep_room)
         twin_started = self._pending[id(started)][1]
-        self._later(lambda: self.twin.prefilled(twin_started[0]))
+        self._later(lambda: self.twin.prefilled(twin_started[0], keep_room))
 
     def finish(self, started: Started, timing: Timing | None = None) -> RequestRecord:
         record = super().finish(started, timing)

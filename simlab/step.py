@@ -274,16 +274,18 @@ class RequestStep:
             self.cache.unpin(started.pinned)
             started.pinned = None
 
-    def prefilled(self, started: Started) -> None:
+    def prefilled(self, started: Started, keep_room: bool = True) -> None:
         """The request's prefill ended (timed engines; the replay calls it right after
         :meth:`start`). A plan that ``publishes_prompt`` admits the prompt now, so requests
         scheduled from now on can hit it, and the request's pin moves to the published prompt
-        (SGLang moves its lock there)."""
+        (SGLang moves its lock there). ``keep_room``: a block pool's publish keeps room in the
+        cache for the blocks the request holds (:attr:`_holds_whole_blocks`); False when the
+        engine counts running requests' memory itself (the timed engine's shared KV pool)."""
         plan, cache = started.plan, self.cache
         if not plan.publishes_prompt or started.prompt <= 0:
             return
         prompt, seq, held_from = started.prompt, started.seq, None
-        if self._holds_whole_blocks and plan.held_from is not None:
+        if keep_room and self._holds_whole_blocks and plan.held_from is not None:
             seq, held_from = seq[: started.allocated], plan.held_from
         started.published = cache.insert(
             seq,

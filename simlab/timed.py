@@ -574,7 +574,7 @@ class TimedWorld:
                 if math.isnan(job.first_token):  # a recomputed request keeps its first token
                     job.first_token = self.env.now
                 assert job.started is not None
-                self.step.prefilled(job.started)
+                self.step.prefilled(job.started, keep_room=not self.shared)
                 if self.shared:
                     self._published(job)
 

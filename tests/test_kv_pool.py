@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -17,6 +18,7 @@ from simlab.step import RequestStep
 from simlab.timed import TimedEngine, TimedWorld
 from tests.fixtures import compose, policy_plugins
 from tests.test_cluster import A100, HYBRID, LLAMA, chat_requests
+from traces.format import Request
 
 KV = LLAMA.kv_bytes_per_token
 
@@ -190,3 +192,23 @@ def test_a_shared_pool_may_be_the_cache_alone():
     )
     assert alone.extras["pool_gb"] == pytest.approx(split.extras["pool_gb"])
     assert records_frame(alone.records).equals(records_frame(split.records))
+
+
+def test_a_shared_pool_does_not_keep_room_twice_for_a_running_prompt():
+    """A block pool's publish keeps room for the blocks its request holds, unless the engine
+    counts them itself, as the shared pool does. vLLM, 16-token blocks, a pool of 7 blocks
+    (112 tokens). A (40 tokens: 2 full blocks and a partial one) leaves 2 blocks cached. B, 40
+    other tokens, runs holding 40 tokens of the pool, so the cache has 72: A's 32 stay beside
+    B's 2 published blocks. Keeping room for B's 3 blocks once more would evict A's last block,
+    and A's prompt again would hit 16 tokens, not 32."""
+    prompts = [list(range(40)), list(range(100, 140)), list(range(40))]
+    reqs = [
+        Request(i, i, 0, 100.0 * i, np.asarray(p, dtype=np.int32), np.asarray([7], np.int32), 1)
+        for i, p in enumerate(prompts)
+    ]
+    run = engine(kv_pool="shared", running_memory_gb=0).run(
+        reqs, build("vllm", cache_bytes=7 * 16 * KV)()
+    )
+    frame = records_frame(run.records).set_index("request_id")
+    assert frame["hit_tokens"].tolist() == [0, 0, 32]
+    assert frame["bytes_evicted"].sum() == 0
