@@ -93,5 +93,7 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--block-size 16 --size-gb inf 8
 	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
 		--size-gb inf
+	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_MOON) --name mooncake_llama3_8b \
+		--cache radix unified --size-gb inf 30 70 275
 	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_MOON) --name mooncake_llama3_8b \
 		--block-size 512 --size-gb inf 30 70 275

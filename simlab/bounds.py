@@ -15,6 +15,7 @@ import numpy as np
 
 from policies.base import CacheView, EvictionPolicy
 from simlab.cache import PrefixCache
+from simlab.keys import TokenKeys
 from simlab.model import ModelSpec
 
 
@@ -42,17 +43,27 @@ class _Admit(EvictionPolicy):
 
 
 def infinite_cache_hits(requests: Sequence[Any], page_size: int = 1) -> list[int]:
-    """Ideal reuse: per request (in order) the longest prefix shared with any earlier input +
-    output, rounded down to ``page_size`` and capped at ``input length - 1``.
+    """Ideal reuse in tokens: per request (in order) the longest prefix shared with any earlier
+    input + output, rounded down to ``page_size`` ids and capped at ``input tokens - 1``.
 
     This is what an infinite cache gives a Transformer, and a hybrid whose every position is
-    checkpointed; no policy at any capacity can hit more.
+    checkpointed; no policy at any capacity can hit more. On a hash-id trace (ids of many
+    tokens) the ids are keyed as the token-keyed policies key them (a prompt's short last id
+    apart, :class:`simlab.keys.TokenKeys`) and the hit may end inside the last id.
     """
+    unit = max((getattr(req, "block_size", 1) for req in requests), default=1)
     model = cast(ModelSpec, _TokenUnits())
-    cache = PrefixCache(model, math.inf, page_size)
+    cache = PrefixCache(model, math.inf, page_size, unit_tokens=unit)
     admit = _Admit()
+    keys = TokenKeys()
     hits = []
     for req in requests:
+        if unit > 1:  # Requests of a hash-id trace
+            view = keys.view(req)
+            hit = cache.lookup(view.lookup, page_size).hit
+            hits.append(min(req.hit_tokens(hit), req.input_tokens - 1))
+            cache.insert(view.sequence, [], int(view.sequence.shape[0]), admit, short=view.short)
+            continue
         seq = np.asarray(getattr(req, "input_ids", req))
         hits.append(cache.lookup(seq, page_size).hit)
         out = getattr(req, "output_ids", None)

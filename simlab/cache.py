@@ -16,12 +16,15 @@ Invariants (checked by :meth:`PrefixCache.check_invariants`):
     are indexed by ``node.slot`` and are the single source of truth for those values.
 
 Units. Tree positions count ids; one id is ``unit_tokens`` tokens (1 for token traces, the block
-size for hash-id traces), so ``kv_per_token`` is really KV bytes per id.
+size for hash-id traces), so ``kv_per_token`` is really KV bytes per id. A prompt's short last id
+(:mod:`simlab.keys`) holds fewer: with :attr:`PrefixCache.exact_tokens` its leaf holds its true
+tokens (``node.short`` fewer), which its bytes and FLOPs count.
 
 Hits. For a pure Transformer any cached prefix is reusable, rounded down to whole pages. For a
 hybrid model a prefix of length ``L`` is reusable only if a checkpoint exists at exactly ``L``.
 At least one input token is always recomputed (a prefill must produce the next-token logits),
-so a hit never exceeds ``len(input) - 1``.
+so a hit never exceeds ``len(input) - 1``: in ids, or with :attr:`PrefixCache.exact_tokens` in
+tokens (the request step caps it; the hit may then end inside the last id).
 
 The cache owns the tree, the bytes, pins and evict-until-fits; which node to evict is asked of
 an eviction policy (``policies.base.EvictionPolicy``), and which checkpoints to take of an
@@ -92,7 +95,15 @@ class PrefixCache:
         self.hybrid = bool(model.is_hybrid)
         self.block_nodes = bool(block_nodes)  # one node per id (a block pool's blocks)
         self.semantics = semantics or Semantics()
-        self._hit_slack = 0 if self.semantics.whole_input_hit else 1  # ids a hit leaves
+        self.kv_per_unit_token = int(model.kv_bytes_per_token)  # ``kv_per_token`` is per id
+        #: a Transformer's token-keyed tree over ids of many tokens (hash-id traces), simlab's
+        #: semantics: a short last id holds its true tokens, and the hit rule leaves one token,
+        #: not one id (SGLang's radix tree over the prompt's tokens)
+        self.exact_tokens = (
+            self.unit > 1 and not self.hybrid and not self.block_nodes and not self._reference()
+        )
+        whole = self.semantics.whole_input_hit or self.exact_tokens
+        self._hit_slack = 0 if whole else 1  # ids a hit leaves
         self.now = 0.0
         self.kv_bytes = 0
         self.ssm_bytes = 0
@@ -173,14 +184,15 @@ class PrefixCache:
 
     def _refresh_numbers(self, node: Node) -> None:
         """Recompute the bytes and the FLOPs-saved-beyond-parent of a node after a change."""
-        length = node.end - node.start
-        self.node_bytes[node.slot] = length * self.kv_per_token + (
-            self.ckpt_bytes if node.ckpt else 0
-        )
-        unit = self.unit
+        self.node_bytes[node.slot] = self.edge_kv(node) + (self.ckpt_bytes if node.ckpt else 0)
+        tokens = (node.end - node.start) * self.unit - node.short
         self.saved_flops[node.slot] = (
-            self.model.prefill_flops(node.start * unit, length * unit) if length else 0.0
+            self.model.prefill_flops(node.start * self.unit, tokens) if tokens else 0.0
         )
+
+    def edge_kv(self, node: Node) -> int:
+        """KV bytes of ``node``'s edge (its tokens: a short last id's true ones)."""
+        return (node.end - node.start) * self.kv_per_token - node.short * self.kv_per_unit_token
 
     def _attach(self, parent: Node, child: Node) -> None:
         parent.children[int(child.tokens[0])] = child
@@ -434,9 +446,12 @@ class PrefixCache:
         held_from: int | None = None,
         stateless_kv: bool = False,
         branch_at_insert: bool = False,
+        short: int = 0,
     ) -> InsertResult:
         """Admit ``seq[:end]`` with SSM checkpoints at ``ckpts`` (positions in 1..end) and node
         boundaries at ``cuts`` (see :class:`policies.base.Admission`, also for ``held_from``).
+        ``short``: tokens ``seq``'s last id lacks (a prompt's short last id, which always ends
+        its sequence); counted only with :attr:`exact_tokens` (else the id is whole).
 
         For a hybrid model KV past the last checkpoint is useless and is not admitted. When the
         admission does not fit even after evicting every unpinned candidate, it is truncated to
@@ -453,8 +468,9 @@ class PrefixCache:
             if self.semantics.reference_insert:
                 result = self._insert_reference(seq, ckpts, end, policy, branch_at_insert)
             else:
+                short = short if self.exact_tokens else 0
                 result = self._insert(
-                    seq, ckpts, end, policy, cuts, held_from, stateless_kv, branch_at_insert
+                    seq, ckpts, end, policy, cuts, held_from, stateless_kv, branch_at_insert, short
                 )
             created = self._created
         finally:
@@ -473,8 +489,10 @@ class PrefixCache:
         held_from: int | None,
         stateless_kv: bool,
         branch_at_insert: bool,
+        short: int,
     ) -> InsertResult:
-        end = min(int(end), int(seq.shape[0]))
+        n = int(seq.shape[0])
+        end = min(int(end), n)
         if self.semantics.ticks_per_operation:
             self.now += 1.0
         path, matched, partial = self._walk(seq[:end])
@@ -490,12 +508,13 @@ class PrefixCache:
         result = InsertResult()
         self.pin(deepest)  # the matched path is safe from the evictions below
         try:
-            need, states = plan_bytes(self, plan), 0
+            saved = short * self.kv_per_unit_token  # bytes a short last id does not hold
+            need, states = plan_bytes(self, plan) - self._tail_bytes(plan, n, saved), 0
             if self.ssm_capacity is not None:  # states come from their own pool
                 states = (len(plan.old_ckpts) + len(plan.new_ckpts)) * self.ckpt_bytes
                 need -= states
             if held_from is not None:  # the running request's whole allocation must fit
-                held = (int(seq.shape[0]) - held_from) * self.kv_per_token
+                held = (n - held_from) * self.kv_per_token - saved
                 need = max(need, held + need - (plan.end - plan.matched) * self.kv_per_token)
             if states and states > self.ssm_free:
                 path, partial, deepest = self._pin_matched_part(path, matched, partial)
@@ -508,12 +527,12 @@ class PrefixCache:
                 freed, count = self.evict(need, policy)
                 result.evicted_bytes += freed
                 result.evicted_nodes += count
-            short = need > self.free_bytes or (states and states > self.ssm_free)
-            if short and not self._fits(plan):  # need >= the plan's bytes: usually it fits
+            lacking = need > self.free_bytes or (states and states > self.ssm_free)
+            if lacking and not self._fits(plan, self._tail_bytes(plan, n, saved)):
                 split = None if self.ssm_capacity is None else self.ssm_free
-                plan = truncate(self, plan, self.free_bytes, split)
+                plan = truncate(self, plan, self.free_bytes, split)  # whole ids: not the tail
                 result.truncated = True
-            self._apply(plan, path, partial, seq, result)
+            self._apply(plan, path, partial, seq, result, short if plan.end == n else 0)
         finally:
             self.unpin(deepest)
         self._note_peaks()
@@ -603,11 +622,18 @@ class PrefixCache:
         self._note_peaks()
         return result
 
-    def _fits(self, plan: InsertPlan) -> bool:
+    @staticmethod
+    def _tail_bytes(plan: InsertPlan, n: int, saved: int) -> int:
+        """``saved`` when ``plan`` admits the sequence's last id (of ``n``), else 0."""
+        return saved if plan.end == n > plan.matched else 0
+
+    def _fits(self, plan: InsertPlan, saved: int = 0) -> bool:
+        """Whether ``plan`` fits in the free bytes (``saved``: bytes its short last id lacks)."""
+        kv = plan_bytes(self, plan) - saved
         if self.ssm_capacity is None:
-            return plan_bytes(self, plan) <= self.free_bytes
+            return kv <= self.free_bytes
         states = (len(plan.old_ckpts) + len(plan.new_ckpts)) * self.ckpt_bytes
-        return plan_bytes(self, plan) - states <= self.free_bytes and states <= self.ssm_free
+        return kv - states <= self.free_bytes and states <= self.ssm_free
 
     def _apply(
         self,
@@ -616,7 +642,9 @@ class PrefixCache:
         partial: Node | None,
         seq: np.ndarray,
         result: InsertResult,
+        short: int = 0,
     ) -> None:
+        """Add ``plan`` to the tree (``short``: tokens the last new id lacks)."""
         along = list(path) + ([partial] if partial is not None else [])
         for c in plan.old_cuts:
             self._node_ending_at(along, c)
@@ -627,8 +655,13 @@ class PrefixCache:
         if plan.end <= plan.matched:
             return
         parent = self._node_ending_at(along, plan.matched) if plan.matched else self.root
-        self._append_chain(parent, seq, plan.matched, plan.end, plan.new_ckpts, plan.new_cuts)
-        kv = self.kv_per_token * (plan.end - plan.matched)
+        last = self._append_chain(
+            parent, seq, plan.matched, plan.end, plan.new_ckpts, plan.new_cuts
+        )
+        if short:
+            last.short = short
+            self._refresh_numbers(last)
+        kv = self.kv_per_token * (plan.end - plan.matched) - short * self.kv_per_unit_token
         ssm = self.ckpt_bytes * len(plan.new_ckpts)
         self._account(kv, ssm)
         result.kv_bytes += kv
@@ -643,13 +676,13 @@ class PrefixCache:
         end: int,
         ckpts: list[int],
         cuts: list[int],
-    ) -> None:
+    ) -> Node:
         """Hang ``seq[start:end]`` under ``parent`` (a leaf or branch ending at ``start``) as a
         chain of nodes cut after each checkpoint in ``ckpts`` (sorted, distinct, in
         ``(start, end]``; the node ending there holds it), at each of ``cuts`` (in
         ``(start, end)``), and after every id for a block pool (``block_nodes``). A long chain's
         per-node arrays are filled in bulk: a fine-grained admission or a block pool appends
-        hundreds of nodes at a time."""
+        hundreds of nodes at a time. Returns the last node."""
         if self.block_nodes:
             stops = list(range(start + 1, end + 1))
         elif cuts:
@@ -663,7 +696,7 @@ class PrefixCache:
                 child = self._new_node(seq[pos:stop], parent, pos, ckpt=stop in held)
                 self._attach(parent, child)
                 parent, pos = child, stop
-            return
+            return parent
         while len(self._free) < len(stops):
             self._grow()
         slots = [self._free.pop() for _ in stops]
@@ -705,6 +738,7 @@ class PrefixCache:
         self.n_children[top.slot] = (
             len(top.children) if self.host is None else tiers.gpu_kids(self, top)
         )
+        return made[-1]
 
     def _node_ending_at(self, along: list[Node], pos: int) -> Node:
         """The node on the matched path that ends exactly at ``pos``, splitting an edge if needed."""
@@ -818,7 +852,7 @@ class PrefixCache:
         children = parent.children
         del children[int(node.tokens[0])]
         self.n_children[parent.slot] = len(children)
-        freed_kv = (node.end - node.start) * self.kv_per_token
+        freed_kv = self.edge_kv(node)
         freed_ckpt = self.ckpt_bytes if node.ckpt else 0
         self.kv_bytes -= freed_kv
         self.ssm_bytes -= freed_ckpt
@@ -843,8 +877,9 @@ class PrefixCache:
             assert node.parent.children[int(node.tokens[0])] is node, node
             kids = len(node.children) if self.host is None else tiers.gpu_kids(self, node)
             assert self.n_children[node.slot] == kids, node
+            assert 0 <= node.short < self.unit and not (node.short and node.children), node
             if not self.on_host[node.slot]:
-                kv += (node.end - node.start) * self.kv_per_token
+                kv += self.edge_kv(node)
                 ssm += self.ckpt_bytes if node.ckpt else 0
             if self.pins[node.slot] > 0 and node.parent is not self.root:
                 assert self.pins[node.parent.slot] >= self.pins[node.slot], node

@@ -384,7 +384,7 @@ def _leaf_chain(
     chain: list[Node] = []
     slots: list[int] = []
     root, pins = cache.root, cache.pins
-    kv, ckpt_bytes = cache.kv_per_token, cache.ckpt_bytes
+    kv, kv_token, ckpt_bytes = cache.kv_per_token, cache.kv_per_unit_token, cache.ckpt_bytes
     held = 0  # bytes of the chain so far (node_bytes: the edge's KV plus its state)
     kids = 0
     while node is not None and node is not root and len(node.children) == kids:
@@ -395,7 +395,8 @@ def _leaf_chain(
         slots.append(slot)
         if held >= deficit:  # this node is the one kept and pushed back
             break
-        held += (node.end - node.start) * kv + (ckpt_bytes if node.ckpt else 0)
+        held += (node.end - node.start) * kv - node.short * kv_token
+        held += ckpt_bytes if node.ckpt else 0
         node, kids = node.parent, 1
     return chain, slots
 
@@ -418,7 +419,8 @@ def _drop_chain(cache: PrefixCache, chain: list[Node], slots: list[int]) -> int:
         ckpts += node.ckpt
         node.children.clear()  # no parent <-> child cycles left for the cyclic GC to find
         by_slot[slot] = None
-    freed_kv, freed_ckpt = tokens * cache.kv_per_token, ckpts * cache.ckpt_bytes
+    freed_kv = tokens * cache.kv_per_token - chain[0].short * cache.kv_per_unit_token  # a leaf's
+    freed_ckpt = ckpts * cache.ckpt_bytes
     cache.kv_bytes -= freed_kv
     cache.ssm_bytes -= freed_ckpt
     cache.alive[slots] = False

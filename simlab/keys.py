@@ -20,11 +20,21 @@ Schemes:
 
 Hash-id traces (ids of many tokens) keep their ids; ``committed`` then has nothing to trim (an
 id is the smallest unit the trace knows). A prompt's last id usually holds fewer tokens than
-the others (``Request.input_tokens`` short of ids x id tokens): for blocks it is a partial
-block, so the full blocks are counted in tokens, unless ``whole_last_id`` counts it whole
-(:class:`policies.base.Keys`). Invariants: ``lookup`` is a prefix of the sequence the input
-would allocate, except for a partial block; ids are deterministic in content, so the same
-requests give the same keys in any order of calls.
+the others (``Request.input_tokens`` short of ids x id tokens):
+
+* for blocks it is a partial block, so the full blocks are counted in tokens, unless
+  ``whole_last_id`` counts it whole (:class:`policies.base.Keys`);
+* for tokens it is a *short id*: keyed by (id, tokens), a negative id of its own (trace ids are
+  >= 0), so it matches only the same id of the same length, and ``short`` tells the cache how
+  many tokens it lacks (SGLang's radix tree holds the prompt's true tokens). The ids are
+  content hashes of the blocks, so a partial block's id never names a full block nor one of
+  another length (none of the 3,776 tail ids of Mooncake's trace does); where a trace breaks
+  that, the token-level match would reach into the id and this one stops before it. The trace
+  admits no output, so a short id always ends its sequence.
+
+Invariants: ``lookup`` is a prefix of the sequence the input would allocate, except for a
+partial block; ids are deterministic in content, so the same requests give the same keys in any
+order of calls.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ class KeyedRequest:
     sequence: np.ndarray
     cacheable: int
     prompt: int  # leading ids of ``sequence`` that the prompt fills (cacheable after prefill)
+    short: int = 0  # tokens the sequence's last id lacks (token keys: a short id, else 0)
 
 
 def sequence_ids(req: Request, committed: bool) -> np.ndarray:
@@ -60,22 +71,50 @@ def sequence_ids(req: Request, committed: bool) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class TokenKeys:
-    """The trace's own ids (see the module docstring)."""
+    """The trace's own ids, a hash-id prompt's short last id keyed apart (module docstring)."""
 
     committed: bool = False
+    _short_ids: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
     def view(self, req: Request) -> KeyedRequest:
         inputs, outputs = req.input_ids, req.output_ids
         if outputs.shape[0] == 0:
-            return KeyedRequest(inputs, inputs, inputs.shape[0], inputs.shape[0])
+            n, short = inputs.shape[0], short_tokens(req)
+            if short:
+                inputs = self._with_short_id(inputs, self._short_id(req, short))
+            return KeyedRequest(inputs, inputs, n, n, short)
         seq = np.concatenate(
             (inputs, outputs[:-1] if self.committed and req.block_size == 1 else outputs)
         )
         return KeyedRequest(inputs, seq, seq.shape[0], inputs.shape[0])
 
     def lookup_ids(self, req: Request) -> np.ndarray:
-        """The ids :meth:`view` would match (the input's own), without building the view."""
-        return req.input_ids
+        """The ids :meth:`view` would match, read-only: a short id never seen gets one no
+        node holds (the next :meth:`view` would assign), so the match stops there."""
+        short = short_tokens(req) if req.output_ids.shape[0] == 0 else 0
+        if not short:
+            return req.input_ids
+        key = (int(req.input_ids[-1]), short)
+        known = self._short_ids.get(key, -1 - len(self._short_ids))
+        return self._with_short_id(req.input_ids, known)
+
+    def _short_id(self, req: Request, short: int) -> int:
+        """The id of ``req``'s short last id: one per (id, tokens), in order of first view."""
+        ids = self._short_ids
+        return ids.setdefault((int(req.input_ids[-1]), short), -1 - len(ids))
+
+    @staticmethod
+    def _with_short_id(inputs: np.ndarray, short_id: int) -> np.ndarray:
+        out = inputs.copy()
+        out[-1] = short_id
+        return out
+
+
+def short_tokens(req: Request) -> int:
+    """Tokens a hash-id prompt's last id lacks (0: token traces, or a whole last id)."""
+    if req.block_size == 1 or req.input_len == 0:
+        return 0
+    return max(0, req.input_len * req.block_size - req.input_tokens)
 
 
 @dataclass
@@ -97,8 +136,7 @@ class BlockKeys:
         last one when the prompt ends inside it (``input_tokens`` short of ids x id tokens)
         and ``whole_last_id`` is off."""
         n = req.input_len
-        short = n and req.block_size > 1 and req.input_tokens < n * req.block_size
-        return n - 1 if short and not self.whole_last_id else n
+        return n - 1 if short_tokens(req) and not self.whole_last_id else n
 
     def input_blocks(self, req: Request) -> int:
         """Full blocks of the input (the most a lookup can match)."""

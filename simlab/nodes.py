@@ -2,6 +2,8 @@
 
 A :class:`Node` holds its edge's token ids and its place in the tree; its per-node numbers
 (recency, pins, bytes, FLOPs saved) live in the cache's slot-indexed arrays at ``node.slot``.
+``node.short`` is the tokens its edge's last id lacks (ids of many tokens: a prompt's short last
+id, :mod:`simlab.keys`); it is 0 except on a leaf ending a prompt.
 ``node.start``/``node.end`` are the positions the edge covers, so ``node.end`` is the length of
 the prefix the node represents.
 """
@@ -18,7 +20,18 @@ import numpy as np
 class Node:
     """A radix-tree node; per-node numbers live in the cache's arrays at ``slot``."""
 
-    __slots__ = ("children", "ckpt", "end", "key", "nid", "parent", "slot", "start", "tokens")
+    __slots__ = (
+        "children",
+        "ckpt",
+        "end",
+        "key",
+        "nid",
+        "parent",
+        "short",
+        "slot",
+        "start",
+        "tokens",
+    )
 
     def __init__(
         self,
@@ -38,6 +51,7 @@ class Node:
         self.ckpt = ckpt
         self.slot = slot
         self.nid = nid
+        self.short = 0  # tokens its last id lacks: a hash-id prompt's short last id (a leaf)
 
     def __repr__(self) -> str:
         return f"Node(nid={self.nid}, [{self.start},{self.end}), ckpt={self.ckpt})"

@@ -503,10 +503,7 @@ def hit_rate_bounds(
     if replicas > 1:
         settings = replace(settings, cache=pooled(settings.cache, replicas))
     total = sum(req.input_tokens for req in requests)
-    ideal = infinite_cache_hits(requests)
-    bounds = {
-        "infinite": sum(req.hit_tokens(h) for req, h in zip(requests, ideal, strict=True)) / total
-    }
+    bounds = {"infinite": sum(infinite_cache_hits(requests)) / total}
     pcfg = cfg.bounds.get("clairvoyant")
     if pcfg is not None:
         run = run_policy("clairvoyant", pcfg, requests, model, settings, ReplayEngine(), unit)

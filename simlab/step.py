@@ -32,7 +32,7 @@ from policies.base import Admission, AdmissionPolicy, EvictionPolicy, Semantics,
 from simlab import tiers
 from simlab.cache import PrefixCache
 from simlab.config import ConfigError
-from simlab.keys import BlockKeys, KeyedRequest, KeyScheme, key_scheme
+from simlab.keys import BlockKeys, KeyedRequest, KeyScheme, key_scheme, short_tokens
 from simlab.nodes import InsertResult, Lookup, Node
 from simlab.records import RequestRecord
 
@@ -62,6 +62,7 @@ class Started:
     pinned: Node | None  # the node pinned until finish (None: nothing pinned)
     prompt: int = 0  # ids of ``seq`` the prompt fills (:meth:`RequestStep.prefilled`)
     allocated: int = 0  # ids of ``seq`` its prefill allocates (a partial block of it included)
+    short: int = 0  # tokens ``seq``'s last id lacks (a hash-id prompt's short last id)
     published: InsertResult | None = None  # what the prefill published
     host_hit: int = 0  # tokens of ``hit`` loaded back from the host tier
     host_loaded: int = 0  # bytes loaded back for them (KV and states)
@@ -91,7 +92,8 @@ class RequestStep:
     _keys: KeyScheme = field(init=False, repr=False)
     _page: int = field(init=False, repr=False)  # Transformer hits round down to it
     _ids_per_key: int = field(init=False, repr=False)  # trace ids one key stands for
-    #: block keys: each prepared request's view, used (once) by its :meth:`start`
+    #: block keys (token keys with short ids): each prepared request's view, used (once) by
+    #: its :meth:`start`
     _views: dict[int, tuple[Request, KeyedRequest]] = field(
         init=False, repr=False, default_factory=dict
     )
@@ -156,8 +158,9 @@ class RequestStep:
 
     def prepare(self, requests: Sequence[Request]) -> None:
         """Show the plug-ins the whole run (processing order), before the first request; with
-        block keys they see each request's keyed input (``input_ids``) instead of its tokens."""
-        if isinstance(self._keys, BlockKeys):
+        block keys (or a hash-id prompt's short last id) they see each request's keyed input
+        (``input_ids``) instead of its tokens."""
+        if isinstance(self._keys, BlockKeys) or any(map(short_tokens, requests)):
             views = [self._keys.view(r) for r in requests]
             self._views = {id(r): (r, v) for r, v in zip(requests, views, strict=True)}
             requests = [
@@ -198,7 +201,7 @@ class RequestStep:
             if pinned is not None:
                 cache.pin(pinned)
         per_key = self._ids_per_key
-        hit = req.hit_tokens(lookup.hit * per_key)
+        hit = self._hit_tokens(req, lookup.hit * per_key)
         started = Started(
             req,
             keyed.sequence,
@@ -209,11 +212,19 @@ class RequestStep:
             pinned,
             keyed.prompt,
             int(keyed.lookup.shape[0]),
+            keyed.short,
         )
         if host_ids:
-            started.host_hit = hit - req.hit_tokens((lookup.hit - host_ids) * per_key)
+            started.host_hit = hit - self._hit_tokens(req, (lookup.hit - host_ids) * per_key)
             started.host_loaded = loaded
         return started
+
+    def _hit_tokens(self, req: Request, ids: int) -> int:
+        """Tokens a hit of ``ids`` trace ids reuses: with ``cache.exact_tokens`` (ids of many
+        tokens, a Transformer's token-keyed tree) the hit rule leaves one token, as SGLang's
+        radix tree over the prompt's tokens does, not one id."""
+        tokens = req.hit_tokens(ids)
+        return min(tokens, req.input_tokens - 1) if self.cache.exact_tokens else tokens
 
     def _load_host_hit(self, ids: np.ndarray, lookup: Lookup) -> tuple[Lookup, int, int]:
         """Host tier: load the host part of ``lookup``'s hit back to the GPU
@@ -248,13 +259,13 @@ class RequestStep:
         ids = self._keys.lookup_ids(req)
         lookup = self.cache.lookup(ids, self._page)
         per_key = self._ids_per_key
-        return req.hit_tokens(lookup.matched * per_key), req.hit_tokens(lookup.hit * per_key)
+        return req.hit_tokens(lookup.matched * per_key), self._hit_tokens(req, lookup.hit * per_key)
 
     def peek_hit(self, req: Request) -> tuple[int, Node | None]:
         """:meth:`peek`'s hit tokens and the node holding the reused prefix (None: no hit),
         read-only (a shared KV pool pins the node while it evicts to admit ``req``)."""
         lookup = self.cache.lookup(self._keys.lookup_ids(req), self._page)
-        return req.hit_tokens(lookup.hit * self._ids_per_key), lookup.hit_node
+        return self._hit_tokens(req, lookup.hit * self._ids_per_key), lookup.hit_node
 
     def admission_bytes(self, req: Request) -> int:
         """Bytes admitting ``req``'s input would take in a cache holding none of it: the KV of
@@ -295,6 +306,7 @@ class RequestStep:
             cuts=[c for c in plan.cuts if c <= prompt],
             held_from=held_from,
             stateless_kv=plan.stateless_kv,
+            short=started.short,
         )
         if plan.held_from is not None:  # the published prompt's slots are the tree's now
             started.plan = replace(plan, held_from=self._held_after_publish(started))
@@ -342,6 +354,7 @@ class RequestStep:
             held_from=plan.held_from,
             stateless_kv=plan.stateless_kv,
             branch_at_insert=plan.branch_at_insert,
+            short=started.short,
         )
         if started.pinned is not None:
             cache.unpin(started.pinned)

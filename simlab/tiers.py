@@ -148,7 +148,7 @@ def write_back(cache: PrefixCache, node: Node) -> int:
     host = cache.host
     assert host is not None and not cache.on_host[node.slot] and node.parent is not None
     size = int(cache.node_bytes[node.slot])
-    kv = (node.end - node.start) * cache.kv_per_token
+    kv = cache.edge_kv(node)
     ssm = cache.ckpt_bytes if node.ckpt else 0
     cache.kv_bytes -= kv
     cache.ssm_bytes -= ssm
@@ -215,7 +215,7 @@ def _forget(cache: PrefixCache, node: Node) -> int:
     """Release a host node's slot and bytes (the caller unlinks it); returns its bytes."""
     host = cache.host
     assert host is not None
-    kv = (node.end - node.start) * cache.kv_per_token
+    kv = cache.edge_kv(node)
     ssm = cache.ckpt_bytes if node.ckpt else 0
     host.kv_bytes -= kv
     host.ssm_bytes -= ssm
@@ -248,7 +248,7 @@ def _to_gpu(cache: PrefixCache, nodes: Sequence[Node]) -> int:
     assert host is not None
     moved = 0
     for node in nodes:
-        kv = (node.end - node.start) * cache.kv_per_token
+        kv = cache.edge_kv(node)
         ssm = cache.ckpt_bytes if node.ckpt else 0
         cache.on_host[node.slot] = False
         host.kv_bytes -= kv
@@ -344,7 +344,7 @@ def check(cache: PrefixCache) -> None:
         parent = node.parent
         assert parent is not None
         if on_host[node.slot]:
-            kv += (node.end - node.start) * cache.kv_per_token
+            kv += cache.edge_kv(node)
             ssm += cache.ckpt_bytes if node.ckpt else 0
         elif parent is not cache.root:
             assert not on_host[parent.slot], f"GPU node {node} under a host node"

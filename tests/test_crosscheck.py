@@ -17,8 +17,9 @@ CASES = load_cases()
 def test_the_fixtures_cover_the_acceptance_set():
     """ShareGPT with llama3_8b at infinite, 2 and 5 GB for SGLang and vLLM (B=16 and 32),
     SGLang's hybrid no_buffer at infinite capacity, a SWE-bench slice, and the Mooncake hash-id
-    trace on vLLM's 512-token blocks at infinite and finite capacities (its prompts end inside
-    their last block: only full blocks are cached)."""
+    trace at infinite and finite capacities, its prompts ending inside their last 512-token
+    block: on vLLM's 512-token blocks (only full blocks are cached) and on SGLang's token radix
+    tree (the short last id holds its true tokens, and a hit leaves one token, not one id)."""
     share = ["trace=sharegpt", "model=llama3_8b"]
 
     def covered(engine: str, size: str, **match) -> bool:
@@ -37,6 +38,8 @@ def test_the_fixtures_cover_the_acceptance_set():
     assert any(o.startswith("trace=swebench") for c in CASES for o in c["overrides"])
     moon = [c for c in CASES if "trace=mooncake" in c["overrides"]]
     assert {str(c["size_gb"]) for c in moon if c["block_size"] == 512} >= {"inf", "30", "275"}
+    radix = {str(c["size_gb"]) for c in moon if c["cache"] == "RadixCache"}
+    assert radix >= {"inf", "30", "275"}
     for case in CASES:
         assert (FIXTURES / case["file"]).exists(), case["file"]
 

@@ -172,6 +172,31 @@ def test_a_hash_id_prompts_short_last_id_is_a_partial_block_vllm_never_caches(wh
     assert keys.input_blocks(hash_req(5, [1, 2, 3], 1300)) == blocks
 
 
+def test_sglangs_radix_tree_holds_a_hash_id_prompts_true_tokens():
+    """SGLang's radix tree over a Mooncake-style trace (the real ``RadixCache`` on the Mooncake
+    trace: ``tests/fixtures/crosscheck/mooncake_*-sglang_*``). A prompt of 1,300 tokens in ids
+    [1, 2, 3] holds 1,300 tokens of KV, not 3 x 512; the same prompt again reuses 1,299 (the
+    hit leaves one token, not one id). A cache of exactly 1,300 + 1,100 tokens holds it and a
+    1,100-token prompt together (at 512 tokens an id, admitting the second would evict the
+    first). Its short last id (276 tokens) is keyed apart: a prompt [1, 2, 3, 4] of whole ids
+    reuses the two whole ids only."""
+    cap = (1300 + 1100) * KV
+    step = RequestStep.build(LLAMA, cap, SGLang(), RadixLRU(), "sglang", unit_tokens=512)
+    first = step.serve(hash_req(0, [1, 2, 3], 1300))
+    assert first.kv_bytes_admitted == step.cache.kv_bytes == 1300 * KV
+    assert step.serve(hash_req(1, [1, 2, 3], 1300)).hit_tokens == 1299
+    assert step.serve(hash_req(2, [7, 8, 9], 1100)).bytes_evicted == 0
+    assert step.cache.kv_bytes == cap
+    step.cache.check_invariants()
+    assert step.serve(hash_req(3, [1, 2, 3], 1300)).hit_tokens == 1299
+    assert step.serve(hash_req(4, [1, 2, 3, 4], 2048)).hit_tokens == 1024
+    keys = TokenKeys()
+    view = keys.view(hash_req(5, [1, 2, 3], 1300))
+    assert view.short == 236 and view.lookup[-1] < 0 and view.lookup[:2].tolist() == [1, 2]
+    assert keys.lookup_ids(hash_req(6, [1, 2, 3], 1300)).tolist() == view.lookup.tolist()
+    assert keys.lookup_ids(hash_req(7, [1, 2, 3], 1301))[-1] not in view.lookup  # unseen
+
+
 def test_the_running_request_also_holds_its_partial_block():
     """Capacity 4 blocks. A leaves 3 full blocks. B needs 1 full + 1 partial block, so vLLM
     evicts one of A's blocks (room for the partial one, freed uncached when B ends): A then
