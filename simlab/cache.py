@@ -184,8 +184,10 @@ class PrefixCache:
 
     def _refresh_numbers(self, node: Node) -> None:
         """Recompute the bytes and the FLOPs-saved-beyond-parent of a node after a change."""
-        self.node_bytes[node.slot] = self.edge_kv(node) + (self.ckpt_bytes if node.ckpt else 0)
-        tokens = (node.end - node.start) * self.unit - node.short
+        length, short = node.end - node.start, node.short
+        kv = length * self.kv_per_token - short * self.kv_per_unit_token  # :meth:`edge_kv`
+        self.node_bytes[node.slot] = kv + (self.ckpt_bytes if node.ckpt else 0)
+        tokens = length * self.unit - short
         self.saved_flops[node.slot] = (
             self.model.prefill_flops(node.start * self.unit, tokens) if tokens else 0.0
         )
