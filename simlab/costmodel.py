@@ -28,6 +28,11 @@ one all-reduce of its output: ``t0`` (the small-message latency, per call) plus 
 the activation bytes over ``eta_m`` x the link bandwidth; a calibration may give the all-reduce
 one efficiency per tensor-parallel degree (``by_tp``). The scan of Mamba1 (selective scan, class
 ``selective_scan``) and of Mamba2 (SSD chunked scan, class ``ssm_scan``) are separate classes.
+Mamba1's scan, the recurrent decode step and the elementwise ops run on CUDA cores in FP32, not
+on tensor cores (:data:`CUDA_CORE_CLASSES`): their ``eta_c`` is capped at the preset's
+``fp32_tflops / peak_tflops``, so no efficiency makes them beat the CUDA cores' peak (the
+selective scan's default, 0.30 of the A100's tensor peak, was 4.8x it). Where the real kernel
+lands below that ceiling no measurement says yet (``gpu_validate`` on a GPU measures it).
 Mamba1's ``x_proj`` (``d_inner -> dt_rank + 2N``) and ``dt_proj`` (``dt_rank -> d_inner``) are
 GEMMs (``ssm_x_proj``, ``ssm_dt_proj``), not scan work; ``x_proj`` is row-parallel in vLLM and
 SGLang (``RowParallelLinear``), so under tensor parallelism each Mamba1 layer adds a second,
@@ -69,21 +74,30 @@ OP_CLASSES = (
     "elementwise",
     "allreduce",
 )
+#: classes computed on CUDA cores in FP32, not tensor cores: Mamba1's selective scan
+#: (``selective_scan_cuda``), the recurrent decode step (``selective_state_update``) and the
+#: elementwise ops; their compute rate never exceeds :attr:`Hardware.fp32_tflops`
+CUDA_CORE_CLASSES = ("selective_scan", "ssm_step", "elementwise")
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """Published peak numbers of one accelerator (dense FP16/BF16 tensor core)."""
+    """Published peak numbers of one accelerator (dense FP16/BF16 tensor core; ``fp32_tflops``:
+    the CUDA cores' FP32 peak, the ceiling of :data:`CUDA_CORE_CLASSES`, None: no ceiling)."""
 
     name: str
     peak_tflops: float
     mem_bw_gbps: float
     mem_gb: float
     link_bw_gbps: float
+    fp32_tflops: float | None = None
 
     def __post_init__(self) -> None:
-        for key in ("peak_tflops", "mem_bw_gbps", "mem_gb", "link_bw_gbps"):
+        keys = ("peak_tflops", "mem_bw_gbps", "mem_gb", "link_bw_gbps", "fp32_tflops")
+        for key in keys:
             value = getattr(self, key)
+            if value is None and key == "fp32_tflops":
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"hardware.{key} must be a number > 0, got {value!r}")
 
@@ -99,6 +113,11 @@ class Hardware:
     @property
     def peak_flops(self) -> float:
         return self.peak_tflops * 1e12
+
+    @property
+    def fp32_flops(self) -> float:
+        """The CUDA cores' FP32 peak (infinite when the preset does not give it)."""
+        return math.inf if self.fp32_tflops is None else self.fp32_tflops * 1e12
 
     @property
     def mem_bw(self) -> float:
@@ -539,6 +558,10 @@ class CostModel:
         self.tp = tp
         self.terms = terms or CostTerms()
         eff = {name: self.calibration.for_class(name, tp) for name in OP_CLASSES}
+        ceiling = hardware.fp32_flops / hardware.peak_flops
+        for name in CUDA_CORE_CLASSES:  # no efficiency makes CUDA cores beat their FP32 peak
+            if eff[name].eta_c > ceiling:
+                eff[name] = replace(eff[name], eta_c=ceiling)
         if self.terms.mamba1_scan_scale != 1.0:
             eff["selective_scan"] = eff["selective_scan"].scaled(self.terms.mamba1_scan_scale)
         if self.terms.mamba2_scan_scale != 1.0:
@@ -550,6 +573,7 @@ class CostModel:
             name: (e.eta_c * hardware.peak_flops, e.eta_m * hardware.mem_bw, e.t0)
             for name, e in eff.items()
         }
+
         e = eff["allreduce"]
         self._rate["allreduce"] = (e.eta_c * hardware.peak_flops, e.eta_m * hardware.link_bw, e.t0)
         self._rate["overhead"] = (math.inf, math.inf, 0.0)  # fixed-time terms only

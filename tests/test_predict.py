@@ -168,6 +168,7 @@ def test_state_copies_are_charged_per_hit():
             "engine.costs.iteration_overhead_s must be >= 0",
         ),
         ("engine.costs.mamba1_scan_scale=0", "engine.costs.mamba1_scan_scale must be > 0"),
+        ("hardware.fp32_tflops=0", "hardware.fp32_tflops must be a number > 0"),
         ("+engine.costs.warp=1", "engine.costs.warp: unknown key"),
     ],
 )
@@ -246,6 +247,23 @@ def test_mamba1_projections_are_gemms_and_x_proj_adds_an_all_reduce_under_tp():
         .ops(BatchShape(prefill=[(0, T)]))
     }
     assert "tp_allreduce" in names and not {"ssm_x_proj", "ssm_x_proj_allreduce"} & names
+
+
+def test_the_selective_scan_never_beats_the_cuda_cores_fp32_peak():
+    """Mamba1's selective scan runs in FP32 on CUDA cores (``selective_scan_cuda``), not on
+    tensor cores: on an A100 (19.5 TFLOP/s FP32, 312 BF16 tensor) its compute rate is at most
+    19.5 TFLOP/s, whatever the efficiency; the default 0.30 of the tensor peak was 93.6. A
+    preset without ``fp32_tflops`` keeps the efficiency as it is."""
+    base = ["model=jamba_1_5_mini", "hardware=a100_40gb", "prefill=[8000]"]
+    m = ModelSpec.from_config(config(base).model)
+    capped = build_engine(config(base)).cost_model(m)
+    plain = build_engine(config([*base, "hardware.fp32_tflops=null"])).cost_model(m)
+    assert capped.efficiency["selective_scan"].eta_c == pytest.approx(19.5 / 312)
+    assert plain.efficiency["selective_scan"].eta_c == pytest.approx(0.30)
+    scan = next(op for op in capped.ops(BatchShape(prefill=[(0, 8000)])) if op.name == "ssm_scan")
+    assert capped.op_time(scan) >= scan.flops / 19.5e12 > plain.op_time(scan)
+    gemms = [op for op in capped.ops(BatchShape(prefill=[(0, 8000)])) if op.op_class == "gemm"]
+    assert all(capped.op_time(op) == plain.op_time(op) for op in gemms)  # tensor cores
 
 
 @pytest.mark.parametrize(("new", "batch", "iterations"), [(20_000, 1, 3), (6_000, 2, 2)])
