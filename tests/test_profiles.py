@@ -9,10 +9,11 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from scipy.optimize import isotonic_regression
+from scipy.optimize import isotonic_regression, linprog
+from scipy.sparse import diags, eye, hstack, vstack
 
 from gpu_validate.cases import load_hardware
-from gpu_validate.profiles import split_profiles
+from gpu_validate.profiles import median_isotonic, split_profiles
 from gpu_validate.vidur import ACCEPTANCE, calibrate
 from simlab.config import ConfigError
 from simlab.costmodel import BatchShape, Calibration, CostModel, CostTerms, Profile
@@ -105,20 +106,62 @@ def test_the_allreduce_profile_is_over_one_calls_message_bytes():
     assert prefill_breakdown(latency, 100) == prefill_breakdown(plain, 100)
 
 
-def monotone_unit_seconds(frame: pd.DataFrame, columns: tuple[str, ...]) -> pd.Series:
-    """Seconds per token count of the summed ``columns`` (ms): repeats in log mean, then the
-    least-squares non-decreasing fit in log seconds weighted by repeats (what a profile holds)."""
+def least_absolute_isotonic_cost(values: np.ndarray, weights: np.ndarray) -> float:
+    """The oracle: min sum w |f - values| over non-decreasing f, as a linear program (HiGHS):
+    variables f and t >= |f - values|; f_i - f_(i+1) <= 0."""
+    n = len(values)
+    ident = eye(n)
+    steps = diags([np.ones(n - 1), -np.ones(n - 1)], [0, 1], shape=(n - 1, n))
+    a_ub = vstack(
+        [
+            hstack([ident, -ident]),  # f - t <= values
+            hstack([-ident, -ident]),  # -f - t <= -values
+            hstack([steps, np.zeros((n - 1, n))]),  # non-decreasing
+        ]
+    )
+    b_ub = np.concatenate([values, -values, np.zeros(n - 1)])
+    cost = np.concatenate([np.zeros(n), weights])
+    bounds = [(None, None)] * n + [(0, None)] * n
+    result = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
+    assert result.status == 0
+    return float(result.fun)
+
+
+def test_the_monotone_fit_is_the_least_absolute_deviation_one():
+    """Against a linear program on random series; on bimodal measurements (Vidur's small
+    all-reduces: ~20 or ~60 us for neighbouring sizes) it follows the majority mode, where least
+    squares sits between the modes, off both."""
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 5, 40, 200):
+        values = np.cumsum(rng.normal(0.02, 0.3, n))
+        weights = rng.integers(1, 4, n).astype(float)
+        fit = median_isotonic(values.tolist(), weights.tolist())
+        assert (np.diff(fit) >= 0).all()
+        assert set(fit) <= set(values)  # each level is a measurement (a weighted median)
+        cost = float(np.sum(weights * np.abs(fit - values)))
+        assert cost == pytest.approx(least_absolute_isotonic_cost(values, weights), abs=1e-9)
+    bimodal = np.log([20, 60, 21, 20, 61, 22, 21, 62, 22, 23]) - math.log(1e6)
+    ones = np.ones(len(bimodal))
+    fit = np.exp(median_isotonic(bimodal.tolist(), ones.tolist()) + math.log(1e6))
+    assert np.round(fit, 9).tolist() == [20, 21, 21, 21, 22, 22, 22, 22, 22, 23]
+    squares = np.exp(isotonic_regression(bimodal).x + math.log(1e6))
+    assert squares.max() > 30  # least squares: a level between 20 and 60 us
+
+
+def measured_log_seconds(frame: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Per token count of Vidur's CSV: the log seconds of the summed ``columns`` (ms), repeats
+    averaged, and the repeats (the fit's weight)."""
     logs = np.log(frame[list(columns)].sum(axis=1) / 1e3).groupby(frame["num_tokens"])
-    fitted = isotonic_regression(logs.mean().to_numpy(), weights=logs.size().to_numpy(float))
-    return pd.Series(np.exp(fitted.x), index=logs.mean().index)
+    return pd.DataFrame({"log_s": logs.mean(), "repeats": logs.size().astype(float)})
 
 
 @pytest.mark.skipif(not LLAMA3.is_file(), reason="Vidur profiles not in the data dir")
 @pytest.mark.parametrize("tp", [1, 4])
 def test_the_committed_a100_file_gives_vidurs_measured_llama3_times(tp):
-    """The oracle: Llama-3-8B on A100, at counts Vidur measured, is 32 layers x Vidur's medians
-    made non-decreasing in the tokens (the QKV and MLP shapes are Llama-3-8B's alone; seconds
-    kept to 6 digits)."""
+    """The oracle: Llama-3-8B on A100, at every count Vidur measured, is 32 layers x a
+    non-decreasing fit of Vidur's medians (repeats averaged in log) whose weighted absolute
+    deviation in log seconds is the least possible (a linear program), each level one of the
+    measurements (the QKV and MLP shapes are Llama-3-8B's alone; seconds kept to 6 digits)."""
     frame = pd.read_csv(LLAMA3)
     frame = frame[frame["num_tensor_parallel_workers"] == tp]
     cost = CostModel(
@@ -127,18 +170,26 @@ def test_the_committed_a100_file_gives_vidurs_measured_llama3_times(tp):
         Calibration.load(CALIBRATIONS / "a100_80gb.json", "a100_80gb"),
         tp=tp,
     )
-    qkv = monotone_unit_seconds(frame, ("time_stats.attn_pre_proj.median",))
-    mlp = monotone_unit_seconds(
-        frame,
-        tuple(f"time_stats.{op}.median" for op in ("mlp_up_proj", "mlp_act", "mlp_down_proj")),
+    mlp_columns = tuple(
+        f"time_stats.{op}.median" for op in ("mlp_up_proj", "mlp_act", "mlp_down_proj")
     )
-    for tokens in (1, 512, 1000, 4096, 32768):
-        if tokens not in qkv.index:
-            continue
-        got = prefill_breakdown(cost, tokens)
-        assert got["attn_qkv_proj"] == pytest.approx(32 * qkv[tokens], rel=1e-5)
-        assert got["mlp"] == pytest.approx(32 * mlp[tokens], rel=1e-5)
-    assert (np.diff(qkv.to_numpy()) >= 0).all() and (np.diff(mlp.to_numpy()) >= 0).all()
+    for op, columns in (
+        ("attn_qkv_proj", ("time_stats.attn_pre_proj.median",)),
+        ("mlp", mlp_columns),
+    ):
+        measured = measured_log_seconds(frame, columns)
+        got = np.log(
+            [prefill_breakdown(cost, int(t))[op] / 32 for t in measured.index]
+        )  # one layer's seconds at each measured count
+        values, weights = measured["log_s"].to_numpy(), measured["repeats"].to_numpy()
+        assert (np.diff(got) >= -1e-12).all()
+        nearest = np.abs(got[:, None] - values[None, :]).min(axis=1)
+        assert nearest.max() < 1e-5  # each level a measurement, to the file's 6 digits
+        optimum = least_absolute_isotonic_cost(values, weights)
+        assert float(np.sum(weights * np.abs(got - values))) == pytest.approx(
+            optimum, abs=1e-5 * weights.sum()
+        )
+        assert optimum > 0  # the measurements are not monotone: the fit is doing work
     measured = {op.name for op in cost.ops(BatchShape(prefill=[(0, 100)])) if cost.measured(op)}
     allreduce = {"tp_allreduce"} if tp > 1 else set()  # one call per message size, per tp
     assert measured == {"attn_qkv_proj", "attn_out_proj", "mlp", "norms_residuals"} | allreduce
@@ -204,16 +255,19 @@ def test_the_committed_files_hold_profiles_and_their_error(preset):
 #: held-back |relative error| (median, P90) of the profiles (alternate token counts of each
 #: (op, shape, tp) series held back); README "GPU calibration" quotes them
 MEASURED = {
-    "a100": {"gemm": (0.012, 0.049), "elementwise": (0.008, 0.031), "allreduce": (0.009, 0.138)},
-    "h100": {"gemm": (0.016, 0.074), "elementwise": (0.005, 0.029), "allreduce": (0.005, 0.118)},
+    "a100": {"gemm": (0.011, 0.048), "elementwise": (0.007, 0.030), "allreduce": (0.009, 0.122)},
+    "h100": {"gemm": (0.013, 0.079), "elementwise": (0.005, 0.029), "allreduce": (0.004, 0.068)},
 }
 #: the all-reduce's held-back P90 per tp (alternate message sizes). Vidur's small all-reduce
-#: times are bimodal (H100, TP 2: 7-11 us and ~40 us alternate up to 650 KB), which a profile
-#: that never falls as the message grows cannot follow: its P90 misses the 10% acceptance
-#: (it was 7.4% and 5.0% when the profiles followed every measurement, and a longer prompt
-#: could then take 25% less time than a shorter one)
-ALLREDUCE_P90 = {"a100": {2: 0.097, 4: 0.173, 8: 0.177}, "h100": {2: 0.251, 4: 0.098, 8: 0.030}}
-MEETS_ACCEPTANCE = ("gemm", "elementwise")
+#: times are bimodal (H100, TP 2: 7-11 us and ~40 us alternate up to 650 KB; A100, TP 4: ~60 us
+#: for 27 sizes from 217 to 643 KB, ~23 us above), which a profile that never falls as the
+#: message grows cannot follow: the least-absolute-deviation fit keeps the majority mode (the
+#: least-squares one, between the modes, had 9.7 / 17.3 / 17.7% on A100 and 25.1 / 9.8 / 3.0%
+#: on H100; following every measurement had 7.4% and 5.0% overall, and a longer prompt could
+#: then take 25% less time than a shorter one)
+ALLREDUCE_P90 = {"a100": {2: 0.105, 4: 0.141, 8: 0.088}, "h100": {2: 0.126, 4: 0.068, 8: 0.024}}
+#: the classes whose held-back P90 meets the acceptance (A100's all-reduce misses: 12.2%)
+MEETS_ACCEPTANCE = {"a100": ("gemm", "elementwise"), "h100": ("gemm", "elementwise", "allreduce")}
 
 
 @pytest.mark.parametrize(("gpu", "preset"), [("a100", "a100_80gb"), ("h100", "h100_sxm")])
@@ -227,7 +281,8 @@ def test_the_profiles_held_back_error_meets_the_acceptance(gpu, preset):
         assert held["median"] == pytest.approx(median, abs=0.002)
         assert held["p90"] == pytest.approx(p90, abs=0.005)
         assert profiles["acceptance"][cls]["median_ok"]
-        if cls in MEETS_ACCEPTANCE:
+        assert profiles["acceptance"][cls]["p90_ok"] == (cls in MEETS_ACCEPTANCE[gpu])
+        if cls in MEETS_ACCEPTANCE[gpu]:
             assert profiles["acceptance"][cls]["p90_ok"]
             assert held["p90"] <= ACCEPTANCE["p90"] < result["held_back_error"][cls]["p90"]
     by_tp = {r["tp"]: r["p90"] for r in profiles["held_back_allreduce_by_tp"]}
