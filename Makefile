@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,gpu]'
+	$(BIN)/python -m compileall -q simlab policies traces hydra_plugins
 	touch $(STAMP)
 
 install: $(STAMP)

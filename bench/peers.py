@@ -13,7 +13,8 @@ be installed (no network, a failed install or import):
 
 Every tool runs in its own process (``bench/peer_driver.py`` for the peers, ``python -m
 simlab`` for simlab) on the same trace file and the same capacities, after one untimed warm-up
-round (simlab's trace cache, the C++ build, the page cache). Each case then runs ``--repeat``
+round (simlab's trace cache, the C++ build, the page cache) and with simlab's sources compiled to
+bytecode first (:func:`compile_simlab`), as pip compiles the peers' at install. Each case then runs ``--repeat``
 rounds, alternating the order of the tools every round (simlab, peer, ... then peer, ...,
 simlab), and reports the median process wall time (the subprocess, start to exit), the median
 simulation time each tool reports (simlab: the replay / timed loop, ``summary.json`` ``wall_s``;
@@ -79,6 +80,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+#: simlab's own packages, imported from the source tree (an editable install)
+SIMLAB_PACKAGES = ("simlab", "policies", "traces", "hydra_plugins")
 CACHE_DIR = ROOT / ".bench-peers"
 OUT_JSON = ROOT / "bench" / "results" / "peers.json"
 DRIVER = Path(__file__).resolve().parent / "peer_driver.py"
@@ -667,6 +670,18 @@ def check_mapping() -> None:
         raise SystemExit(f"simlab's {SIMLAB_MODEL} block is not {BLOCK_BYTES} B: fix BLOCK_BYTES")
 
 
+def compile_simlab() -> None:
+    """Compile simlab's packages to bytecode, as pip does for an installed package (the peers'
+    are). An editable install runs from the source tree, and with ``PYTHONDONTWRITEBYTECODE``
+    set every ``python -m simlab`` recompiled its ~50 modules: 0.84 s against 0.72 s for the
+    one-capacity case."""
+    import compileall
+
+    for package in SIMLAB_PACKAGES:
+        if not compileall.compile_dir(ROOT / package, quiet=1):
+            raise RuntimeError(f"bench.peers: could not compile {ROOT / package}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -692,6 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.peers: skipped, no peer simulator could be installed")
         return 0
     check_mapping()
+    compile_simlab()
     cases = [c for c in build_cases(peers) if args.case is None or args.case in c.name]
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         setup = Setup(trace.resolve(), Path(tmp), peers)
