@@ -210,6 +210,14 @@ class AdmissionPolicy:
         admissions do not depend on the model."""
         return self
 
+    def states_per_checkpoint(self, unit_tokens: int) -> int:
+        """SSM states one checkpoint holds on a trace of ids of ``unit_tokens`` tokens, asked of
+        the admission in tokens (before :func:`in_units`): 1, but for an admission that
+        checkpoints finer than an id, whose every id then holds its states inside the id too
+        (never hit, as nothing matches inside an id, but held: the memory they take is the
+        point of the paper's vLLM+)."""
+        return 1
+
     def prepare(self, requests: Sequence[Request]) -> None:
         """Called once with every request, in processing order, before the first."""
 

@@ -28,6 +28,10 @@ class FineGrained(AdmissionPolicy):
     def page_size(self) -> int:
         return self.block_size
 
+    def states_per_checkpoint(self, unit_tokens: int) -> int:
+        """A state per ``block_size`` tokens: 16 per 512-token id for the paper's 32."""
+        return max(1, round(unit_tokens / self.block_size))
+
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
         end = (seq_len // self.block_size) * self.block_size
         return Admission(ckpts=list(range(self.block_size, end + 1, self.block_size)), end=end)

@@ -30,6 +30,11 @@ class Interval(AdmissionPolicy):
                 f"admission.alignment must be one of {ALIGNMENTS}, got {self.alignment!r}"
             )
 
+    def states_per_checkpoint(self, unit_tokens: int) -> int:
+        """A state per ``interval`` tokens: 2 per 512-token id for SGLang's 256 (every id is
+        then on the interval's grid, so its branch-point and last checkpoints are too)."""
+        return max(1, round(unit_tokens / self.interval))
+
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
         ckpts = set(range(self.interval, seq_len + 1, self.interval))
         if self.last_token:

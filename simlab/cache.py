@@ -76,12 +76,14 @@ class PrefixCache:
         ssm_capacity_bytes: float | None = None,
         semantics: Semantics | None = None,
         host: tiers.HostTier | None = None,
+        ckpt_states: int = 1,
     ):
         if not capacity_bytes > 0:
             raise ValueError(f"cache capacity must be positive, got {capacity_bytes} bytes")
-        if page_size < 1 or unit_tokens < 1:
+        if page_size < 1 or unit_tokens < 1 or ckpt_states < 1:
             raise ValueError(
-                f"page_size and unit_tokens must be >= 1, got {page_size}, {unit_tokens}"
+                "page_size, unit_tokens and ckpt_states must be >= 1, "
+                f"got {page_size}, {unit_tokens}, {ckpt_states}"
             )
         self.model = model
         self.capacity = float(capacity_bytes)  # KV's bytes, and the states' unless separate
@@ -91,7 +93,10 @@ class PrefixCache:
         self.page_size = int(page_size)
         self.unit = int(unit_tokens)
         self.kv_per_token = int(model.kv_bytes_per_token) * self.unit
-        self.ckpt_bytes = int(model.ssm_state_bytes) if model.is_hybrid else 0
+        #: SSM states one checkpoint holds (an admission finer than a hash-id trace's id keeps
+        #: its states inside the id: AdmissionPolicy.states_per_checkpoint)
+        self.ckpt_states = int(ckpt_states) if model.is_hybrid else 1
+        self.ckpt_bytes = int(model.ssm_state_bytes) * self.ckpt_states if model.is_hybrid else 0
         self.hybrid = bool(model.is_hybrid)
         self.block_nodes = bool(block_nodes)  # one node per id (a block pool's blocks)
         self.semantics = semantics or Semantics()

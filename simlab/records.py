@@ -44,7 +44,7 @@ class RequestRecord:
     flops_saved: float  # FLOPs of the skipped prefix
     kv_bytes_admitted: int
     ssm_bytes_admitted: int
-    ckpts_admitted: int
+    ckpts_admitted: int  # SSM states admitted (an id's every state on a hash-id trace)
     bytes_evicted: int
     nodes_evicted: int
     admission_truncated: bool

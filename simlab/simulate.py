@@ -334,6 +334,7 @@ def policy_step(
     """A fresh cache with the policy's plug-ins (admission in the trace's units) and its
     controllers (``policy.tuning``: the alpha tuner)."""
     admission, eviction = build_policy(name, pcfg)
+    ckpt_states = admission.states_per_checkpoint(unit_tokens)
     admission, eviction = in_units(admission, unit_tokens), in_units(eviction, unit_tokens)
     page = max(1, round(settings.cache.page_size / unit_tokens))
     block = admission.keys.block_size
@@ -359,6 +360,7 @@ def policy_step(
         semantics=in_units_semantics(policy_semantics(name, pcfg), unit_tokens),
         host_capacity_bytes=settings.cache.host_bytes,
         host_bw_bytes=settings.cache.host_bw_bytes,
+        ckpt_states=ckpt_states,
     )
 
 

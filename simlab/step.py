@@ -114,6 +114,7 @@ class RequestStep:
         semantics: Semantics | None = None,
         host_capacity_bytes: float | None = None,
         host_bw_bytes: float | None = None,
+        ckpt_states: int = 1,
     ) -> RequestStep:
         """A step on a fresh cache shaped for the admission's keys (``page_size`` in ids): a
         block-keyed cache counts one id per block, which is its page, one node per block.
@@ -121,7 +122,8 @@ class RequestStep:
         KV's). ``semantics``: where the cache follows the Marconi reference code
         (:class:`policies.base.Semantics`; default simlab's). ``host_capacity_bytes``: a
         host-memory tier below the cache, at ``host_bw_bytes`` per second
-        (:mod:`simlab.tiers`)."""
+        (:mod:`simlab.tiers`). ``ckpt_states``: SSM states one checkpoint holds
+        (:meth:`policies.base.AdmissionPolicy.states_per_checkpoint`)."""
         host = None
         if host_capacity_bytes is not None:
             host = host_tier(host_capacity_bytes, host_bw_bytes, eviction, semantics)
@@ -142,6 +144,7 @@ class RequestStep:
             ssm_capacity_bytes=ssm_capacity_bytes,
             semantics=semantics,
             host=host,
+            ckpt_states=ckpt_states,
         )
         return cls(cache, admission, eviction, policy, tuple(controllers))
 
@@ -394,7 +397,7 @@ class RequestStep:
             flops_saved=cache.model.prefill_flops(0, hit) if hit else 0.0,
             kv_bytes_admitted=admitted.kv_bytes,
             ssm_bytes_admitted=admitted.ssm_bytes,
-            ckpts_admitted=admitted.ckpts,
+            ckpts_admitted=admitted.ckpts * cache.ckpt_states,
             bytes_evicted=admitted.evicted_bytes,
             nodes_evicted=admitted.evicted_nodes,
             admission_truncated=admitted.truncated,

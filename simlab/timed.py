@@ -614,7 +614,7 @@ class TimedWorld:
             prefill=[(job.prefilled, take) for job, take in chunks],
             decode=[j.input_tokens + j.decoded + 1 for j in decoders],
             state_loads=loads if self.model.is_hybrid else 0,
-            state_stores=stores if self.model.is_hybrid else 0,
+            state_stores=stores * self.cache.ckpt_states if self.model.is_hybrid else 0,
             # logits only where a token is sampled: decodes and chunks that end their prompt
             sampled=len(decoders)
             + sum(1 for job, take in chunks if job.prefilled + take >= job.input_tokens),

@@ -253,6 +253,7 @@ def empty_like(cache: PrefixCache) -> PrefixCache:
         cache.block_nodes,
         cache.ssm_capacity,
         cache.semantics,
+        ckpt_states=cache.ckpt_states,
     )
 
 

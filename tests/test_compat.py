@@ -183,11 +183,12 @@ def test_reference_vllm_plus_inserts_past_capacity():
 
 
 def test_reference_vllm_plus_estimates_in_a_hash_id_traces_ids():
-    """On ids of 512 tokens vLLM+'s 32-token block is one id, and so is its insertion estimate:
-    distinct 4-id requests through a cache of 10 ids stay within one id of it (the estimate's
-    own root block). In tokens against ids the estimate went negative and nothing was evicted
-    (a Mooncake run held 33.7 GB in a 20 GB cache)."""
-    per_id = 512 * HYBRID.kv_bytes_per_token + HYBRID.ssm_state_bytes
+    """On ids of 512 tokens vLLM+'s 32-token block is one id holding 16 states (one per 32
+    tokens), and so is its insertion estimate: distinct 4-id requests through a cache of 10 ids
+    stay within one id of it (the estimate's own root block). In tokens against ids the
+    estimate went negative and nothing was evicted (a Mooncake run held 33.7 GB in a 20 GB
+    cache)."""
+    per_id = 512 * HYBRID.kv_bytes_per_token + 16 * HYBRID.ssm_state_bytes
     cfg = compose(["+policy=vllm_plus", "policy.compat=reference", "cache.size_gb=1"])
     settings = run_settings(cfg)
     settings = replace(settings, cache=replace(settings.cache, size_gb=10 * per_id / 1e9))

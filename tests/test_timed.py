@@ -10,10 +10,10 @@ from omegaconf import OmegaConf
 
 from policies.base import Semantics
 from simlab.cache import PrefixCache
-from simlab.config import ConfigError
+from simlab.config import ConfigError, run_settings
 from simlab.costmodel import BatchShape, Calibration, CostModel, CostTerms, Hardware
 from simlab.replay import replay_step
-from simlab.simulate import simulate
+from simlab.simulate import policy_step, simulate
 from simlab.step import RequestStep
 from simlab.summary import Summary
 from simlab.timed import EngineStats, SessionFeeder, TimedEngine, saturation, unique_tokens
@@ -288,6 +288,23 @@ def test_the_prompt_end_state_of_a_hash_id_request_is_charged_where_its_input_en
     cost = CostModel(HYBRID, A100, terms=CostTerms(state_store_s=0.05))
     assert record.ttft == pytest.approx(cost.time(BatchShape(prefill=[(0, 1300)], state_stores=1)))
     assert record.ttft > CostModel(HYBRID, A100).prefill_time(0, 1300) + 0.05 - 1e-9
+
+
+def test_vllm_plus_stores_every_state_of_a_hash_id_as_of_its_tokens():
+    """vLLM+ on three 512-token ids stores a state per 32 tokens, 48, not one per id: alone, its
+    first token comes when the same prompt's tokens spelled out get theirs."""
+    cfg = compose(["+policy=vllm_plus", "cache.size_gb=inf"])
+    settings = run_settings(cfg)
+    empty = np.zeros(0, dtype=np.int32)
+    by_ids = Request(0, 0, 0, 0.0, np.arange(1, 4, dtype=np.int32), empty, 1, block_size=512)
+    tokens = Request(0, 0, 0, 0.0, np.arange(512, 2048, dtype=np.int32), empty, 1)
+    ttft = []
+    for req, unit in ((by_ids, 512), (tokens, 1)):
+        step = policy_step("vllm_plus", cfg.policy, HYBRID, settings, unit_tokens=unit)
+        engine = TimedEngine(hardware=A100, costs={"state_store_s": 0.05})
+        ttft.append(engine.run([req], step).records[0].ttft)
+    assert ttft[0] == pytest.approx(ttft[1])
+    assert ttft[0] > CostModel(HYBRID, A100).prefill_time(0, 1536) + 48 * 0.05 - 1e-9
 
 
 def test_a_whole_input_hit_still_computes_the_last_position_for_its_first_token():
