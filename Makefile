@@ -88,11 +88,15 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--block-size 16 32 --size-gb inf 2 5
 	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
 		--size-gb inf 5
+	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
+		--size-gb inf
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SWE) --name swebench10_llama3_8b \
 		--cache radix --size-gb inf 8
 	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_SWE) --name swebench10_llama3_8b \
 		--block-size 16 --size-gb inf 8
 	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
+		--size-gb inf
+	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
 		--size-gb inf
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_MOON) --name mooncake_llama3_8b \
 		--cache radix unified --size-gb inf 30 70 275
