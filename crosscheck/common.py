@@ -14,7 +14,7 @@ import math
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -186,6 +186,18 @@ def run_case(
     entry = write_case(case, export, hits, fixtures)
     rate = entry["hit_tokens_total"] / int(export.input_len.sum())
     print(f"{entry['case']}: {len(hits)} requests, token hit rate {rate:.4f}, {elapsed:.1f} s")  # noqa: T201
+    return hits
+
+
+def replay_each(
+    request: Callable[[list[int], list[int]], int], requests: Iterable[tuple[list[int], list[int]]]
+) -> list[int]:
+    """Hit tokens of every ``(input_ids, output_ids)``, run one after the other by ``request``."""
+    hits = []
+    for i, (inp, out) in enumerate(requests):
+        hits.append(request(inp, out))
+        if i % 200 == 0:
+            log.info("request %d: hit %d / %d", i, hits[-1], len(inp))
     return hits
 
 

@@ -26,7 +26,6 @@ capacity (and, with Mamba, free Mamba slots plus the tree's states equal the Mam
 
 from __future__ import annotations
 
-import logging
 from array import array
 from typing import Any
 
@@ -41,7 +40,7 @@ from sglang.srt.mem_cache.allocation import alloc_req_slots, alloc_token_slots  
 from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
-log = logging.getLogger(__name__)
+from crosscheck.common import replay_each  # noqa: E402
 
 
 class SglangReplay:
@@ -135,11 +134,6 @@ class SglangReplay:
                 self.mamba_capacity,
             )
 
-    def run(self, requests: Any) -> list[int]:
+    def run(self, requests) -> list[int]:
         """Hit tokens of every ``(input_ids, output_ids)`` in order."""
-        hits = []
-        for i, (inp, out) in enumerate(requests):
-            hits.append(self.request(inp, out))
-            if i % 200 == 0:
-                log.info("request %d: hit %d / %d", i, hits[-1], len(inp))
-        return hits
+        return replay_each(self.request, requests)

@@ -27,7 +27,6 @@ ones) equal the usable blocks, and no block is referenced.
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import torch
@@ -52,13 +51,12 @@ from crosscheck.common import (  # noqa: E402
     base_parser,
     capacity_tokens,
     manifest_size,
+    replay_each,
     run_case,
     setup_logging,
     size_label,
     versions,
 )
-
-log = logging.getLogger(__name__)
 
 
 def build_manager(block_size: int, usable_blocks: int, max_model_len: int) -> KVCacheManager:
@@ -126,12 +124,7 @@ class VllmReplay:
 
     def run(self, requests) -> list[int]:
         """Hit tokens of every ``(input_ids, output_ids)`` in order."""
-        hits = []
-        for i, (inp, out) in enumerate(requests):
-            hits.append(self.request(inp, out))
-            if i % 200 == 0:
-                log.info("request %d: hit %d / %d", i, hits[-1], len(inp))
-        return hits
+        return replay_each(self.request, requests)
 
 
 def main(argv: list[str] | None = None) -> int:

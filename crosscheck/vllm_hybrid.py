@@ -55,13 +55,12 @@ from crosscheck.common import (  # noqa: E402
     Export,
     base_parser,
     manifest_size,
+    replay_each,
     run_case,
     setup_logging,
     size_label,
     versions,
 )
-
-log = logging.getLogger(__name__)
 
 FLASH_ATTN = "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
 
@@ -289,12 +288,8 @@ class SchedulerReplay:
         assert all(b.ref_cnt == 0 for b in pool.blocks if not b.is_null)
 
     def run(self, requests) -> list[int]:
-        hits = []
-        for i, (inp, out) in enumerate(requests):
-            hits.append(self.request(inp, out))
-            if i % 100 == 0:
-                log.info("request %d: hit %d / %d", i, hits[-1], len(inp))
-        return hits
+        """Hit tokens of every ``(input_ids, output_ids)`` in order."""
+        return replay_each(self.request, requests)
 
 
 def main(argv: list[str] | None = None) -> int:
