@@ -132,21 +132,16 @@ def register_layers(config: VllmConfig) -> None:
     from vllm.model_executor.models import ModelRegistry
 
     with set_current_vllm_config(config):
-        if model_parallel_is_initialized():  # an earlier size of this run
-            return _instantiate(config, ModelRegistry)
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}",
-            backend="gloo",
-        )
-        initialize_model_parallel(1, 1)
-    _instantiate(config, ModelRegistry)
-
-
-def _instantiate(config: VllmConfig, registry) -> None:
-    cls, _ = registry.resolve_model_cls(
+        if not model_parallel_is_initialized():  # once per process, for every size
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                local_rank=0,
+                distributed_init_method=f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}",
+                backend="gloo",
+            )
+            initialize_model_parallel(1, 1)
+    cls, _ = ModelRegistry.resolve_model_cls(
         config.model_config.architecture, model_config=config.model_config
     )
     with set_current_vllm_config(config), torch.device("meta"):
@@ -173,8 +168,8 @@ def layer_specs(config: VllmConfig) -> dict:
 
 
 def build_scheduler(config: VllmConfig, size_gb: float, blocks_for_inf: int):
-    """The scheduler over a pool of ``size_gb`` (see the module docstring); returns it and the
-    hash block size."""
+    """The scheduler over a pool of ``size_gb`` (see the module docstring), with the hash block
+    size, the bytes of one block and the layers' KV-cache specs."""
     from vllm.platforms import current_platform
     from vllm.platforms.interface import Platform
     from vllm.v1.attention.backends.utils import (
