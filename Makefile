@@ -89,7 +89,7 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
 		--size-gb inf 5
 	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
-		--size-gb inf
+		--size-gb inf 1 2 5
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SWE) --name swebench10_llama3_8b \
 		--cache radix --size-gb inf 8
 	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_SWE) --name swebench10_llama3_8b \
@@ -97,7 +97,7 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
 		--size-gb inf
 	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
-		--size-gb inf
+		--size-gb inf 1 2
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_MOON) --name mooncake_llama3_8b \
 		--cache radix unified --size-gb inf 30 70 275
 	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_MOON) --name mooncake_llama3_8b \

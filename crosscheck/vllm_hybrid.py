@@ -21,7 +21,8 @@ faked: a step samples the request's next scripted output token once its prefill 
 
 The hit of a request is ``num_computed_tokens`` of its first scheduled step. Capacity: one block
 holds a block of every layer of one KV-cache group (4 layers: the attention group, and each of
-the 6 Mamba groups of 4 layers), so ``num_blocks = floor(size_gb·1e9 / (page · 4))``; ``inf``
+the 6 Mamba groups of 4 layers), so ``floor(size_gb·1e9 / (page · 4))`` usable blocks plus
+vLLM's null block (as ``vllm_blocks.py`` sizes its pool); ``inf``
 gives blocks for every token of the trace and a state per request.
 """
 
@@ -197,7 +198,7 @@ def build_scheduler(config: VllmConfig, size_gb: float, blocks_for_inf: int):
     page = max(s.page_size_bytes for s in specs.values())
     per_block = page * max(len(g.layer_names) for g in groups)  # one page of every group layer
     blocks = blocks_for_inf if math.isinf(size_gb) else math.floor(size_gb * GB / per_block)
-    config.cache_config.num_gpu_blocks_override = blocks
+    config.cache_config.num_gpu_blocks_override = blocks + 1  # and vLLM's null block
     configs = get_kv_cache_configs(config, [specs], [per_block * (blocks + 8)], groups)
     sched_config = generate_scheduler_kv_cache_config(configs)
     config.cache_config.num_gpu_blocks = sched_config.num_blocks

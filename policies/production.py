@@ -180,9 +180,20 @@ class VLLM(BlockPool):
     mamba_cache_mode: str = "align"
     version: str = "0.33.0"
     junction: bool = True
+    #: tokens one scheduler step prefills (0.33.0's ``max_num_batched_tokens`` default): a
+    #: hybrid's longer prompt is prefilled in block-aligned chunks (:mod:`simlab.vllm_pool`)
+    max_num_batched_tokens: int = 2048
+    #: hybrids on the replay engine: vLLM's pool block by block (:mod:`simlab.vllm_pool`,
+    #: checked request for request); false: the prefix tree, as the timed and cluster engines
+    block_pool: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        positive_int(self.max_num_batched_tokens, "policy.admission.max_num_batched_tokens")
+        if not isinstance(self.block_pool, bool):
+            raise ValueError(
+                f"policy.admission.block_pool must be true or false, got {self.block_pool!r}"
+            )
         modes = VLLM_MAMBA_MODES.get(self.version)
         if modes is None:
             raise ValueError(

@@ -16,8 +16,8 @@ CASES = load_cases()
 
 def test_the_fixtures_cover_the_acceptance_set():
     """ShareGPT with llama3_8b at infinite, 2 and 5 GB for SGLang and vLLM (B=16 and 32),
-    SGLang's hybrid no_buffer and vLLM's hybrid align (its real scheduler) at infinite
-    capacity, a SWE-bench slice, and the Mooncake hash-id
+    SGLang's hybrid no_buffer at infinite capacity, vLLM's hybrid align (its real scheduler)
+    at infinite, 1, 2 and 5 GB, a SWE-bench slice, and the Mooncake hash-id
     trace at infinite and finite capacities, its prompts ending inside their last 512-token
     block: on vLLM's 512-token blocks (only full blocks are cached) and on SGLang's token radix
     tree (the short last id holds its true tokens, and a hit leaves one token, not one id)."""
@@ -37,7 +37,10 @@ def test_the_fixtures_cover_the_acceptance_set():
         assert covered("vllm", size, block_size=16) and covered("vllm", size, block_size=32)
     assert any("MAMBA" in c["cache"] and "model=nemotron_h_8b" in c["overrides"] for c in CASES)
     hybrid = ["trace=sharegpt", "model=nemotron_h_8b"]
-    assert any(c["engine"] == "vllm" and c["overrides"] == hybrid for c in CASES)
+    vllm_hybrid = {
+        str(c["size_gb"]) for c in CASES if c["engine"] == "vllm" and c["overrides"] == hybrid
+    }
+    assert vllm_hybrid >= {"inf", "1", "2", "5"}
     assert any(o.startswith("trace=swebench") for c in CASES for o in c["overrides"])
     moon = [c for c in CASES if "trace=mooncake" in c["overrides"]]
     assert {str(c["size_gb"]) for c in moon if c["block_size"] == 512} >= {"inf", "30", "275"}

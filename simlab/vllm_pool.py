@@ -1,0 +1,416 @@
+"""vLLM 0.33.0's hybrid KV-cache pool, block by block: the replay engine's ``policy=vllm`` on a
+hybrid model (``mamba_cache_mode: align``).
+
+The prefix tree (:class:`simlab.cache.PrefixCache`) evicts a state with its block's KV, whole.
+vLLM does not: every KV-cache group's blocks come from one ``BlockPool`` and go back, one block
+at a time, to one LRU free queue. Replayed block for block against the real ``Scheduler``
+(``crosscheck/vllm_hybrid.py``), these rules give the engine's hit on every request of the
+ShareGPT case at 1, 2 and 5 GB (``tests/fixtures/crosscheck``); the tree misses 1.1-1.4% of them.
+
+Pool (``kv_cache_planning._get_kv_cache_groups_uniform_page_size``): layers of each kind fall
+into groups of ``g`` layers (``g``: the fewer kind's count, or the larger's when it is under
+1.5 times that), Mamba groups first (Nemotron-H: 6 Mamba groups of 4 layers, 1 attention
+group). A pool block is one page of each of a group's ``g`` layers, the page holding ``B``
+tokens of one attention layer's KV (``B``: :func:`policies.production.vllm_hybrid_block_size`),
+a Mamba layer's state padded to it. So a block of KV is one pool block and a state is one block
+in each Mamba group. Usable blocks: ``floor(capacity / block bytes)``.
+
+Per request, in the engine's order (one request at a time, so no other request runs):
+
+* **Hit** (``find_longest_cache_hit``): the cached attention chain within ``L - 1`` tokens, then
+  the deepest block position on it whose state every Mamba group holds. The hit blocks leave the
+  free queue (``touch``).
+* **Prefill**: to the junction first when the attention hit is deeper than the state hit
+  (vLLM #37898; its state is the running block there), then to the prompt end, writing the
+  state at ``floor((L - 1) / B)`` blocks into a checkpoint block taken with the running block.
+  Each step takes its blocks from the queue head, Mamba groups first; a cached block taken
+  there is evicted. Full attention blocks are cached as they are computed (a recomputed one
+  duplicates the cached block); states only at the prompt checkpoint and the junction
+  (``prefix_cache_retention_interval`` 0).
+* **Retirement** (``remove_skipped_blocks``, at each step): a Mamba group frees every block
+  before the one holding the running state, deepest first; the hit and checkpoint states go
+  back to the queue's tail during the request, before its KV.
+* **Decode**: crossing a block boundary takes a new running block per Mamba group (the old one
+  is freed a step later) and a KV block; a full KV block is cached. The last sampled token is
+  never computed.
+* **Finish**: each Mamba group frees its running block, then the attention group its blocks,
+  tail first. Uncached blocks go to the queue's head (reused first), cached ones to its tail.
+
+A state dies with its first group block taken; its other blocks hold memory until the queue
+reaches them. A request that does not fit in the whole pool is an error (vLLM would never
+schedule it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from simlab.config import ConfigError
+from simlab.engine import Engine, EngineRun
+from simlab.model import ModelSpec
+from simlab.records import RequestRecord
+from simlab.step import RequestStep
+from traces.format import Request
+
+log = logging.getLogger(__name__)
+
+_Key = tuple[int, int]  # (group, block hash)
+#: the policy this pool models (named, not imported: the simulator imports the contract only)
+_VLLM = "policies.production.VLLM"
+_BLOCK_LRU = "policies.production.BlockLRU"
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """The pool of a hybrid under vLLM: ``block`` tokens per block, ``state_groups`` Mamba
+    groups (a state is one block in each), ``block_bytes`` per pool block, ``blocks`` usable."""
+
+    block: int
+    state_groups: int
+    block_bytes: int
+    blocks: float  # math.inf: an infinite pool
+
+    @classmethod
+    def of(cls, model: ModelSpec, block: int, capacity_bytes: float) -> PoolShape | None:
+        """The shape vLLM plans for ``model``; None when its attention layers need more than
+        one group (not modelled)."""
+        attn, ssm = model.n_attn_layers, model.n_ssm_layers
+        size = min(attn, ssm)
+        if max(attn, ssm) < 1.5 * size:
+            size = max(attn, ssm)
+        if -(-attn // size) != 1:
+            return None
+        block_bytes = size * block * model.kv_bytes_per_token_per_layer
+        blocks = capacity_bytes if math.isinf(capacity_bytes) else capacity_bytes // block_bytes
+        return cls(block, -(-ssm // size), block_bytes, blocks)
+
+
+class FreeQueue:
+    """The pool's blocks: the LRU free queue (head: taken next), reference counts and the
+    cached ones' keys. An infinite pool takes a new block every time (it never evicts)."""
+
+    def __init__(self, blocks: float) -> None:
+        self.finite = not math.isinf(blocks)
+        self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(
+            range(int(blocks) if self.finite else 0)
+        )
+        self.made = len(self.queue)
+        self.refs: dict[int, int] = {}
+        self.key: dict[int, _Key] = {}
+        self.cached: dict[_Key, list[int]] = {}
+        self.evicted = 0  # cached blocks taken (their content evicted)
+
+    def take(self, n: int) -> list[int]:
+        """``n`` blocks from the head; a cached one loses its content."""
+        if n > len(self.queue) and self.finite:
+            raise _TooSmall
+        out = []
+        for _ in range(n):
+            if self.finite:
+                block, _ = self.queue.popitem(last=False)
+            else:
+                block, self.made = self.made, self.made + 1
+            key = self.key.pop(block, None)
+            if key is not None:
+                owners = self.cached[key]
+                owners.remove(block)
+                if not owners:
+                    del self.cached[key]
+                self.evicted += 1
+            self.refs[block] = 1
+            out.append(block)
+        return out
+
+    def get(self, key: _Key) -> int | None:
+        owners = self.cached.get(key)
+        return owners[0] if owners else None
+
+    def touch(self, block: int) -> None:
+        if not self.refs.get(block):
+            del self.queue[block]
+        self.refs[block] = self.refs.get(block, 0) + 1
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """``blocks`` in eviction order: uncached ones to the head (in this order), cached
+        ones to the tail."""
+        first = []
+        for block in blocks:
+            self.refs[block] -= 1
+            if self.refs[block]:
+                continue
+            if block in self.key:
+                self.queue[block] = None
+            else:
+                first.append(block)
+        for block in reversed(first):
+            self.queue[block] = None
+            self.queue.move_to_end(block, last=False)
+
+    def cache(self, block: int, key: _Key) -> bool:
+        """Give ``block`` its content's key; False when it already has one."""
+        if block in self.key:
+            return False
+        self.key[block] = key
+        self.cached.setdefault(key, []).append(block)
+        return True
+
+
+class _TooSmall(Exception):
+    pass
+
+
+class HybridPool:
+    """One request at a time through vLLM's hybrid pool (see the module docstring)."""
+
+    def __init__(self, shape: PoolShape, junction: bool = True, max_tokens: int = 2048) -> None:
+        self.shape = shape
+        self.junction = junction
+        self.max_tokens = max_tokens  # tokens one step schedules (max_num_batched_tokens)
+        self.pool = FreeQueue(shape.blocks)
+        self.attn = shape.state_groups  # the attention group's id
+
+    def _chunk(self, start: int, prompt: int, junction: int) -> tuple[int, int]:
+        """The end of the prefill step from ``start`` and the checkpoint it writes inside
+        (0: none): the token budget, cut to a block boundary unless it reaches the prompt end,
+        then at the first stop inside (``Scheduler._mamba_block_aligned_split``); the
+        checkpoint block is taken for the step as it finally ends (the Mamba manager's
+        ``_needs_internal_checkpoint``; the checkpoint alignment is 1)."""
+        size, budget = self.shape.block, self.max_tokens
+        checkpoint = (prompt - 1) // size * size
+
+        def inside(end: int) -> bool:  # is_mamba_prefill_checkpoint_valid, at the prompt end
+            return (
+                end >= prompt
+                and start % size == 0
+                and -(-end // size) - 2 > (start - 1) // size
+                and start + size <= checkpoint < end
+            )
+
+        end = min(start + budget, prompt)
+        internal = inside(end)
+        if end < prompt:
+            aligned = end // size * size
+            if aligned > start or size <= budget:
+                end = aligned
+        stops = (
+            (start // size + 1) * size if start % size and not internal else 0,
+            0 if internal else checkpoint,
+            junction,
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        return end, checkpoint if inside(end) else 0
+
+    def cached_bytes(self) -> tuple[int, int]:
+        """(KV, state) bytes of the cached blocks, a dead state's surviving blocks included."""
+        kv = sum(1 for g, _ in self.pool.key.values() if g == self.attn)
+        return kv * self.shape.block_bytes, (len(self.pool.key) - kv) * self.shape.block_bytes
+
+    def serve(
+        self, tokens: Sequence[int], prompt: int, committed: int
+    ) -> tuple[int, int, int, int]:
+        """Run one request (``tokens``: prompt then output; ``committed``: tokens whose KV is
+        computed). Returns (hit tokens, KV-matched tokens, KV blocks cached, states cached)."""
+        size, groups, pool = self.shape.block, self.shape.state_groups, self.pool
+        keys, chain = [], 0
+        for i in range(committed // size):
+            chain = hash((chain, tuple(tokens[i * size : (i + 1) * size])))
+            keys.append(chain)
+        matched = 0
+        while matched < (prompt - 1) // size and pool.get((self.attn, keys[matched])) is not None:
+            matched += 1
+        hit = next(
+            (
+                j
+                for j in range(matched, 0, -1)
+                if all(pool.get((g, keys[j - 1])) is not None for g in range(groups))
+            ),
+            0,
+        )
+        run = _Run(self, keys, prompt, hit, matched if self.junction and matched > hit else 0)
+        start = hit * size
+        while start < prompt:
+            end, checkpoint = self._chunk(start, prompt, run.junction)
+            run.step(start, end, checkpoint)
+            start = end
+        for n in range(prompt, committed):
+            run.step(n, n + 1)
+        run.finish()
+        return hit * size, matched * size, run.kv_cached, run.states_cached
+
+
+class _Run:
+    """A request's block tables while it runs (Mamba groups' with ``None`` for null blocks)."""
+
+    def __init__(self, pool: HybridPool, keys: list[int], prompt: int, hit: int, junction: int):
+        self.p, self.keys, self.prompt = pool, keys, prompt
+        size, groups, queue = pool.shape.block, pool.shape.state_groups, pool.pool
+        self.junction = junction * size
+        self.attn: list[int] = []
+        for i in range(hit):
+            block = queue.get((pool.attn, keys[i]))
+            assert block is not None
+            queue.touch(block)
+            self.attn.append(block)
+        self.tables: list[list[int | None]] = [[None] * hit for _ in range(groups)]
+        if hit:
+            for g, table in enumerate(self.tables):
+                block = queue.get((g, keys[hit - 1]))
+                assert block is not None
+                queue.touch(block)
+                table[hit - 1] = block
+        self.retired = [0] * groups
+        self.checkpoint = (prompt - 1) // size * size
+        self.reachable = {self.checkpoint // size - 1}
+        if junction:
+            self.reachable.add(junction - 1)
+        self.kv_cached = self.states_cached = 0
+
+    def step(self, start: int, end: int, checkpoint: int = 0) -> None:
+        """One scheduler step computing tokens ``start..end``, writing the state at
+        ``checkpoint`` (0: none) into a block of its own."""
+        self._retire(start)
+        size, queue = self.p.shape.block, self.p.pool
+        need = -(-end // size)
+        for table in self.tables:
+            if need <= len(table) and not checkpoint:
+                continue
+            head = checkpoint // size - 1 if checkpoint else need - 1
+            table.extend([None] * (head - len(table)))
+            table.extend(queue.take(2 if checkpoint else 1))
+        if need > len(self.attn):
+            self.attn.extend(queue.take(need - len(self.attn)))
+        for i in range(min(end // size, len(self.keys))):
+            self.kv_cached += queue.cache(self.attn[i], (self.p.attn, self.keys[i]))
+        new_states = 0
+        for g, table in enumerate(self.tables):
+            for i in self.reachable:
+                block = table[i] if 0 <= i < min(end // size, len(table)) else None
+                if block is not None:
+                    new_states += queue.cache(block, (g, self.keys[i]))
+        self.states_cached += new_states // len(self.tables)
+
+    def _retire(self, computed: int) -> None:
+        """Free every Mamba block before the one holding the state at ``computed``."""
+        last = max(0, computed - 1) // self.p.shape.block
+        for g, table in enumerate(self.tables):
+            end = min(last, len(table))
+            freed = []
+            for i in range(end - 1, self.retired[g] - 1, -1):
+                block = table[i]
+                if block is not None:
+                    freed.append(block)
+                    table[i] = None
+            if freed:
+                self.p.pool.free(freed)
+            self.retired[g] = max(self.retired[g], end)
+
+    def finish(self) -> None:
+        queue = self.p.pool
+        for table in self.tables:
+            queue.free([b for b in reversed(table) if b is not None])
+        queue.free(self.attn[::-1])
+
+
+def pool_records(
+    requests: Sequence[Request],
+    model: ModelSpec,
+    policy: str,
+    shape: PoolShape,
+    junction: bool,
+    committed: bool,
+    max_tokens: int,
+) -> EngineRun:
+    """The replay engine's run of ``requests`` through vLLM's hybrid pool."""
+    pool = HybridPool(shape, junction, max_tokens)
+    records = []
+    peak_kv = peak_ssm = peak = 0
+    state_bytes = shape.state_groups * shape.block_bytes
+    for req in requests:
+        tokens = req.full_sequence().tolist()
+        length = len(tokens) - (1 if committed and req.output_len else 0)
+        evicted = pool.pool.evicted
+        try:
+            hit, matched, kv, states = pool.serve(tokens, req.input_len, length)
+        except _TooSmall:
+            raise ConfigError(
+                f"cache.size_gb: vLLM's pool of {shape.blocks} blocks cannot hold request "
+                f"{req.request_id} ({len(tokens)} tokens, blocks of {shape.block})"
+            ) from None
+        kv_bytes, ssm_bytes = pool.cached_bytes()
+        peak_kv, peak_ssm = max(peak_kv, kv_bytes), max(peak_ssm, ssm_bytes)
+        peak = max(peak, kv_bytes + ssm_bytes)
+        gone = pool.pool.evicted - evicted
+        records.append(
+            RequestRecord(
+                policy=policy,
+                request_id=req.request_id,
+                session_id=req.session_id,
+                turn=req.turn,
+                arrival=req.arrival,
+                input_tokens=req.input_tokens,
+                output_tokens=req.output_len,
+                matched_tokens=matched,
+                hit_tokens=hit,
+                prefill_flops=model.prefill_flops(0, req.input_tokens),
+                flops_saved=model.prefill_flops(0, hit) if hit else 0.0,
+                kv_bytes_admitted=kv * shape.block_bytes,
+                ssm_bytes_admitted=states * state_bytes,
+                ckpts_admitted=states,
+                bytes_evicted=gone * shape.block_bytes,
+                nodes_evicted=gone,
+                admission_truncated=False,
+                cache_kv_bytes=kv_bytes,
+                cache_ssm_bytes=ssm_bytes,
+            )
+        )
+    extras = {"peak_kv_gb": peak_kv / 1e9, "peak_ssm_gb": peak_ssm / 1e9, "peak_gb": peak / 1e9}
+    return EngineRun(records=records, extras=extras)
+
+
+def pool_shape(step: RequestStep, engine: Engine, requests: Sequence[Request]) -> PoolShape | None:
+    """The pool when the replay of ``step`` runs through :class:`HybridPool` (None: it runs on
+    the prefix tree): the replay engine, a hybrid under ``policy=vllm`` in ``align`` mode with
+    ``block_pool`` on and its own eviction (``BlockLRU``), one shared pool, a token trace."""
+    from simlab.replay import ReplayEngine
+
+    cache, admission = step.cache, step.admission
+    if not (
+        type(engine) is ReplayEngine
+        and cache.hybrid
+        and _qualname(admission) == _VLLM
+        and getattr(admission, "mamba_cache_mode", None) == "align"
+        and getattr(admission, "block_pool", False)
+        and _qualname(step.eviction) == _BLOCK_LRU
+        and step.eviction.ties == "oldest"
+        and cache.host is None
+        and cache.ssm_capacity is None
+        and not step.controllers
+        and all(r.block_size == 1 for r in requests)
+    ):
+        return None
+    return PoolShape.of(cache.model, admission.keys.block_size or 1, cache.capacity)
+
+
+def _qualname(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def pool_run(
+    requests: Sequence[Request], step: RequestStep, shape: PoolShape, policy: str
+) -> EngineRun:
+    """:func:`pool_records` with the options of ``step``'s admission (``policy=vllm``)."""
+    admission = step.admission
+    return pool_records(
+        requests,
+        step.cache.model,
+        policy,
+        shape,
+        junction=bool(getattr(admission, "junction", True)),
+        committed=admission.keys.committed,
+        max_tokens=int(getattr(admission, "max_num_batched_tokens", 2048)),
+    )
