@@ -195,6 +195,12 @@ class AdmissionPolicy:
     Subclasses are dataclasses; their :data:`Tokens` fields are converted to the trace's units.
     """
 
+    #: a request's match splits the node it stops inside (at most ``len(input) - 1`` ids in)
+    #: when it starts, not when it is admitted (SGLang's ``_split_node`` in the match; the
+    #: eviction policy's ``on_hit`` sees the lower half as ``Lookup.split``): its own
+    #: allocation may then evict the unmatched half alone
+    splits_at_match: bool = False
+
     @property
     def page_size(self) -> int:
         """KV paging granularity this admission implies; Transformer hits round down to it."""

@@ -13,12 +13,15 @@ Both engines
       vLLM keeps the duplicate block).
 
 SGLang (``mem_cache/radix_cache.py``, ``unified_cache``)
-    * Node boundaries (``cuts``): the match (limit ``len(input) - 1``) splits the node it stops
-      inside; the prefill publish (``checkpoint_kv_cache``) puts one at the prompt end, the
-      finish one at the committed end. Eviction therefore frees a request's output before its
-      prompt.
+    * Node boundaries: the match (limit ``len(input) - 1``) splits the node it stops inside
+      when the request starts (``splits_at_match``); the prefill publish
+      (``checkpoint_kv_cache``) puts one at the prompt end, the finish one at the committed end
+      (``cuts``). Eviction therefore frees a request's output before its prompt.
     * Recency: a match or insert walk refreshes every node it passes, the one it stops inside
-      included, before splitting it (:class:`RadixLRU`). Eviction: LRU over leaves.
+      included, before splitting it (:class:`RadixLRU`); on a hybrid the match refreshes the
+      path up to its hit only. Eviction: LRU over leaves.
+    * The running request's allocation evicts with only its hit locked: KV it matched past its
+      hit may go (``held_from``, :meth:`simlab.cache.PrefixCache.insert`).
     * Hybrid, ``no_buffer``: Mamba states are published at the prompt end (after prefill) and
       at the committed end, never at branch points; a hit is the deepest matched node holding a
       state within ``len(input) - 1`` (the cache's hybrid hit rule).
@@ -72,6 +75,7 @@ class SGLang(AdmissionPolicy):
     ``_select_finished_checkpoint``). KV is published only up to a published state.
     """
 
+    splits_at_match = True
     mamba: str = "no_buffer"
     checkpoint_grid: Tokens = 256  # lcm(max(mamba chunk size, page), page)
     mamba_track_interval: Tokens = 256
@@ -87,7 +91,6 @@ class SGLang(AdmissionPolicy):
         return Keys(committed=True)
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
-        match_end = min(lookup.matched, input_len - 1)
         if self.mamba == "no_buffer":
             states = sorted({input_len, seq_len})
         else:
@@ -95,7 +98,7 @@ class SGLang(AdmissionPolicy):
         return Admission(
             ckpts=states,
             end=seq_len,
-            cuts=(match_end, input_len, seq_len) if self.mamba == "no_buffer" else (match_end,),
+            cuts=(input_len, seq_len) if self.mamba == "no_buffer" else (),
             held_from=lookup.hit,
             publishes_prompt=True,
         )
@@ -230,11 +233,21 @@ class VLLM(BlockPool):
 @dataclass
 class RadixLRU(LRU):
     """SGLang's LRU: a match refreshes every node it passes and the one it stops inside; so
-    does an insertion's walk (``refreshes_insert_path``)."""
+    does an insertion's walk (``refreshes_insert_path``). On a hybrid a match refreshes the
+    path up to its hit only (``_match_post_processor`` stamps ``best_match_node``, the deepest
+    node holding a state, and its ancestors) and both halves of the node it splits
+    (``_split_node`` stamps them; :attr:`SGLang.splits_at_match`): whole nodes matched past the
+    last state stay as old as they were."""
 
     refreshes_insert_path: bool = True
 
     def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
+        if cache.hybrid:
+            touched = [node for node in lookup.path if node.end <= lookup.hit]
+            if lookup.split is not None:  # both halves of the split: the upper is new
+                touched.append(lookup.split)
+            cache.touch(touched)
+            return
         partial = lookup.partial
         cache.touch(lookup.path if partial is None else [*lookup.path, partial])
 

@@ -381,6 +381,25 @@ class PrefixCache:
         upper = self._split(partial, lookup.matched)
         return Lookup(lookup.matched, lookup.hit, upper, [*lookup.path, upper], None)
 
+    def split_match(self, lookup: Lookup, limit: int) -> Lookup:
+        """``lookup`` after splitting the node its match stops inside, the match limited to
+        ``limit`` ids (SGLang matches at most ``len(input) - 1``, ``_split_node``): the upper
+        half joins the path (the hit node if the split node was), the lower one is
+        ``Lookup.split``. Nothing happens when the (limited) match ends on a node boundary."""
+        pos = min(lookup.matched, limit)
+        along = [*lookup.path, lookup.partial] if lookup.partial is not None else lookup.path
+        i = next((i for i, n in enumerate(along) if n.start < pos < n.end), None)
+        if i is None:
+            return lookup
+        lower = along[i]
+        upper = self._split(lower, pos)
+        hit_node = upper if lookup.hit_node is lower else lookup.hit_node
+        path = [*lookup.path[:i], upper]
+        partial = lookup.partial
+        if lower is not partial:
+            path += lookup.path[i:]
+        return Lookup(lookup.matched, lookup.hit, hit_node, path, partial, lower)
+
     def use_state(self, node: Node | None) -> None:
         """A request resumes from ``node``'s state: only that state counts as recently used
         in the SSM pool's own LRU (SGLang: a hit refreshes only the consumed Mamba node)."""
@@ -424,6 +443,12 @@ class PrefixCache:
                 raise RuntimeError(f"unpin of an unpinned node {self._by_slot[slot]!r}")
             pins[slot] -= 1
 
+    def state_pinned(self, node: Node) -> bool:
+        """Whether ``node`` itself is pinned, not only as an ancestor of a pinned node (its
+        pins exceed its children's)."""
+        pins = self.pins
+        return bool(pins[node.slot] > sum(pins[c.slot] for c in node.children.values()))
+
     def _path_slots(self, node: Node | None) -> list[int]:
         """Slots of ``node`` and its ancestors, root excluded (the nodes a pin covers)."""
         slots: list[int] = []
@@ -454,11 +479,16 @@ class PrefixCache:
         stateless_kv: bool = False,
         branch_at_insert: bool = False,
         short: int = 0,
+        running_state: bool = False,
     ) -> InsertResult:
         """Admit ``seq[:end]`` with SSM checkpoints at ``ckpts`` (positions in 1..end) and node
         boundaries at ``cuts`` (see :class:`policies.base.Admission`, also for ``held_from``).
         ``short``: tokens ``seq``'s last id lacks (a prompt's short last id, which always ends
         its sequence); counted only with :attr:`exact_tokens` (else the id is whole).
+        ``running_state``: with a separate SSM pool, the running request holds a state slot of
+        its own, outside the tree, from its allocation (made room for before its KV) on; at its
+        finish that slot becomes its last state (SGLang's request Mamba slot, donated by
+        ``cache_finished_req``), so the finish needs no flag.
 
         For a hybrid model KV past the last checkpoint is useless and is not admitted. When the
         admission does not fit even after evicting every unpinned candidate, it is truncated to
@@ -477,7 +507,16 @@ class PrefixCache:
             else:
                 short = short if self.exact_tokens else 0
                 result = self._insert(
-                    seq, ckpts, end, policy, cuts, held_from, stateless_kv, branch_at_insert, short
+                    seq,
+                    ckpts,
+                    end,
+                    policy,
+                    cuts,
+                    held_from,
+                    stateless_kv,
+                    branch_at_insert,
+                    short,
+                    running_state and self.ssm_capacity is not None,
                 )
             created = self._created
         finally:
@@ -497,11 +536,16 @@ class PrefixCache:
         stateless_kv: bool,
         branch_at_insert: bool,
         short: int,
+        running_state: bool,
     ) -> InsertResult:
         n = int(seq.shape[0])
         end = min(int(end), n)
         if self.semantics.ticks_per_operation:
             self.now += 1.0
+        result = InsertResult()
+        saved = short * self.kv_per_unit_token  # bytes a short last id does not hold
+        if held_from is not None:
+            self._allocate(seq, held_from, saved, running_state, policy, result)
         path, matched, partial = self._walk(seq[:end])
         if self.host is not None and not self._recomputed(path, matched, partial, policy):
             return InsertResult(admitted_end=matched, truncated=True)  # no GPU room for it
@@ -512,21 +556,14 @@ class PrefixCache:
         wanted = self._wanted(ckpts, end, matched, branch_at_insert and partial is not None)
         plan = plan_admission(self, path, matched, wanted, end, cuts, stateless_kv)
         deepest = partial if partial is not None else (path[-1] if path else None)
-        result = InsertResult()
         self.pin(deepest)  # the matched path is safe from the evictions below
         try:
-            saved = short * self.kv_per_unit_token  # bytes a short last id does not hold
-            need, states = plan_bytes(self, plan) - self._tail_bytes(plan, n, saved), 0
-            if self.ssm_capacity is not None:  # states come from their own pool
-                states = (len(plan.old_ckpts) + len(plan.new_ckpts)) * self.ckpt_bytes
-                need -= states
-            if held_from is not None:  # the running request's whole allocation must fit
-                held = (n - held_from) * self.kv_per_token - saved
-                need = max(need, held + need - (plan.end - plan.matched) * self.kv_per_token)
+            need, states = self._room(plan, n, saved, held_from, running_state)
             if states and states > self.ssm_free:
                 path, partial, deepest = self._pin_matched_part(path, matched, partial)
                 freed, count = evictor.evict_states(self, states, policy)
-                result.evicted_bytes, result.evicted_nodes = freed, count
+                result.evicted_bytes += freed
+                result.evicted_nodes += count
             if need > self.free_bytes:
                 if self.semantics.ticks_per_operation:
                     self.now += 1.0
@@ -544,6 +581,55 @@ class PrefixCache:
             self.unpin(deepest)
         self._note_peaks()
         return result
+
+    def _room(
+        self, plan: InsertPlan, n: int, saved: int, held_from: int | None, running_state: bool
+    ) -> tuple[float, int]:
+        """(bytes of the free budget, bytes of the separate SSM pool; 0 without one) that
+        ``plan`` needs free, for a sequence of ``n`` ids (see :meth:`insert`)."""
+        need, states = plan_bytes(self, plan) - self._tail_bytes(plan, n, saved), 0
+        if self.ssm_capacity is not None:  # states come from their own pool
+            states = (len(plan.old_ckpts) + len(plan.new_ckpts)) * self.ckpt_bytes
+            need -= states
+            if states and running_state:  # the running request keeps its own slot
+                states += self.ckpt_bytes
+        if held_from is not None:  # the running request's whole allocation must fit
+            held = (n - held_from) * self.kv_per_token - saved
+            need = max(need, held + need - (plan.end - plan.matched) * self.kv_per_token)
+        return need, states
+
+    def _allocate(
+        self,
+        seq: np.ndarray,
+        held_from: int,
+        saved: int,
+        running_state: bool,
+        policy: EvictionPolicy,
+        result: InsertResult,
+    ) -> None:
+        """The running request's allocation before its insertion: it holds every id of ``seq``
+        from ``held_from`` (its hit) on, and with ``running_state`` a state slot, so the cache
+        evicts until they fit (the slot first, as SGLang's ``alloc_req_slots`` precedes
+        ``alloc_token_slots``), protecting only the prefix up to ``held_from``. KV matched past
+        the hit (a hybrid's prefix without a state) is not protected and may go (SGLang locks
+        the request's hit node only, vLLM holds its hit blocks only); the insertion then walks
+        the tree afresh."""
+        held = (int(seq.shape[0]) - held_from) * self.kv_per_token - saved
+        slot = running_state and self.ckpt_bytes > self.ssm_free
+        if held <= self.free_bytes and not slot:
+            return
+        path, matched, partial = self._walk(seq[:held_from])
+        hit = path[-1] if path else None
+        if partial is not None:  # the hit ends inside an edge: pin its matched part only
+            hit = self._split(partial, matched)
+        with self.pinned(hit):
+            if slot:
+                freed, count = evictor.evict_states(self, self.ckpt_bytes, policy)
+                result.evicted_bytes += freed
+                result.evicted_nodes += count
+            freed, count = self.evict(held, policy)
+        result.evicted_bytes += freed
+        result.evicted_nodes += count
 
     def _pin_matched_part(
         self, path: list[Node], matched: int, partial: Node | None
@@ -845,8 +931,9 @@ class PrefixCache:
         return freed_ckpt
 
     def drop_state(self, node: Node) -> int:
-        """Free an unpinned inner node's SSM state and keep its KV (SGLang's tombstone)."""
-        assert self.pins[node.slot] == 0 and node.ckpt, node
+        """Free an inner node's SSM state and keep its KV (SGLang's tombstone); the node may
+        be pinned as an ancestor, not itself (:meth:`state_pinned`)."""
+        assert node.ckpt and not self.state_pinned(node), node
         node.ckpt = False
         self._refresh_numbers(node)
         self.ssm_bytes -= self.ckpt_bytes

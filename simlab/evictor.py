@@ -68,13 +68,15 @@ def evict_states(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tup
     pool are free, least recently used state first (``state_access``: admitted, or resumed
     from; ties: oldest node; SGLang's Mamba LRU list, not the KV recency): a leaf is evicted
     whole (its KV too), an inner node keeps its KV and loses its state (a tombstone;
-    ``components/mamba.py`` ``_evict_device_next_node``). Returns (bytes freed, nodes
-    evicted)."""
+    ``components/mamba.py`` ``_evict_device_next_node``). A pin protects the state of the
+    pinned node only, not its ancestors' (SGLang's ``inc_lock_ref`` locks the whole path's KV
+    but only the locked node's Mamba value). Returns (bytes freed, nodes evicted)."""
     freed = count = 0
     notify = eviction_listener(policy)
     while need > cache.ssm_free:
         slots = np.array(
-            [n.slot for n in cache.nodes() if n.ckpt and not cache.pins[n.slot]], dtype=np.int64
+            [n.slot for n in cache.nodes() if n.ckpt and not cache.state_pinned(n)],
+            dtype=np.int64,
         )
         if slots.size == 0:
             break

@@ -63,7 +63,9 @@ class Lookup:
 
     ``matched`` is the longest cached prefix (may end inside ``partial``'s edge); ``hit`` the
     reusable prefix under the model's hit rule; ``hit_node`` the deepest node whose state is
-    reused (None when ``hit == 0``); ``path`` the fully matched nodes, root excluded.
+    reused (None when ``hit == 0``); ``path`` the fully matched nodes, root excluded;
+    ``split``: the lower half of the node the match split where it stopped (SGLang's
+    ``_split_node``, :meth:`simlab.cache.PrefixCache.split_match`), None when it split none.
     """
 
     matched: int
@@ -71,6 +73,7 @@ class Lookup:
     hit_node: Node | None
     path: list[Node]
     partial: Node | None
+    split: Node | None = None
 
     @property
     def deepest(self) -> Node | None:

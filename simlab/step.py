@@ -190,6 +190,8 @@ class RequestStep:
         cache.now += 1.0
         keyed = self._view(req)
         lookup = cache.lookup(keyed.lookup, self._page)
+        if self.admission.splits_at_match:
+            lookup = cache.split_match(lookup, int(keyed.lookup.shape[0]) - 1)
         host_ids = loaded = 0
         if cache.host is not None:
             lookup, host_ids, loaded = self._load_host_hit(keyed.lookup, lookup)
@@ -292,14 +294,16 @@ class RequestStep:
         """The request's prefill ended (timed engines; the replay calls it right after
         :meth:`start`). A plan that ``publishes_prompt`` admits the prompt now, so requests
         scheduled from now on can hit it, and the request's pin moves to the published prompt
-        (SGLang moves its lock there). ``keep_room``: a block pool's publish keeps room in the
-        cache for the blocks the request holds (:attr:`_holds_whole_blocks`); False when the
-        engine counts running requests' memory itself (the timed engine's shared KV pool)."""
+        (SGLang moves its lock there). ``keep_room``: the publish first makes room in the cache
+        for the request's whole allocation (``held_from``: every id past its hit, and with a
+        separate SSM pool a state slot of its own), as the engines allocate it when the request
+        starts; False when the engine counts running requests' memory itself (the timed
+        engine's shared KV pool)."""
         plan, cache = started.plan, self.cache
         if not plan.publishes_prompt or started.prompt <= 0:
             return
         prompt, seq, held_from = started.prompt, started.seq, None
-        if keep_room and self._holds_whole_blocks and plan.held_from is not None:
+        if keep_room and plan.held_from is not None:
             seq, held_from = seq[: started.allocated], plan.held_from
         started.published = cache.insert(
             seq,
@@ -310,6 +314,7 @@ class RequestStep:
             held_from=held_from,
             stateless_kv=plan.stateless_kv,
             short=started.short,
+            running_state=held_from is not None,
         )
         if plan.held_from is not None:  # the published prompt's slots are the tree's now
             started.plan = replace(plan, held_from=self._held_after_publish(started))
@@ -321,11 +326,9 @@ class RequestStep:
 
     @property
     def _holds_whole_blocks(self) -> bool:
-        """A Transformer's block pool (vLLM): a request allocates every block of its prompt, a
-        partial one included, when it is scheduled, so publishing the prompt keeps room for all
-        of them (real vLLM never caches into the blocks its running requests hold); and it
-        keeps the blocks it recomputed (:meth:`_held_after_publish`). Hybrid pools keep the
-        plain rules: no real-engine case checks them yet."""
+        """A Transformer's block pool (vLLM): a request keeps the blocks it recomputed though
+        they were cached (:meth:`_held_after_publish`). Hybrid pools keep the plain rule: no
+        real-engine case checks their duplicates yet."""
         return isinstance(self._keys, BlockKeys) and not self.cache.hybrid
 
     def _held_after_publish(self, started: Started) -> int:

@@ -16,8 +16,9 @@ CASES = load_cases()
 
 def test_the_fixtures_cover_the_acceptance_set():
     """ShareGPT with llama3_8b at infinite, 2 and 5 GB for SGLang and vLLM (B=16 and 32),
-    SGLang's hybrid no_buffer at infinite capacity, vLLM's hybrid align (its real scheduler)
-    at infinite, 1, 2 and 5 GB, a SWE-bench slice, and the Mooncake hash-id
+    SGLang's hybrid no_buffer at infinite, 0.5, 1, 2 and 5 GB (on the SWE-bench slice at
+    infinite, 1.5, 2, 3 and 5 GB), vLLM's hybrid align (its real scheduler) at infinite, 1, 2
+    and 5 GB, a SWE-bench slice, and the Mooncake hash-id
     trace at infinite and finite capacities, its prompts ending inside their last 512-token
     block: on vLLM's 512-token blocks (only full blocks are cached) and on SGLang's token radix
     tree (the short last id holds its true tokens, and a hit leaves one token, not one id)."""
@@ -35,8 +36,18 @@ def test_the_fixtures_cover_the_acceptance_set():
     for size in ("inf", "2", "5"):
         assert covered("sglang", size, cache="RadixCache"), size
         assert covered("vllm", size, block_size=16) and covered("vllm", size, block_size=32)
-    assert any("MAMBA" in c["cache"] and "model=nemotron_h_8b" in c["overrides"] for c in CASES)
     hybrid = ["trace=sharegpt", "model=nemotron_h_8b"]
+    swe_hybrid = ["trace=swebench", "trace.limit=10", "model=nemotron_h_8b"]
+    for overrides, sizes in (
+        (hybrid, {"inf", "0.5", "1", "2", "5"}),
+        (swe_hybrid, {"inf", "1.5", "2", "3", "5"}),
+    ):
+        sglang_hybrid = {
+            str(c["size_gb"])
+            for c in CASES
+            if "MAMBA" in c["cache"] and c["overrides"] == overrides
+        }
+        assert sglang_hybrid >= sizes, overrides
     vllm_hybrid = {
         str(c["size_gb"]) for c in CASES if c["engine"] == "vllm" and c["overrides"] == hybrid
     }

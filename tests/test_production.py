@@ -17,6 +17,7 @@ from policies.base import Semantics
 from policies.lru import LRU
 from policies.production import VLLM, BlockLRU, RadixLRU, SGLang, vllm_hybrid_block_size
 from simlab.block_replay import block_replay
+from simlab.cache import PrefixCache
 from simlab.config import ConfigError
 from simlab.costmodel import Hardware
 from simlab.keys import BlockKeys, TokenKeys
@@ -242,6 +243,75 @@ def test_a_fully_cached_prompt_holds_the_block_it_recomputes_as_real_vllm_does()
 
 
 # --------------------------------------------------------------------------- config errors
+def hybrid_sglang(kv_tokens: float, states: int) -> RequestStep:
+    """SGLang on Nemotron-H with its KV pool and Mamba-slot pool sized apart."""
+    admission, eviction = policy_plugins("sglang")
+    kv = kv_tokens * NEMOTRON.kv_bytes_per_token
+    return RequestStep.build(
+        NEMOTRON, kv, admission, eviction, "sglang", ssm_capacity_bytes=states * STATE
+    )
+
+
+def test_a_hybrid_match_refreshes_the_path_up_to_its_hit_only():
+    """A state at 50 and a tombstoned leaf [50, 100): a match of all 100 tokens hits 50 and
+    stamps [0, 50) only (SGLang stamps ``best_match_node`` and its ancestors); a Transformer's
+    match stamps every node it passes."""
+    for spec, stamped in ((NEMOTRON, [True, False]), (LLAMA, [True, True])):
+        cache = PrefixCache(spec, math.inf)
+        cache.insert(np.arange(100, dtype=np.int32), [50, 100], 100, RadixLRU(), cuts=[50])
+        upper, lower = sorted(cache.nodes(), key=lambda n: n.start)
+        if spec.is_hybrid:
+            cache.drop_state(lower)
+        cache.now = 7.0
+        lookup = cache.lookup(np.arange(101, dtype=np.int32))
+        assert lookup.matched == 100 and lookup.hit == (50 if spec.is_hybrid else 100)
+        RadixLRU().on_hit(cache, lookup)
+        assert [cache.last_access[n.slot] == 7.0 for n in (upper, lower)] == stamped
+
+
+def test_the_match_splits_when_the_request_starts():
+    """The same 9-token input again: SGLang's match (limit 8) splits [0, 9) at 8 before the
+    request allocates anything, and stamps both halves."""
+    step = hybrid_sglang(math.inf, 10)
+    step.serve(req(0, ids(0, 9), [1]))
+    started = step.start(req(1, ids(0, 9), [2]), pin=False)
+    assert sorted((n.start, n.end) for n in step.cache.nodes()) == [(0, 8), (8, 9)]
+    assert started.lookup.split is not None and started.lookup.split.start == 8
+    assert all(step.cache.last_access[n.slot] == step.cache.now for n in step.cache.nodes())
+
+
+def test_the_allocation_may_evict_kv_matched_past_the_hit():
+    """KV for 150 tokens. r0 leaves [0, 100) (state at 100), r1 30 more tokens. r2 shares r0's
+    first 60 tokens but no state (hit 0), so it allocates all 100 of its tokens with nothing
+    locked: r1's leaf, then both halves of r0's node go (the split stamped them after r1), and
+    r2's prompt is inserted whole (SGLang locks only the hit's node; before, the matched 60
+    stayed pinned and the admission was truncated)."""
+    step = hybrid_sglang(150, 10)
+    step.serve(req(0, ids(0, 100), [1]))
+    step.serve(req(1, ids(1000, 30), [1]))
+    r2 = [*ids(0, 60), *ids(5000, 40)]
+    record = step.serve(req(2, r2, [1]))
+    assert record.hit_tokens == 0 and not record.admission_truncated
+    assert sorted((n.start, n.end) for n in step.cache.nodes()) == [(0, 100)]
+    assert step.cache.kv_bytes == 100 * NEMOTRON.kv_bytes_per_token
+    assert step.serve(req(3, [*r2, 9], [1])).hit_tokens == 100
+
+
+def test_the_running_request_takes_a_mamba_slot_and_an_ancestors_state_may_go():
+    """Three Mamba slots. r0 leaves states at 100 and 110. r1 extends r0 and hits 110; it
+    holds a slot of its own, so publishing its prompt state at 130 needs two free: the state
+    at 100, an ancestor of r1's locked node, is tombstoned (SGLang locks only the locked
+    node's Mamba state), and 110's, locked, stays."""
+    step = hybrid_sglang(math.inf, 3)
+    step.serve(req(0, ids(0, 100), ids(500, 11)))
+    r1 = step.serve(req(1, [*ids(0, 100), *ids(500, 10), *ids(900, 20)], [1]))
+    assert r1.hit_tokens == 110 and not r1.admission_truncated
+    cache = step.cache
+    assert sorted(n.end for n in cache.nodes() if n.ckpt) == [110, 130]
+    assert sorted(n.end for n in cache.nodes()) == [100, 110, 130]  # 100 keeps its KV
+    cache.check_invariants()
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
