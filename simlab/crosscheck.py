@@ -4,10 +4,13 @@
 simlab's request sequence and writes, per case, the hit tokens of every request
 (``tests/fixtures/crosscheck/*.csv`` and ``manifest.json``). This module replays the same case in
 simlab (``engine=replay``, the case's trace, model and capacity) and reports the share of requests
-whose hit tokens are identical. CI checks it without installing the engines.
+whose hit tokens are identical. CI checks it without installing the engines. ``--engine timed``
+runs the timed engine at low load instead (the replay's arrivals slowed down 10^6 times, so
+requests come in the replay's order, one at a time).
 
     python -m simlab.crosscheck                       # the engine-faithful policies, every case
     python -m simlab.crosscheck --policy sglang_plus  # another policy on the same cases
+    python -m simlab.crosscheck --engine timed        # the timed engine at low load
 """
 
 from __future__ import annotations
@@ -30,6 +33,19 @@ FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "cros
 FAITHFUL = {"sglang": "sglang", "vllm": "vllm"}
 #: where a block-paged policy takes the fixture's block size
 BLOCK_KEYS = {"vllm": "policy.block_size", "vllm_plus": "policy.admission.block_size"}
+#: the engines a case can be replayed on: their overrides (the timed one at low load: the default
+#: arrivals' session rate, think times and a trace's timestamps scaled by 10^6, so the order is
+#: the replay's)
+ENGINES = {
+    "replay": ["engine=replay"],
+    "timed": [
+        "engine=timed",
+        "engine.memory_check=false",
+        "arrivals.session_rate=0.000001",
+        "arrivals.think_time_mean=5000000",
+        "arrivals.time_scale=1000000",
+    ],
+}
 
 
 @dataclass(frozen=True)
@@ -58,10 +74,13 @@ def load_cases(fixtures: Path = FIXTURES) -> list[dict[str, Any]]:
     return cases
 
 
-def overrides_for(case: dict[str, Any], policy: str | None = None) -> list[str]:
-    """simlab's overrides that replay ``case`` under ``policy`` (default: the faithful one)."""
+def overrides_for(
+    case: dict[str, Any], policy: str | None = None, engine: str = "replay"
+) -> list[str]:
+    """simlab's overrides that run ``case`` under ``policy`` (default: the faithful one) on
+    ``engine`` (:data:`ENGINES`)."""
     name = policy or FAITHFUL[case["engine"]]
-    out = [*case["overrides"], f"+policy={name}", "engine=replay", "bounds.enabled=false"]
+    out = [*case["overrides"], f"+policy={name}", *ENGINES[engine], "bounds.enabled=false"]
     out.append(f"cache.size_gb={case['size_gb']}")
     if case.get("ssm_gb") is not None:  # SGLang's separate Mamba pool
         out.append(f"cache.ssm_gb={case['ssm_gb']}")
@@ -72,7 +91,7 @@ def overrides_for(case: dict[str, Any], policy: str | None = None) -> list[str]:
 
 
 def simlab_hits(overrides: list[str]) -> pd.DataFrame:
-    """Records of a replay composed from ``overrides`` (nothing written)."""
+    """Records of a run composed from ``overrides`` (nothing written)."""
     from hydra import compose, initialize_config_dir
 
     from simlab.simulate import simulate
@@ -87,12 +106,16 @@ def simlab_hits(overrides: list[str]) -> pd.DataFrame:
 
 
 def compare(
-    case: dict[str, Any], fixtures: Path = FIXTURES, policy: str | None = None
+    case: dict[str, Any],
+    fixtures: Path = FIXTURES,
+    policy: str | None = None,
+    engine_name: str = "replay",
 ) -> Agreement:
-    """Replay ``case`` in simlab and count identical per-request hits (same request order and
-    lengths are checked first: a trace that changed is an error, not a disagreement)."""
+    """Run ``case`` in simlab (on ``engine_name``) and count identical per-request hits (same
+    request order and lengths are checked first: a trace that changed is an error, not a
+    disagreement)."""
     engine = pd.read_csv(fixtures / case["file"])
-    ours = simlab_hits(overrides_for(case, policy))
+    ours = simlab_hits(overrides_for(case, policy, engine_name))
     if len(ours) != len(engine) or not np.array_equal(
         ours["request_id"].to_numpy(), engine["request_id"].to_numpy()
     ):
@@ -133,13 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixtures", type=Path, default=FIXTURES)
     parser.add_argument("--policy", default=None, help="compare this policy instead")
     parser.add_argument("--case", action="append", help="only these cases (repeatable)")
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="replay")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     cases = [c for c in load_cases(args.fixtures) if not args.case or c["case"] in args.case]
     if not cases:
         print(f"no crosscheck cases in {args.fixtures} (run `make crosscheck`)", file=sys.stderr)
         return 2
-    print(table([compare(c, args.fixtures, args.policy) for c in cases]))
+    print(table([compare(c, args.fixtures, args.policy, args.engine) for c in cases]))
     return 0
 
 

@@ -8,16 +8,20 @@ trace's units (tokens, or blocks for hash-id traces); records are in tokens.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from policies.base import AdmissionPolicy, EvictionPolicy
+from simlab import vllm_pool
 from simlab.cache import PrefixCache
 from simlab.engine import EngineRun
 from simlab.records import RequestRecord
 from simlab.step import Controller, RequestStep
 from traces.format import Request
 from traces.progress import Progress
+
+log = logging.getLogger(__name__)
 
 
 def replay_step(requests: Sequence[Request], step: RequestStep) -> list[RequestRecord]:
@@ -51,9 +55,15 @@ def replay(
 
 @dataclass(frozen=True)
 class ReplayEngine:
-    """``engine=replay``: the records, and the cache occupancy after each request."""
+    """``engine=replay``: the records, and the cache occupancy after each request. A hybrid
+    under ``policy=vllm`` runs through vLLM's pool block by block (:mod:`simlab.vllm_pool`)
+    instead of the prefix cache."""
 
     name: str = "replay"
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
+        shape = vllm_pool.pool_shape(step, requests)
+        if shape is not None:
+            log.info("%s: vLLM's hybrid pool block by block (%s)", step.policy, shape)
+            return vllm_pool.pool_run(requests, step, shape, step.policy)
         return EngineRun(records=replay_step(requests, step))

@@ -29,7 +29,6 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from policies.base import AdmissionPolicy, EvictionPolicy, Semantics, in_units
-from simlab import vllm_pool
 from simlab.block_replay import Walks, block_replay, fast_path, one_pass_obstacle
 from simlab.bounds import infinite_cache_hits
 from simlab.cluster import ClusterEngine, ClusterSettings, with_cluster
@@ -404,9 +403,6 @@ def run_policy(
     ``tests/test_block_heap.py``), several times faster; ``walks`` shares the walk of the
     trace with the run's other policies."""
     step = policy_step(name, pcfg, model, settings, unit_tokens)
-    shape = vllm_pool.pool_shape(step, engine, requests)
-    if shape is not None:
-        return hybrid_pool_run(name, requests, step, shape, settings.metrics)
     if settings.cache.one_pass and one_pass_obstacle(step, engine) is None:
         log.info("%s: %s (cache.one_pass)", name, fast_path(step.eviction))
         (stacked,) = stacked_runs(name, requests, [step], [settings.metrics], walks)
@@ -424,25 +420,6 @@ def run_policy(
     summary = policy_summary(records, run, step, wall, settings.metrics)
     rate, speed = summary["token_hit_rate"], summary["requests_per_s"]
     log.info("%s: token hit rate %.4f, %.0f req/s", name, rate, speed)
-    return PolicyRun(records, summary, occupancy_columns(name, run, records))
-
-
-def hybrid_pool_run(
-    name: str,
-    requests: list[Request],
-    step: RequestStep,
-    shape: vllm_pool.PoolShape,
-    metrics: MetricSettings,
-) -> PolicyRun:
-    """``policy=vllm`` on a hybrid, replayed through vLLM's block pool block by block
-    (:mod:`simlab.vllm_pool`)."""
-    log.info("%s: vLLM's hybrid pool block by block (%s)", name, shape)
-    start = time.perf_counter()
-    run = vllm_pool.pool_run(requests, step, shape, name)
-    wall = time.perf_counter() - start
-    records = record_columns(run.records, run.columns)
-    summary = policy_summary(records, run, step, wall, metrics)
-    log.info("%s: token hit rate %.4f", name, summary["token_hit_rate"])
     return PolicyRun(records, summary, occupancy_columns(name, run, records))
 
 

@@ -23,7 +23,8 @@ cache's clock is logical (one tick per started request), so recency is the same 
 quantity as in the replay engine (at low load both engines take identical decisions); the
 ``observe`` hooks and controllers (alpha tuning) see requests in completion order, the logical
 order of the cache's admissions. Requests come from a :class:`Feeder`: chat sessions here, a
-planned batch in :mod:`simlab.offline`.
+planned batch in :mod:`simlab.offline`. A hybrid under ``policy=vllm`` runs on vLLM's pool block
+by block instead of the prefix cache and the reserved memory (:mod:`simlab.timed_pool`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
+from simlab import vllm_pool
 from simlab.config import ConfigError
 from simlab.costmodel import (
     BatchShape,
@@ -148,6 +150,7 @@ class Job:
     load_s: float = 0.0  # host tier: seconds from scheduling to that load's end
     order: int = -1  # shared KV pool: rank of its first scheduling
     decode_only: bool = False  # disaggregated decode replica: its KV arrived, no prefill here
+    pool_run: vllm_pool.PoolRun | None = None  # vLLM's hybrid pool: its blocks (timed_pool)
     input_tokens: int = field(init=False)  # req.input_tokens, read in every iteration
     output_len: int = field(init=False)
     decode_end: int = field(init=False)  # output_len - 1: decode steps in all
@@ -291,7 +294,18 @@ class TimedEngine(TimedSettings):
         return CostModel(model, self.hardware, self._calibration, self.tp, self._terms)
 
     def world(self, requests: Sequence[Request], step: RequestStep) -> TimedWorld:
-        return TimedWorld(requests, step, self.cost_model(step.cache.model), self)
+        """A fresh world for ``step``: on vLLM's hybrid pool block by block where the replay
+        engine runs it there (:mod:`simlab.timed_pool`; not for subclasses, whose feeders
+        drive the prefix tree), else on the prefix tree."""
+        cost = self.cost_model(step.cache.model)
+        if type(self) is TimedEngine:
+            running = self.running_memory_gb * 1e9 if self.kv_pool == "shared" else 0.0
+            shape = vllm_pool.pool_shape(step, requests, running)
+            if shape is not None:
+                from simlab.timed_pool import PoolWorld
+
+                return PoolWorld(requests, step, cost, self, shape)
+        return TimedWorld(requests, step, cost, self)
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
         world = self.world(requests, step)
@@ -299,7 +313,7 @@ class TimedEngine(TimedSettings):
         extras = world.stats.summary(len(records)) | saturation(world.stats, records)
         if extras["saturated"]:
             log.warning("%s: the GPU is saturated (%s)", step.policy, extras["saturation"])
-        if not world.shared:
+        if not world.preempts:
             return EngineRun(records, extras, world.stats.occupancy)
         extras |= world.pool.summary(self)
         columns: dict[str, list[Any]] = {"preemptions": world.preemption_column(records)}
@@ -387,12 +401,19 @@ class TimedWorld:
         self._total = len(requests)
         self._progress: Progress | None = None
         self.shared = s.kv_pool == "shared"
+        self._budget = s.token_budget  # tokens one iteration computes
+        self._span_fit = 0
         self.pool = PoolStats()
         self._preempted_counts: dict[int, int] = {}  # request id -> preemptions
         self._link_free = 0.0  # host tier: when the host<->GPU link finishes its last load
         if self.shared:
             self._open_pool(requests)
         step.prepare(sorted(requests, key=lambda r: (r.arrival, r.session_id, r.turn)))
+
+    @property
+    def preempts(self) -> bool:
+        """Whether running requests can be preempted (their run reports preemptions)."""
+        return self.shared
 
     # ------------------------------------------------------------------ world
     def run(self, feeder: Feeder) -> list[RequestRecord]:
@@ -555,10 +576,8 @@ class TimedWorld:
 
     def _iteration(self):
         """One mixed iteration: every decoder steps once; prefill chunks fill the budget."""
-        if self.shared:
-            self._reserve_decode(1)
-        decoders = self._decoders()
-        chunks = self._prefill_chunks(self.settings.token_budget - len(decoders))
+        decoders = self._iteration_decoders()
+        chunks = self._prefill_chunks(self._budget - len(decoders))
         if not chunks and not decoders:  # only host loads in flight: wait (or an arrival)
             yield from self._await_loads()
             return
@@ -573,10 +592,20 @@ class TimedWorld:
             if not job.in_prefill:
                 if math.isnan(job.first_token):  # a recomputed request keeps its first token
                     job.first_token = self.env.now
-                assert job.started is not None
-                self.step.prefilled(job.started, keep_room=not self.shared)
-                if self.shared:
-                    self._published(job)
+                self._prompt_done(job)
+
+    def _iteration_decoders(self) -> list[Job]:
+        """The decoders of a mixed iteration, their step's memory held (shared KV pool)."""
+        if self.shared:
+            self._reserve_decode(1)
+        return self._decoders()
+
+    def _prompt_done(self, job: Job) -> None:
+        """``job``'s prefill ended: the request step publishes its prompt."""
+        assert job.started is not None
+        self.step.prefilled(job.started, keep_room=not self.shared)
+        if self.shared:
+            self._published(job)
 
     def _await_loads(self):
         """The GPU idles until the first host load ends, or a request arrives."""
@@ -627,13 +656,26 @@ class TimedWorld:
             batch.shared_kv_tokens = shared_prefix_reads(decoders)
         return batch
 
-    def _decode_span(self):
-        """Decode-only stretch until the first request finishes or a new one arrives."""
-        fit = self._reserve_decode(None) if self.shared else 0
+    def _span_plan(self) -> tuple[list[Job], int]:
+        """The decoders of a decode-only span and its steps (up to the first request's end;
+        a shared KV pool: the steps whose memory it could hold, ``_span_fit``)."""
+        fit = self._span_fit = self._reserve_decode(None) if self.shared else 0
         decoders = [j for j in self.running if j.decoded < j.decode_end]  # decode_left > 0
         steps = min([j.decode_end - j.decoded for j in decoders])
-        if self.shared:
-            steps = min(steps, fit)
+        return decoders, min(steps, fit) if self.shared else steps
+
+    def _span_ran(self, decoders: list[Job], done: int) -> None:
+        """The span ran ``done`` steps (each decoder's ``decoded`` counts them already)."""
+        fit = self._span_fit
+        if self.shared and done < fit:  # cut short: give back the steps not run
+            unused = (fit - done) * self.model.kv_bytes_per_token
+            for job in decoders:
+                job.reserved -= unused
+            self._hold(-unused * len(decoders))
+
+    def _decode_span(self):
+        """Decode-only stretch until the first request finishes or a new one arrives."""
+        decoders, steps = self._span_plan()
         # the contexts (input + decoded + 1 each) enter the cost model through their sum only
         context_sum = sum([j.input_tokens + j.decoded for j in decoders]) + len(decoders)
         shared = shared_prefix_reads(decoders) if self.settings.shared_prefix_attention else 0
@@ -651,11 +693,7 @@ class TimedWorld:
         self.stats.iterations += done
         for job in decoders:
             job.decoded += done
-        if self.shared and done < fit:  # cut short: give back the steps not run
-            unused = (fit - done) * self.model.kv_bytes_per_token
-            for job in decoders:
-                job.reserved -= unused
-            self._hold(-unused * len(decoders))
+        self._span_ran(decoders, done)
 
     # ------------------------------------------------------------------ shared KV pool
     def _open_pool(self, requests: Sequence[Request]) -> None:
@@ -763,15 +801,12 @@ class TimedWorld:
                 "(cache.size_gb + engine.running_memory_gb too small)"
             )
         victim = self.running.pop(-1 if self.settings.preemption == "lifo" else 0)
-        assert victim.started is not None
-        self.step.abort(victim.started)
         pool = self.pool
         pool.preemptions += 1
         pool.preempted.add(victim.req.request_id)
         pool.recomputed_tokens += victim.prefilled - victim.hit + victim.decoded
         victim.preemptions += 1
-        self._hold(-victim.reserved)
-        victim.reserved, victim.started = 0.0, None
+        self._release(victim)
         victim.prefilled = victim.decoded = 0
         self._note_queue()
         i = 0
@@ -782,6 +817,13 @@ class TimedWorld:
         ):
             i += 1
         self.waiting.insert(i, victim)
+
+    def _release(self, victim: Job) -> None:
+        """A preempted request gives back its pin and its memory."""
+        assert victim.started is not None
+        self.step.abort(victim.started)
+        self._hold(-victim.reserved)
+        victim.reserved, victim.started = 0.0, None
 
     def _published(self, job: Job) -> None:
         """A prompt published at prefill end now lies in the (pinned) cache: its KV leaves the

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simlab.config import ConfigError
-from simlab.engine import Engine, EngineRun
+from simlab.engine import EngineRun
 from simlab.model import ModelSpec
 from simlab.records import RequestRecord
 from simlab.step import RequestStep
@@ -107,7 +107,7 @@ class FreeQueue:
     def take(self, n: int) -> list[int]:
         """``n`` blocks from the head; a cached one loses its content."""
         if n > len(self.queue) and self.finite:
-            raise _TooSmall
+            raise PoolFull
         out = []
         for _ in range(n):
             if self.finite:
@@ -159,12 +159,13 @@ class FreeQueue:
         return True
 
 
-class _TooSmall(Exception):
-    pass
+class PoolFull(Exception):
+    """A step needs more blocks than the free queue holds (free and cached ones together)."""
 
 
 class HybridPool:
-    """One request at a time through vLLM's hybrid pool (see the module docstring)."""
+    """vLLM's hybrid pool (see the module docstring); :meth:`serve` runs one request alone (the
+    replay engine), :meth:`open` starts one that runs among others (the timed engine)."""
 
     def __init__(self, shape: PoolShape, junction: bool = True, max_tokens: int = 2048) -> None:
         self.shape = shape
@@ -173,13 +174,14 @@ class HybridPool:
         self.pool = FreeQueue(shape.blocks)
         self.attn = shape.state_groups  # the attention group's id
 
-    def _chunk(self, start: int, prompt: int, junction: int) -> tuple[int, int]:
-        """The end of the prefill step from ``start`` and the checkpoint it writes inside
-        (0: none): the token budget, cut to a block boundary unless it reaches the prompt end,
-        then at the first stop inside (``Scheduler._mamba_block_aligned_split``); the
-        checkpoint block is taken for the step as it finally ends (the Mamba manager's
-        ``_needs_internal_checkpoint``; the checkpoint alignment is 1)."""
-        size, budget = self.shape.block, self.max_tokens
+    def chunk(self, start: int, prompt: int, junction: int, budget: int) -> tuple[int, int]:
+        """The end of the prefill step from ``start`` with ``budget`` tokens and the checkpoint
+        it writes inside (0: none): the budget, cut to a block boundary unless it reaches the
+        prompt end, then at the first stop inside (``Scheduler._mamba_block_aligned_split``);
+        the checkpoint block is taken for the step as it finally ends (the Mamba manager's
+        ``_needs_internal_checkpoint``; the checkpoint alignment is 1). An end equal to
+        ``start`` schedules nothing (the budget does not reach a block boundary)."""
+        size = self.shape.block
         checkpoint = (prompt - 1) // size * size
 
         def inside(end: int) -> bool:  # is_mamba_prefill_checkpoint_valid, at the prompt end
@@ -209,71 +211,113 @@ class HybridPool:
         kv = sum(1 for g, _ in self.pool.key.values() if g == self.attn)
         return kv * self.shape.block_bytes, (len(self.pool.key) - kv) * self.shape.block_bytes
 
-    def serve(
-        self, tokens: Sequence[int], prompt: int, committed: int
-    ) -> tuple[int, int, int, int]:
-        """Run one request (``tokens``: prompt then output; ``committed``: tokens whose KV is
-        computed). Returns (hit tokens, KV-matched tokens, KV blocks cached, states cached)."""
-        size, groups, pool = self.shape.block, self.shape.state_groups, self.pool
-        keys, chain = [], 0
+    def open(self, tokens: Sequence[int], prompt: int, committed: int) -> PoolRun:
+        """A request's run, looked up but holding nothing yet (:meth:`PoolRun.acquire`);
+        ``tokens``: prompt then output, ``committed``: tokens whose KV is computed."""
+        size, keys, chain = self.shape.block, [], 0
         for i in range(committed // size):
             chain = hash((chain, tuple(tokens[i * size : (i + 1) * size])))
             keys.append(chain)
-        matched = 0
-        while matched < (prompt - 1) // size and pool.get((self.attn, keys[matched])) is not None:
-            matched += 1
-        hit = next(
-            (
-                j
-                for j in range(matched, 0, -1)
-                if all(pool.get((g, keys[j - 1])) is not None for g in range(groups))
-            ),
-            0,
-        )
-        run = _Run(self, keys, prompt, hit, matched if self.junction and matched > hit else 0)
-        start = hit * size
+        return PoolRun(self, keys, prompt)
+
+    def serve(self, tokens: Sequence[int], prompt: int, committed: int) -> PoolRun:
+        """Run one request alone, start to finish (``tokens``, ``prompt``, ``committed``: as
+        :meth:`open`'s)."""
+        run = self.open(tokens, prompt, committed)
+        run.acquire()
+        start = run.hit_tokens
         while start < prompt:
-            end, checkpoint = self._chunk(start, prompt, run.junction)
+            end, checkpoint = self.chunk(start, prompt, run.junction, self.max_tokens)
             run.step(start, end, checkpoint)
             start = end
         for n in range(prompt, committed):
             run.step(n, n + 1)
         run.finish()
-        return hit * size, matched * size, run.kv_cached, run.states_cached
+        return run
 
 
-class _Run:
-    """A request's block tables while it runs (Mamba groups' with ``None`` for null blocks)."""
+class PoolRun:
+    """A request's block tables while it runs (Mamba groups' with ``None`` for null blocks).
 
-    def __init__(self, pool: HybridPool, keys: list[int], prompt: int, hit: int, junction: int):
+    Invariants: a step takes blocks only after checking that the free queue holds them all
+    (:class:`PoolFull` otherwise, with nothing taken), so a failed step can be retried once
+    room is made; ``evicted`` counts the cached blocks this request's steps took."""
+
+    def __init__(self, pool: HybridPool, keys: list[int], prompt: int):
         self.p, self.keys, self.prompt = pool, keys, prompt
         size, groups, queue = pool.shape.block, pool.shape.state_groups, pool.pool
-        self.junction = junction * size
+        matched = 0
+        while matched < (prompt - 1) // size and queue.get((pool.attn, keys[matched])) is not None:
+            matched += 1
+        self.matched = matched
+        self.hit = next(
+            (
+                j
+                for j in range(matched, 0, -1)
+                if all(queue.get((g, keys[j - 1])) is not None for g in range(groups))
+            ),
+            0,
+        )
+        self.junction = matched * size if pool.junction and matched > self.hit else 0
         self.attn: list[int] = []
-        for i in range(hit):
-            block = queue.get((pool.attn, keys[i]))
-            assert block is not None
-            queue.touch(block)
-            self.attn.append(block)
-        self.tables: list[list[int | None]] = [[None] * hit for _ in range(groups)]
-        if hit:
-            for g, table in enumerate(self.tables):
-                block = queue.get((g, keys[hit - 1]))
-                assert block is not None
-                queue.touch(block)
-                table[hit - 1] = block
+        self.tables: list[list[int | None]] = [[None] * self.hit for _ in range(groups)]
         self.retired = [0] * groups
         self.checkpoint = (prompt - 1) // size * size
         self.reachable = {self.checkpoint // size - 1}
-        if junction:
-            self.reachable.add(junction - 1)
-        self.kv_cached = self.states_cached = 0
+        if self.junction:
+            self.reachable.add(matched - 1)
+        self.kv_cached = self.states_cached = self.evicted = 0
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.hit * self.p.shape.block
+
+    @property
+    def matched_tokens(self) -> int:
+        return self.matched * self.p.shape.block
+
+    def _hit_blocks(self) -> list[int]:
+        """The cached blocks the hit reuses: its KV chain and its state's block per group."""
+        queue, attn, hit = self.p.pool, self.p.attn, self.hit
+        blocks = [queue.get((attn, self.keys[i])) for i in range(hit)]
+        if hit:
+            blocks += [queue.get((g, self.keys[hit - 1])) for g in range(len(self.tables))]
+        assert None not in blocks
+        return blocks  # type: ignore[return-value]
+
+    def first_need(self, budget: int) -> int:
+        """Free-queue blocks the request's first prefill step (with ``budget`` tokens) uses:
+        the hit's blocks that sit in the queue and the blocks the step takes (vLLM's
+        ``allocate_slots`` check when a request is scheduled)."""
+        queue = self.p.pool
+        free_hit = sum(1 for block in self._hit_blocks() if not queue.refs.get(block))
+        end, checkpoint = self.p.chunk(self.hit_tokens, self.prompt, self.junction, budget)
+        return free_hit + self._takes(end, checkpoint, self.hit)
+
+    def acquire(self) -> None:
+        """Take the hit's blocks out of the free queue (``touch``)."""
+        queue, blocks = self.p.pool, self._hit_blocks()
+        for block in blocks:
+            queue.touch(block)
+        self.attn = blocks[: self.hit]
+        for table, block in zip(self.tables, blocks[self.hit :], strict=False):
+            table[self.hit - 1] = block
+
+    def _takes(self, end: int, checkpoint: int, attn_blocks: int) -> int:
+        """Blocks a step to ``end`` takes (writing ``checkpoint``; 0: none)."""
+        need = -(-end // self.p.shape.block)
+        state = sum(2 if checkpoint else 1 for t in self.tables if need > len(t) or checkpoint)
+        return state + max(0, need - attn_blocks)
 
     def step(self, start: int, end: int, checkpoint: int = 0) -> None:
         """One scheduler step computing tokens ``start..end``, writing the state at
-        ``checkpoint`` (0: none) into a block of its own."""
+        ``checkpoint`` (0: none) into a block of its own. :class:`PoolFull`, with nothing
+        taken, when the free queue is short."""
         self._retire(start)
         size, queue = self.p.shape.block, self.p.pool
+        if queue.finite and self._takes(end, checkpoint, len(self.attn)) > len(queue.queue):
+            raise PoolFull
+        evicted = queue.evicted
         need = -(-end // size)
         for table in self.tables:
             if need <= len(table) and not checkpoint:
@@ -283,6 +327,7 @@ class _Run:
             table.extend(queue.take(2 if checkpoint else 1))
         if need > len(self.attn):
             self.attn.extend(queue.take(need - len(self.attn)))
+        self.evicted += queue.evicted - evicted
         for i in range(min(end // size, len(self.keys))):
             self.kv_cached += queue.cache(self.attn[i], (self.p.attn, self.keys[i]))
         new_states = 0
@@ -309,78 +354,109 @@ class _Run:
             self.retired[g] = max(self.retired[g], end)
 
     def finish(self) -> None:
+        """Free every block (finished or preempted): each Mamba group's, then the KV, tail
+        first."""
         queue = self.p.pool
         for table in self.tables:
             queue.free([b for b in reversed(table) if b is not None])
         queue.free(self.attn[::-1])
+        self.attn, self.tables = [], [[] for _ in self.tables]
 
 
 def pool_records(
-    requests: Sequence[Request],
-    model: ModelSpec,
-    policy: str,
-    shape: PoolShape,
-    junction: bool,
-    committed: bool,
-    max_tokens: int,
+    requests: Sequence[Request], model: ModelSpec, policy: str, pool: HybridPool, committed: bool
 ) -> EngineRun:
-    """The replay engine's run of ``requests`` through vLLM's hybrid pool."""
-    pool = HybridPool(shape, junction, max_tokens)
+    """The replay engine's run of ``requests`` through vLLM's hybrid ``pool``, one at a time."""
     records = []
-    peak_kv = peak_ssm = peak = 0
-    state_bytes = shape.state_groups * shape.block_bytes
+    peaks = Peaks()
     for req in requests:
         tokens = req.full_sequence().tolist()
-        length = len(tokens) - (1 if committed and req.output_len else 0)
-        evicted = pool.pool.evicted
         try:
-            hit, matched, kv, states = pool.serve(tokens, req.input_len, length)
-        except _TooSmall:
-            raise ConfigError(
-                f"cache.size_gb: vLLM's pool of {shape.blocks} blocks cannot hold request "
-                f"{req.request_id} ({len(tokens)} tokens, blocks of {shape.block})"
-            ) from None
-        kv_bytes, ssm_bytes = pool.cached_bytes()
-        peak_kv, peak_ssm = max(peak_kv, kv_bytes), max(peak_ssm, ssm_bytes)
-        peak = max(peak, kv_bytes + ssm_bytes)
-        gone = pool.pool.evicted - evicted
-        records.append(
-            RequestRecord(
-                policy=policy,
-                request_id=req.request_id,
-                session_id=req.session_id,
-                turn=req.turn,
-                arrival=req.arrival,
-                input_tokens=req.input_tokens,
-                output_tokens=req.output_len,
-                matched_tokens=matched,
-                hit_tokens=hit,
-                prefill_flops=model.prefill_flops(0, req.input_tokens),
-                flops_saved=model.prefill_flops(0, hit) if hit else 0.0,
-                kv_bytes_admitted=kv * shape.block_bytes,
-                ssm_bytes_admitted=states * state_bytes,
-                ckpts_admitted=states,
-                bytes_evicted=gone * shape.block_bytes,
-                nodes_evicted=gone,
-                admission_truncated=False,
-                cache_kv_bytes=kv_bytes,
-                cache_ssm_bytes=ssm_bytes,
-            )
+            run = pool.serve(tokens, req.input_len, committed_tokens(req, committed))
+        except PoolFull:
+            raise too_small(pool.shape, req) from None
+        records.append(pool_record(req, model, policy, pool, run))
+        peaks.note(records[-1])
+    return EngineRun(records=records, extras=peaks.extras())
+
+
+def committed_tokens(req: Request, committed: bool) -> int:
+    """Tokens of ``req`` whose KV is computed: all but the last sampled one when
+    ``committed`` (the engine never feeds it back)."""
+    return req.input_len + req.output_len - (1 if committed and req.output_len else 0)
+
+
+def too_small(shape: PoolShape, req: Request) -> ConfigError:
+    return ConfigError(
+        f"cache.size_gb: vLLM's pool of {shape.blocks} blocks cannot hold request "
+        f"{req.request_id} ({req.input_len + req.output_len} tokens, blocks of {shape.block})"
+    )
+
+
+def pool_record(
+    req: Request, model: ModelSpec, policy: str, pool: HybridPool, run: PoolRun
+) -> RequestRecord:
+    """The record of ``req``'s finished ``run`` (the cache columns: the pool's now)."""
+    shape = pool.shape
+    kv_bytes, ssm_bytes = pool.cached_bytes()
+    hit = run.hit_tokens
+    return RequestRecord(
+        policy=policy,
+        request_id=req.request_id,
+        session_id=req.session_id,
+        turn=req.turn,
+        arrival=req.arrival,
+        input_tokens=req.input_tokens,
+        output_tokens=req.output_len,
+        matched_tokens=run.matched_tokens,
+        hit_tokens=hit,
+        prefill_flops=model.prefill_flops(0, req.input_tokens),
+        flops_saved=model.prefill_flops(0, hit) if hit else 0.0,
+        kv_bytes_admitted=run.kv_cached * shape.block_bytes,
+        ssm_bytes_admitted=run.states_cached * shape.state_groups * shape.block_bytes,
+        ckpts_admitted=run.states_cached,
+        bytes_evicted=run.evicted * shape.block_bytes,
+        nodes_evicted=run.evicted,
+        admission_truncated=False,
+        cache_kv_bytes=kv_bytes,
+        cache_ssm_bytes=ssm_bytes,
+    )
+
+
+@dataclass
+class Peaks:
+    """The cached bytes' peaks over a run's records (the run's extras)."""
+
+    kv: int = 0
+    ssm: int = 0
+    total: int = 0
+
+    def note(self, record: RequestRecord) -> None:
+        kv, ssm = record.cache_kv_bytes, record.cache_ssm_bytes
+        self.kv, self.ssm, self.total = (
+            max(self.kv, kv),
+            max(self.ssm, ssm),
+            max(self.total, kv + ssm),
         )
-    extras = {"peak_kv_gb": peak_kv / 1e9, "peak_ssm_gb": peak_ssm / 1e9, "peak_gb": peak / 1e9}
-    return EngineRun(records=records, extras=extras)
+
+    def extras(self) -> dict[str, float]:
+        return {
+            "peak_kv_gb": self.kv / 1e9,
+            "peak_ssm_gb": self.ssm / 1e9,
+            "peak_gb": self.total / 1e9,
+        }
 
 
-def pool_shape(step: RequestStep, engine: Engine, requests: Sequence[Request]) -> PoolShape | None:
-    """The pool when the replay of ``step`` runs through :class:`HybridPool` (None: it runs on
-    the prefix tree): the replay engine, a hybrid under ``policy=vllm`` in ``align`` mode with
-    ``block_pool`` on and its own eviction (``BlockLRU``), one shared pool, a token trace."""
-    from simlab.replay import ReplayEngine
-
+def pool_shape(
+    step: RequestStep, requests: Sequence[Request], running_bytes: float = 0.0
+) -> PoolShape | None:
+    """The pool when ``step`` runs through :class:`HybridPool` (None: on the prefix tree): a
+    hybrid under ``policy=vllm`` in ``align`` mode with ``block_pool`` on and its own eviction
+    (``BlockLRU``), one shared pool, a token trace. The pool is the cache's capacity plus
+    ``running_bytes`` (the timed engine's shared KV pool)."""
     cache, admission = step.cache, step.admission
     if not (
-        type(engine) is ReplayEngine
-        and cache.hybrid
+        cache.hybrid
         and _qualname(admission) == _VLLM
         and getattr(admission, "mamba_cache_mode", None) == "align"
         and getattr(admission, "block_pool", False)
@@ -392,7 +468,8 @@ def pool_shape(step: RequestStep, engine: Engine, requests: Sequence[Request]) -
         and all(r.block_size == 1 for r in requests)
     ):
         return None
-    return PoolShape.of(cache.model, admission.keys.block_size or 1, cache.capacity)
+    block = admission.keys.block_size or 1
+    return PoolShape.of(cache.model, block, cache.capacity + running_bytes)
 
 
 def _qualname(obj: object) -> str:
@@ -400,17 +477,20 @@ def _qualname(obj: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def step_pool(step: RequestStep, shape: PoolShape) -> tuple[HybridPool, bool]:
+    """The pool of ``step``'s admission options (``policy=vllm``) and its ``committed`` keys."""
+    admission = step.admission
+    pool = HybridPool(
+        shape,
+        junction=bool(getattr(admission, "junction", True)),
+        max_tokens=int(getattr(admission, "max_num_batched_tokens", 2048)),
+    )
+    return pool, admission.keys.committed
+
+
 def pool_run(
     requests: Sequence[Request], step: RequestStep, shape: PoolShape, policy: str
 ) -> EngineRun:
     """:func:`pool_records` with the options of ``step``'s admission (``policy=vllm``)."""
-    admission = step.admission
-    return pool_records(
-        requests,
-        step.cache.model,
-        policy,
-        shape,
-        junction=bool(getattr(admission, "junction", True)),
-        committed=admission.keys.committed,
-        max_tokens=int(getattr(admission, "max_num_batched_tokens", 2048)),
-    )
+    pool, committed = step_pool(step, shape)
+    return pool_records(requests, step.cache.model, policy, pool, committed)

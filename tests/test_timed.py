@@ -12,7 +12,7 @@ from policies.base import Semantics
 from simlab.cache import PrefixCache
 from simlab.config import ConfigError, run_settings
 from simlab.costmodel import BatchShape, Calibration, CostModel, CostTerms, Hardware
-from simlab.replay import replay_step
+from simlab.replay import ReplayEngine
 from simlab.simulate import policy_step, simulate
 from simlab.step import RequestStep
 from simlab.summary import Summary
@@ -43,9 +43,13 @@ def test_low_load_hits_equal_replay(policy):
     trace = chat_trace(seed=6, sessions=10)
     _engine, timed, arrived = timed_run(policy, trace, 12 * CKPT, session_rate=1e-4)
     admission, eviction = policy_plugins(policy)
-    replayed = replay_step(
-        list(arrived.requests()),
-        RequestStep.build(HYBRID, 12 * CKPT, admission, eviction, policy),
+    replayed = (
+        ReplayEngine()
+        .run(
+            list(arrived.requests()),
+            RequestStep.build(HYBRID, 12 * CKPT, admission, eviction, policy),
+        )
+        .records
     )
     by_id = {r.request_id: r.hit_tokens for r in replayed}
     assert [r.hit_tokens for r in timed] == [by_id[r.request_id] for r in timed]
@@ -83,15 +87,17 @@ def test_low_load_records_equal_replay_on_a_tight_transformer_cache(policy):
         np.testing.assert_array_equal(timed[column], replayed[column], err_msg=column)
 
 
-@pytest.mark.parametrize("policy", ["sglang", "vllm"])
-def test_low_load_records_equal_replay_for_production_rules_on_a_hybrid(policy):
+@pytest.mark.parametrize(
+    ("policy", "block_pool"), [("sglang", None), ("vllm", False), ("vllm", True)]
+)
+def test_low_load_records_equal_replay_for_production_rules_on_a_hybrid(policy, block_pool):
     """Nemotron-H-8B, 0.5 GB: SGLang's and vLLM's rules publish the prompt when its prefill
     ends, then the whole sequence; the replay makes both insertions back to back, so at low load
     the two engines evict at the same requests and hold the same bytes (the replay used to admit
-    once, and 8 (SGLang) and 82 (vLLM) of 211 requests evicted differently). vLLM's on the
-    prefix tree, which the timed engine runs (the replay's default is vLLM's pool block by
-    block, ``simlab.vllm_pool``)."""
-    extra = ["policy.admission.block_pool=false"] if policy == "vllm" else []
+    once, and 8 (SGLang) and 82 (vLLM) of 211 requests evicted differently). vLLM's both on
+    the prefix tree (``block_pool=false``) and on its pool block by block (the default: both
+    engines run ``simlab.vllm_pool``'s pool, the timed one through ``simlab.timed_pool``)."""
+    extra = [f"policy.admission.block_pool={block_pool}"] if policy == "vllm" else []
     replayed, timed = low_load_runs("nemotron_h_8b", policy, 0.5, *extra)
     assert replayed["nodes_evicted"].sum() > 0 and replayed["hit_tokens"].sum() > 0
     columns = ["hit_tokens", "nodes_evicted", "bytes_evicted", "kv_bytes_admitted"]

@@ -13,7 +13,7 @@ import pytest
 
 from gpu_validate.cases import load_model
 from simlab.config import ConfigError
-from simlab.vllm_pool import HybridPool, PoolShape, _TooSmall, pool_records
+from simlab.vllm_pool import HybridPool, PoolFull, PoolShape, pool_records
 from traces.format import Request
 
 B = 4  # tokens per block
@@ -26,7 +26,8 @@ def pool(blocks: float, junction: bool = True) -> HybridPool:
 def serve(p: HybridPool, prompt: list[int], output: int = 0) -> tuple[int, int, int, int]:
     """One request; its output tokens are fresh ids."""
     tokens = prompt + [1000 + i for i in range(output)]
-    return p.serve(tokens, len(prompt), len(tokens) - (1 if output else 0))
+    run = p.serve(tokens, len(prompt), len(tokens) - (1 if output else 0))
+    return run.hit_tokens, run.matched_tokens, run.kv_cached, run.states_cached
 
 
 def test_a_prompt_caches_its_state_at_the_last_boundary_below_its_end():
@@ -74,7 +75,7 @@ def test_a_long_prompt_is_prefilled_in_block_aligned_chunks():
     an 11-block pool has. Its state is at 20."""
     shape = PoolShape(block=B, state_groups=2, block_bytes=1, blocks=11)
     prompt = list(range(21))
-    with pytest.raises(_TooSmall):
+    with pytest.raises(PoolFull):
         serve(HybridPool(shape, max_tokens=8), prompt)
     p = HybridPool(replace(shape, blocks=12), max_tokens=8)
     serve(p, prompt)
@@ -85,12 +86,4 @@ def test_a_request_the_whole_pool_cannot_hold_is_an_error_naming_the_capacity():
     req = Request(0, 0, 0, 0.0, np.arange(40, dtype=np.int32), np.arange(2, dtype=np.int32), 2)
     shape = PoolShape(block=B, state_groups=2, block_bytes=1, blocks=5)
     with pytest.raises(ConfigError, match=r"cache\.size_gb"):
-        pool_records(
-            [req],
-            load_model("nemotron_h_8b"),
-            "vllm",
-            shape,
-            junction=True,
-            committed=True,
-            max_tokens=8,
-        )
+        pool_records([req], load_model("nemotron_h_8b"), "vllm", HybridPool(shape), True)

@@ -1,0 +1,108 @@
+"""The timed engine on vLLM's hybrid pool (``simlab.timed_pool``): scheduling and preemption
+counted by hand on a pool of a few blocks (blocks of 4 tokens, 2 Mamba groups), and the pool's
+invariants under load. Its agreement with the replay at low load is
+``tests/test_timed.py::test_low_load_records_equal_replay_for_production_rules_on_a_hybrid``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from simlab.config import ConfigError
+from simlab.costmodel import Hardware
+from simlab.step import RequestStep
+from simlab.timed import SessionFeeder, TimedEngine
+from simlab.timed_pool import PoolWorld
+from simlab.vllm_pool import PoolShape
+from tests.fixtures import CONFIGS, chat_trace, model, policy_plugins
+from traces.arrivals import assign_arrivals
+from traces.format import Request
+
+A100 = Hardware.from_config(OmegaConf.load(CONFIGS / "hardware" / "a100_40gb.yaml"))
+SPEC = model("nemotron_h_8b")
+
+
+def world(requests: list[Request], blocks: int, block: int = 4, **options) -> PoolWorld:
+    admission, eviction = policy_plugins("vllm")
+    step = RequestStep.build(SPEC, 1e9, admission, eviction, "vllm")
+    engine = TimedEngine(hardware=A100, **options)
+    shape = PoolShape(block=block, state_groups=2, block_bytes=1, blocks=blocks)
+    return PoolWorld(requests, step, engine.cost_model(SPEC), engine, shape)
+
+
+def two_requests(a_out: int = 10) -> list[Request]:
+    """Both arrive at 0: A (8 tokens, ``a_out`` out) first, then B (8 other tokens, 2 out)."""
+    a_ids = np.arange(8, dtype=np.int32)
+    a = Request(0, 0, 0, 0.0, a_ids, np.arange(50, 50 + a_out, dtype=np.int32), a_out)
+    b = Request(1, 1, 0, 0.0, np.arange(100, 108, dtype=np.int32), np.arange(70, 72), 2)
+    return [a, b]
+
+
+def test_a_decoder_crossing_a_block_boundary_preempts_the_last_scheduled_request():
+    """12 blocks. Step 1: A's prefill takes 6 (a checkpoint and a running block per group, 2
+    KV); B's first chunk needs 6 and 6 are free: it is scheduled. Step 2: A's first decode
+    step (position 8) frees its checkpoint blocks (2 free) and needs 3: B, the last running,
+    is preempted and frees its 6, cached ones at the tail. A's 3 come from the head: B's two
+    running blocks and A's own state block of group 0, so A's state dies. B is not scheduled
+    in a step that preempted, nor in the next (its hit's 3 queued blocks plus 3 new > 5
+    free), but once A's position-9 step retires its running blocks; it then hits its own
+    state at 4. With 13 blocks B's own first decode step (2 freed, 3 needed, 1 free) preempts
+    B; with 14, nothing is preempted."""
+    requests = two_requests()
+    for blocks, preempted, hits in (
+        (12, [0, 1], (0, 4)),
+        (13, [0, 1], (0, 4)),
+        (14, [0, 0], (0, 0)),
+    ):
+        w = world(requests, blocks=blocks)
+        a, b = w.run(SessionFeeder(requests))
+        assert w.preemption_column([a, b]) == preempted, blocks
+        assert (a.hit_tokens, b.hit_tokens) == hits, blocks
+        assert b.scheduled == a.scheduled == 0.0 and b.first_token < a.finished
+
+
+def test_a_request_waits_until_its_first_chunk_fits_in_the_pool():
+    """A decodes one step. 11 blocks: after A's 6, B's first chunk (6) does not fit in the
+    5 free; A's decode step frees 2 and takes 3, so B still waits, and starts when A finishes
+    and frees all (running memory does not count: the pool holds the running requests)."""
+    requests = two_requests(a_out=2)
+    w = world(requests, blocks=11)
+    a, b = w.run(SessionFeeder(requests))
+    assert w.pool.preemptions == 0 and a.scheduled == 0.0
+    assert b.scheduled == pytest.approx(a.finished) and b.queue_delay > 0
+    a, b = world(requests, blocks=12).run(SessionFeeder(requests))
+    assert b.scheduled == 0.0
+
+
+def test_a_request_the_pool_cannot_hold_alone_is_an_error_naming_the_capacity():
+    requests = two_requests()
+    with pytest.raises(ConfigError, match=r"cache\.size_gb"):
+        world(requests, blocks=5).run(SessionFeeder(requests))
+
+
+def test_fifo_preemption_is_refused_on_the_pool():
+    with pytest.raises(ConfigError, match=r"engine\.preemption"):
+        world(two_requests(), blocks=12, preemption="fifo")
+
+
+@pytest.mark.parametrize("blocks", [260, 1000])
+def test_under_load_every_block_returns_and_reruns_are_identical(blocks):
+    """30 chat sessions at 5 sessions/s on a pool of blocks of 16 (the longest request
+    needs 194 + 4): requests are preempted, and once every request finished each block is
+    back in the free queue with no reference; a second run gives identical records."""
+    trace = assign_arrivals(
+        chat_trace(seed=6, sessions=30), session_rate=5.0, think_time_mean=2.0, seed=0
+    )
+    requests = list(trace.requests())
+    runs = []
+    for _ in range(2):
+        w = world(requests, blocks=blocks, block=16)
+        records = w.run(SessionFeeder(requests))
+        queue = w.hybrid.pool
+        assert len(queue.queue) == blocks and not any(queue.refs.values())
+        assert w.pool.preemptions > 0 and len(records) == len(requests)
+        assert sum(w.preemption_column(records)) == w.pool.preemptions
+        assert all(r.hit_tokens % 16 == 0 and r.hit_tokens < r.input_tokens for r in records)
+        runs.append([(r.request_id, r.hit_tokens, r.ttft, r.nodes_evicted) for r in records])
+    assert runs[0] == runs[1]
