@@ -25,6 +25,9 @@ from traces.atomic import atomic_path
 if TYPE_CHECKING:
     import pandas as pd
 
+    from simlab.model import ModelSpec
+    from traces.format import Request
+
 #: a table: equal-length numpy columns by name, in order (records, occupancy)
 Columns = dict[str, np.ndarray]
 
@@ -65,6 +68,28 @@ class RequestRecord:
     host_hit_tokens: int | None = None
     host_loaded_bytes: int | None = None
     host_load_s: float = math.nan
+
+
+def request_record(
+    policy: str, req: Request, model: ModelSpec, matched: int, hit: int, **cache: Any
+) -> RequestRecord:
+    """``req``'s record with its request columns filled from the request and the model
+    (``matched`` and ``hit`` in tokens; FLOPs of the whole input and of the hit) and the
+    ``cache`` columns (admitted, evicted, the cache's contents) from the engine."""
+    return RequestRecord(
+        policy=policy,
+        request_id=req.request_id,
+        session_id=req.session_id,
+        turn=req.turn,
+        arrival=req.arrival,
+        input_tokens=req.input_tokens,
+        output_tokens=req.output_len,
+        matched_tokens=matched,
+        hit_tokens=hit,
+        prefill_flops=model.prefill_flops(0, req.input_tokens),
+        flops_saved=model.prefill_flops(0, hit) if hit else 0.0,
+        **cache,
+    )
 
 
 #: columns a run with a host tier adds (:mod:`simlab.tiers`)

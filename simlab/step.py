@@ -11,7 +11,9 @@ Every engine (replay, timed, offline) and the alpha tuner's window replays run a
   and vLLM's rules) admits it;
 * :meth:`RequestStep.finish` (the request completed): admit input + output (evicting as needed),
   release the pin, tell the eviction policy and the controllers (``observe``) and build the
-  request's :class:`~simlab.records.RequestRecord`, the one place a record is made.
+  request's :class:`~simlab.records.RequestRecord`, the one place a record of the prefix cache
+  is made (vLLM's hybrid pool, :mod:`simlab.vllm_pool`, makes its own, through the same
+  :func:`~simlab.records.request_record`).
 
 Between the two an engine may let time pass (the timed engine prefills and decodes there); the
 replay engine and the tuner call them back to back (:meth:`RequestStep.serve`). Invariants: the clock advances once per started request,
@@ -34,7 +36,7 @@ from simlab.cache import PrefixCache
 from simlab.config import ConfigError
 from simlab.keys import BlockKeys, KeyedRequest, KeyScheme, key_scheme, short_tokens
 from simlab.nodes import InsertResult, Lookup, Node
-from simlab.records import RequestRecord
+from simlab.records import RequestRecord, request_record
 
 if TYPE_CHECKING:
     from simlab.model import ModelSpec
@@ -386,18 +388,12 @@ class RequestStep:
 
     def _record(self, started: Started, admitted: InsertResult) -> RequestRecord:
         req, cache, hit = started.req, self.cache, started.hit
-        record = RequestRecord(
-            policy=self.policy,
-            request_id=req.request_id,
-            session_id=req.session_id,
-            turn=req.turn,
-            arrival=req.arrival,
-            input_tokens=req.input_tokens,
-            output_tokens=req.output_len,
-            matched_tokens=started.matched,
-            hit_tokens=hit,
-            prefill_flops=cache.model.prefill_flops(0, req.input_tokens),
-            flops_saved=cache.model.prefill_flops(0, hit) if hit else 0.0,
+        record = request_record(
+            self.policy,
+            req,
+            cache.model,
+            started.matched,
+            hit,
             kv_bytes_admitted=admitted.kv_bytes,
             ssm_bytes_admitted=admitted.ssm_bytes,
             ckpts_admitted=admitted.ckpts * cache.ckpt_states,

@@ -25,8 +25,7 @@ retirements and full KV blocks change the pool, applied step by step in the runn
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from simlab.config import ConfigError
 from simlab.costmodel import CostModel
@@ -82,24 +81,13 @@ class PoolWorld(TimedWorld):
         return True
 
     # ------------------------------------------------------------------ scheduler steps
-    def _gpu(self) -> Generator[Any, Any, None]:
-        """vLLM's loop: each scheduler step (:meth:`_plan_step`) takes the blocks of the
-        running requests' next step and of the queued requests it schedules, then runs as a
-        mixed iteration (prefill chunks) or a decode-only span."""
-        env = self.env
-        while True:
-            self._plan_step()
-            if not self.running:
-                if self._no_more_arrivals():
-                    return
-                self._wakeup = env.event()
-                yield self._wakeup
-                continue
-            if self._prefill_chunks(0):
-                yield from self._iteration()
-            else:
-                yield from self._decode_span()
-            self._complete_finished()
+    def _schedule(self) -> None:
+        """vLLM's scheduler step (:meth:`_plan_step`): the GPU loop then runs it as a mixed
+        iteration when it has prefill chunks (:meth:`_any_prefill`), else as a decode span."""
+        self._plan_step()
+
+    def _any_prefill(self) -> bool:
+        return bool(self._prefill_chunks(0))
 
     def _plan_step(self) -> None:
         """Every running request's step takes its blocks, in the running order (a decoder's

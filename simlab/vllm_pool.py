@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from simlab.config import ConfigError
 from simlab.engine import EngineRun
 from simlab.model import ModelSpec
-from simlab.records import RequestRecord
+from simlab.records import RequestRecord, request_record
 from simlab.step import RequestStep
 from traces.format import Request
 
@@ -399,19 +399,12 @@ def pool_record(
     """The record of ``req``'s finished ``run`` (the cache columns: the pool's now)."""
     shape = pool.shape
     kv_bytes, ssm_bytes = pool.cached_bytes()
-    hit = run.hit_tokens
-    return RequestRecord(
-        policy=policy,
-        request_id=req.request_id,
-        session_id=req.session_id,
-        turn=req.turn,
-        arrival=req.arrival,
-        input_tokens=req.input_tokens,
-        output_tokens=req.output_len,
-        matched_tokens=run.matched_tokens,
-        hit_tokens=hit,
-        prefill_flops=model.prefill_flops(0, req.input_tokens),
-        flops_saved=model.prefill_flops(0, hit) if hit else 0.0,
+    return request_record(
+        policy,
+        req,
+        model,
+        run.matched_tokens,
+        run.hit_tokens,
         kv_bytes_admitted=run.kv_cached * shape.block_bytes,
         ssm_bytes_admitted=run.states_cached * shape.state_groups * shape.block_bytes,
         ckpts_admitted=run.states_cached,
