@@ -186,8 +186,9 @@ class VLLM(BlockPool):
     #: tokens one scheduler step prefills (0.33.0's ``max_num_batched_tokens`` default): a
     #: hybrid's longer prompt is prefilled in block-aligned chunks (:mod:`simlab.vllm_pool`)
     max_num_batched_tokens: int = 2048
-    #: hybrids on the replay engine: vLLM's pool block by block (:mod:`simlab.vllm_pool`,
-    #: checked request for request); false: the prefix tree, as the timed and cluster engines
+    #: hybrids on the replay and timed engines: vLLM's pool block by block
+    #: (:mod:`simlab.vllm_pool`, :mod:`simlab.timed_pool`; checked request for request); false:
+    #: the prefix tree, as the cluster and offline engines
     block_pool: bool = True
 
     def __post_init__(self) -> None:
