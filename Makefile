@@ -50,7 +50,7 @@ lint: $(STAMP)
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .mypy_cache .ruff_cache
 
-## Regenerate tests/fixtures/crosscheck/ by driving SGLang's and vLLM's own prefix caches on the
+## Regenerate tests/fixtures/crosscheck/ (and crosscheck_load/, under load) by driving SGLang's and vLLM's own prefix caches on the
 ## CPU over simlab's request sequence (crosscheck/README.md). Slow, and not part of CI. Set
 ## XC_WHEELS to a folder holding the sglang/vllm wheels to skip downloading them.
 XC_VENV := .venv-crosscheck
@@ -58,6 +58,7 @@ XC_BIN := $(XC_VENV)/bin
 XC_STAMP := $(XC_VENV)/.installed
 XC_OUT := .crosscheck
 XC_FIXTURES := tests/fixtures/crosscheck
+XC_LOAD := tests/fixtures/crosscheck_load
 XC_WHEELS ?=
 XC_SHARE := $(XC_OUT)/sharegpt_llama3_8b.npz
 XC_SHARE_H := $(XC_OUT)/sharegpt_nemotron_h_8b.npz
@@ -104,3 +105,8 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--cache radix unified --size-gb inf 30 70 275
 	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_MOON) --name mooncake_llama3_8b \
 		--block-size 512 --size-gb inf 30 70 275
+	rm -f $(XC_LOAD)/*.csv $(XC_LOAD)/manifest.json
+	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b --size-gb 1 2 5 --gap 1 4
+	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE_H) \
+		--name swebench10_nemotron_h_8b --size-gb 2 5 --gap 2 8

@@ -123,24 +123,39 @@ def versions() -> dict[str, str]:
 def write_case(
     case: dict[str, Any], export: Export, hits: list[int], fixtures: Path = FIXTURES
 ) -> dict[str, Any]:
-    """Write ``case``'s CSV and put its entry into ``manifest.json`` (replacing one of the same
-    name); returns the completed entry."""
+    """Write ``case``'s CSV (every request's hit tokens) and put its entry into
+    ``manifest.json`` (replacing one of the same name); returns the completed entry."""
+    entry = write_table(case, export, len(export), {"hit_tokens": hits}, fixtures)
+    entry.pop("hit_rate")
+    return entry
+
+
+def write_table(
+    case: dict[str, Any],
+    export: Export,
+    n: int,
+    columns: dict[str, list[Any]],
+    fixtures: Path,
+) -> dict[str, Any]:
+    """Write ``case``'s CSV, the first ``n`` requests' ids and lengths then ``columns`` (one
+    of them ``hit_tokens``), and put its entry into ``fixtures/manifest.json`` (replacing one
+    of the same name); returns the completed entry, with the token hit rate."""
     fixtures.mkdir(parents=True, exist_ok=True)
     file = f"{case['case']}.csv"
     with (fixtures / file).open("w", newline="") as fh:
         writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(COLUMNS)
-        for pos, hit in enumerate(hits):
-            writer.writerow(
-                (pos, export.request_id[pos], export.input_len[pos], export.output_len[pos], hit)
-            )
+        writer.writerow((*COLUMNS[:-1], *columns))
+        for pos in range(n):
+            ids = (pos, export.request_id[pos], export.input_len[pos], export.output_len[pos])
+            writer.writerow((*ids, *(column[pos] for column in columns.values())))
+    hits = int(sum(columns["hit_tokens"]))
     entry = {
         "case": case["case"],
         "file": file,
         **{k: v for k, v in case.items() if k != "case"},
         "overrides": export.overrides,
-        "requests": len(export),
-        "hit_tokens_total": int(sum(hits)),
+        "requests": n,
+        "hit_tokens_total": hits,
         "command": command(),
     }
     manifest_path = fixtures / "manifest.json"
@@ -151,7 +166,7 @@ def write_case(
         "cases": sorted(cases, key=lambda c: c["case"]),
     }
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
-    return entry
+    return entry | {"hit_rate": hits / int(export.input_len[:n].sum())}
 
 
 def command() -> str:

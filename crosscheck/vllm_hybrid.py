@@ -239,16 +239,13 @@ class SchedulerReplay:
         self.scheduler = scheduler
         self._next_id = 0
 
-    def request(self, input_ids: list[int], output_ids: list[int]) -> int:
-        """Run one request to completion; returns its hit tokens."""
+    def _request(self, name: str, input_ids: list[int], output_ids: list[int]):
+        """A request that samples exactly ``len(output_ids)`` tokens (no EOS)."""
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request
 
         if not output_ids:
             raise ValueError("vLLM always samples at least one output token")
-        name = str(self._next_id)
-        self._next_id += 1
         req = Request(
             request_id=name,
             prompt_token_ids=list(input_ids),
@@ -257,6 +254,15 @@ class SchedulerReplay:
             block_hasher=self.hasher,
         )
         req.eos_token_id = None
+        return req
+
+    def request(self, input_ids: list[int], output_ids: list[int]) -> int:
+        """Run one request to completion; returns its hit tokens."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        name = str(self._next_id)
+        self._next_id += 1
+        req = self._request(name, input_ids, output_ids)
         scheduler = self.scheduler
         scheduler.add_request(req)
         hit, sampled = None, 0

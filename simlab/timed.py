@@ -151,14 +151,25 @@ class Job:
     order: int = -1  # shared KV pool: rank of its first scheduling
     decode_only: bool = False  # disaggregated decode replica: its KV arrived, no prefill here
     pool_run: vllm_pool.PoolRun | None = None  # vLLM's hybrid pool: its blocks (timed_pool)
-    input_tokens: int = field(init=False)  # req.input_tokens, read in every iteration
+    input_tokens: int = field(init=False)  # tokens its prefill computes (see ``resume``)
     output_len: int = field(init=False)
-    decode_end: int = field(init=False)  # output_len - 1: decode steps in all
+    decode_end: int = field(init=False)  # decode steps after its prefill (output_len - 1)
 
     def __post_init__(self) -> None:
         self.input_tokens = self.req.input_tokens
         self.output_len = self.req.output_len
         self.decode_end = self.output_len - 1
+
+    def resume(self) -> None:
+        """Preempted (recompute): what it computed is dropped, and the outputs it sampled are
+        prefilled again with its prompt, the last chunk sampling its next token, as vLLM
+        (``num_tokens - num_computed_tokens`` once ``num_computed_tokens`` is reset) and
+        SGLang (a retracted request's ``fill_ids`` hold its outputs) do. Invariant:
+        ``input_tokens + decode_end + 1 == req.input_tokens + output_len``."""
+        sampled = self.decoded + 1 if self.prefilled >= self.input_tokens else 0
+        self.input_tokens += sampled
+        self.decode_end -= sampled
+        self.prefilled = self.decoded = 0
 
     @property
     def in_prefill(self) -> bool:
@@ -167,7 +178,7 @@ class Job:
     @property
     def decode_left(self) -> int:
         """Decode steps still to run (the first output token comes with the prefill)."""
-        return max(self.output_len - 1 - self.decoded, 0)
+        return max(self.decode_end - self.decoded, 0)
 
 
 @dataclass
@@ -741,7 +752,7 @@ class TimedWorld:
             if not self._feeder.ready(job):
                 return
             hit, node = self.step.peek_hit(job.req)
-            whole = (job.input_tokens + job.output_len) * kv + state
+            whole = (job.input_tokens + job.decode_end + 1) * kv + state
             self.cache.pin(node)
             fits = whole - hit * kv <= self.cache.free_bytes + self._evictable()
             if fits:
@@ -807,7 +818,7 @@ class TimedWorld:
         pool.recomputed_tokens += victim.prefilled - victim.hit + victim.decoded
         victim.preemptions += 1
         self._release(victim)
-        victim.prefilled = victim.decoded = 0
+        victim.resume()
         self._note_queue()
         i = 0
         while (
@@ -930,7 +941,7 @@ class TimedWorld:
             scheduled=job.scheduled,
             first_token=job.first_token,
             finished=job.finished,
-            prefill_time=self.cost.prefill_time(job.hit, job.input_tokens - job.hit),
+            prefill_time=self.cost.prefill_time(job.hit, job.req.input_tokens - job.hit),
         )
         record = self.step.finish(job.started, timing)
         if self.cache.host is not None:

@@ -12,10 +12,17 @@ not limit a separate pool here. Each iteration, in the running order (vLLM's ``S
   token per decoder, cut as :meth:`simlab.vllm_pool.HybridPool.chunk` cuts it;
 * a step the free queue cannot serve preempts the last running request (recompute, vLLM's
   ``self.running.pop()``; LIFO only), which frees all its blocks, until it can; a request
-  that cannot run alone is an error naming ``cache.size_gb``;
-* a queued request is scheduled (FCFS) when its first chunk's blocks, and its hit's blocks
-  that sit in the free queue, are free (vLLM's ``allocate_slots`` check); with nothing
-  running, always.
+  that cannot run alone is an error naming ``cache.size_gb``. A preempted request resumes by
+  prefilling its prompt and the outputs it sampled (:meth:`simlab.timed.Job.resume`), looked
+  up again; its record keeps the hit of its first scheduling (vLLM's ``num_cached_tokens``);
+* unless the step preempted, queued requests are scheduled (FCFS) while their first chunk
+  is not empty, the blocks of their whole prefill and of their first chunk (with their hit's
+  blocks that sit in the free queue) are free (``allocate_slots`` with
+  ``scheduler_reserve_full_isl``), and their hit's state was not cached in this same step
+  (``cached_blocks_this_step``); with nothing running, always.
+
+``python -m simlab.crosscheck_load`` checks these rules request by request against vLLM's own
+scheduler under load (``crosscheck/vllm_concurrent.py``).
 
 A decode-only span is cut before the first step in which a decoder crosses a block boundary,
 so every take happens at a span's first step, before its time passes; within a span only
@@ -70,6 +77,9 @@ class PoolWorld(TimedWorld):
         self._keys: dict[int, list[int]] = {}  # queued request id -> its block keys
         self._chunks: list[tuple[Job, int]] = []  # this step's prefill chunks
         self._planned: list[Job] = []  # this step's decoders
+        self._preempted_now = False  # this step preempted a request (so scheduled none)
+        self._first: dict[int, tuple[int, int]] = {}  # request id -> its first lookup
+        self.resume_hits: dict[int, list[int]] = {}  # request id -> its hit at each resume
         self.pool.budget = shape.blocks * shape.block_bytes
         log.info("%s: vLLM's hybrid pool block by block, timed (%s)", step.policy, shape)
 
@@ -94,6 +104,7 @@ class PoolWorld(TimedWorld):
         one token, a prefilling request's chunk within the budget left); then, unless that
         preempted a request, queued requests are scheduled (:meth:`_admit`)."""
         preemptions = self.pool.preemptions
+        self.hybrid.fresh.clear()
         decoders = self._decoders()
         budget = self._budget - len(decoders)
         self._chunks = []
@@ -107,7 +118,8 @@ class PoolWorld(TimedWorld):
                 n = job.input_tokens + job.decoded
                 self._step(job, n, n + 1)
         self._planned = [j for j in decoders if j.pool_run is not None]
-        if self.pool.preemptions == preemptions:
+        self._preempted_now = self.pool.preemptions > preemptions
+        if not self._preempted_now:
             self._admit(budget)
 
     def _admit(self, budget: int) -> None:
@@ -119,7 +131,14 @@ class PoolWorld(TimedWorld):
             if not self._feeder.ready(job):
                 return
             run = self._open(job)
-            if self.running and queue.finite and run.first_need(budget) > len(queue.queue):
+            if run.hits_fresh_state() or not run.first_chunk(budget):
+                return
+            free = len(queue.queue)
+            if (
+                self.running
+                and queue.finite
+                and (run.full_need() > free or run.first_need(budget) > free)
+            ):
                 return
             self._note_queue()
             self.waiting.popleft()
@@ -134,7 +153,7 @@ class PoolWorld(TimedWorld):
             run = self.hybrid.open(tokens, req.input_len, committed_tokens(req, self.committed))
             self._keys[req.request_id] = run.keys
             return run
-        return PoolRun(self.hybrid, keys, req.input_len)
+        return PoolRun(self.hybrid, keys, req.input_len, job.input_tokens)  # resumed
 
     def _start_run(self, job: Job, run: PoolRun) -> None:
         run.acquire()
@@ -143,9 +162,12 @@ class PoolWorld(TimedWorld):
         job.ckpt_tokens = sorted({c for c in (run.checkpoint, run.junction) if c > job.hit})
         if self.settings.radix_mlp:
             job.seq = job.req.full_sequence()
-        if job.order < 0:  # a recomputed request keeps its first scheduling
+        if job.order < 0:  # a recomputed request keeps its first scheduling (and its hit)
+            self._first[job.req.request_id] = (run.matched_tokens, run.hit_tokens)
             job.order, self.pool.started = self.pool.started, self.pool.started + 1
             job.scheduled = self.env.now
+        else:
+            self.resume_hits.setdefault(job.req.request_id, []).append(run.hit_tokens)
         self.running.append(job)
 
     # ------------------------------------------------------------------ steps
@@ -188,7 +210,9 @@ class PoolWorld(TimedWorld):
         run = job.pool_run
         assert run is not None
         start = job.prefilled
-        end, checkpoint = self.hybrid.chunk(start, job.input_tokens, run.junction, budget)
+        end, checkpoint = self.hybrid.chunk(
+            start, job.req.input_tokens, run.junction, budget, job.input_tokens
+        )
         if end <= start or not self._step(job, start, end, checkpoint):
             return 0
         self._chunks.append((job, end - start))
@@ -203,16 +227,19 @@ class PoolWorld(TimedWorld):
     def _span_plan(self) -> tuple[list[Job], int]:
         """The planned decoders (their first step's blocks taken) and the span's steps: up to
         the first request's end, before the next step in which a decoder crosses a block
-        boundary (it takes blocks), through the next step that retires a Mamba block when a
-        queued request could be scheduled in the room it frees, one step when a request
-        still prefills (it got no tokens in this one)."""
+        boundary (it takes blocks), before the next step that retires a Mamba block when a
+        queued request could be scheduled in the room it frees (vLLM frees it in that step's
+        running pass, then schedules the queue), one step when a request still prefills (it
+        got no tokens in this one) or when this step preempted one (it scheduled none)."""
         size, decoders = self.shape.block, self._planned
         firsts = [j.input_tokens + j.decoded for j in decoders]
         steps = min(j.decode_end - j.decoded for j in decoders)
         steps = min(steps, *(size - n % size for n in firsts))
         if self.waiting and len(self.running) < self.settings.max_running:
-            steps = min(steps, *((1 - n) % size + 1 for n in firsts))
-        if any(j.prefilled < j.input_tokens for j in self.running):
+            steps = min(steps, *((1 - n) % size or size for n in firsts))
+        if any(j.prefilled < j.input_tokens for j in self.running) or (
+            self._preempted_now and self.waiting
+        ):
             steps = 1
         return decoders, steps
 
@@ -244,7 +271,8 @@ class PoolWorld(TimedWorld):
         run.finish()
         del self._keys[req.request_id]
         self._preempted_counts[req.request_id] = job.preemptions
-        record = pool_record(req, self.model, self.step.policy, self.hybrid, run)
+        matched, hit = self._first.pop(req.request_id)
+        record = pool_record(req, self.model, self.step.policy, self.hybrid, run, matched, hit)
         add_timing(
             record,
             Timing(
@@ -252,7 +280,7 @@ class PoolWorld(TimedWorld):
                 scheduled=job.scheduled,
                 first_token=job.first_token,
                 finished=job.finished,
-                prefill_time=self.cost.prefill_time(job.hit, job.input_tokens - job.hit),
+                prefill_time=self.cost.prefill_time(hit, req.input_tokens - hit),
             ),
         )
         self._note_held()

@@ -159,6 +159,23 @@ class FreeQueue:
         return True
 
 
+def internal_checkpoint(
+    start: int, end: int, prefill_end: int, size: int, block: int | None = None
+) -> int:
+    """The prefill checkpoint a step computing ``start..end`` writes into a block of its own,
+    at the end of ``block`` (default: the last block boundary before ``end``); 0: none. Only
+    a step reaching the prefill end writes one (``is_mamba_prefill_checkpoint_valid``, the
+    checkpoint alignment 1)."""
+    checkpoint = ((end - 1) // size if block is None else block) * size
+    valid = (
+        end >= prefill_end
+        and start % size == 0
+        and -(-end // size) - 2 > (start - 1) // size
+        and start + size <= checkpoint < end
+    )
+    return checkpoint if valid else 0
+
+
 class PoolFull(Exception):
     """A step needs more blocks than the free queue holds (free and cached ones together)."""
 
@@ -173,38 +190,37 @@ class HybridPool:
         self.max_tokens = max_tokens  # tokens one step schedules (max_num_batched_tokens)
         self.pool = FreeQueue(shape.blocks)
         self.attn = shape.state_groups  # the attention group's id
+        self.fresh: set[_Key] = set()  # states cached in the scheduler step under way
 
-    def chunk(self, start: int, prompt: int, junction: int, budget: int) -> tuple[int, int]:
+    def chunk(
+        self, start: int, prompt: int, junction: int, budget: int, tokens: int = 0
+    ) -> tuple[int, int]:
         """The end of the prefill step from ``start`` with ``budget`` tokens and the checkpoint
         it writes inside (0: none): the budget, cut to a block boundary unless it reaches the
-        prompt end, then at the first stop inside (``Scheduler._mamba_block_aligned_split``);
+        prefill end (or a block is wider than a whole step), then at the first stop inside (``Scheduler._mamba_block_aligned_split``);
         the checkpoint block is taken for the step as it finally ends (the Mamba manager's
         ``_needs_internal_checkpoint``; the checkpoint alignment is 1). An end equal to
-        ``start`` schedules nothing (the budget does not reach a block boundary)."""
+        ``start`` schedules nothing (the budget does not reach a block boundary).
+
+        ``tokens``: what the prefill computes when it is not the ``prompt`` (0): a request
+        resumed after a preemption recomputes its outputs too, and vLLM's prefill then ends
+        one token short of them (``max(num_prompt_tokens, num_tokens - 1)``)."""
         size = self.shape.block
-        checkpoint = (prompt - 1) // size * size
-
-        def inside(end: int) -> bool:  # is_mamba_prefill_checkpoint_valid, at the prompt end
-            return (
-                end >= prompt
-                and start % size == 0
-                and -(-end // size) - 2 > (start - 1) // size
-                and start + size <= checkpoint < end
-            )
-
-        end = min(start + budget, prompt)
-        internal = inside(end)
-        if end < prompt:
+        tokens = tokens or prompt
+        prefill_end = max(prompt, tokens - 1)
+        end = min(start + budget, tokens)
+        internal = internal_checkpoint(start, end, prefill_end, size, (prefill_end - 1) // size)
+        if end < prefill_end:
             aligned = end // size * size
-            if aligned > start or size <= budget:
+            if aligned > start or size <= self.max_tokens:
                 end = aligned
         stops = (
             (start // size + 1) * size if start % size and not internal else 0,
-            0 if internal else checkpoint,
+            0 if internal else (tokens - 1) // size * size,
             junction,
         )
         end = min((s for s in stops if start < s < end), default=end)
-        return end, checkpoint if inside(end) else 0
+        return end, internal_checkpoint(start, end, prefill_end, size)
 
     def cached_bytes(self) -> tuple[int, int]:
         """(KV, state) bytes of the cached blocks, a dead state's surviving blocks included."""
@@ -243,11 +259,15 @@ class PoolRun:
     (:class:`PoolFull` otherwise, with nothing taken), so a failed step can be retried once
     room is made; ``evicted`` counts the cached blocks this request's steps took."""
 
-    def __init__(self, pool: HybridPool, keys: list[int], prompt: int):
+    def __init__(self, pool: HybridPool, keys: list[int], prompt: int, tokens: int = 0):
         self.p, self.keys, self.prompt = pool, keys, prompt
+        self.tokens = tokens or prompt  # what the prefill computes (HybridPool.chunk)
         size, groups, queue = pool.shape.block, pool.shape.state_groups, pool.pool
         matched = 0
-        while matched < (prompt - 1) // size and queue.get((pool.attn, keys[matched])) is not None:
+        while (
+            matched < (self.tokens - 1) // size
+            and queue.get((pool.attn, keys[matched])) is not None
+        ):
             matched += 1
         self.matched = matched
         self.hit = next(
@@ -262,7 +282,7 @@ class PoolRun:
         self.attn: list[int] = []
         self.tables: list[list[int | None]] = [[None] * self.hit for _ in range(groups)]
         self.retired = [0] * groups
-        self.checkpoint = (prompt - 1) // size * size
+        self.checkpoint = (self.tokens - 1) // size * size
         self.reachable = {self.checkpoint // size - 1}
         if self.junction:
             self.reachable.add(matched - 1)
@@ -291,8 +311,36 @@ class PoolRun:
         ``allocate_slots`` check when a request is scheduled)."""
         queue = self.p.pool
         free_hit = sum(1 for block in self._hit_blocks() if not queue.refs.get(block))
-        end, checkpoint = self.p.chunk(self.hit_tokens, self.prompt, self.junction, budget)
+        end, checkpoint = self.p.chunk(
+            self.hit_tokens, self.prompt, self.junction, budget, self.tokens
+        )
         return free_hit + self._takes(end, checkpoint, self.hit)
+
+    def first_chunk(self, budget: int) -> int:
+        """Tokens of its first prefill step with ``budget`` tokens left (0: it cannot be
+        scheduled in this step)."""
+        end, _ = self.p.chunk(self.hit_tokens, self.prompt, self.junction, budget, self.tokens)
+        return end - self.hit_tokens
+
+    def full_need(self) -> int:
+        """Free-queue blocks the whole prefill needs (vLLM's admission check with
+        ``scheduler_reserve_full_isl``, its default): the hit's blocks that sit in the queue,
+        a KV block per block of the prefill beyond the hit and, per Mamba group, its running
+        block (and its checkpoint's when the whole prefill in one step would write one)."""
+        queue, size = self.p.pool, self.p.shape.block
+        free_hit = sum(1 for block in self._hit_blocks() if not queue.refs.get(block))
+        need = -(-self.tokens // size)
+        if need <= self.hit:
+            return free_hit
+        prefill_end = max(self.prompt, self.tokens - 1)
+        checkpoint = internal_checkpoint(self.hit_tokens, self.tokens, prefill_end, size)
+        per_group = min(need - self.hit, 2 if checkpoint else 1)
+        return free_hit + need - self.hit + per_group * len(self.tables)
+
+    def hits_fresh_state(self) -> bool:
+        """Whether its hit's state was cached in the scheduler step under way (vLLM defers
+        such a hit to the next step: ``cached_blocks_this_step``)."""
+        return bool(self.hit) and (0, self.keys[self.hit - 1]) in self.p.fresh
 
     def acquire(self) -> None:
         """Take the hit's blocks out of the free queue (``touch``)."""
@@ -334,8 +382,9 @@ class PoolRun:
         for g, table in enumerate(self.tables):
             for i in self.reachable:
                 block = table[i] if 0 <= i < min(end // size, len(table)) else None
-                if block is not None:
-                    new_states += queue.cache(block, (g, self.keys[i]))
+                if block is not None and queue.cache(block, (g, self.keys[i])):
+                    new_states += 1
+                    self.p.fresh.add((g, self.keys[i]))
         self.states_cached += new_states // len(self.tables)
 
     def _retire(self, computed: int) -> None:
@@ -394,17 +443,26 @@ def too_small(shape: PoolShape, req: Request) -> ConfigError:
 
 
 def pool_record(
-    req: Request, model: ModelSpec, policy: str, pool: HybridPool, run: PoolRun
+    req: Request,
+    model: ModelSpec,
+    policy: str,
+    pool: HybridPool,
+    run: PoolRun,
+    matched: int | None = None,
+    hit: int | None = None,
 ) -> RequestRecord:
-    """The record of ``req``'s finished ``run`` (the cache columns: the pool's now)."""
+    """The record of ``req``'s finished ``run`` (the cache columns: the pool's now); its
+    ``matched`` and ``hit`` tokens are the run's unless given (a preempted request's are
+    those of its first scheduling, vLLM's ``num_cached_tokens``: a resumed one's hit may
+    reach into the outputs it recomputes)."""
     shape = pool.shape
     kv_bytes, ssm_bytes = pool.cached_bytes()
     return request_record(
         policy,
         req,
         model,
-        run.matched_tokens,
-        run.hit_tokens,
+        run.matched_tokens if matched is None else matched,
+        run.hit_tokens if hit is None else hit,
         kv_bytes_admitted=run.kv_cached * shape.block_bytes,
         ssm_bytes_admitted=run.states_cached * shape.state_groups * shape.block_bytes,
         ckpts_admitted=run.states_cached,

@@ -41,24 +41,24 @@ def two_requests(a_out: int = 10) -> list[Request]:
 
 def test_a_decoder_crossing_a_block_boundary_preempts_the_last_scheduled_request():
     """12 blocks. Step 1: A's prefill takes 6 (a checkpoint and a running block per group, 2
-    KV); B's first chunk needs 6 and 6 are free: it is scheduled. Step 2: A's first decode
+    KV); B's whole prefill needs 6 and 6 are free: it is scheduled. Step 2: A's first decode
     step (position 8) frees its checkpoint blocks (2 free) and needs 3: B, the last running,
     is preempted and frees its 6, cached ones at the tail. A's 3 come from the head: B's two
-    running blocks and A's own state block of group 0, so A's state dies. B is not scheduled
-    in a step that preempted, nor in the next (its hit's 3 queued blocks plus 3 new > 5
-    free), but once A's position-9 step retires its running blocks; it then hits its own
-    state at 4. With 13 blocks B's own first decode step (2 freed, 3 needed, 1 free) preempts
-    B; with 14, nothing is preempted."""
+    running blocks and A's own state block of group 0, so A's state dies. B resumes with its
+    sampled token to recompute (9 tokens): from its hit at 4, 2 KV blocks and 2 per group
+    (a checkpoint at 8) plus its hit's 3 queued blocks make 9 > 7 free, so it waits for A's
+    end, and A's position-16 step takes B's state of group 0: B misses. With 13 blocks B's
+    own first decode step (2 freed, 3 needed, 1 free) preempts B, whose state then survives
+    A's takes (the queue's head holds A's freed running blocks first): B hits 4. With 14,
+    nothing is preempted. ``tests/fixtures/crosscheck_load`` checks these rules against
+    vLLM's own scheduler."""
     requests = two_requests()
-    for blocks, preempted, hits in (
-        (12, [0, 1], (0, 4)),
-        (13, [0, 1], (0, 4)),
-        (14, [0, 0], (0, 0)),
-    ):
+    for blocks, preempted, resumed in ((12, [0, 1], [0]), (13, [0, 1], [4]), (14, [0, 0], None)):
         w = world(requests, blocks=blocks)
         a, b = w.run(SessionFeeder(requests))
         assert w.preemption_column([a, b]) == preempted, blocks
-        assert (a.hit_tokens, b.hit_tokens) == hits, blocks
+        assert (a.hit_tokens, b.hit_tokens) == (0, 0), blocks  # their first scheduling's
+        assert w.resume_hits.get(b.request_id) == resumed, blocks
         assert b.scheduled == a.scheduled == 0.0 and b.first_token < a.finished
 
 

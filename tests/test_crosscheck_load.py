@@ -1,0 +1,29 @@
+"""The timed engine on vLLM's hybrid pool under load, against vLLM 0.33.0's own ``Scheduler``
+(``crosscheck/vllm_concurrent.py``'s fixtures): requests arrive while others run, batch,
+share blocks and preempt each other; on a clock counting scheduler steps, every request must
+get the engine's hit, preemptions, scheduling step, first-token step and finishing step."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from simlab.crosscheck import load_cases
+from simlab.crosscheck_load import COUNTS, FIXTURES, TIMES, compare
+
+CASES = load_cases(FIXTURES)
+
+
+def test_the_fixtures_cover_both_traces_hits_and_preemptions():
+    assert len(CASES) >= 10
+    assert {c["overrides"][0] for c in CASES} == {"trace=sharegpt", "trace=swebench"}
+    assert all(c["hit_tokens_total"] > 0 for c in CASES)
+    preempted = [pd.read_csv(FIXTURES / c["file"])["preemptions"].sum() for c in CASES]
+    assert sum(p > 0 for p in preempted) >= len(CASES) - 1
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["case"] for c in CASES])
+def test_the_timed_engine_under_load_schedules_as_vllms_scheduler(case):
+    result = compare(case)
+    for column in (*COUNTS, *TIMES):
+        assert result.identical[column] == result.requests, (column, result.first_difference)
