@@ -8,8 +8,8 @@ same clock (:class:`StepClock`: every iteration lasts one unit, so a decode span
 lasts ``k``) with the same arrivals (the fixture's ``arrival`` column, :class:`OpenLoop`), the
 case's pool, ``max_num_seqs`` (``engine.max_running``) and ``max_num_batched_tokens``
 (``engine.token_budget``), and compares, per request, its hit (that of its first scheduling,
-vLLM's ``num_cached_tokens``), that of its last scheduling, its preemptions and when it was first scheduled, got its first
-token and finished.
+vLLM's ``num_cached_tokens``), that of its last scheduling, its preemptions and when it was
+first scheduled, got its first token and finished.
 
     python -m simlab.crosscheck_load            # every case
     python -m simlab.crosscheck_load --case C   # one
@@ -31,7 +31,7 @@ import pandas as pd
 from simlab.costmodel import BatchShape, CostModel
 from simlab.crosscheck import overrides_for, selected_cases
 from simlab.records import RequestRecord
-from simlab.timed import Job, TimedWorld
+from simlab.timed import Job, TimedEngine, TimedWorld
 from traces.format import Request
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,8 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     if shape is None:
         raise ValueError(f"{case['case']}: the policy does not run on vLLM's hybrid pool")
     settings = plan.engine
-    world = PoolWorld(requests, step, cast(CostModel, StepClock()), settings, shape)  # type: ignore[arg-type]
+    assert isinstance(settings, TimedEngine)  # the case's overrides pick engine=timed
+    world = PoolWorld(requests, step, cast(CostModel, StepClock()), settings, shape)
     records = world.run(OpenLoop(requests, engine["arrival"].tolist()))
     preempted = dict(
         zip([r.request_id for r in records], world.preemption_column(records), strict=True)

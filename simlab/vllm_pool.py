@@ -197,10 +197,11 @@ class HybridPool:
     ) -> tuple[int, int]:
         """The end of the prefill step from ``start`` with ``budget`` tokens and the checkpoint
         it writes inside (0: none): the budget, cut to a block boundary unless it reaches the
-        prefill end (or a block is wider than a whole step), then at the first stop inside (``Scheduler._mamba_block_aligned_split``);
-        the checkpoint block is taken for the step as it finally ends (the Mamba manager's
-        ``_needs_internal_checkpoint``; the checkpoint alignment is 1). An end equal to
-        ``start`` schedules nothing (the budget does not reach a block boundary).
+        prefill end (or a block is wider than a whole step), then at the first stop inside
+        (``Scheduler._mamba_block_aligned_split``); the checkpoint block is taken for the step
+        as it finally ends (the Mamba manager's ``_needs_internal_checkpoint``; the checkpoint
+        alignment is 1). An end equal to ``start`` schedules nothing (the budget does not
+        reach a block boundary).
 
         ``tokens``: what the prefill computes when it is not the ``prompt`` (0): a request
         resumed after a preemption recomputes its outputs too, and vLLM's prefill then ends
