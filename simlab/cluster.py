@@ -74,6 +74,7 @@ from simlab.engine import Engine, EngineRun
 from simlab.records import RequestRecord
 from simlab.step import RequestStep, Started, Timing, add_timing
 from simlab.timed import Job, SessionFeeder, TimedEngine, TimedWorld, saturation
+from simlab.timed_pool import PoolWorld
 from traces.format import Request
 from traces.progress import Progress
 
@@ -373,7 +374,7 @@ class Cluster:
     routes: dict[int, Route] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        timed, lag = self.engine.engine, self.engine.settings.router_lag_s
+        lag = self.engine.settings.router_lag_s
         if self.twins is not None:
             self.steps = [
                 MirroredStep.around(s, t, self.env, lag)
@@ -382,14 +383,22 @@ class Cluster:
             order = sorted(self.requests, key=lambda r: (r.arrival, r.session_id, r.turn))
             for twin in self.twins:
                 twin.prepare(order)
-        self.worlds = [
-            TimedWorld(self.requests, s, timed.cost_model(s.cache.model), timed, self.env)
-            for s in self.steps
-        ]
-        self.views = self.twins if self.twins is not None else self.steps
+        self.worlds = [self._replica(s) for s in self.steps]
+        if self.twins is not None and any(isinstance(w, PoolWorld) for w in self.worlds):
+            raise ConfigError(
+                "cluster.router_lag_s: the lagged router view mirrors the prefix tree, not "
+                "vLLM's hybrid pool (policy=vllm on a hybrid); set cluster.router_lag_s=0 or "
+                "policy.admission.block_pool=false"
+            )
+        self.views = self.twins
         model = self.steps[0].cache.model
         n = len(self.steps)
         self.router = Router(self.engine.settings, model.is_hybrid, self.engine.seed, n)
+
+    def _replica(self, step: RequestStep) -> TimedWorld:
+        """A routed replica's world: on vLLM's hybrid pool where the single timed engine runs
+        it there (:meth:`TimedEngine.world`), else on the prefix tree."""
+        return self.engine.engine.world(self.requests, step, self.env)
 
     def gpus(self) -> list[TimedWorld]:
         """Every replica's world (the routed ones, and a disaggregated cluster's decoders)."""
@@ -418,10 +427,10 @@ class Cluster:
         through read-only peeks (its lagged twins' with a router lag); the records' overlaps
         come from the true caches, at this moment."""
         req = job.req
-        true = [step.peek(req) for step in self.steps]
+        true = [world.peek(req) for world in self.worlds]
 
         def seen() -> list[tuple[int, int]]:
-            return true if self.twins is None else [view.peek(req) for view in self.views]
+            return true if self.views is None else [view.peek(req) for view in self.views]
 
         k = self.router.choose(req, seen, self.loads)
         hits = [hit for _matched, hit in true]
@@ -444,7 +453,7 @@ class Cluster:
             "routing_regret": [rt.best_overlap - rt.routed_overlap for rt in routes],
         }
         extras = cluster_extras(self, per_replica, routes)
-        if self.worlds[0].shared:  # engine.kv_pool=shared: preemptions, summed over replicas
+        if self.worlds[0].preempts:  # a shared or vLLM's pool: preemptions, summed
             counts = [
                 w.preemption_column(rs) for w, rs in zip(self.worlds, per_replica, strict=True)
             ]
@@ -510,6 +519,12 @@ class DisaggregatedCluster(Cluster):
         model = self.steps[0].cache.model
         self._state_bytes = model.ssm_state_bytes if model.is_hybrid else 0
         self._kv_per_token = model.kv_bytes_per_token
+
+    def _replica(self, step: RequestStep) -> TimedWorld:
+        """A prefill replica's world: on the prefix tree (its prompt-only requests and the
+        hand-off are not modelled on vLLM's hybrid pool)."""
+        timed = self.engine.engine
+        return TimedWorld(self.requests, step, timed.cost_model(step.cache.model), timed, self.env)
 
     def gpus(self) -> list[TimedWorld]:
         return [*self.worlds, *self.decoders]
@@ -601,11 +616,22 @@ def cluster_extras(
             "best_overlap_rate": sum(rt.best_overlap for rt in routes) / input_tokens
             if input_tokens
             else 0.0,
-            "peak_kv_gb": sum(w.cache.peak_kv_bytes for w in worlds) / 1e9,
-            "peak_ssm_gb": sum(w.cache.peak_ssm_bytes for w in worlds) / 1e9,
-            "peak_gb": sum(w.cache.peak_bytes for w in worlds) / 1e9,
         }
+        | {key: sum(peaks[key] for peaks in map(replica_peaks, worlds)) for key in PEAKS}
     )
+
+
+PEAKS = ("peak_kv_gb", "peak_ssm_gb", "peak_gb")
+
+
+def replica_peaks(world: TimedWorld) -> dict[str, float]:
+    """One replica's peak cached GB: its engine's (vLLM's hybrid pool) or its cache's."""
+    cache = world.cache
+    return world.cache_peaks() or {
+        "peak_kv_gb": cache.peak_kv_bytes / 1e9,
+        "peak_ssm_gb": cache.peak_ssm_bytes / 1e9,
+        "peak_gb": cache.peak_bytes / 1e9,
+    }
 
 
 def pool_extras(worlds: list[TimedWorld], settings: TimedEngine) -> dict[str, Any]:

@@ -304,10 +304,16 @@ class TimedEngine(TimedSettings):
     def cost_model(self, model: ModelSpec) -> CostModel:
         return CostModel(model, self.hardware, self._calibration, self.tp, self._terms)
 
-    def world(self, requests: Sequence[Request], step: RequestStep) -> TimedWorld:
-        """A fresh world for ``step``: on vLLM's hybrid pool block by block where the replay
-        engine runs it there (:mod:`simlab.timed_pool`; not for subclasses, whose feeders
-        drive the prefix tree), else on the prefix tree."""
+    def world(
+        self,
+        requests: Sequence[Request],
+        step: RequestStep,
+        env: simpy.Environment | None = None,
+    ) -> TimedWorld:
+        """A fresh world for ``step`` (in ``env``: a cluster's replicas share one): on vLLM's
+        hybrid pool block by block where the replay engine runs it there
+        (:mod:`simlab.timed_pool`; not for subclasses, whose feeders drive the prefix tree),
+        else on the prefix tree."""
         cost = self.cost_model(step.cache.model)
         if type(self) is TimedEngine:
             running = self.running_memory_gb * 1e9 if self.kv_pool == "shared" else 0.0
@@ -315,13 +321,14 @@ class TimedEngine(TimedSettings):
             if shape is not None:
                 from simlab.timed_pool import PoolWorld
 
-                return PoolWorld(requests, step, cost, self, shape)
-        return TimedWorld(requests, step, cost, self)
+                return PoolWorld(requests, step, cost, self, shape, env)
+        return TimedWorld(requests, step, cost, self, env)
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
         world = self.world(requests, step)
         records = world.run(SessionFeeder(requests, self.typing_wpm))
         extras = world.stats.summary(len(records)) | saturation(world.stats, records)
+        extras |= world.cache_peaks()
         if extras["saturated"]:
             log.warning("%s: the GPU is saturated (%s)", step.policy, extras["saturation"])
         if not world.preempts:
@@ -425,6 +432,16 @@ class TimedWorld:
     def preempts(self) -> bool:
         """Whether running requests can be preempted (their run reports preemptions)."""
         return self.shared
+
+    def peek(self, req: Request) -> tuple[int, int]:
+        """``(matched, hit)`` tokens ``req`` would get if scheduled now, read-only (a
+        cluster router's view of this replica)."""
+        return self.step.peek(req)
+
+    def cache_peaks(self) -> dict[str, float]:
+        """Peak cached bytes the run's summary takes from the engine (none: the request
+        step's cache has them)."""
+        return {}
 
     # ------------------------------------------------------------------ world
     def run(self, feeder: Feeder) -> list[RequestRecord]:

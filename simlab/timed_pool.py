@@ -34,12 +34,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import simpy
+
 from simlab.config import ConfigError
 from simlab.costmodel import CostModel
 from simlab.records import RequestRecord
 from simlab.step import RequestStep, Timing, add_timing
 from simlab.timed import Job, TimedSettings, TimedWorld
 from simlab.vllm_pool import (
+    Peaks,
     PoolFull,
     PoolRun,
     PoolShape,
@@ -63,13 +66,14 @@ class PoolWorld(TimedWorld):
         cost: CostModel,
         s: TimedSettings,
         shape: PoolShape,
+        env: simpy.Environment | None = None,  # a cluster's replicas share one
     ):
         if s.preemption != "lifo":
             raise ConfigError(
                 "engine.preemption: vLLM's hybrid pool (policy=vllm) preempts the last running "
                 f"request (lifo), got {s.preemption!r}"
             )
-        super().__init__(requests, step, cost, s)
+        super().__init__(requests, step, cost, s, env)
         self.shared = False  # the pool holds running requests: no budget split to keep
         self.hybrid, self.committed = step_pool(step, shape)
         self.shape = shape
@@ -80,8 +84,18 @@ class PoolWorld(TimedWorld):
         self._preempted_now = False  # this step preempted a request (so scheduled none)
         self._first: dict[int, tuple[int, int]] = {}  # request id -> its first lookup
         self.resume_hits: dict[int, list[int]] = {}  # request id -> its hit at each resume
+        self.peaks = Peaks()  # cached bytes at each finish (the replay's peaks)
         self.pool.budget = shape.blocks * shape.block_bytes
         log.info("%s: vLLM's hybrid pool block by block, timed (%s)", step.policy, shape)
+
+    def peek(self, req: Request) -> tuple[int, int]:
+        """``(matched, hit)`` tokens in the pool, read-only (the lookup touches nothing)."""
+        tokens = req.full_sequence().tolist()
+        run = self.hybrid.open(tokens, req.input_len, committed_tokens(req, self.committed))
+        return run.matched_tokens, run.hit_tokens
+
+    def cache_peaks(self) -> dict[str, float]:
+        return self.peaks.extras()
 
     def _open_pool(self, requests: Sequence[Request]) -> None:
         """The hybrid pool is the one budget already (see the module docstring)."""
@@ -284,6 +298,7 @@ class PoolWorld(TimedWorld):
             ),
         )
         self._note_held()
+        self.peaks.note(record)
         if self._feeder.finished(job, record):
             self.records.append(record)
             if self._progress is not None:

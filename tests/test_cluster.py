@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from simlab.__main__ import USER_ERRORS
 from simlab.bounds import infinite_cache_hits
 from simlab.cluster import ROUTE_COLUMNS, ROUTERS, ClusterEngine, ClusterSettings
+from simlab.config import ConfigError
 from simlab.costmodel import Hardware
 from simlab.records import RECORD_COLUMNS, records_frame
 from simlab.simulate import build_engine, simulate
@@ -350,3 +351,45 @@ def test_a_clusters_clairvoyant_bound_is_one_cache_of_all_its_replicas_capacity(
     pooled = simulate(compose([*common, "engine=replay", "cache.size_gb=0.2"]))
     assert four.bounds["clairvoyant"] == pooled.bounds["clairvoyant"] > 0
     assert four.policies["sglang_plus"]["hit_vs_clairvoyant"] <= 1
+
+
+# ------------------------------------------------------------------------------ vLLM's hybrid pool
+NEMOTRON = model("nemotron_h_8b")
+
+
+def pool_requests() -> list[Request]:
+    """Chats long enough to share 528-token blocks, fast enough to preempt on a 0.4 GB pool."""
+    return chat_requests(seed=6, sessions=24, rate=6.0, system_len=1200, msg_len=(100, 500))
+
+
+@pytest.mark.parametrize("router", ["round_robin", "hybrid_aware"])
+def test_a_one_replica_cluster_runs_vllms_hybrid_pool_as_the_timed_engine(router):
+    """A hybrid under ``policy=vllm`` runs on vLLM's pool in a cluster too (it ran on the
+    prefix tree): one replica gives the plain timed engine's records, preemptions and
+    peaks."""
+    requests, build = pool_requests(), fresh_step("vllm", NEMOTRON, 0.4e9)
+    world = TimedEngine(hardware=A100).world(requests, build())
+    assert type(world).__name__ == "PoolWorld"
+    alone = records_frame(world.run(SessionFeeder(requests)))
+    together, run = cluster_run(requests, build, 1, router)
+    pd.testing.assert_frame_equal(together[RECORD_COLUMNS], alone, check_exact=True)
+    assert run.extras["preemptions"] == world.pool.preemptions > 0
+    assert run.columns["preemptions"] == world.preemption_column(world.collect())
+    assert run.extras["peak_gb"] == world.cache_peaks()["peak_gb"] > 0
+
+
+def test_session_affinity_replicas_on_vllms_hybrid_pool_equal_single_runs_on_their_shares():
+    requests, build = pool_requests(), fresh_step("vllm", NEMOTRON, 0.4e9)
+    frame, run = cluster_run(requests, build, 3, "session_affinity")
+    assert run.extras["preemptions"] == sum(run.extras["replica_preemptions"]) > 0
+    sessions = _sessions(requests)
+    shares = [[r for turns in sessions[k::3] for r in turns] for k in range(3)]
+    assert_replicas_equal_their_shares(frame, shares, build)
+
+
+def test_a_lagged_router_view_is_refused_on_vllms_hybrid_pool():
+    requests = pool_requests()
+    with pytest.raises(ConfigError, match=r"cluster\.router_lag_s"):
+        cluster_run(
+            requests, fresh_step("vllm", NEMOTRON, 0.4e9), 2, "hybrid_aware", router_lag_s=0.5
+        )
