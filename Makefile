@@ -50,9 +50,10 @@ lint: $(STAMP)
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .mypy_cache .ruff_cache
 
-## Regenerate tests/fixtures/crosscheck/ (and crosscheck_load/, under load) by driving SGLang's and vLLM's own prefix caches on the
-## CPU over simlab's request sequence (crosscheck/README.md). Slow, and not part of CI. Set
-## XC_WHEELS to a folder holding the sglang/vllm wheels to skip downloading them.
+## Regenerate tests/fixtures/crosscheck/ (and crosscheck_load/, under load) by driving SGLang's
+## and vLLM's own prefix caches on the CPU over simlab's request sequence (crosscheck/README.md).
+## Slow, and not part of CI. Set XC_WHEELS to a folder holding the sglang/vllm wheels to skip
+## downloading them.
 XC_VENV := .venv-crosscheck
 XC_BIN := $(XC_VENV)/bin
 XC_STAMP := $(XC_VENV)/.installed
