@@ -92,6 +92,8 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--size-gb inf 0.5 1 2 5
 	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b_r02 \
 		--size-gb 2 --mamba-ratio 0.2
+	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
+		--size-gb inf 1 2 5 --strategy extra_buffer
 	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
 		--size-gb inf 1 2 5
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SWE) --name swebench10_llama3_8b \
@@ -100,6 +102,8 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--block-size 16 --size-gb inf 8
 	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
 		--size-gb inf 1.5 2 3 5
+	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
+		--size-gb inf 1.5 2 3 5 --strategy extra_buffer
 	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
 		--size-gb inf 1 2
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_MOON) --name mooncake_llama3_8b \

@@ -90,25 +90,38 @@ class SglangReplay:
         self.req_to_token_pool.write((row, slice(hit, len(input_ids))), out.to(torch.int32))
         req.kv.kv_allocated_len = req.kv.kv_committed_len = len(input_ids)
 
-        # 4. first sampled token; publish the prompt unless that finished the request
+        # 4. first sampled token; publish the prompt, or all of it if that finished the request
+        self.prefill_prepared(req)
         self._sample(req, output_ids[0])
-        if not req.finished():
+        if req.finished():
+            release_kv_cache(req, tree, checkpoint=True)
+        else:
             checkpoint_kv_cache(req, tree)
 
-        # 5. decode: feed each sampled token but the last
+        # 5. decode: feed each sampled token but the last; 6. the last finishes it by length
         for token in output_ids[1:]:
             pos = req.kv.kv_committed_len
             slot = alloc_token_slots(tree, 1)
             self.req_to_token_pool.write((row, slice(pos, pos + 1)), slot.to(torch.int32))
             req.kv.kv_allocated_len += 1
             req.kv.kv_committed_len += 1
+            req.decode_batch_idx += 1
             self._sample(req, token)
-
-        # 6. finished by length: publish input + output - 1, free, unlock
+            self.decode_result(req)
         assert req.finished()
-        release_kv_cache(req, tree, checkpoint=True)
         self.check_pools()
         return hit
+
+    def prefill_prepared(self, req: Req) -> None:
+        """What ``ScheduleBatch.prepare_for_extend`` does per request beyond allocation: nothing
+        for these caches (a subclass tracks Mamba states)."""
+
+    def decode_result(self, req: Req) -> None:
+        """A decode step's result for ``req``, after its token is sampled: on finishing by
+        length, ``release_kv_cache(req, tree, checkpoint=True)`` publishes
+        ``input + output - 1`` tokens, frees the row and unlocks."""
+        if req.finished():
+            release_kv_cache(req, self.tree_cache, checkpoint=True)
 
     @staticmethod
     def _sample(req: Req, token: int) -> None:

@@ -207,6 +207,12 @@ class AdmissionPolicy:
         return 1
 
     @property
+    def running_state_slots(self) -> int:
+        """State slots a running request of a hybrid holds outside the tree, in a separate SSM
+        pool (``cache.ssm_gb``): SGLang's request Mamba slot."""
+        return 1
+
+    @property
     def keys(self) -> Keys:
         """How the requests are keyed in the cache (tokens, input + output, by default)."""
         return Keys()

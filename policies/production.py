@@ -66,13 +66,15 @@ def positive_int(value: object, key: str) -> int:
 class SGLang(AdmissionPolicy):
     """SGLang's radix cache (see the module docstring); ``mamba``: the hybrid strategy.
 
-    ``extra_buffer`` (from the engine's code, not yet checked against it: the scheduler's
-    tracking state is not driven on CPU): a prefill extending ``e >= checkpoint_grid`` tokens
+    ``extra_buffer`` (SGLang's choice for Nemotron-H under its default overlap scheduler;
+    checked request for request against the engine's own tracking code,
+    ``crosscheck/sglang_mamba.py``): a prefill extending ``e >= checkpoint_grid`` tokens
     past the hit ``h`` tracks one state, at ``h + floor(e / grid) * grid``, or at the branch
     point ``floor(kv_match / grid) * grid`` when that lies inside the extend on the same grid
     (``schedule_batch.py``); decoding tracks one every ``lcm(grid, mamba_track_interval)``
     tokens and the finish publishes the last one (``components/mamba.py``
-    ``_select_finished_checkpoint``). KV is published only up to a published state.
+    ``_select_finished_checkpoint``). KV is published only up to a published state, and a
+    running request holds three Mamba slots (:attr:`running_state_slots`).
     """
 
     splits_at_match = True
@@ -89,6 +91,12 @@ class SGLang(AdmissionPolicy):
     @property
     def keys(self) -> Keys:
         return Keys(committed=True)
+
+    @property
+    def running_state_slots(self) -> int:
+        """The request's Mamba slot, and with ``extra_buffer`` its two ping-pong track slots
+        (``HybridReqToTokenPool.alloc``, ``mamba_initial_tracking_slots``)."""
+        return 1 if self.mamba == "no_buffer" else 3
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
         if self.mamba == "no_buffer":

@@ -479,16 +479,17 @@ class PrefixCache:
         stateless_kv: bool = False,
         branch_at_insert: bool = False,
         short: int = 0,
-        running_state: bool = False,
+        running_states: int = 0,
     ) -> InsertResult:
         """Admit ``seq[:end]`` with SSM checkpoints at ``ckpts`` (positions in 1..end) and node
         boundaries at ``cuts`` (see :class:`policies.base.Admission`, also for ``held_from``).
         ``short``: tokens ``seq``'s last id lacks (a prompt's short last id, which always ends
         its sequence); counted only with :attr:`exact_tokens` (else the id is whole).
-        ``running_state``: with a separate SSM pool, the running request holds a state slot of
-        its own, outside the tree, from its allocation (made room for before its KV) on; at its
-        finish that slot becomes its last state (SGLang's request Mamba slot, donated by
-        ``cache_finished_req``), so the finish needs no flag.
+        ``running_states``: with a separate SSM pool, the running request holds this many state
+        slots of its own, outside the tree, from its allocation (made room for before its KV)
+        on; at its finish one of them becomes its last state and the others are freed
+        (SGLang's request Mamba slot, and with ``extra_buffer`` its two ping-pong track slots;
+        ``cache_finished_req`` donates one), so the finish needs none.
 
         For a hybrid model KV past the last checkpoint is useless and is not admitted. When the
         admission does not fit even after evicting every unpinned candidate, it is truncated to
@@ -516,7 +517,7 @@ class PrefixCache:
                     stateless_kv,
                     branch_at_insert,
                     short,
-                    running_state and self.ssm_capacity is not None,
+                    running_states if self.ssm_capacity is not None else 0,
                 )
             created = self._created
         finally:
@@ -536,7 +537,7 @@ class PrefixCache:
         stateless_kv: bool,
         branch_at_insert: bool,
         short: int,
-        running_state: bool,
+        running_states: int,
     ) -> InsertResult:
         n = int(seq.shape[0])
         end = min(int(end), n)
@@ -545,7 +546,7 @@ class PrefixCache:
         result = InsertResult()
         saved = short * self.kv_per_unit_token  # bytes a short last id does not hold
         if held_from is not None:
-            self._allocate(seq, held_from, saved, running_state, policy, result)
+            self._allocate(seq, held_from, saved, running_states, policy, result)
         path, matched, partial = self._walk(seq[:end])
         if self.host is not None and not self._recomputed(path, matched, partial, policy):
             return InsertResult(admitted_end=matched, truncated=True)  # no GPU room for it
@@ -558,7 +559,7 @@ class PrefixCache:
         deepest = partial if partial is not None else (path[-1] if path else None)
         self.pin(deepest)  # the matched path is safe from the evictions below
         try:
-            need, states = self._room(plan, n, saved, held_from, running_state)
+            need, states = self._room(plan, n, saved, held_from, running_states)
             if states and states > self.ssm_free:
                 path, partial, deepest = self._pin_matched_part(path, matched, partial)
                 freed, count = evictor.evict_states(self, states, policy)
@@ -583,7 +584,7 @@ class PrefixCache:
         return result
 
     def _room(
-        self, plan: InsertPlan, n: int, saved: int, held_from: int | None, running_state: bool
+        self, plan: InsertPlan, n: int, saved: int, held_from: int | None, running_states: int
     ) -> tuple[float, int]:
         """(bytes of the free budget, bytes of the separate SSM pool; 0 without one) that
         ``plan`` needs free, for a sequence of ``n`` ids (see :meth:`insert`)."""
@@ -591,8 +592,8 @@ class PrefixCache:
         if self.ssm_capacity is not None:  # states come from their own pool
             states = (len(plan.old_ckpts) + len(plan.new_ckpts)) * self.ckpt_bytes
             need -= states
-            if states and running_state:  # the running request keeps its own slot
-                states += self.ckpt_bytes
+            if states:  # the running request keeps its own slots
+                states += running_states * self.ckpt_bytes
         if held_from is not None:  # the running request's whole allocation must fit
             held = (n - held_from) * self.kv_per_token - saved
             need = max(need, held + need - (plan.end - plan.matched) * self.kv_per_token)
@@ -603,19 +604,20 @@ class PrefixCache:
         seq: np.ndarray,
         held_from: int,
         saved: int,
-        running_state: bool,
+        running_states: int,
         policy: EvictionPolicy,
         result: InsertResult,
     ) -> None:
         """The running request's allocation before its insertion: it holds every id of ``seq``
-        from ``held_from`` (its hit) on, and with ``running_state`` a state slot, so the cache
-        evicts until they fit (the slot first, as SGLang's ``alloc_req_slots`` precedes
+        from ``held_from`` (its hit) on, and ``running_states`` state slots, so the cache
+        evicts until they fit (the slots first, as SGLang's ``alloc_req_slots`` precedes
         ``alloc_token_slots``), protecting only the prefix up to ``held_from``. KV matched past
         the hit (a hybrid's prefix without a state) is not protected and may go (SGLang locks
         the request's hit node only, vLLM holds its hit blocks only); the insertion then walks
         the tree afresh."""
         held = (int(seq.shape[0]) - held_from) * self.kv_per_token - saved
-        slot = running_state and self.ckpt_bytes > self.ssm_free
+        slots = running_states * self.ckpt_bytes
+        slot = slots > 0 and slots > self.ssm_free
         if held <= self.free_bytes and not slot:
             return
         path, matched, partial = self._walk(seq[:held_from])
@@ -624,7 +626,7 @@ class PrefixCache:
             hit = self._split(partial, matched)
         with self.pinned(hit):
             if slot:
-                freed, count = evictor.evict_states(self, self.ckpt_bytes, policy)
+                freed, count = evictor.evict_states(self, slots, policy)
                 result.evicted_bytes += freed
                 result.evicted_nodes += count
             freed, count = self.evict(held, policy)

@@ -84,6 +84,9 @@ def overrides_for(
     out.append(f"cache.size_gb={case['size_gb']}")
     if case.get("ssm_gb") is not None:  # SGLang's separate Mamba pool
         out.append(f"cache.ssm_gb={case['ssm_gb']}")
+    strategy = case.get("mamba_strategy")
+    if strategy is not None and name == "sglang":  # SGLang's --mamba-radix-cache-strategy
+        out.append(f"policy.mamba={strategy}")
     block = case.get("block_size")
     if case["engine"] == "vllm" and block and name in BLOCK_KEYS:
         out.append(f"{BLOCK_KEYS[name]}={block}")

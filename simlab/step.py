@@ -316,7 +316,7 @@ class RequestStep:
             held_from=held_from,
             stateless_kv=plan.stateless_kv,
             short=started.short,
-            running_state=held_from is not None,
+            running_states=self.admission.running_state_slots if held_from is not None else 0,
         )
         if plan.held_from is not None:  # the published prompt's slots are the tree's now
             started.plan = replace(plan, held_from=self._held_after_publish(started))
@@ -340,10 +340,16 @@ class RequestStep:
         hit and never de-duplicates them against the cached ones, so they hold memory until the
         request finishes (real vLLM 0.33 ``KVCacheManager``: ``tests/test_production.py``).
         Hybrid pools keep the plain rule: no real-engine case checks their duplicates yet.
+        A hybrid whose KV is cached only up to a state published the prompt's KV up to its last
+        state in the prompt, and holds the rest itself (SGLang's ``extra_buffer`` checkpoints
+        the prompt at its tracked state, ``cache_unfinished_req``).
         Invariant: ``plan.held_from <= result``."""
         plan, prompt = started.plan, started.prompt
         assert plan.held_from is not None
-        held_from = max(plan.held_from, prompt)
+        published = prompt
+        if self.cache.hybrid and not plan.stateless_kv:
+            published = max((c for c in plan.ckpts if c <= prompt), default=0)
+        held_from = max(plan.held_from, published)
         if self._holds_whole_blocks:
             recomputed = min(started.lookup.matched, prompt) - plan.held_from
             held_from -= max(0, recomputed)
