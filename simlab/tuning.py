@@ -6,7 +6,8 @@
 Common to every protocol. ``alpha = 0`` (recency only) until the first tuning. ``N`` is the
 number of requests seen up to and including the one whose admission first evicted a node. A
 tuning replays a *window* of requests on copies of a snapshot of the cache taken at the
-window's start, one copy per grid alpha (in parallel across ``workers`` processes), scores each
+window's start, one copy per grid alpha (in parallel across ``workers`` processes: this one
+and ``workers - 1`` workers, :func:`grid_results`), scores each
 replay on ``objective`` over its last ``score_last`` requests (all of them when null) and
 adopts the winner for every later request. Invariants: 0 is always in the grid (a grid without
 it is rejected), so recency only is always a candidate; the adopted alpha scores at least as well
@@ -69,7 +70,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -82,6 +83,9 @@ from simlab.records import RequestRecord
 from simlab.snapshot import CacheImage, pack, unpack
 from simlab.step import RequestStep
 from traces.format import Request
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor, Future
 
 log = logging.getLogger(__name__)
 
@@ -369,25 +373,64 @@ def grid_results(
     template: Any,
     settings: TuningSettings,
 ) -> dict[float, WindowResult]:
-    """Result per grid alpha; worker processes take round-robin shares of the grid (each
-    replay is a pure function of snapshot, window and alpha: the results do not depend on
-    ``workers``; inside a joblib worker, joblib runs the shares in threads)."""
+    """Result per grid alpha. The grid is dealt round-robin into ``workers`` shares: this
+    process replays the first while ``workers - 1`` worker processes (:func:`worker_pool`)
+    replay the others; while the workers are still starting (the first tuning may come
+    before they have imported simlab), and in a process that is itself a joblib worker (a
+    sweep's point), every share runs here, one after the other. Each replay is a pure
+    function of snapshot, window and alpha, so the results depend on neither."""
     grid = list(settings.grid)
     n = min(settings.workers, len(grid))
     shares = [grid[i::n] for i in range(n)]
-    if n == 1:
-        results = [evaluate(image, window, admission, template, shares[0], settings.score_last)]
-    else:
-        from joblib import Parallel, delayed
-
+    pool = worker_pool(n - 1)
+    futures = []
+    if pool is not None:
         args = (image, WindowImage.pack(window), admission, template)
-        results = Parallel(n_jobs=n)(
-            delayed(evaluate)(*args, share, settings.score_last) for share in shares
-        )
+        futures = [pool.submit(evaluate, *args, share, settings.score_last) for share in shares[1:]]
+    here = shares if pool is None else shares[:1]
+    results = [evaluate(image, window, admission, template, s, settings.score_last) for s in here]
+    results += [future.result() for future in futures]
     out: dict[float, WindowResult] = {}
     for share, values in zip(shares, results, strict=True):
         out.update(zip(share, values, strict=True))
     return {a: out[a] for a in grid}
+
+
+#: the grid search's worker processes: their count -> (the pool, its first task's future),
+#: kept for the whole run
+_POOLS: dict[int, tuple[Executor, Future[None]]] = {}
+
+
+def worker_pool(processes: int, wait: bool = False) -> Executor | None:
+    """A pool of ``processes`` worker processes, started by the first call and kept between
+    tunings (each worker imports simlab once per run), private to the grid search (joblib's
+    own reusable pool, which a sweep launcher may hold, is left alone). None when
+    ``processes`` < 1, when this process is itself a joblib worker (joblib would run nested
+    work in threads: no faster here), and while the workers are starting, unless ``wait``."""
+    from joblib.externals.loky import ProcessPoolExecutor  # joblib: imported when tuning
+    from joblib.parallel import get_active_backend
+
+    if processes < 1 or get_active_backend()[0].nesting_level > 0:
+        return None
+    if processes not in _POOLS:
+        for pool, _ in _POOLS.values():
+            pool.shutdown(wait=False)
+        _POOLS.clear()
+        pool = ProcessPoolExecutor(max_workers=processes)
+        _POOLS[processes] = (pool, pool.submit(_ready))
+    pool, ready = _POOLS[processes]
+    if wait:
+        ready.result()
+    return pool if ready.done() else None
+
+
+def _ready() -> None:
+    """A no-op task: unpickling it makes a new worker import this module (and simlab)."""
+
+
+def warm_up(settings: TuningSettings) -> None:
+    """Start the grid search's worker processes now, in the background."""
+    worker_pool(min(settings.workers, len(settings.grid)) - 1)
 
 
 def best_alpha(scores: Mapping[float, float]) -> float:
@@ -506,6 +549,7 @@ class AlphaTuner:
         first_window = self.first_tune - self._origin
         self.window = s.window or first_window
         self._recent = deque(self._recent, maxlen=max(self.window, first_window))
+        warm_up(s)
         log.info(
             "alpha tuning (%s): first eviction after %d requests; first window [%d, %d)",
             s.protocol,

@@ -28,6 +28,7 @@ from simlab.tuning import (
     empty_like,
     replay_window,
     snapshot,
+    worker_pool,
 )
 from tests.fixtures import chat_trace, compose, model
 from traces.format import Trace, make_frame
@@ -503,13 +504,30 @@ def test_a_tuned_run_is_the_alpha_zero_run_until_its_first_tuning(protocol):
 def test_tuned_run_is_deterministic_across_worker_counts(protocol):
     trace = documents_trace(cycles=6)
     out = {}
-    for workers in (1, 2):
+    for workers in (1, 2, 3):
+        worker_pool(workers - 1, wait=True)  # started: the grid search uses them from the first
         policy, tuner = tuned(workers=workers, bootstrap_multiplier=2, **protocol)
         _, frame = run(trace, policy, 0.9e9, tuner)
         out[workers] = (frame, tuner.summary()["alpha_history"])
     assert len(out[1][1]) > 1
-    assert out[1][0].equals(out[2][0])
-    assert out[1][1] == out[2][1]
+    for workers in (2, 3):
+        assert out[1][0].equals(out[workers][0])
+        assert out[1][1] == out[workers][1]
+
+
+def _pool_here() -> bool:
+    return worker_pool(1, wait=True) is None
+
+
+def test_grid_search_pool_only_outside_joblib_workers():
+    """The grid search's workers: none for one process or inside a joblib worker (a sweep's
+    point runs every share itself), a pool kept between calls otherwise."""
+    from joblib import Parallel, delayed
+
+    assert worker_pool(0) is None
+    pool = worker_pool(1, wait=True)
+    assert pool is not None and worker_pool(1) is pool
+    assert Parallel(n_jobs=2)(delayed(_pool_here)() for _ in range(2)) == [True, True]
 
 
 def test_no_eviction_no_tuning():
