@@ -9,13 +9,14 @@ from a snapshot has nothing in flight. ``unpack(pack(c))`` equals ``c`` node for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
 
 from simlab.cache import PrefixCache
 from simlab.nodes import Node
+from simlab.tiers import HostTier
 
 _NODE_REFS = ("parent", "children")
 
@@ -36,6 +37,8 @@ _PER_RUN: dict[str, Any] = {"_admit_policy": None, "_admits": False, "_created":
 def _copy_value(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.copy()
+    if isinstance(value, HostTier):  # its counters and heap: every copy keeps its own
+        return replace(value, heap=list(value.heap))
     if isinstance(value, list | dict | set):
         return type(value)(value)
     return value

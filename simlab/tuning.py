@@ -62,6 +62,7 @@ evicted a node. Adoption is immediate: the grid search costs wall time, not simu
 
 from __future__ import annotations
 
+import atexit
 import copy
 import dataclasses
 import logging
@@ -417,6 +418,7 @@ def worker_pool(processes: int, wait: bool = False) -> Executor | None:
             pool.shutdown(wait=False)
         _POOLS.clear()
         pool = ProcessPoolExecutor(max_workers=processes)
+        atexit.register(pool.shutdown)  # before interpreter teardown, which loky's own misses
         _POOLS[processes] = (pool, pool.submit(_ready))
     pool, ready = _POOLS[processes]
     if wait:

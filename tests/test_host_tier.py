@@ -293,3 +293,23 @@ def test_a_host_tier_with_a_shared_kv_pool_is_an_error():
 def test_the_gpu_memory_check_ignores_the_host_tier():
     """A host tier far larger than the GPU passes the memory check (it lives in host DRAM)."""
     plan_run(compose(["cache.size_gb=2", "cache.host_gb=5000", "cache.host_bw_gbps=25"]))
+
+
+def test_tuned_records_do_not_depend_on_where_the_grid_search_runs():
+    """The alpha tuner replays its window on copies of a snapshot, here (``workers=1``) or in
+    worker processes: each copy has its own host tier, so the live cache's is untouched and
+    the records are the same either way."""
+    from simlab.tuning import worker_pool
+
+    setting = ["model=nemotron_h_8b", "+policy=marconi", "cache.size_gb=1", "cache.host_gb=1"]
+    setting += ["report=false"]
+    runs = {}
+    for workers in (1, 2):
+        worker_pool(workers - 1, wait=True)  # started: the grid search uses them from the first
+        cfg = compose(
+            [*SHAREGPT, "engine=replay", "cache.host_bw_gbps=25", "bounds.enabled=false", *setting]
+        )
+        cfg.policy.tuning.workers = workers
+        runs[workers] = simulate(cfg)
+    assert runs[1].policies["marconi"]["alpha_tunings"] > 0
+    pd.testing.assert_frame_equal(runs[1].records, runs[2].records)
