@@ -302,13 +302,11 @@ def test_tuned_records_do_not_depend_on_where_the_grid_search_runs():
     from simlab.tuning import worker_pool
 
     setting = ["model=nemotron_h_8b", "+policy=marconi", "cache.size_gb=1", "cache.host_gb=1"]
-    setting += ["report=false"]
+    setting += ["cache.host_bw_gbps=25", "engine=replay", "bounds.enabled=false", "report=false"]
     runs = {}
     for workers in (1, 2):
         worker_pool(workers - 1, wait=True)  # started: the grid search uses them from the first
-        cfg = compose(
-            [*SHAREGPT, "engine=replay", "cache.host_bw_gbps=25", "bounds.enabled=false", *setting]
-        )
+        cfg = compose([*SHAREGPT, *setting])
         cfg.policy.tuning.workers = workers
         runs[workers] = simulate(cfg)
     assert runs[1].policies["marconi"]["alpha_tunings"] > 0
