@@ -34,10 +34,11 @@ wall clock.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -59,8 +60,22 @@ if TYPE_CHECKING:
 __all__ = ["InsertResult", "Lookup", "Node", "PrefixCache"]
 
 _TOKEN_BYTES = 4  # int32 token ids
+
 _INITIAL_SLOTS = 1024
 _BULK_MIN_NODES = 8  # chains longer than this get their per-node arrays filled in bulk
+
+
+def _edge_views(seq: np.ndarray, stops: list[int], lengths: np.ndarray) -> list[np.ndarray]:
+    """Views of ``seq`` on the edges of a chain ending at ``stops`` (of ``lengths``; the first
+    starts at ``stops[0] - lengths[0]``): the same views slicing would give, made in one call
+    (rows of a 2-D view) when the inner edges are equally long, as fine-grained blocks are."""
+    k = len(stops)
+    inner = lengths[1:-1]
+    if k < 3 or not (inner == inner[0]).all():
+        return [seq[b - n : b] for b, n in zip(stops, lengths.tolist(), strict=True)]
+    first, last = stops[0], stops[-2]
+    rows = list(seq[first:last].reshape(k - 2, int(inner[0])))
+    return [seq[first - int(lengths[0]) : first], *rows, seq[last : stops[-1]]]
 
 
 class PrefixCache:
@@ -167,7 +182,7 @@ class PrefixCache:
         if not self._free:
             self._grow()
         slot = self._free.pop()
-        node = Node(tokens, parent, start, slot, self._next_nid, ckpt)
+        node = Node(tokens, parent, start, start + len(tokens), slot, self._next_nid, ckpt)
         self._next_nid += 1
         self.alive[slot] = True
         self._by_slot[slot] = node
@@ -265,14 +280,18 @@ class PrefixCache:
         n = int(tokens.shape[0])
         node, pos = self.root, 0
         path: list[Node] = []
+        ids = memoryview(tokens)  # its items are Python ints: no numpy scalar per edge
         while pos < n:
-            child = node.children.get(int(tokens[pos]))
+            child = node.children.get(ids[pos])
             if child is None:
                 return path, pos, None
             length = child.end - child.start
+            key = child.key
+            if key is None:
+                key = child.key = child.tokens.tobytes()
             if (
                 pos + length <= n
-                and query[_TOKEN_BYTES * pos : _TOKEN_BYTES * (pos + length)] == child.key
+                and query[_TOKEN_BYTES * pos : _TOKEN_BYTES * (pos + length)] == key
             ):
                 path.append(child)
                 pos += length
@@ -667,7 +686,10 @@ class PrefixCache:
     def _wanted(ckpts: Sequence[int], end: int, matched: int, branch: bool) -> list[int]:
         """The checkpoint positions to take: ``ckpts`` within ``1..end``, plus ``matched`` when
         the sequence branches off there inside an edge and ``branch`` asks for its state."""
-        wanted = {c for c in ckpts if 0 < c <= end}
+        if ckpts and min(ckpts) > 0 and max(ckpts) <= end:  # the usual case, without a loop
+            wanted = set(ckpts)
+        else:
+            wanted = {c for c in ckpts if 0 < c <= end}
         if branch and matched > 0:
             wanted.add(matched)
         return sorted(wanted)
@@ -783,7 +805,7 @@ class PrefixCache:
         elif cuts:
             stops = sorted({*ckpts, *cuts, end})
         else:  # the common case: ckpts are sorted, distinct, in (start, end]
-            stops = [c for c in ckpts if c < end] + [end]
+            stops = [*ckpts[: bisect.bisect_left(ckpts, end)], end]
         held = set(ckpts)
         if len(stops) <= _BULK_MIN_NODES:  # numpy's per-call cost outweighs a short loop
             pos = start
@@ -792,33 +814,36 @@ class PrefixCache:
                 self._attach(parent, child)
                 parent, pos = child, stop
             return parent
-        while len(self._free) < len(stops):
+        k = len(stops)
+        while len(self._free) < k:
             self._grow()
-        slots = [self._free.pop() for _ in stops]
+        free = self._free
+        slots = free[: -k - 1 : -1]  # the slots k pops would give, in that order
+        del free[-k:]
         created = self._created
         nid0 = self._next_nid
-        self._next_nid += len(stops)
+        self._next_nid += k
         starts = [start, *stops[:-1]]
-        firsts = seq[starts].tolist()
-        by_slot = self._by_slot
-        flags = [stop in held for stop in stops] if held else [False] * len(stops)
-        top = parent
-        nid = nid0
-        made = []
-        for slot, a, b, first_id, flag in zip(slots, starts, stops, firsts, flags, strict=True):
-            node = Node(seq[a:b], parent, a, slot, nid, flag)
-            parent.children[first_id] = node
-            by_slot[slot] = node
-            made.append(node)
-            parent = node
-            nid += 1
-        if created is not None:
-            created.extend(made)
-        idx = np.asarray(slots, dtype=np.int64)
         bounds = np.asarray([start, *stops], dtype=np.int64)
         lengths = bounds[1:] - bounds[:-1]
+        edges = _edge_views(seq, stops, lengths)
+        firsts = seq[starts].tolist()
+        by_slot = self._by_slot
+        flags = self._chain_flags(stops, held, bool(cuts))
+        top = parent
+        nids = range(nid0, nid0 + k)
+        for slot, a, b, edge, first_id, flag, nid in zip(
+            slots, starts, stops, edges, firsts, flags, nids, strict=True
+        ):
+            node = Node(edge, parent, a, b, slot, nid, flag)
+            parent.children[first_id] = node
+            by_slot[slot] = node
+            parent = node
+        if created is not None:
+            created.extend(cast("list[Node]", [by_slot[slot] for slot in slots]))
+        idx = np.asarray(slots, dtype=np.int64)
         self.alive[idx] = True
-        self.nids[idx] = np.arange(nid0, nid0 + len(stops))
+        self.nids[idx] = np.arange(nid0, nid0 + k)
         self.last_access[idx] = self.now
         self.state_access[idx] = self.now
         self.pins[idx] = 0
@@ -833,7 +858,16 @@ class PrefixCache:
         self.n_children[top.slot] = (
             len(top.children) if self.host is None else tiers.gpu_kids(self, top)
         )
-        return made[-1]
+        return parent
+
+    def _chain_flags(self, stops: list[int], held: set[int], cuts: bool) -> list[bool]:
+        """Which of a chain's ``stops`` hold a checkpoint (are in ``held``): without cuts or
+        block nodes every stop but the last is one (:meth:`_append_chain`'s common case)."""
+        if not held:
+            return [False] * len(stops)
+        if cuts or self.block_nodes:
+            return [stop in held for stop in stops]
+        return [True] * (len(stops) - 1) + [stops[-1] in held]
 
     def _node_ending_at(self, along: list[Node], pos: int) -> Node:
         """The node on the matched path that ends exactly at ``pos``, splitting an edge if needed."""
@@ -855,7 +889,7 @@ class PrefixCache:
         self.on_host[upper.slot] = self.on_host[node.slot]  # a host node splits into two
         upper_pins = self.pins[node.slot]
         node.tokens = node.tokens[cut:]
-        node.key = node.tokens.tobytes()
+        node.key = None
         node.start = pos
         self._attach(parent, upper)
         self._attach(upper, node)
@@ -920,7 +954,7 @@ class PrefixCache:
         parent = node.parent
         (child,) = node.children.values()
         child.tokens = np.concatenate((node.tokens, child.tokens))
-        child.key = child.tokens.tobytes()
+        child.key = None
         child.start = node.start
         self.last_access[child.slot] = max(
             self.last_access[child.slot], self.last_access[node.slot]

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from simlab.cache import PrefixCache
     from simlab.nodes import Node
 
+#: chains up to this long are read node by node (numpy's per-call cost outweighs it)
+_SHORT_CHAIN = 32
+
 #: ``on_evict(cache, nodes)`` of a policy that wants eviction events.
 Listener = Callable[["PrefixCache", Sequence["Node"]], None]
 
@@ -383,23 +386,35 @@ def _leaf_chain(
     not a candidate. The walk stops one node after the nodes so far hold ``deficit`` bytes
     (their ``node_bytes``): :func:`_evict_up` never evicts past the node that covers the
     deficit and only needs the next one to push back on the heap."""
-    chain: list[Node] = []
-    slots: list[int] = []
-    root, pins = cache.root, cache.pins
-    kv, kv_token, ckpt_bytes = cache.kv_per_token, cache.kv_per_unit_token, cache.ckpt_bytes
-    held = 0  # bytes of the chain so far (node_bytes: the edge's KV plus its state)
-    kids = 0
-    while node is not None and node is not root and len(node.children) == kids:
-        slot = node.slot
-        if pins[slot]:
-            break
-        chain.append(node)
-        slots.append(slot)
-        if held >= deficit:  # this node is the one kept and pushed back
-            break
-        held += (node.end - node.start) * kv - node.short * kv_token
+    root = cache.root
+    if node is None or node is root or node.children:
+        return [], []
+    chain, slots = [node], [node.slot]
+    if deficit > 0:  # else the leaf alone is the one kept and pushed back
+        kv, ckpt_bytes = cache.kv_per_token, cache.ckpt_bytes
+        # bytes of the chain so far (node_bytes: the edge's KV plus its state; only a leaf
+        # may hold a short last id)
+        held = (node.end - node.start) * kv - node.short * cache.kv_per_unit_token
         held += ckpt_bytes if node.ckpt else 0
-        node, kids = node.parent, 1
+        up = node.parent
+        while up is not None and up is not root and len(up.children) == 1:
+            chain.append(up)
+            slots.append(up.slot)
+            if held >= deficit:  # this node is the one kept and pushed back
+                break
+            held += (up.end - up.start) * kv + (ckpt_bytes if up.ckpt else 0)
+            up = up.parent
+    # the chain stops before its first pinned node (a long chain's pins read in one call)
+    pins, cut = cache.pins, len(slots)
+    if cut > _SHORT_CHAIN:
+        pinned = np.flatnonzero(pins.take(slots))
+        cut = int(pinned[0]) if pinned.size else cut
+    else:
+        for i, slot in enumerate(slots):
+            if pins[slot]:
+                cut = i
+                break
+    del chain[cut:], slots[cut:]
     return chain, slots
 
 

@@ -5,11 +5,14 @@ A :class:`Node` holds its edge's token ids and its place in the tree; its per-no
 ``node.short`` is the tokens its edge's last id lacks (ids of many tokens: a prompt's short last
 id, :mod:`simlab.keys`); it is 0 except on a leaf ending a prompt.
 ``node.start``/``node.end`` are the positions the edge covers, so ``node.end`` is the length of
-the prefix the node represents.
+the prefix the node represents. ``node.key`` is the edge's ids as bytes, made by the first walk
+that compares the edge whole (None until then, and again after a split or merge changes the
+edge): most nodes of a long chain are evicted without ever being walked.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,16 +41,18 @@ class Node:
         tokens: np.ndarray,
         parent: Node | None,
         start: int,
+        end: int,
         slot: int,
         nid: int,
         ckpt: bool = False,
     ):
+        """``end``: ``start + len(tokens)`` (the caller knows it)."""
         self.tokens = tokens
-        self.key = tokens.tobytes()
+        self.key: bytes | None = None  # tokens.tobytes(), made when first compared
         self.parent = parent
         self.children: dict[int, Node] = {}
         self.start = start
-        self.end = start + len(tokens)
+        self.end = end
         self.ckpt = ckpt
         self.slot = slot
         self.nid = nid
@@ -136,17 +141,19 @@ def plan_admission(
     cuts: Sequence[int] = (),
     stateless_kv: bool = False,
 ) -> InsertPlan:
-    """Split the wanted checkpoints and cuts into those on cached tokens and those on the new
-    tail (cuts past the admitted end are dropped). For a hybrid, KV past the last checkpoint
-    is useless for hits and is not admitted, unless ``stateless_kv``."""
+    """Split the wanted checkpoints (``ckpts``: sorted, distinct) and cuts into those on cached
+    tokens and those on the new tail (cuts past the admitted end are dropped). For a hybrid,
+    KV past the last checkpoint is useless for hits and is not admitted, unless
+    ``stateless_kv``."""
     plan = InsertPlan(matched=matched, end=end, stateless_kv=stateless_kv)
     if not cache.hybrid:
         if cache.page_size > 1:
             plan.end = max(matched, (end // cache.page_size) * cache.page_size)
     else:
         present = {n.end for n in path if n.ckpt}
-        plan.old_ckpts = [c for c in ckpts if c <= matched and c not in present]
-        plan.new_ckpts = [c for c in ckpts if c > matched]
+        cached = bisect.bisect_right(ckpts, matched)
+        plan.old_ckpts = [c for c in ckpts[:cached] if c not in present]
+        plan.new_ckpts = list(ckpts[cached:])
         if not stateless_kv:
             plan.end = plan.new_ckpts[-1] if plan.new_ckpts else matched
     if cuts:

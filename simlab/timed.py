@@ -539,6 +539,8 @@ class TimedWorld:
         at most where the input does (a hash-id trace's last block may be partial; at ids x
         512 the prompt-end state fell past the prefill and was never charged)."""
         unit, n_in, tokens = self.cache.unit, req.input_len, req.input_tokens
+        if unit == 1 and tokens >= n_in:  # ids are tokens: every position stays as it is
+            return list(ckpts)
         return [min(c * unit, tokens) if c <= n_in else c * unit for c in ckpts]
 
     def _reservation(self, job: Job) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -244,6 +245,43 @@ def test_chain_eviction_stops_at_a_pinned_node_and_at_a_fresher_leaf():
     assert count == 12 + 10  # the old chain down to the pin first, then the newer chain
     assert cache.lookup(old).hit == 8 * 4 and cache.lookup(new).hit == 0
     cache.check_invariants()
+
+
+def test_chain_eviction_stops_at_a_pin_deep_in_a_long_chain():
+    """A chain longer than the node-by-node pin check (its pins read in one call)."""
+    per_block = 4 * HYBRID.kv_bytes_per_token + HYBRID.ssm_state_bytes
+    cache = PrefixCache(HYBRID, 100 * per_block)
+    tokens = _block_chain(cache, 80)
+    cache.pin(cache.lookup(tokens[: 50 * 4 + 1]).hit_node)  # blocks 1..50
+    _freed, count = cache.evict(math.inf, LRU())
+    assert count == 30
+    assert cache.lookup(tokens).hit == 50 * 4
+    cache.check_invariants()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    start=st.integers(0, 5),
+    lengths=st.one_of(
+        st.lists(st.integers(1, 6), min_size=1, max_size=12),
+        st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(1, 6), st.integers(0, 9)).map(
+            lambda t: [t[0], *[t[1]] * t[3], t[2]]
+        ),
+    ),
+)
+def test_chain_edges_are_the_slices_of_the_sequence(start, lengths):
+    """The views a bulk append hangs its nodes on equal slicing the sequence at the stops,
+    whether the inner edges are equally long (one 2-D view) or not."""
+    from simlab.cache import _edge_views
+
+    stops = np.cumsum([start, *lengths]).tolist()[1:]
+    seq = np.arange(stops[-1] + 3, dtype=np.int32) * 7
+    edges = _edge_views(seq, stops, np.asarray(lengths, dtype=np.int64))
+    bounds = [start, *stops]
+    expected = [seq[a:b] for a, b in itertools.pairwise(bounds)]
+    assert len(edges) == len(expected)
+    for got, want in zip(edges, expected, strict=True):
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()
 
 
 @settings(max_examples=200, deadline=None)
