@@ -280,7 +280,7 @@ class PrefixCache:
         n = int(tokens.shape[0])
         node, pos = self.root, 0
         path: list[Node] = []
-        ids = memoryview(tokens)  # its items are Python ints: no numpy scalar per edge
+        ids = tokens.data  # a memoryview: its items are Python ints, no numpy scalar per edge
         while pos < n:
             child = node.children.get(ids[pos])
             if child is None:
