@@ -112,9 +112,17 @@ class BlockRun:
     peak_kv_bytes: int
 
 
-#: walks of one request list by key scheme (block size, committed): several policies' runs on
-#: the same requests share them (block ids depend on content alone)
-Walks = dict[tuple[int, bool], Paths]
+#: walks of one request list by :func:`walk_scheme`: several policies' runs on the same
+#: requests share them (block ids depend on content alone)
+Walks = dict[tuple[int, bool, bool], Paths]
+
+
+def walk_scheme(keys: BlockKeys, requests: Sequence[Request]) -> tuple[int, bool, bool]:
+    """What a walk of ``requests`` depends on in ``keys``: the block size, whether the last
+    output token is dropped (only token traces have one to drop: :func:`simlab.keys.sequence_ids`)
+    and whether a prompt's partial last id counts as a whole one."""
+    trims = keys.committed and any(r.block_size == 1 for r in requests)
+    return keys.block_size, trims, keys.whole_last_id
 
 
 def block_replay(
@@ -129,7 +137,7 @@ def block_replay(
     assert isinstance(keys, BlockKeys)
     order = eviction_order(first.eviction)
     walks = {} if walks is None else walks
-    scheme = (keys.block_size, keys.committed)
+    scheme = walk_scheme(keys, requests)
     paths = walks.get(scheme)
     if paths is None:
         paths = walks[scheme] = block_paths(requests, keys)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from simlab import block_replay
 from simlab.block_heap import LeafHeap, input_passes
 from simlab.block_walk import Paths
 from simlab.capacities import point_dir_name
@@ -78,17 +79,23 @@ def test_block_heap_records_equal_the_request_by_request_replay(case, tmp_path):
     assert evicted > 0 and truncated > 0  # the small capacities evict and truncate
 
 
-def test_policies_sharing_one_walk_equal_their_replays(tmp_path):
+def test_policies_sharing_one_walk_equal_their_replays(tmp_path, monkeypatch):
     """kvcache-simulator's three policies as one run's ``compare`` set (``bench/peers.py``):
-    FIFO, the LRU and Belady share one walk of the trace, and each gives its replay's records."""
+    FIFO, the LRU and Belady share one walk of the trace (Belady's block pool keeps the last
+    output token and vLLM's drops it, which a hash-id trace does not have), and each gives its
+    replay's records."""
     from bench.peers import compare_overrides
 
     if not MOONCAKE.is_file():
         pytest.skip(f"no trace at {MOONCAKE}")
+    walks = []
+    walk = block_replay.block_paths
+    monkeypatch.setattr(block_replay, "block_paths", lambda *a: walks.append(1) or walk(*a))
     trace = [o for o in MOONCAKE_BLOCKS if not o.startswith("policy.")]
     base = [*trace, *compare_overrides(["fifo", "lru", "optimal"])]
     sizes = ["0.3", "20"]
     run = run_list(base, sizes, tmp_path / "list")
+    assert len(walks) == 1
     replays = [p.replay for p in run.points]
     assert replays == [{"fifo": "block_heap", "lru": "one_pass", "optimal": "block_heap"}] * 2
     for size in sizes:
@@ -97,6 +104,38 @@ def test_policies_sharing_one_walk_equal_their_replays(tmp_path):
         assert set(records["policy"]) == {"fifo", "lru", "optimal"}
     run_scalar(base, "0.3", tmp_path / "one_run")  # a scalar run's policies share it too
     assert results(tmp_path / "one_run")[0].equals(results(tmp_path / "scalar_0.3")[0])
+
+
+#: two LRUs over whole blocks whose walks of a hash-id trace differ: ``b`` takes a prompt's
+#: partial last id for a whole block (kvcache-simulator's rule), ``a`` never caches it (vLLM's)
+LAST_ID_PAIR = [
+    "~policy@compare.vllm_plus",
+    "~policy@compare.sglang_plus",
+    "~policy@compare.marconi",
+    "+policy@compare.a=vllm",
+    "+policy@compare.b=vllm",
+    "compare.a.name=a",
+    "compare.b.name=b",
+    "compare.a.block_size=512",
+    "compare.b.block_size=512",
+    "compare.b.admission.whole_last_id=true",
+]
+
+
+def test_policies_keyed_differently_do_not_share_a_walk(tmp_path):
+    """A walk is shared only by policies that key the trace the same way: two LRUs of one run
+    differing in ``whole_last_id`` each give their own replay's records (they once shared the
+    first one's walk, and ``b`` got ``a``'s admissions)."""
+    if not MOONCAKE.is_file():
+        pytest.skip(f"no trace at {MOONCAKE}")
+    trace = [o for o in MOONCAKE_BLOCKS if not o.startswith("policy.")]
+    base = [*trace, *LAST_ID_PAIR]
+    run = run_list(base, ["2"], tmp_path / "list")
+    assert run.points[0].replay == {"a": "one_pass", "b": "one_pass"}
+    point = tmp_path / "list" / point_dir_name(2.0)
+    records = assert_point_equals_scalar(base, "2", point, tmp_path / "scalar")
+    admitted = records.groupby("policy")["kv_bytes_admitted"].sum()
+    assert admitted["b"] > admitted["a"]  # the partial last ids, cached whole
 
 
 @pytest.mark.parametrize(("policy", "logged"), [(FIFO, "FIFO"), (BELADY, "Belady")])
