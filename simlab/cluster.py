@@ -636,12 +636,14 @@ def replica_peaks(world: TimedWorld) -> dict[str, float]:
 
 def pool_extras(worlds: list[TimedWorld], settings: TimedEngine) -> dict[str, Any]:
     """The shared KV pool's summary items over the replicas: counts and bytes summed, the
-    pool per replica, and per-replica preemptions."""
+    pool (and SSM pool, with its cap) per replica, and per-replica preemptions."""
     pools = [w.pool.summary(settings) for w in worlds]
     out = dict(pools[0])
     for key in ("preemptions", "preempted_requests", "recomputed_tokens", "pool_evicted_gb"):
         out[key] = sum(p[key] for p in pools)
     out["peak_running_gb"] = sum(p["peak_running_gb"] for p in pools)
+    if "peak_running_states" in out:  # a separate SSM pool per replica
+        out["peak_running_states"] = sum(p["peak_running_states"] for p in pools)
     out["replica_preemptions"] = [p["preemptions"] for p in pools]
     return out
 

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
-from simlab import vllm_pool
+from simlab import evictor, vllm_pool
 from simlab.config import ConfigError
 from simlab.costmodel import (
     BatchShape,
@@ -151,6 +151,7 @@ class Job:
     order: int = -1  # shared KV pool: rank of its first scheduling
     decode_only: bool = False  # disaggregated decode replica: its KV arrived, no prefill here
     pool_run: vllm_pool.PoolRun | None = None  # vLLM's hybrid pool: its blocks (timed_pool)
+    slots: int = 0  # shared KV pool beside a separate SSM pool: the state slots it holds
     input_tokens: int = field(init=False)  # tokens its prefill computes (see ``resume``)
     output_len: int = field(init=False)
     decode_end: int = field(init=False)  # decode steps after its prefill (output_len - 1)
@@ -219,9 +220,14 @@ class PoolStats:
     recomputed_tokens: int = 0
     evicted_bytes: int = 0
     started: int = 0  # first schedulings so far (a job's ``order``)
+    ssm_budget: float | None = None  # a separate SSM pool's bytes (``cache.ssm_gb``)
+    slots_per_request: int = 0  # state slots a running request holds in it
+    max_running: int = 0  # the engine's cap on running requests that the SSM pool sets
+    held_slots: int = 0
+    peak_held_slots: int = 0
 
     def summary(self, settings: TimedSettings) -> dict[str, Any]:
-        return {
+        out = {
             "kv_pool": settings.kv_pool,
             "preemption": settings.preemption,
             "pool_gb": self.budget / 1e9,
@@ -231,6 +237,13 @@ class PoolStats:
             "pool_evicted_gb": self.evicted_bytes / 1e9,
             "peak_running_gb": self.peak_held / 1e9,
         }
+        if self.ssm_budget is not None:
+            out |= {
+                "ssm_pool_gb": self.ssm_budget / 1e9,
+                "ssm_max_running": self.max_running,
+                "peak_running_states": self.peak_held_slots,
+            }
+        return out
 
 
 def load_calibration(
@@ -420,6 +433,7 @@ class TimedWorld:
         self._progress: Progress | None = None
         self.shared = s.kv_pool == "shared"
         self._budget = s.token_budget  # tokens one iteration computes
+        self.max_running = s.max_running  # a separate SSM pool may lower it (_open_pool)
         self._span_fit = 0
         self.pool = PoolStats()
         self._preempted_counts: dict[int, int] = {}  # request id -> preemptions
@@ -523,7 +537,7 @@ class TimedWorld:
         if self.shared:
             self._schedule_shared()
             return
-        while self.waiting and len(self.running) < self.settings.max_running:
+        while self.waiting and len(self.running) < self.max_running:
             job = self.waiting[0]
             if not self._feeder.ready(job):
                 return
@@ -712,7 +726,7 @@ class TimedWorld:
         ends = np.cumsum(self.cost.decode_span_of(len(decoders), context_sum, steps, shared))
         start = self.env.now
         self._wakeup = self.env.event()
-        if len(self.running) < self.settings.max_running:  # an arrival could join the batch
+        if len(self.running) < self.max_running:  # an arrival could join the batch
             yield self.env.timeout(float(ends[-1])) | self._wakeup
         else:
             yield self.env.timeout(float(ends[-1]))
@@ -732,9 +746,7 @@ class TimedWorld:
         running sequences hold (``budget - held``)."""
         cache, model = self.cache, self.model
         if cache.ssm_capacity is not None:
-            raise ConfigError(
-                "engine.kv_pool=shared: not supported with a separate SSM pool (cache.ssm_gb)"
-            )
+            self._open_state_pool()
         if cache.host is not None:
             raise ConfigError(
                 "engine.kv_pool=shared: not supported with a host tier (cache.host_gb); "
@@ -749,7 +761,7 @@ class TimedWorld:
         cache.capacity = self.pool.budget
         if requests:
             longest = max(r.input_tokens + r.output_len for r in requests)
-            need = longest * model.kv_bytes_per_token + model.ssm_state_bytes
+            need = longest * model.kv_bytes_per_token + self._state_in_kv
             if need > self.pool.budget:
                 raise ConfigError(
                     f"engine.kv_pool=shared: the pool (cache.size_gb + engine.running_memory_gb "
@@ -757,16 +769,68 @@ class TimedWorld:
                     f"({longest} tokens, {need / 1e9:.4g} GB)"
                 )
 
+    @property
+    def _state_in_kv(self) -> float:
+        """A running request's SSM state bytes in the KV budget: none with a separate SSM pool
+        (its slots are held there, :meth:`_hold_slots`)."""
+        return 0.0 if self.pool.ssm_budget is not None else self.model.ssm_state_bytes
+
+    def _open_state_pool(self) -> None:
+        """``cache.ssm_gb`` beside the shared KV pool (SGLang's two pools): the Mamba pool holds
+        the running requests' state slots (``running_state_slots`` each, from scheduling to
+        finish) and the cached states, which get what running requests do not hold. SGLang caps
+        the running requests at ``slots // (running_state_slots + 2)``
+        (``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``: a request's own slot, its locked hit's
+        state and the state its prompt donates; two more ping-pong slots with ``extra_buffer``),
+        so every scheduled request finds its slots free or evictable."""
+        cache, pool = self.cache, self.pool
+        assert cache.ssm_capacity is not None
+        pool.ssm_budget = cache.ssm_capacity
+        pool.slots_per_request = self.step.admission.running_state_slots
+        slots = int(pool.ssm_budget // cache.ckpt_bytes)
+        ratio = pool.slots_per_request + 2
+        if slots < ratio:
+            raise ConfigError(
+                f"cache.ssm_gb: with engine.kv_pool=shared the SSM pool must hold {ratio} states "
+                f"of {self.model.name} per running request (its {pool.slots_per_request} "
+                f"slot(s), its hit's and its prompt's; SGLang's mamba ratio); it holds {slots}"
+            )
+        pool.max_running = self.max_running = min(self.max_running, slots // ratio)
+
+    def _hold_slots(self, job: Job, slots: int) -> None:
+        """``job`` takes (``slots`` > 0) or gives back (< 0) state slots of the separate SSM
+        pool; taking them first evicts cached states (SGLang's ``alloc_req_slots`` calls
+        ``evict_mamba``), the request's hit protected by its pin. The cached states' capacity
+        is what running requests do not hold."""
+        cache, pool = self.cache, self.pool
+        nbytes = slots * cache.ckpt_bytes
+        if slots > 0 and nbytes > cache.ssm_free:
+            freed, _ = evictor.evict_states(cache, nbytes, self.step.eviction)
+            pool.evicted_bytes += freed
+            if nbytes > cache.ssm_free:
+                raise RuntimeError(
+                    f"cache.ssm_gb: request {job.req.request_id} needs {slots} state slot(s) and "
+                    "the SSM pool cannot free them"
+                )
+        job.slots += slots
+        pool.held_slots += slots
+        pool.peak_held_slots = max(pool.peak_held_slots, pool.held_slots)
+        assert pool.ssm_budget is not None
+        cache.ssm_capacity = pool.ssm_budget - pool.held_slots * cache.ckpt_bytes
+        self._check_pool()
+
     def _schedule_shared(self) -> None:
         """FCFS admission into the shared pool. A request is admitted when its whole KV (input
         beyond its hit, output, one SSM state) could fit in the free and evictable bytes (its
         own hit protected); it then holds its prompt's KV at once (cached entries evicted for
         it in the policy's order) and its output's token by token (:meth:`_reserve_decode`).
         Otherwise it waits; with nothing running it is admitted whatever its hit (cached
-        entries evicted for its whole KV, the hit's included if need be)."""
+        entries evicted for its whole KV, the hit's included if need be). With a separate SSM
+        pool its state is not in the KV budget: it takes its slots there (:meth:`_hold_slots`),
+        and the running requests are capped as SGLang caps them (:meth:`_open_state_pool`)."""
         kv = self.model.kv_bytes_per_token
-        state = self.model.ssm_state_bytes
-        while self.waiting and len(self.running) < self.settings.max_running:
+        state = self._state_in_kv
+        while self.waiting and len(self.running) < self.max_running:
             job = self.waiting[0]
             if not self._feeder.ready(job):
                 return
@@ -785,6 +849,8 @@ class TimedWorld:
             self.waiting.popleft()
             scheduled, first = job.scheduled, job.order < 0
             self._start(job, job.input_tokens * kv + state)
+            if self.pool.ssm_budget is not None:
+                self._hold_slots(job, self.pool.slots_per_request)
             if first:
                 job.order, self.pool.started = self.pool.started, self.pool.started + 1
             else:  # recomputed: the request was scheduled once already
@@ -854,6 +920,8 @@ class TimedWorld:
         self.step.abort(victim.started)
         self._hold(-victim.reserved)
         victim.reserved, victim.started = 0.0, None
+        if victim.slots:
+            self._hold_slots(victim, -victim.slots)
 
     def _published(self, job: Job) -> None:
         """A prompt published at prefill end now lies in the (pinned) cache: its KV leaves the
@@ -883,10 +951,16 @@ class TimedWorld:
         return need <= cache.free_bytes
 
     def _evictable(self) -> float:
-        """Bytes of unpinned cached entries (pins cover a node's ancestors, so eviction can
+        """KV bytes of unpinned cached entries (pins cover a node's ancestors, so eviction can
         free all of them, leaves first)."""
         cache = self.cache
-        return float(cache.node_bytes[cache.alive & (cache.pins == 0)].sum())
+        unpinned = float(cache.node_bytes[cache.alive & (cache.pins == 0)].sum())
+        if self.pool.ssm_budget is None:
+            return unpinned
+        # their states live in the SSM pool: only the unpinned nodes' KV counts here
+        pinned = np.flatnonzero(cache.alive & (cache.pins > 0))
+        pinned_states = sum(1 for slot in pinned if cache.node_at(int(slot)).ckpt)
+        return unpinned - (cache.ssm_bytes - pinned_states * cache.ckpt_bytes)
 
     def _hold(self, delta: float) -> None:
         """Running sequences hold ``delta`` more bytes; the cache's capacity is the rest."""
@@ -897,13 +971,22 @@ class TimedWorld:
         self._check_pool()
 
     def _check_pool(self) -> None:
-        """The invariant: cache bytes + running bytes <= the budget."""
+        """The invariant: cache bytes + running bytes <= the budget (KV, and with a separate
+        SSM pool its cached states + running requests' slots <= its bytes)."""
         cache, pool = self.cache, self.pool
-        if cache.used_bytes > pool.budget - pool.held + 1.0 and not (
+        if pool.ssm_budget is not None and (
+            cache.ssm_bytes + pool.held_slots * cache.ckpt_bytes > pool.ssm_budget + 1.0
+        ):
+            raise RuntimeError(
+                f"SSM pool over budget: cached states {cache.ssm_bytes} B + "
+                f"{pool.held_slots} running slots > {pool.ssm_budget:.0f} B"
+            )
+        cached = cache.used_bytes if pool.ssm_budget is None else cache.kv_bytes
+        if cached > pool.budget - pool.held + 1.0 and not (
             cache.semantics.reference_insert  # the Marconi reference inserts past capacity
         ):
             raise RuntimeError(
-                f"shared KV pool over budget: cache {cache.used_bytes} B + running "
+                f"shared KV pool over budget: cache {cached} B + running "
                 f"{pool.held:.0f} B > {pool.budget:.0f} B"
             )
 
@@ -954,6 +1037,8 @@ class TimedWorld:
         if self.shared:  # its KV leaves the running part: the cache may admit it
             self._hold(-job.reserved)
             job.reserved = 0.0
+            if job.slots:  # its slots go back; its last state takes one (SGLang donates it)
+                self._hold_slots(job, -job.slots)
             self._preempted_counts[job.req.request_id] = job.preemptions
         timing = Timing(
             arrival=job.arrival,
