@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 
 TOKENS_PER_WORD = 1.33  # cl100k on English prose; converts tokens to words for typing time
 KV_POOLS = ("separate", "shared")
-PREEMPTIONS = ("lifo", "fifo")
+PREEMPTIONS = ("lifo", "fifo", "sglang")
+RETRACT_DECODE_STEPS = 20  # SGLang retracts until the rest can decode this many steps
 
 
 @dataclass(frozen=True)
@@ -876,7 +877,10 @@ class TimedWorld:
             per_step = len(decoders) * kv
             if self._make_room(per_step):
                 break
-            self._preempt()
+            if self.settings.preemption == "sglang" and len(decoders) > 1:
+                self._retract(decoders)
+            else:
+                self._preempt()
         steps = min(j.decode_left for j in decoders) if limit is None else limit
         if steps > 1:
             room = self.cache.free_bytes + self._evictable()
@@ -890,21 +894,15 @@ class TimedWorld:
     def _preempt(self) -> None:
         """Preempt one running request (recompute): its progress is dropped, its memory freed
         and it goes back to the front of the queue (preempted requests in their first
-        scheduling order). LIFO: the most recently scheduled; FIFO: the earliest."""
+        scheduling order). LIFO: the most recently scheduled; FIFO: the earliest; ``sglang``
+        (:meth:`_retract`) with at most one request decoding: LIFO."""
         if len(self.running) <= 1:
             raise RuntimeError(
                 "engine.kv_pool=shared: one running request does not fit the pool "
                 "(cache.size_gb + engine.running_memory_gb too small)"
             )
-        victim = self.running.pop(-1 if self.settings.preemption == "lifo" else 0)
-        pool = self.pool
-        pool.preemptions += 1
-        pool.preempted.add(victim.req.request_id)
-        pool.recomputed_tokens += victim.prefilled - victim.hit + victim.decoded
-        victim.preemptions += 1
-        self._release(victim)
-        victim.resume()
-        self._note_queue()
+        victim = self.running.pop(0 if self.settings.preemption == "fifo" else -1)
+        self._drop_progress(victim)
         i = 0
         while (
             i < len(self.waiting)
@@ -913,6 +911,54 @@ class TimedWorld:
         ):
             i += 1
         self.waiting.insert(i, victim)
+
+    def _retract(self, decoders: list[Job]) -> None:
+        """SGLang's ``retract_decode`` (``engine.preemption=sglang``): decoding requests are
+        retracted, the fewest outputs first (ties: the longest prompt, then the latest in the
+        batch), until the rest can decode ``RETRACT_DECODE_STEPS`` steps, cached entries evicted
+        for them as far as they go (``check_decode_mem``), and at least one; one is always
+        kept. Retracted requests free their KV uncached (``release_kv_cache(is_insert=False)``)
+        and join the back of the queue (``_add_request_to_queue`` under FCFS)."""
+        kv = self.model.kv_bytes_per_token
+        order = sorted(
+            decoders,
+            key=lambda j: (
+                j.input_tokens - j.req.input_tokens + j.decoded + 1,
+                -j.req.input_tokens,
+            ),
+            reverse=True,
+        )
+        first = True
+        while len(order) > 1 and (
+            first or not self._evict_for(len(order) * RETRACT_DECODE_STEPS * kv)
+        ):
+            first = False
+            victim = order.pop()
+            self.running.remove(victim)
+            self._drop_progress(victim)
+            self.waiting.append(victim)
+
+    def _evict_for(self, need: float) -> bool:
+        """Whether ``need`` bytes are free after evicting cached entries until they are or
+        nothing unpinned is left (SGLang's ``evict_from_tree_cache``; :meth:`_make_room`
+        evicts nothing when it cannot make the whole room)."""
+        cache = self.cache
+        if need > cache.free_bytes:
+            freed, _ = cache.evict(need, self.step.eviction)
+            self.pool.evicted_bytes += freed
+        return need <= cache.free_bytes
+
+    def _drop_progress(self, victim: Job) -> None:
+        """A preempted (retracted) request, out of the running set: its progress is counted as
+        recomputed and dropped, its pin and memory given back."""
+        pool = self.pool
+        pool.preemptions += 1
+        pool.preempted.add(victim.req.request_id)
+        pool.recomputed_tokens += victim.prefilled - victim.hit + victim.decoded
+        victim.preemptions += 1
+        self._release(victim)
+        victim.resume()
+        self._note_queue()
 
     def _release(self, victim: Job) -> None:
         """A preempted request gives back its pin and its memory."""

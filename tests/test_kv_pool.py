@@ -1,6 +1,6 @@
 """The shared KV pool of the timed engine (``engine.kv_pool=shared``, ``engine.preemption``):
-preemption under a tiny budget, equality with separate pools under a huge one, the budget
-invariant, a cluster of shared pools, bad input."""
+preemption under a tiny budget (LIFO, FIFO, SGLang's retraction), equality with separate pools
+under a huge one, the budget invariant, a cluster of shared pools, bad input."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from simlab.cluster import ClusterEngine, ClusterSettings
 from simlab.records import RECORD_COLUMNS, records_frame
 from simlab.simulate import simulate
 from simlab.step import RequestStep
-from simlab.timed import TimedEngine, TimedWorld
+from simlab.timed import RETRACT_DECODE_STEPS, Job, SessionFeeder, TimedEngine, TimedWorld
 from tests.fixtures import compose, policy_plugins
 from tests.test_cluster import A100, HYBRID, LLAMA, chat_requests
 from traces.format import Request
@@ -48,7 +48,7 @@ def tiny(reqs, **settings) -> TimedEngine:
     return engine(kv_pool="shared", running_memory_gb=longest(reqs) * KV / 1e9, **settings)
 
 
-@pytest.mark.parametrize("preemption", ["lifo", "fifo"])
+@pytest.mark.parametrize("preemption", ["lifo", "fifo", "sglang"])
 def test_a_tiny_pool_preempts_and_every_request_completes(preemption):
     reqs = requests()
     run = tiny(reqs, preemption=preemption).run(reqs, build()())
@@ -65,15 +65,16 @@ def test_a_tiny_pool_preempts_and_every_request_completes(preemption):
     assert (frame["first_token"] >= frame["scheduled"]).all()
 
 
-def test_lifo_and_fifo_preempt_differently_and_deterministically():
+def test_the_preemption_orders_differ_and_are_deterministic():
     reqs = requests()
     runs = {
         p: [records_frame(tiny(reqs, preemption=p).run(reqs, build()()).records) for _ in "ab"]
-        for p in ("lifo", "fifo")
+        for p in ("lifo", "fifo", "sglang")
     }
     for first, second in runs.values():
         pd.testing.assert_frame_equal(first, second)
     assert not runs["lifo"][0].equals(runs["fifo"][0])
+    assert not runs["sglang"][0].equals(runs["lifo"][0])
 
 
 def test_a_huge_pool_equals_separate_pools():
@@ -160,7 +161,7 @@ def test_a_shared_run_writes_the_preemption_column_and_summary(tmp_path):
 
 BAD_POOL = [
     (["engine.kv_pool=foo"], "engine.kv_pool must be one of separate|shared, got 'foo'"),
-    (["engine.preemption=bar"], "engine.preemption must be one of lifo|fifo, got 'bar'"),
+    (["engine.preemption=bar"], "engine.preemption must be one of lifo|fifo|sglang, got 'bar'"),
     (["engine.running_memory_gb=0"], "engine.running_memory_gb must be > 0, got 0"),
     (
         ["engine.kv_pool=shared", "engine.running_memory_gb=-1"],
@@ -212,3 +213,69 @@ def test_a_shared_pool_does_not_keep_room_twice_for_a_running_prompt():
     frame = records_frame(run.records).set_index("request_id")
     assert frame["hit_tokens"].tolist() == [0, 0, 32]
     assert frame["bytes_evicted"].sum() == 0
+
+
+def outputs_key(job: Job) -> tuple[int, int]:
+    """SGLang's retraction key: (outputs sampled so far, -prompt length)."""
+    return (job.input_tokens - job.req.input_tokens + job.decoded + 1, -job.req.input_tokens)
+
+
+def test_sglang_retracts_the_fewest_outputs_first_until_twenty_steps_fit(monkeypatch):
+    """``engine.preemption=sglang`` (``retract_decode``): each victim has the fewest outputs
+    of the decoders left (ties: the longest prompt), joins the back of the queue, and the
+    retraction stops once the others can decode 20 steps (or one is left)."""
+    victims: list[tuple[tuple[int, int], list[tuple[int, int]]]] = []
+    after: list[bool] = []
+    retracting: list[bool] = []
+    drop, retract = TimedWorld._drop_progress, TimedWorld._retract
+
+    def spy_drop(world: TimedWorld, victim: Job) -> None:
+        if retracting:
+            others = [outputs_key(j) for j in world.running if j.prefilled >= j.input_tokens]
+            victims.append((outputs_key(victim), others))
+        drop(world, victim)
+
+    def spy_retract(world: TimedWorld, decoders: list[Job]) -> None:
+        retracting.append(True)
+        retract(world, decoders)
+        retracting.clear()
+        left = [j for j in decoders if j in world.running]
+        room = len(left) * RETRACT_DECODE_STEPS * KV
+        after.append(len(left) == 1 or world.cache.free_bytes >= room)
+        assert world.waiting[-1] not in world.running and world.waiting[-1].preemptions
+
+    monkeypatch.setattr(TimedWorld, "_drop_progress", spy_drop)
+    monkeypatch.setattr(TimedWorld, "_retract", spy_retract)
+    reqs = requests()
+    run = tiny(reqs, preemption="sglang").run(reqs, build()())
+    assert len(run.records) == len(reqs) and run.extras["preemptions"] >= len(victims) > 0
+    assert all(not others or key <= min(others) for key, others in victims)
+    assert after and all(after)
+
+
+def test_sglang_retracts_until_the_rest_can_decode_twenty_steps():
+    """Twelve 4-token prompts decoding 300 tokens each in a pool of 1,200 tokens: when a step
+    does not fit, one retraction frees too little for the others' 20 steps (12 x 20 = 240
+    tokens), so SGLang retracts more at once; every request still completes."""
+    reqs = [
+        Request(
+            i, i, 0, 0.0, np.arange(4 * i, 4 * i + 4, dtype=np.int32), np.zeros(0, np.int32), 300
+        )
+        for i in range(12)
+    ]
+    world = engine(kv_pool="shared", running_memory_gb=1200 * KV / 1e9, preemption="sglang").world(
+        reqs, build(cache_bytes=KV)()
+    )
+    sizes: list[int] = []
+    retract = world._retract
+
+    def spy(decoders: list[Job]) -> None:
+        before = len(world.waiting)
+        retract(decoders)
+        sizes.append(len(world.waiting) - before)
+        left = [j for j in decoders if j in world.running]
+        assert len(left) == 1 or world.cache.free_bytes >= len(left) * RETRACT_DECODE_STEPS * KV
+
+    world._retract = spy  # type: ignore[method-assign]
+    records = world.run(SessionFeeder(reqs))
+    assert len(records) == len(reqs) and max(sizes) > 1
