@@ -151,6 +151,13 @@ FIXED_CASES: list[Case] = [
       "trace=chat", "trace.n_sessions=30", "arrivals.session_rate=1", "engine=timed",
       "cache.size_gb=4", "cache.ssm_gb=2", "engine.running_memory_gb=1",
       "engine.kv_pool=shared"]),
+    # SGLang's scheduler on the shared pool under a saturating load: its admission (the new
+    # token ratio, simlab/new_token_ratio.py) and its retraction
+    ("sglang_plus-sglang_scheduler-chat-timed",
+     ["+policy=sglang_plus", "model=llama3_8b", "trace=chat", "trace.n_sessions=60",
+      "arrivals.session_rate=4", "engine=timed", "cache.size_gb=0.5",
+      "engine.running_memory_gb=0.5", "engine.kv_pool=shared", "engine.preemption=sglang",
+      "engine.request_admission=sglang"]),
 ]  # fmt: skip
 
 #: The matrix ``write`` runs: (stable case name, Hydra overrides).

@@ -53,6 +53,12 @@ from simlab.costmodel import (
 )
 from simlab.engine import EngineRun
 from simlab.model import ModelSpec
+from simlab.new_token_ratio import (
+    CLIP_MAX_NEW_TOKENS,
+    RETRACT_DECODE_STEPS,
+    NewTokenRatio,
+    clipped_left,
+)
 from simlab.nodes import Node
 from simlab.records import RequestRecord
 from simlab.step import RequestStep, Started, Timing
@@ -64,7 +70,7 @@ log = logging.getLogger(__name__)
 TOKENS_PER_WORD = 1.33  # cl100k on English prose; converts tokens to words for typing time
 KV_POOLS = ("separate", "shared")
 PREEMPTIONS = ("lifo", "fifo", "sglang")
-RETRACT_DECODE_STEPS = 20  # SGLang retracts until the rest can decode this many steps
+ADMISSIONS = ("whole", "sglang")
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,8 @@ class TimedSettings:
     memory_check: bool = True  # false: what-if studies beyond the GPU's memory
     kv_pool: str = "separate"  # shared: running sequences and the prefix cache share one budget
     preemption: str = "lifo"  # shared pool: which running request is preempted first
+    request_admission: str = "whole"  # shared pool: when a queued request may start
+    ignore_eos: bool = False  # request_admission=sglang: requests run to max_new_tokens
 
     def __post_init__(self) -> None:
         for key in ("token_budget", "max_running", "ssm_chunk"):
@@ -95,7 +103,13 @@ class TimedSettings:
             raise ValueError(
                 f"engine.running_memory_gb must be {least}, got {self.running_memory_gb!r}"
             )
-        for key in ("ckpt_split", "radix_mlp", "shared_prefix_attention", "memory_check"):
+        for key in (
+            "ckpt_split",
+            "radix_mlp",
+            "shared_prefix_attention",
+            "memory_check",
+            "ignore_eos",
+        ):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"engine.{key} must be true or false, got {getattr(self, key)!r}")
         if self.typing_wpm is not None and not self.typing_wpm > 0:
@@ -107,6 +121,11 @@ class TimedSettings:
         if self.preemption not in PREEMPTIONS:
             raise ValueError(
                 f"engine.preemption must be one of {'|'.join(PREEMPTIONS)}, got {self.preemption!r}"
+            )
+        if self.request_admission not in ADMISSIONS:
+            raise ValueError(
+                f"engine.request_admission must be one of {'|'.join(ADMISSIONS)}, "
+                f"got {self.request_admission!r}"
             )
 
 
@@ -178,6 +197,12 @@ class Job:
         return self.prefilled < self.input_tokens
 
     @property
+    def outputs_left(self) -> int:
+        """Output tokens still to sample (SGLang's ``max_new_tokens - len(output_ids)``, its
+        ``max_new_tokens`` being the output length); its first comes with the prefill."""
+        return self.decode_end - self.decoded + (self.prefilled < self.input_tokens)
+
+    @property
     def decode_left(self) -> int:
         """Decode steps still to run (the first output token comes with the prefill)."""
         return max(self.decode_end - self.decoded, 0)
@@ -231,6 +256,7 @@ class PoolStats:
         out = {
             "kv_pool": settings.kv_pool,
             "preemption": settings.preemption,
+            "request_admission": settings.request_admission,
             "pool_gb": self.budget / 1e9,
             "preemptions": self.preemptions,
             "preempted_requests": len(self.preempted),
@@ -438,6 +464,8 @@ class TimedWorld:
         self._span_fit = 0
         self.pool = PoolStats()
         self._preempted_counts: dict[int, int] = {}  # request id -> preemptions
+        self._ratio = NewTokenRatio()  # engine.request_admission=sglang: SGLang's new token ratio
+        self._retracted = False  # the last decode memory check preempted (so did not decay)
         self._link_free = 0.0  # host tier: when the host<->GPU link finishes its last load
         if self.shared:
             self._open_pool(requests)
@@ -514,6 +542,7 @@ class TimedWorld:
         while True:
             self._schedule()
             if not self.running:
+                self._ratio.reset()  # SGLang's on_idle
                 if self._no_more_arrivals():
                     return
                 self._wakeup = env.event()
@@ -643,6 +672,10 @@ class TimedWorld:
         """The decoders of a mixed iteration, their step's memory held (shared KV pool)."""
         if self.shared:
             self._reserve_decode(1)
+            decoders = self._decoders()
+            if decoders and not self._retracted:
+                self._ratio.decay(1)
+            return decoders
         return self._decoders()
 
     def _prompt_done(self, job: Job) -> None:
@@ -707,11 +740,18 @@ class TimedWorld:
         fit = self._span_fit = self._reserve_decode(None) if self.shared else 0
         decoders = [j for j in self.running if j.decoded < j.decode_end]  # decode_left > 0
         steps = min([j.decode_end - j.decoded for j in decoders])
-        return decoders, min(steps, fit) if self.shared else steps
+        if not self.shared:
+            return decoders, steps
+        steps = min(steps, fit)
+        if self.settings.request_admission == "sglang":
+            steps = self._admissible_step(decoders, steps, fit)
+        return decoders, steps
 
     def _span_ran(self, decoders: list[Job], done: int) -> None:
         """The span ran ``done`` steps (each decoder's ``decoded`` counts them already)."""
         fit = self._span_fit
+        if self.shared:
+            self._ratio.decay(done - self._retracted)
         if self.shared and done < fit:  # cut short: give back the steps not run
             unused = (fit - done) * self.model.kv_bytes_per_token
             for job in decoders:
@@ -828,9 +868,13 @@ class TimedWorld:
         Otherwise it waits; with nothing running it is admitted whatever its hit (cached
         entries evicted for its whole KV, the hit's included if need be). With a separate SSM
         pool its state is not in the KV budget: it takes its slots there (:meth:`_hold_slots`),
-        and the running requests are capped as SGLang caps them (:meth:`_open_state_pool`)."""
+        and the running requests are capped as SGLang caps them (:meth:`_open_state_pool`).
+        ``engine.request_admission=sglang``: it must fit beside what the running requests and
+        those admitted in this pass are expected to still write (:meth:`_expected_bytes`)."""
         kv = self.model.kv_bytes_per_token
         state = self._state_in_kv
+        sglang = self.settings.request_admission == "sglang"
+        expected = self._expected_bytes() if sglang and self.waiting else 0.0
         while self.waiting and len(self.running) < self.max_running:
             job = self.waiting[0]
             if not self._feeder.ready(job):
@@ -838,7 +882,11 @@ class TimedWorld:
             hit, node = self.step.peek_hit(job.req)
             whole = (job.input_tokens + job.decode_end + 1) * kv + state
             self.cache.pin(node)
-            fits = whole - hit * kv <= self.cache.free_bytes + self._evictable()
+            room = self.cache.free_bytes + self._evictable()
+            if sglang:
+                fits = self._sglang_need(job, hit) < room - expected
+            else:
+                fits = whole - hit * kv <= room
             if fits:
                 self._make_room((job.input_tokens - hit) * kv + state)
             self.cache.unpin(node)
@@ -848,6 +896,8 @@ class TimedWorld:
                 self._make_room(whole)
             self._note_queue()
             self.waiting.popleft()
+            if sglang:  # its input's KV is held from here on; its outputs are reserved
+                expected += (min(job.outputs_left, CLIP_MAX_NEW_TOKENS) + 1) * kv
             scheduled, first = job.scheduled, job.order < 0
             self._start(job, job.input_tokens * kv + state)
             if self.pool.ssm_budget is not None:
@@ -864,12 +914,52 @@ class TimedWorld:
                 )
             self._hold(job.reserved)
 
+    def _sglang_need(self, job: Job, hit: int) -> float:
+        """Bytes SGLang's ``add_one_req`` asks free for a queued request with ``hit`` tokens
+        cached: its uncached input, its clipped output, one page (of one token: SGLang's
+        default) and its state where the KV budget holds it."""
+        tokens = job.input_tokens - hit + min(job.outputs_left, CLIP_MAX_NEW_TOKENS) + 1
+        return tokens * self.model.kv_bytes_per_token + self._state_in_kv
+
+    def _expected_bytes(self) -> float:
+        """KV the running requests are expected to still write (``PrefillAdder``'s running
+        offset): each its clipped outputs left, times the new token ratio once decoding (1
+        with ``engine.ignore_eos``; a request still prefilling reserves them whole)."""
+        ratio = 1.0 if self.settings.ignore_eos else self._ratio.current
+        expected = 0.0
+        for job in self.running:
+            left = min(job.outputs_left, CLIP_MAX_NEW_TOKENS)
+            expected += left if job.prefilled < job.input_tokens else left * ratio
+        return expected * self.model.kv_bytes_per_token
+
+    def _admissible_step(self, decoders: list[Job], steps: int, held: int) -> int:
+        """``engine.request_admission=sglang``, a decode span of ``steps`` steps with ``held``
+        steps' KV held: the first step after which the queue's head fits, the ratio decayed and
+        the decoders' outputs left shrunk step by step as in SGLang (``steps``: none does)."""
+        if not (self.waiting and len(self.running) < self.max_running):
+            return steps
+        head = self.waiting[0]
+        if not self._feeder.ready(head):
+            return steps
+        kv = self.model.kv_bytes_per_token
+        hit, node = self.step.peek_hit(head.req)
+        self.cache.pin(node)
+        room_now = self.cache.free_bytes + self._evictable()
+        self.cache.unpin(node)
+        t = np.arange(1, steps + 1)
+        room = room_now + (held - t) * len(decoders) * kv  # SGLang holds t steps, not `held`
+        left = clipped_left(np.array([j.outputs_left for j in decoders]), t)
+        ratio = 1.0 if self.settings.ignore_eos else self._ratio.after(t - self._retracted)
+        fits = self._sglang_need(head, hit) < room - ratio * left * kv
+        return int(t[fits][0]) if fits.any() else steps
+
     def _reserve_decode(self, limit: int | None) -> int:
         """Hold the KV of the next decode steps of every decoding request: evict cached
         entries, and when they cannot make room for one step, preempt running requests
         (``engine.preemption``) until it fits. Returns the steps held (>= 1; at most ``limit``,
         None: up to the first request's end), the room for all of them evicted at once."""
         kv = self.model.kv_bytes_per_token
+        self._retracted = False
         while True:
             decoders = self._decoders()
             if not decoders:
@@ -877,10 +967,16 @@ class TimedWorld:
             per_step = len(decoders) * kv
             if self._make_room(per_step):
                 break
+            self._retracted = True
             if self.settings.preemption == "sglang" and len(decoders) > 1:
                 self._retract(decoders)
             else:
                 self._preempt()
+        if self._retracted:  # what the kept requests show becomes the ratio
+            self._ratio.retracted(
+                [j.req.output_len - j.outputs_left for j in decoders],
+                [j.req.output_len for j in decoders],
+            )
         steps = min(j.decode_left for j in decoders) if limit is None else limit
         if steps > 1:
             room = self.cache.free_bytes + self._evictable()

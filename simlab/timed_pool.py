@@ -73,6 +73,11 @@ class PoolWorld(TimedWorld):
                 "engine.preemption: vLLM's hybrid pool (policy=vllm) preempts the last running "
                 f"request (lifo), got {s.preemption!r}"
             )
+        if s.request_admission != "whole":
+            raise ConfigError(
+                "engine.request_admission: vLLM's hybrid pool (policy=vllm) schedules a request "
+                f"when its first chunk's blocks fit (whole), got {s.request_admission!r}"
+            )
         super().__init__(requests, step, cost, s, env)
         self.shared = False  # the pool holds running requests: no budget split to keep
         self.hybrid, self.committed = step_pool(step, shape)

@@ -162,6 +162,11 @@ def test_a_shared_run_writes_the_preemption_column_and_summary(tmp_path):
 BAD_POOL = [
     (["engine.kv_pool=foo"], "engine.kv_pool must be one of separate|shared, got 'foo'"),
     (["engine.preemption=bar"], "engine.preemption must be one of lifo|fifo|sglang, got 'bar'"),
+    (
+        ["engine.request_admission=eager"],
+        "engine.request_admission must be one of whole|sglang, got 'eager'",
+    ),
+    (["engine.ignore_eos=maybe"], "engine.ignore_eos must be true or false, got 'maybe'"),
     (["engine.running_memory_gb=0"], "engine.running_memory_gb must be > 0, got 0"),
     (
         ["engine.kv_pool=shared", "engine.running_memory_gb=-1"],

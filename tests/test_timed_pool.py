@@ -86,6 +86,11 @@ def test_fifo_preemption_is_refused_on_the_pool():
         world(two_requests(), blocks=12, preemption="fifo")
 
 
+def test_sglang_request_admission_is_refused_on_the_pool():
+    with pytest.raises(ConfigError, match=r"engine\.request_admission"):
+        world(two_requests(), blocks=12, request_admission="sglang")
+
+
 @pytest.mark.parametrize("blocks", [260, 1000])
 def test_under_load_every_block_returns_and_reruns_are_identical(blocks):
     """30 chat sessions at 5 sessions/s on a pool of blocks of 16 (the longest request

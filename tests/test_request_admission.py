@@ -1,0 +1,203 @@
+"""SGLang's request admission on the shared KV pool (``engine.request_admission=sglang``,
+:mod:`simlab.new_token_ratio`): the ratio's dynamics, the expected outputs in closed form, no
+preemption when every output is reserved whole (``ignore_eos``), and decode spans that admit a
+queued request at the very step SGLang's per-step check would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simlab.new_token_ratio import (
+    CLIP_MAX_NEW_TOKENS,
+    INIT_RATIO,
+    RETRACT_DECODE_STEPS,
+    NewTokenRatio,
+    clipped_left,
+)
+from simlab.records import records_frame
+from simlab.timed import Job, SessionFeeder, TimedWorld
+from tests.test_kv_pool import KV, build, engine, requests, tiny
+from traces.format import Request
+
+TIMES = ["scheduled", "first_token", "finished"]
+
+
+def test_clipped_left_is_the_sum_term_by_term():
+    rng = np.random.default_rng(0)
+    left = rng.integers(0, 3 * CLIP_MAX_NEW_TOKENS, size=57)
+    steps = np.arange(0, 3 * CLIP_MAX_NEW_TOKENS + 50, 7)
+    brute = [int(np.minimum(np.maximum(left - t, 0), CLIP_MAX_NEW_TOKENS).sum()) for t in steps]
+    assert clipped_left(left, steps).tolist() == brute
+    assert clipped_left(np.zeros(0, np.int64), steps).tolist() == [0] * len(steps)
+
+
+def test_the_ratio_decays_from_0_7_to_its_floor_in_600_steps_and_resets_when_idle():
+    ratio = NewTokenRatio()
+    assert ratio.current == INIT_RATIO == 0.7
+    for _ in range(300):
+        ratio.decay(1)
+    assert ratio.current == pytest.approx(0.7 - 300 * (0.7 - 0.098) / 600)
+    assert ratio.current == pytest.approx(float(NewTokenRatio().after(300)))
+    ratio.decay(400)
+    assert ratio.current == pytest.approx(0.7 * 0.14) and ratio.current >= NewTokenRatio.MIN
+    ratio.decay(0)
+    assert ratio.current == pytest.approx(0.098)
+    ratio.reset()
+    assert ratio.current == 0.7
+
+
+def test_a_retraction_sets_the_ratio_to_what_the_kept_requests_show():
+    """``(decoded + 20 each) / (max_new_tokens + 1)``, at most 1; below the floor until the
+    next decay lifts it there, as SGLang's tracker does."""
+    ratio = NewTokenRatio()
+    ratio.retracted([10, 30], [100, 200])
+    assert ratio.current == pytest.approx((40 + 2 * RETRACT_DECODE_STEPS) / 301)
+    ratio.retracted([90], [100])
+    assert ratio.current == 1.0
+    ratio.retracted([0], [1000])
+    assert ratio.current == pytest.approx(20 / 1001) and ratio.current < NewTokenRatio.MIN
+    assert float(ratio.after(0)) == ratio.current
+    ratio.decay(1)
+    assert ratio.current == NewTokenRatio.MIN
+
+
+@pytest.mark.parametrize("preemption", ["lifo", "sglang"])
+def test_reserving_every_output_whole_never_preempts(preemption):
+    """With ``ignore_eos`` the running requests' outputs are reserved whole (ratio 1): the
+    tiny pool that preempts under the whole-KV rule and under the decaying ratio never does."""
+    reqs = requests()
+    runs = {
+        (admission, eos): tiny(
+            reqs, preemption=preemption, request_admission=admission, ignore_eos=eos
+        ).run(reqs, build()())
+        for admission, eos in [("whole", False), ("sglang", False), ("sglang", True)]
+    }
+    for run in runs.values():
+        assert len(run.records) == len(reqs)
+    assert runs["sglang", True].extras["preemptions"] == 0
+    assert runs["sglang", True].extras["request_admission"] == "sglang"
+    assert runs["whole", False].extras["preemptions"] > runs["sglang", False].extras["preemptions"]
+
+
+def unique_prompts(n: int = 16, seed: int = 1) -> list[Request]:
+    """Prompts that share nothing (no hit whatever is cached or evicted) and long outputs,
+    whose expected share falls faster with the ratio than their KV grows."""
+    rng = np.random.default_rng(seed)
+    out, start = [], 0
+    for i in range(n):
+        size = int(rng.integers(40, 300))
+        ids = np.arange(start, start + size, dtype=np.int32)
+        start += size
+        out.append(
+            Request(i, i, 0, 0.05 * i, ids, np.zeros(0, np.int32), int(rng.integers(1500, 3000)))
+        )
+    return out
+
+
+def test_decode_spans_admit_at_the_step_a_per_step_check_would(monkeypatch):
+    """A decode span under ``request_admission=sglang`` ends at the first step after which the
+    queue's head fits (the ratio decayed, the outputs left shrunk): its records equal those of
+    the same world deciding after every single step (times up to float summation)."""
+    reqs = unique_prompts()
+    capped: list[bool] = []
+    plan, admissible = TimedWorld._span_plan, TimedWorld._admissible_step
+
+    def spy_admissible(world: TimedWorld, decoders: list[Job], steps: int, held: int) -> int:
+        step = admissible(world, decoders, steps, held)
+        capped.append(step < steps)
+        return step
+
+    def one_step(world: TimedWorld) -> tuple[list[Job], int]:
+        decoders, steps = plan(world)
+        return decoders, min(steps, 1)
+
+    def run() -> pd.DataFrame:
+        settings = {"kv_pool": "shared", "running_memory_gb": 8000 * KV / 1e9}
+        world = engine(**settings, request_admission="sglang").world(reqs, build(cache_bytes=KV)())
+        return records_frame(world.run(SessionFeeder(reqs)))
+
+    monkeypatch.setattr(TimedWorld, "_admissible_step", spy_admissible)
+    spans = run()
+    assert any(capped), "no span was cut for an admission: the case tests nothing"
+    monkeypatch.setattr(TimedWorld, "_span_plan", one_step)
+    steps = run()
+    floats = spans.select_dtypes("float").columns
+    assert set(TIMES) <= set(floats)
+    pd.testing.assert_frame_equal(spans.drop(columns=floats), steps.drop(columns=floats))
+    for column in floats:
+        np.testing.assert_allclose(spans[column], steps[column], rtol=1e-9, err_msg=column)
+
+
+def test_every_decode_step_decays_the_ratio_in_spans_and_mixed_iterations(monkeypatch):
+    """A request decoding 400 tokens while another's 2,000-token prompt is prefilled in
+    chunks of 128 beside it (mixed iterations) and then decodes beside it (spans): at its
+    finish the ratio decayed once per decode step it ran, ``after(399)``; a request arriving
+    once the server was idle starts again from 0.7."""
+    reqs = [
+        Request(0, 0, 0, 0.0, np.arange(50, dtype=np.int32), np.zeros(0, np.int32), 400),
+        Request(1, 1, 0, 0.5, np.arange(100, 2100, dtype=np.int32), np.zeros(0, np.int32), 600),
+        Request(2, 2, 0, 1e4, np.arange(5000, 5050, dtype=np.int32), np.zeros(0, np.int32), 100),
+    ]
+    at_finish: dict[int, float] = {}
+    finish = TimedWorld._finish
+
+    def spy(world: TimedWorld, job: Job) -> None:
+        at_finish[job.req.request_id] = world._ratio.current
+        finish(world, job)
+
+    monkeypatch.setattr(TimedWorld, "_finish", spy)
+    settings = {"kv_pool": "shared", "running_memory_gb": 10_000 * KV / 1e9, "token_budget": 128}
+    world = engine(**settings, request_admission="sglang").world(reqs, build()())
+    records = world.run(SessionFeeder(reqs))
+    assert world.pool.preemptions == 0 and records[1].scheduled < records[0].first_token + 1.0
+    assert records[0].finished > records[1].first_token  # chunks ran beside its decode
+    assert at_finish[0] == pytest.approx(float(NewTokenRatio().after(399)), abs=1e-12)
+    assert at_finish[2] == pytest.approx(float(NewTokenRatio().after(99)), abs=1e-12)
+
+
+def test_running_requests_expect_their_clipped_outputs_left_times_the_ratio():
+    """``PrefillAdder``'s running offset: a decoding request expects its outputs left times the
+    ratio, clipped at 4,096; one still prefilling (chunked) reserves its clipped output whole;
+    ``ignore_eos``: the ratio is 1."""
+    reqs = [
+        Request(i, i, 0, 0.0, np.arange(10, dtype=np.int32), np.zeros(0, np.int32), out)
+        for i, out in enumerate([100, 9000, 300])
+    ]
+    for eos in (False, True):
+        settings = {"kv_pool": "shared", "running_memory_gb": 1e5 * KV / 1e9, "ignore_eos": eos}
+        world = engine(**settings, request_admission="sglang").world(reqs, build()())
+        jobs = [Job(r, 0.0, world.env.event()) for r in reqs]
+        jobs[0].prefilled, jobs[0].decoded = 10, 39  # 60 outputs left
+        jobs[1].prefilled, jobs[1].decoded = 10, 0  # 8,999 left: clipped
+        jobs[2].prefilled = 4  # prefilling: 300 left, reserved whole
+        world.running = jobs
+        world._ratio.current = 0.25
+        ratio = 1.0 if eos else 0.25
+        expected = (60 + CLIP_MAX_NEW_TOKENS) * ratio + 300
+        assert world._expected_bytes() == pytest.approx(expected * KV)
+
+
+def test_after_a_retraction_the_ratio_is_what_the_kept_decoders_show(monkeypatch):
+    """SGLang's ``retract_decode`` returns the ratio of the batch it kept: their outputs so far
+    plus 20 steps each, over their ``max_new_tokens`` (the output lengths) + 1."""
+    checked: list[bool] = []
+    reserve = TimedWorld._reserve_decode
+
+    def spy(world: TimedWorld, limit: int | None) -> int:
+        before = world.pool.preemptions
+        steps = reserve(world, limit)
+        if world.pool.preemptions > before:
+            kept = world._decoders()
+            outputs = sum(j.req.output_len - j.outputs_left for j in kept)
+            max_new = sum(j.req.output_len for j in kept)
+            estimate = min(1.0, (outputs + RETRACT_DECODE_STEPS * len(kept)) / (max_new + 1))
+            checked.append(world._ratio.current == pytest.approx(estimate))
+        return steps
+
+    monkeypatch.setattr(TimedWorld, "_reserve_decode", spy)
+    reqs = requests()
+    run = tiny(reqs, preemption="sglang", request_admission="sglang").run(reqs, build()())
+    assert len(run.records) == len(reqs)
+    assert checked and all(checked)
