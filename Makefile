@@ -60,6 +60,7 @@ XC_STAMP := $(XC_VENV)/.installed
 XC_OUT := .crosscheck
 XC_FIXTURES := tests/fixtures/crosscheck
 XC_LOAD := tests/fixtures/crosscheck_load
+XC_LOAD_SGL := tests/fixtures/crosscheck_load_sglang
 XC_WHEELS ?=
 XC_SHARE := $(XC_OUT)/sharegpt_llama3_8b.npz
 XC_SHARE_H := $(XC_OUT)/sharegpt_nemotron_h_8b.npz
@@ -115,3 +116,8 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--name sharegpt_nemotron_h_8b --size-gb 1 2 5 --gap 1 4
 	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE_H) \
 		--name swebench10_nemotron_h_8b --size-gb 2 5 --gap 2 8
+	rm -f $(XC_LOAD_SGL)/*.csv $(XC_LOAD_SGL)/manifest.json
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --mixed
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4

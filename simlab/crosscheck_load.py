@@ -11,7 +11,17 @@ case's pool, ``max_num_seqs`` (``engine.max_running``) and ``max_num_batched_tok
 vLLM's ``num_cached_tokens``), that of its last scheduling, its preemptions and when it was
 first scheduled, got its first token and finished.
 
-    python -m simlab.crosscheck_load            # every case
+SGLang's scheduler (``crosscheck/sglang_concurrent.py``, fixtures in
+``tests/fixtures/crosscheck_load_sglang``: SGLang 0.5.23's own ``get_next_batch_to_run``,
+``PrefillAdder``, ``retract_decode`` and new token ratio over a ``RadixCache`` on Llama-3-8B) is
+compared the same way against the timed engine on the shared KV pool (:data:`SGLANG_ENGINE`:
+the pool is ``cache.size_gb``, SGLang's retraction and admission), with
+``max_running_requests`` and ``chunked_prefill_size`` as ``engine.max_running`` and
+``engine.token_budget``. simlab mixes prefill chunks and decodes in one iteration, so the
+``enable_mixed_chunk`` cases are its counterpart; the default (prefill-first) ones measure what
+that costs. Agreement there is partial (README, "Under load against SGLang's scheduler").
+
+    python -m simlab.crosscheck_load            # every case, vLLM's and SGLang's
     python -m simlab.crosscheck_load --case C   # one
 """
 
@@ -29,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from simlab.costmodel import BatchShape, CostModel
-from simlab.crosscheck import overrides_for, selected_cases
+from simlab.crosscheck import load_cases, overrides_for
 from simlab.records import RequestRecord
 from simlab.timed import Job, TimedEngine, TimedWorld
 from traces.format import Request
@@ -37,6 +47,7 @@ from traces.format import Request
 log = logging.getLogger(__name__)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "crosscheck_load"
+SGLANG_FIXTURES = FIXTURES.parent / "crosscheck_load_sglang"
 #: compared exactly
 COUNTS = ("hit_tokens", "last_hit", "preemptions")
 #: compared to 1e-6 of a step
@@ -95,6 +106,16 @@ class LoadAgreement:
     first_difference: int | None  # fixture position of the first request differing anywhere
 
 
+#: simlab's settings for SGLang's scheduler (``crosscheck/sglang_concurrent.py``): its KV pool is
+#: the whole cache (running requests and the radix tree share it), its retraction and admission
+SGLANG_ENGINE = [
+    "engine.kv_pool=shared",
+    "engine.running_memory_gb=0",
+    "engine.preemption=sglang",
+    "engine.request_admission=sglang",
+]
+
+
 def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     """The timed engine's run of ``case`` on the step clock, one row per fixture row."""
     from hydra import compose, initialize_config_dir
@@ -103,12 +124,20 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     from simlab.timed_pool import PoolWorld
     from simlab.vllm_pool import pool_shape
 
-    overrides = [
-        *overrides_for(case, engine="timed"),
-        f"engine.max_running={case['max_num_seqs']}",
-        f"engine.token_budget={case['max_num_batched_tokens']}",
-        "report=false",
-    ]
+    sglang = case["engine"] == "sglang"
+    limits = (
+        [
+            f"engine.max_running={case['max_running_requests']}",
+            f"engine.token_budget={case['chunked_prefill_size']}",
+            *SGLANG_ENGINE,
+        ]
+        if sglang
+        else [
+            f"engine.max_running={case['max_num_seqs']}",
+            f"engine.token_budget={case['max_num_batched_tokens']}",
+        ]
+    )
+    overrides = [*overrides_for(case, engine="timed"), *limits, "report=false"]
     configs = Path(__file__).resolve().parent.parent / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
@@ -118,12 +147,17 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     requests = [by_id[int(i)] for i in engine["request_id"]]
     ((name, pcfg),) = plan.settings.policies.items()
     step = policy_step(name, pcfg, plan.model, plan.settings, trace.block_size)
-    shape = pool_shape(step, requests)
-    if shape is None:
-        raise ValueError(f"{case['case']}: the policy does not run on vLLM's hybrid pool")
     settings = plan.engine
     assert isinstance(settings, TimedEngine)  # the case's overrides pick engine=timed
-    world = PoolWorld(requests, step, cast(CostModel, StepClock()), settings, shape)
+    clock = cast(CostModel, StepClock())
+    world: TimedWorld
+    if sglang:
+        world = TimedWorld(requests, step, clock, settings)
+    else:
+        shape = pool_shape(step, requests)
+        if shape is None:
+            raise ValueError(f"{case['case']}: the policy does not run on vLLM's hybrid pool")
+        world = PoolWorld(requests, step, clock, settings, shape)
     records = world.run(OpenLoop(requests, engine["arrival"].tolist()))
     preempted = dict(
         zip([r.request_id for r in records], world.preemption_column(records), strict=True)
@@ -183,14 +217,18 @@ def table(rows: list[LoadAgreement]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simlab.crosscheck_load", description=__doc__)
-    parser.add_argument("--fixtures", type=Path, default=FIXTURES)
+    parser.add_argument("--fixtures", type=Path, nargs="+", default=[FIXTURES, SGLANG_FIXTURES])
     parser.add_argument("--case", action="append", help="only these cases (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    cases = selected_cases(args.fixtures, args.case)
-    if not cases:
+    rows = []
+    for fixtures in args.fixtures:
+        cases = load_cases(fixtures)
+        rows += [compare(c, fixtures) for c in cases if not args.case or c["case"] in args.case]
+    if not rows:
+        print("no matching crosscheck_load cases (run `make crosscheck`)", file=sys.stderr)
         return 2
-    print(table([compare(c, args.fixtures) for c in cases]))
+    print(table(rows))
     return 0
 
 

@@ -464,6 +464,7 @@ class TimedWorld:
         self._span_fit = 0
         self.pool = PoolStats()
         self._preempted_counts: dict[int, int] = {}  # request id -> preemptions
+        self.resume_hits: dict[int, list[int]] = {}  # request id -> its hit at each resume
         self._ratio = NewTokenRatio()  # engine.request_admission=sglang: SGLang's new token ratio
         self._retracted = False  # the last decode memory check preempted (so did not decay)
         self._link_free = 0.0  # host tier: when the host<->GPU link finishes its last load
@@ -605,6 +606,8 @@ class TimedWorld:
         job.ckpt_tokens = self._ckpt_tokens(job.req, started.plan.ckpts)
         job.splits = self._prefill_splits(job)
         job.prefilled = job.hit
+        if job.preemptions:
+            self.resume_hits.setdefault(job.req.request_id, []).append(job.hit)
         job.reserved = need - job.hit * self.model.kv_bytes_per_token
         self.memory_free -= job.reserved
         job.scheduled = self.env.now

@@ -88,7 +88,6 @@ class PoolWorld(TimedWorld):
         self._planned: list[Job] = []  # this step's decoders
         self._preempted_now = False  # this step preempted a request (so scheduled none)
         self._first: dict[int, tuple[int, int]] = {}  # request id -> its first lookup
-        self.resume_hits: dict[int, list[int]] = {}  # request id -> its hit at each resume
         self.peaks = Peaks()  # cached bytes at each finish (the replay's peaks)
         self.pool.budget = shape.blocks * shape.block_bytes
         log.info("%s: vLLM's hybrid pool block by block, timed (%s)", step.policy, shape)

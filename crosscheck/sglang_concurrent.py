@@ -1,0 +1,466 @@
+"""SGLang's real scheduler under load over a Llama-style (attention-only) radix cache: requests
+arrive while others run, so they batch, share the radix tree as it fills, and the scheduler
+admits them with its ``PrefillAdder`` and its new token ratio and retracts decoding requests when
+the KV pool runs out.
+
+    .venv-crosscheck/bin/python -m crosscheck.sglang_concurrent \
+        --export .crosscheck/sharegpt_llama3_8b.npz --name sharegpt_llama3_8b \
+        --size-gb 0.1 --gap 1 4 --mixed
+
+The scheduling is SGLang 0.5.23's own code, called on a ``Scheduler`` built without a model
+(``Scheduler.__new__`` and the attributes its scheduling methods read; :func:`build_scheduler`):
+
+* ``Scheduler.get_next_batch_to_run``: the last prefill batch merged into the running batch,
+  ``_get_new_batch_prefill_raw`` (``PrefillAdder`` with the tracker's new token ratio, the chunked
+  request first, FCFS ``SchedulePolicy``, ``ScheduleBatch.init_new`` and ``prepare_for_extend``,
+  which match, lock and allocate), and with no prefill ``update_running_batch``
+  (``check_decode_mem``, ``retract_decode``, the tracker's decay or its post-retraction value,
+  ``prepare_for_decode``);
+* ``SchedulerBatchResultProcessor.process_batch_result_prefill`` / ``_decode``: the sampled token
+  appended, ``update_finish_state``, ``checkpoint_kv_cache`` at a prompt's end and
+  ``release_kv_cache`` at a request's;
+* an iteration without a batch resets the ratio when the server is fully idle (``on_idle``).
+
+The pools are SGLang's: ``TokenToKVPoolAllocator`` over a one-layer ``MHATokenToKVPool``, a
+``ReqToTokenPool`` with ``max_running_requests`` rows, ``RadixCache`` (page 1, LRU), on the CPU.
+The loop is ``event_loop_normal`` (``--disable-overlap-schedule``: a result is processed before
+the next batch is scheduled). Only what does not decide anything is a stand-in: metrics,
+publishers, the data-parallel adapter and the n-gram embedding pass (identities), no grammar, no
+LoRA, no speculative decoding, and the model, whose "forward" samples each request's next
+scripted output token.
+
+The clock and the arrivals are ``vllm_concurrent``'s: every batch takes one time unit; request
+``i`` arrives at ``gap * i + 0.5 * frac(i * golden ratio)``; at time ``t`` the scheduler takes
+every request that arrived by ``t``. With nothing to run the clock jumps to the next arrival.
+
+Per request (the fixture's columns): ``arrival``; ``hit_tokens``: ``prefix_len`` when it was first
+scheduled; ``last_hit``: that of its last scheduling (a retracted request re-prefills its input
+and sampled outputs); ``preemptions``: its retractions; ``scheduled``: the start of the batch
+that first scheduled it; ``first_token``: the end of the batch that sampled its first token;
+``finished``: the end of the batch that sampled its last one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+import types
+from array import array
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from crosscheck import stubs
+
+stubs.install()
+
+from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
+from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
+from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
+from sglang.srt.managers.scheduler_components.batch_result_processor import (  # noqa: E402
+    SchedulerBatchResultProcessor,
+)
+from sglang.srt.managers.scheduler_components.logprob_result_processor import (  # noqa: E402
+    SchedulerLogprobResultProcessor,
+)
+from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (  # noqa: E402
+    NewTokenRatioTracker,
+)
+from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixCache  # noqa: E402
+from sglang.srt.runtime_context import get_context, get_schedule  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+
+from crosscheck.common import (  # noqa: E402
+    ROOT,
+    Export,
+    base_parser,
+    capacity_tokens,
+    manifest_size,
+    setup_logging,
+    size_label,
+    versions,
+    write_table,
+)
+from crosscheck.vllm_concurrent import COLUMNS, Timeline, arrivals  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+FIXTURES = ROOT / "tests" / "fixtures" / "crosscheck_load_sglang"
+
+
+class _Identity:
+    """The data-parallel adapter and the n-gram embedding pass of a single-GPU server without
+    n-gram embeddings: they hand the batch back unchanged."""
+
+    def maybe_prepare_mlp_sync_batch(self, batch: Any, need_sync: bool = False) -> Any:
+        return batch
+
+    def maybe_convert_decode_to_extend(self, batch: Any) -> Any:
+        return batch
+
+    def prepare_for_forward(self, batch: Any, chunked_req: Any = None) -> Any:
+        return batch
+
+
+class _Silent:
+    """Metrics, publishers and streamers: every call does nothing (they decide nothing)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class _Metrics(_Silent):
+    """The metrics reporter: counters it keeps, nothing it reports."""
+
+    def __init__(self) -> None:
+        self.enable_metrics = False
+        self.num_generated_tokens = 0
+        self.num_retracted_reqs = 0
+        self.forward_ct_decode = 0
+
+
+class _NoBeams(_Silent):
+    def pending_member_rows(self, batch: Any) -> int:
+        return 0
+
+
+class _NoLoads(_Silent):
+    def _get_num_pending_tokens(self, chunk_deduct: int = 0) -> int:
+        return 0
+
+
+class _NoGrammar:
+    grammar_queue: ClassVar[list[Any]] = []
+
+    def has_waiting_grammars(self) -> bool:
+        return False
+
+
+class _NoDllm:
+    def any_staging_reqs(self) -> bool:
+        return False
+
+
+def _switch_off_features(s: Scheduler) -> None:
+    """What a single-GPU, text-only server without overlap, speculative decoding, LoRA,
+    hierarchical cache, disaggregation or diffusion LM sets: each scheduling branch they guard
+    is skipped."""
+    s.enable_overlap = False
+    s.spec_algorithm = SpeculativeAlgorithm.NONE
+    s.disaggregation_mode = DisaggregationMode.NULL
+    s.dllm_config = None
+    s.dllm_manager = _NoDllm()
+    s.require_mlp_sync = False
+    s.is_hybrid_swa = False
+    s.enable_hisparse = False
+    s.hisparse_coordinator = None
+    s.enable_lora = False
+    s.enable_hicache_storage = False
+    s.enable_lmcache = False
+    s.enable_hierarchical_cache = False
+    s.enable_unified_cache_external_linker = False
+    s.decode_offload_manager = None
+    s.truncation_align_size = None
+    s.prefill_decode_interval = s._prefill_decode_interval_remaining = 0
+
+
+def build_scheduler(
+    capacity: int,
+    max_running: int,
+    chunked_prefill_size: int,
+    max_prefill_tokens: int,
+    mixed: bool,
+    max_context_len: int,
+) -> Scheduler:
+    """A ``Scheduler`` without a model over CPU pools of ``capacity`` KV slots and
+    ``max_running`` request rows, with the given prefill limits (module docstring)."""
+    args = ServerArgs(
+        model_path="dummy",
+        page_size=1,
+        disable_overlap_schedule=True,
+        chunked_prefill_size=chunked_prefill_size,
+        max_prefill_tokens=max_prefill_tokens,
+        max_running_requests=max_running,
+        enable_mixed_chunk=mixed,
+    )
+    set_global_server_args_for_scheduler(args)
+    get_context().override(
+        "scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=max_running
+    )
+    rows = ReqToTokenPool(
+        size=max_running, max_context_len=max_context_len, device="cpu", enable_memory_saver=False
+    )
+    kv = MHATokenToKVPool(
+        size=capacity,
+        page_size=1,
+        dtype=torch.bfloat16,
+        head_num=1,
+        head_dim=1,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    allocator = TokenToKVPoolAllocator(
+        size=capacity, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False
+    )
+    tree = RadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=rows,
+            token_to_kv_pool_allocator=allocator,
+            page_size=1,
+            eviction_policy="lru",
+        )
+    )
+    s = Scheduler.__new__(Scheduler)
+    s.tree_cache, s.req_to_token_pool, s.token_to_kv_pool_allocator = tree, rows, allocator
+    model_config = types.SimpleNamespace(
+        vocab_size=1 << 30,
+        is_encoder_decoder=False,
+        is_multimodal=False,
+        self_opened_think_start_ids=None,  # not a reasoning model
+        think_end_ids=None,
+    )
+    s.model_config = model_config
+    s.init_running_status()  # waiting queue, running batch, last batch, forward count
+    # init_chunked_prefill's attributes for a text-only model (it reads the model's architecture)
+    s.chunked_prefill_size = get_schedule().chunked_prefill_size
+    s.is_mixed_chunk = get_schedule().enable_mixed_chunk
+    s.chunked_req = s._pending_chunked_abort_req = None
+    s.page_size = 1
+    s.max_prefill_tokens = max_prefill_tokens
+    s.max_running_requests = max_running
+    s.max_queued_requests = None
+    s.schedule_policy = get_schedule().schedule_policy
+    s.enable_priority_scheduling = False
+    s.enable_priority_preemption = False
+    s.abort_on_priority_when_disabled = False
+    s.schedule_low_priority_values_first = False
+    s.priority_scheduling_preemption_threshold = (
+        get_schedule().priority_scheduling_preemption_threshold
+    )
+    s.policy = SchedulePolicy(s.schedule_policy, tree, False, False, False)
+    s.new_token_ratio_tracker = NewTokenRatioTracker.from_config()
+    s.prefill_delayer = None
+    s.max_prefill_bs = 0
+    s.min_free_slots_delayer = None
+    s.dynamic_chunk_sizer = None
+    s.processed_tokens_counter = 0
+    _switch_off_features(s)
+    s.grammar_manager = _NoGrammar()
+    s.dp_attn_adapter = _Identity()
+    s.ngram_embedding_manager = _Identity()
+    s.beam_coordinator = _NoBeams()
+    s.load_inquirer = _NoLoads()
+    s.metrics_reporter = _Metrics()
+    s.scheduler_stage_metrics = None
+    s.tp_worker = types.SimpleNamespace(
+        model_runner=types.SimpleNamespace(attn_backend=object(), prefill_aware_swa=False)
+    )
+    s.batch_result_processor = SchedulerBatchResultProcessor(
+        is_generation=True,
+        disaggregation_mode=DisaggregationMode.NULL,
+        enable_overlap=False,
+        enable_overlap_mlx=False,
+        model_config=model_config,
+        token_to_kv_pool_allocator=allocator,
+        tree_cache=tree,
+        hisparse_coordinator=None,
+        req_to_token_pool=rows,
+        decode_offload_manager=None,
+        metrics_collector=_Silent(),
+        metrics_reporter=s.metrics_reporter,
+        draft_worker=None,
+        model_worker=None,
+        logprob_result_processor=SchedulerLogprobResultProcessor(model_config=model_config),
+        output_streamer=_Silent(),
+        beam_coordinator=_NoBeams(),
+        abort_request=lambda *args, **kwargs: None,
+    )
+    return s
+
+
+@dataclass
+class LoadReplay:
+    """The requests through the scheduler on the step clock (module docstring)."""
+
+    scheduler: Scheduler
+    capacity: int
+
+    def run(
+        self, requests: list[tuple[list[int], list[int]]], times: list[float]
+    ) -> list[Timeline]:
+        """Every request through the scheduler; its timeline."""
+        s = self.scheduler
+        self.lines = [Timeline(arrival=a) for a in times]
+        self.outputs = [out for _, out in requests]
+        self.live: dict[str, Req] = {}
+        self.active: set[str] = set()  # scheduled since its last (re)start
+        nxt, now = 0, 0.0
+        while nxt < len(requests) or self.live:
+            if not self.live:
+                now = max(now, times[nxt])
+            while nxt < len(requests) and times[nxt] <= now:
+                req = self._request(str(nxt), *requests[nxt])
+                self.live[req.rid] = req
+                s._add_request_to_queue(req)
+                nxt += 1
+            plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+            s.running_batch, batch = plan.running_batch, plan.batch_to_run
+            self._note_retractions()
+            if batch is None:
+                if s.is_fully_idle():
+                    s.new_token_ratio_tracker.reset()  # on_idle
+                if self.live and nxt < len(requests):
+                    now = max(now, times[nxt])
+                    s.last_batch = None
+                    continue
+                if self.live:
+                    raise RuntimeError(f"t={now}: {len(self.live)} requests, nothing scheduled")
+                s.last_batch = None
+                continue
+            self._note_starts(batch, now)
+            now += 1.0
+            self._run_batch(batch, now)
+            s.last_batch = batch
+        self.check_pool()
+        return self.lines
+
+    def _request(self, rid: str, input_ids: list[int], output_ids: list[int]) -> Req:
+        if not output_ids:
+            raise ValueError("SGLang always samples at least one output token")
+        params = SamplingParams(temperature=0, max_new_tokens=len(output_ids))
+        params.normalize(None)  # what the tokenizer manager does (no stop strings)
+        return Req(
+            rid=rid,
+            origin_input_text="",
+            origin_input_ids=array("q", input_ids),
+            sampling_params=params,
+        )
+
+    def _note_retractions(self) -> None:
+        """Requests ``update_running_batch`` retracted this iteration are queued again."""
+        queued = {req.rid for req in self.scheduler.waiting_queue}
+        for rid in list(self.active):
+            if rid in queued:
+                self.active.discard(rid)
+                self.lines[int(rid)].preemptions += 1
+
+    def _note_starts(self, batch: Any, now: float) -> None:
+        """Requests this prefill batch schedules from the queue: their hit."""
+        if not batch.forward_mode.is_extend():
+            return
+        for req in batch.reqs:
+            if req.rid in self.active or req.finished():
+                continue
+            self.active.add(req.rid)
+            line = self.lines[int(req.rid)]
+            line.last_hit = int(req.prefix_len)
+            if line.hit_tokens < 0:
+                line.hit_tokens, line.scheduled = line.last_hit, now
+
+    def _run_batch(self, batch: Any, end: float) -> None:
+        """The faked forward: each request samples its next scripted token (ignored for a
+        middle prefill chunk); SGLang's result processor takes it; the batch ends at ``end``."""
+        s = self.scheduler
+        s.forward_ct += 1
+        batch.forward_iter = s.forward_ct
+        tokens = []
+        for req in batch.reqs:
+            script = self.outputs[int(req.rid)]
+            n = len(req.output_ids)
+            tokens.append(script[n] if n < len(script) else 0)
+        result = GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64))
+        processor = s.batch_result_processor
+        if batch.forward_mode.is_decode():
+            processor.process_batch_result_decode(batch, result)
+        else:
+            processor.process_batch_result_prefill(batch, result)
+        for req in batch.reqs:
+            line = self.lines[int(req.rid)]
+            if req.output_ids and math.isnan(line.first_token):
+                line.first_token = end
+            if req.finished() and req.rid in self.live:
+                line.finished = end
+                self.active.discard(req.rid)
+                del self.live[req.rid]
+
+    def check_pool(self) -> None:
+        """Nothing runs: every KV slot is free or in the tree, nothing is locked."""
+        tree = self.scheduler.tree_cache
+        free = self.scheduler.token_to_kv_pool_allocator.available_size()
+        assert tree.protected_size() == 0, tree.protected_size()
+        assert free + tree.evictable_size() == self.capacity, (free, tree.evictable_size())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser("python -m crosscheck.sglang_concurrent", __doc__)
+    parser.set_defaults(fixtures=FIXTURES)
+    parser.add_argument(
+        "--gap", type=float, nargs="+", default=[2.0], help="steps between arrivals"
+    )
+    parser.add_argument("--requests", type=int, default=None, help="only the first N requests")
+    parser.add_argument("--max-running", type=int, default=128)
+    parser.add_argument("--chunked-prefill-size", type=int, default=2048)
+    parser.add_argument("--max-prefill-tokens", type=int, default=16384)
+    parser.add_argument(
+        "--mixed", action="store_true", help="--enable-mixed-chunk (prefill beside decode)"
+    )
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    logging.getLogger("sglang").setLevel(logging.ERROR)
+    export = Export.load(args.export)
+    n = len(export) if args.requests is None else min(args.requests, len(export))
+    requests = list(export.requests())[:n]
+    for size_gb in args.size_gb:
+        capacity = capacity_tokens(size_gb, export.kv_bytes_per_token, export)
+        for gap in args.gap:
+            scheduler = build_scheduler(
+                capacity,
+                args.max_running,
+                args.chunked_prefill_size,
+                args.max_prefill_tokens,
+                args.mixed,
+                export.max_sequence + 1,
+            )
+            mode = "mixed" if args.mixed else "prefill_first"
+            case = {
+                "case": f"{args.name}-sglang_sched_{mode}-{size_label(size_gb)}-gap{gap:g}",
+                "engine": "sglang",
+                "engine_version": versions()["sglang"],
+                "cache": "Scheduler (RadixCache, disable_overlap_schedule"
+                + (", enable_mixed_chunk)" if args.mixed else ")"),
+                "block_size": 1,
+                "size_gb": manifest_size(size_gb),
+                "capacity_tokens": capacity,
+                "gap": gap,
+                "max_running_requests": args.max_running,
+                "chunked_prefill_size": args.chunked_prefill_size,
+                "max_prefill_tokens": args.max_prefill_tokens,
+                "enable_mixed_chunk": args.mixed,
+            }
+            start = time.perf_counter()
+            lines = LoadReplay(scheduler, capacity).run(requests, arrivals(n, gap))
+            columns = {c: [getattr(line, c) for line in lines] for c in COLUMNS}
+            entry = write_table(case, export, n, columns, args.fixtures)
+            retracted = sum(line.preemptions for line in lines)
+            print(  # noqa: T201
+                f"{entry['case']}: {n} requests, hit rate {entry['hit_rate']:.4f}, "
+                f"{retracted} retractions, makespan {max(x.finished for x in lines):.0f} "
+                f"steps, {time.perf_counter() - start:.1f} s"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
