@@ -71,9 +71,6 @@ from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (  
     NewTokenRatioTracker,
 )
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixCache  # noqa: E402
 from sglang.srt.runtime_context import get_context, get_schedule  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
@@ -91,6 +88,7 @@ from crosscheck.common import (  # noqa: E402
     versions,
     write_table,
 )
+from crosscheck.sglang_radix import cache_params  # noqa: E402
 from crosscheck.vllm_concurrent import COLUMNS, Timeline, arrivals  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -197,31 +195,8 @@ def build_scheduler(
     get_context().override(
         "scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=max_running
     )
-    rows = ReqToTokenPool(
-        size=max_running, max_context_len=max_context_len, device="cpu", enable_memory_saver=False
-    )
-    kv = MHATokenToKVPool(
-        size=capacity,
-        page_size=1,
-        dtype=torch.bfloat16,
-        head_num=1,
-        head_dim=1,
-        layer_num=1,
-        device="cpu",
-        enable_memory_saver=False,
-    )
-    allocator = TokenToKVPoolAllocator(
-        size=capacity, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False
-    )
-    tree = RadixCache(
-        CacheInitParams(
-            disable=False,
-            req_to_token_pool=rows,
-            token_to_kv_pool_allocator=allocator,
-            page_size=1,
-            eviction_policy="lru",
-        )
-    )
+    tree = RadixCache(cache_params(capacity, max_context_len, rows=max_running))
+    rows, allocator = tree.req_to_token_pool, tree.token_to_kv_pool_allocator
     s = Scheduler.__new__(Scheduler)
     s.tree_cache, s.req_to_token_pool, s.token_to_kv_pool_allocator = tree, rows, allocator
     model_config = types.SimpleNamespace(

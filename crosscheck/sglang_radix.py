@@ -50,12 +50,12 @@ log = logging.getLogger(__name__)
 CACHES = {"radix": "RadixCache", "unified": "UnifiedRadixCache[FULL]"}
 
 
-def build_cache(kind: str, capacity: int, max_context_len: int, core: str = "python"):
-    """A fresh ``RadixCache`` or ``UnifiedRadixCache[FULL]`` over CPU pools of ``capacity``
-    KV slots (one request row)."""
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1))
+def cache_params(capacity: int, max_context_len: int, rows: int = 1) -> CacheInitParams:
+    """SGLang's pools on the CPU for a radix cache: ``capacity`` KV slots (a one-layer,
+    one-head ``MHATokenToKVPool`` under a ``TokenToKVPoolAllocator``) and ``rows`` request rows
+    (``ReqToTokenPool``); page size 1, LRU eviction."""
     req_to_token_pool = ReqToTokenPool(
-        size=1, max_context_len=max_context_len, device="cpu", enable_memory_saver=False
+        size=rows, max_context_len=max_context_len, device="cpu", enable_memory_saver=False
     )
     kv_pool = MHATokenToKVPool(
         size=capacity,
@@ -70,13 +70,20 @@ def build_cache(kind: str, capacity: int, max_context_len: int, core: str = "pyt
     allocator = TokenToKVPoolAllocator(
         size=capacity, dtype=torch.bfloat16, device="cpu", kvcache=kv_pool, need_sort=False
     )
-    params = CacheInitParams(
+    return CacheInitParams(
         disable=False,
         req_to_token_pool=req_to_token_pool,
         token_to_kv_pool_allocator=allocator,
         page_size=1,
         eviction_policy="lru",
     )
+
+
+def build_cache(kind: str, capacity: int, max_context_len: int, core: str = "python"):
+    """A fresh ``RadixCache`` or ``UnifiedRadixCache[FULL]`` over CPU pools of ``capacity``
+    KV slots (one request row)."""
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1))
+    params = cache_params(capacity, max_context_len)
     if kind == "radix":
         return RadixCache(params)
     params.tree_components = (ComponentType.FULL,)
