@@ -276,6 +276,14 @@ class EvictionPolicy:
     def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
         """A request's input has been matched (before its admission is planned)."""
 
+    def on_match(self, cache: CacheView, lookup: Lookup) -> None:
+        """A queued request's input has been matched by a scheduler that tries to admit it
+        (SGLang matches the queue's head on every attempt, ``init_next_round_input``): the
+        engine's match refreshes the path's recency whatever the policy; nothing counts as a
+        hit (the request may still wait)."""
+        partial = lookup.partial
+        cache.touch(lookup.path if partial is None else [*lookup.path, partial])
+
     def on_admit(self, cache: CacheView, nodes: Sequence[Node]) -> None:
         """The cache created ``nodes``."""
 

@@ -260,6 +260,8 @@ class RadixLRU(LRU):
         partial = lookup.partial
         cache.touch(lookup.path if partial is None else [*lookup.path, partial])
 
+    on_match = on_hit  # SGLang's match refreshes the same nodes whether it admits or not
+
 
 @dataclass
 class BlockLRU(LRU):

@@ -31,6 +31,8 @@ MIN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+WAITING_PREFIX_REFRESH_INTERVAL = 32  # schedule_policy: passes between waiting-prefix refreshes
+WAITING_PREFIX_MAX = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX: queued prefixes a refresh touches
 
 
 @dataclass
@@ -62,17 +64,3 @@ class NewTokenRatio:
         """Requests were retracted; the kept ones sampled ``outputs`` of their ``max_new``."""
         estimate = (sum(outputs) + RETRACT_DECODE_STEPS * len(outputs)) / (sum(max_new) + 1)
         self.current = min(1.0, estimate)
-
-
-def clipped_left(left: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """For each ``t`` in ``steps``: ``sum_i min(max(left_i - t, 0), CLIP_MAX_NEW_TOKENS)``, the
-    clipped outputs the requests with ``left`` outputs to go still expect after ``t`` steps
-    (``O((n + len(steps)) log n)``: each term is flat at the clip, then falls to 0)."""
-    left = np.sort(np.asarray(left, dtype=np.int64))
-    prefix = np.concatenate(([0], np.cumsum(left)))
-    t = np.asarray(steps, dtype=np.int64)
-    clipped = len(left) - np.searchsorted(left, t + CLIP_MAX_NEW_TOKENS, side="left")
-    lo = np.searchsorted(left, t, side="right")  # left_i > t
-    hi = len(left) - clipped  # left_i < t + CLIP
-    falling = np.maximum(hi - lo, 0)
-    return clipped * CLIP_MAX_NEW_TOKENS + (prefix[hi] - prefix[lo]) - t * falling

@@ -189,11 +189,8 @@ class RequestStep:
         """The request is scheduled: tick, match, ``on_hit``, plan, pin the reused prefix (an
         edge the hit ends in is split at the match first: see ``PrefixCache.split_at_match``)."""
         cache = self.cache
-        cache.now += 1.0
         keyed = self._view(req)
-        lookup = cache.lookup(keyed.lookup, self._page)
-        if self.admission.splits_at_match:
-            lookup = cache.split_match(lookup, int(keyed.lookup.shape[0]) - 1)
+        lookup = self._match(keyed.lookup)
         host_ids = loaded = 0
         if cache.host is not None:
             lookup, host_ids, loaded = self._load_host_hit(keyed.lookup, lookup)
@@ -225,6 +222,36 @@ class RequestStep:
             started.host_hit = hit - self._hit_tokens(req, (lookup.hit - host_ids) * per_key)
             started.host_loaded = loaded
         return started
+
+    def _match(self, ids: np.ndarray, slack: int = 1) -> Lookup:
+        """Tick the clock and match ``ids``; the engine's match splits the node it stops
+        inside (``splits_at_match``), the match limited to ``len(ids) - slack`` ids."""
+        cache = self.cache
+        cache.now += 1.0
+        lookup = cache.lookup(ids, self._page)
+        if self.admission.splits_at_match:
+            lookup = cache.split_match(lookup, int(ids.shape[0]) - slack)
+        return lookup
+
+    def match_queued(self, req: Request) -> tuple[int, Node | None]:
+        """A scheduler matches queued ``req`` as it tries to admit it (SGLang's
+        ``init_next_round_input``, on every attempt): the clock ticks, the match splits the
+        node it stops inside and refreshes the path (``on_match``), so a waiting request's
+        prefix stays recent. Returns :meth:`peek_hit`'s pair; no pin, no hit counted. With a
+        host tier the match is read-only (:meth:`peek_hit`): its load happens at start."""
+        if self.cache.host is not None:
+            return self.peek_hit(req)
+        lookup = self._match(self._keys.lookup_ids(req))
+        self.eviction.on_match(self.cache, lookup)
+        return self._hit_tokens(req, lookup.hit * self._ids_per_key), lookup.hit_node
+
+    def touch_queued(self, req: Request) -> None:
+        """SGLang's periodic refresh of a queued request's prefix (``touch_waiting_prefix``):
+        its whole input is matched, the node the match stops inside split there and the path
+        refreshed (``on_match``); nothing else changes. A no-op with a host tier."""
+        if self.cache.host is None:
+            lookup = self._match(self._keys.lookup_ids(req), slack=0)
+            self.eviction.on_match(self.cache, lookup)
 
     def _hit_tokens(self, req: Request, ids: int) -> int:
         """Tokens a hit of ``ids`` trace ids reuses: with ``cache.exact_tokens`` (ids of many
@@ -325,6 +352,14 @@ class RequestStep:
             cache.pin(deepest)
             cache.unpin(started.pinned)
             started.pinned = deepest
+
+    def own_from(self, started: Started) -> int | None:
+        """Where the tokens the request holds itself start (``plan.held_from`` in tokens, at
+        most its input's); None when the plan does not say."""
+        held_from = started.plan.held_from
+        if held_from is None:
+            return None
+        return started.req.hit_tokens(held_from * self._ids_per_key)
 
     @property
     def _holds_whole_blocks(self) -> bool:

@@ -30,6 +30,7 @@ by block instead of the prefix cache and the reserved memory (:mod:`simlab.timed
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 from collections import deque
@@ -56,8 +57,9 @@ from simlab.model import ModelSpec
 from simlab.new_token_ratio import (
     CLIP_MAX_NEW_TOKENS,
     RETRACT_DECODE_STEPS,
+    WAITING_PREFIX_MAX,
+    WAITING_PREFIX_REFRESH_INTERVAL,
     NewTokenRatio,
-    clipped_left,
 )
 from simlab.nodes import Node
 from simlab.records import RequestRecord
@@ -172,6 +174,9 @@ class Job:
     decode_only: bool = False  # disaggregated decode replica: its KV arrived, no prefill here
     pool_run: vllm_pool.PoolRun | None = None  # vLLM's hybrid pool: its blocks (timed_pool)
     slots: int = 0  # shared KV pool beside a separate SSM pool: the state slots it holds
+    #: shared KV pool: its place in SGLang's running batch (a mixed step puts the requests
+    #: it admits first, in admission order): (-admission pass, index in it), ascending
+    batch_rank: tuple[int, int] = (0, 0)
     input_tokens: int = field(init=False)  # tokens its prefill computes (see ``resume``)
     output_len: int = field(init=False)
     decode_end: int = field(init=False)  # decode steps after its prefill (output_len - 1)
@@ -467,6 +472,9 @@ class TimedWorld:
         self.resume_hits: dict[int, list[int]] = {}  # request id -> its hit at each resume
         self._ratio = NewTokenRatio()  # engine.request_admission=sglang: SGLang's new token ratio
         self._retracted = False  # the last decode memory check preempted (so did not decay)
+        self._batch_full = False  # sglang: a request did not fit; no attempt until one leaves
+        self._passes = 0  # sglang: admission passes with requests queued (``calc_priority``)
+        self._admission_passes = 0  # shared KV pool: passes run (``Job.batch_rank``)
         self._link_free = 0.0  # host tier: when the host<->GPU link finishes its last load
         if self.shared:
             self._open_pool(requests)
@@ -664,6 +672,8 @@ class TimedWorld:
         self.stats.iterations += 1
         for job in decoders:
             job.decoded += 1
+        if chunks:  # SGLang's mixed batch becomes the running batch: a fresh one, not full
+            self._batch_full = False
         for job, take in chunks:
             job.prefilled += take
             if not job.in_prefill:
@@ -672,21 +682,28 @@ class TimedWorld:
                 self._prompt_done(job)
 
     def _iteration_decoders(self) -> list[Job]:
-        """The decoders of a mixed iteration, their step's memory held (shared KV pool)."""
+        """The decoders of a mixed iteration, their step's memory held (shared KV pool). The
+        new token ratio does not decay: SGLang decays it in ``update_running_batch``, which a
+        step that runs a prefill never calls."""
         if self.shared:
             self._reserve_decode(1)
-            decoders = self._decoders()
-            if decoders and not self._retracted:
-                self._ratio.decay(1)
-            return decoders
         return self._decoders()
 
     def _prompt_done(self, job: Job) -> None:
-        """``job``'s prefill ended: the request step publishes its prompt."""
+        """``job``'s prefill ended: the request step publishes its prompt. In the shared KV
+        pool the prompt's KV passes from the running part to the cache: it is released before
+        the insertion, so the insertion fills the job's own room and evicts nothing for it
+        (SGLang's ``RadixCache.checkpoint`` never evicts), and what the cache did not take
+        stays held (:meth:`_published`)."""
         assert job.started is not None
-        self.step.prefilled(job.started, keep_room=not self.shared)
-        if self.shared:
-            self._published(job)
+        if not self.shared:
+            self.step.prefilled(job.started)
+            return
+        prompt_kv = (job.input_tokens - job.hit) * self.model.kv_bytes_per_token
+        job.reserved -= prompt_kv
+        self._hold(-prompt_kv)
+        self.step.prefilled(job.started, keep_room=False)
+        self._published(job, prompt_kv)
 
     def _await_loads(self):
         """The GPU idles until the first host load ends, or a request arrives."""
@@ -739,16 +756,30 @@ class TimedWorld:
 
     def _span_plan(self) -> tuple[list[Job], int]:
         """The decoders of a decode-only span and its steps (up to the first request's end;
-        a shared KV pool: the steps whose memory it could hold, ``_span_fit``)."""
+        a shared KV pool: the steps whose memory it could hold, ``_span_fit``). With
+        ``engine.request_admission=sglang`` nobody is admitted inside a span: a queued
+        request that did not fit waits until a request leaves (``batch_is_full``), which
+        ends the span, as an arrival does; after a retraction the queue is tried again at
+        the next step, so the span is that one step."""
         fit = self._span_fit = self._reserve_decode(None) if self.shared else 0
         decoders = [j for j in self.running if j.decoded < j.decode_end]  # decode_left > 0
         steps = min([j.decode_end - j.decoded for j in decoders])
         if not self.shared:
             return decoders, steps
-        steps = min(steps, fit)
-        if self.settings.request_admission == "sglang":
-            steps = self._admissible_step(decoders, steps, fit)
-        return decoders, steps
+        if self._retry_next_step():
+            return decoders, 1
+        return decoders, min(steps, fit)
+
+    def _retry_next_step(self) -> bool:
+        """``engine.request_admission=sglang``: whether the next step tries the queue's head
+        (its batch is not full, e.g. after a retraction)."""
+        return (
+            self.settings.request_admission == "sglang"
+            and not self._batch_full
+            and bool(self.waiting)
+            and len(self.running) < self.max_running
+            and self._feeder.ready(self.waiting[0])
+        )
 
     def _span_ran(self, decoders: list[Job], done: int) -> None:
         """The span ran ``done`` steps (each decoder's ``decoded`` counts them already)."""
@@ -873,49 +904,113 @@ class TimedWorld:
         pool its state is not in the KV budget: it takes its slots there (:meth:`_hold_slots`),
         and the running requests are capped as SGLang caps them (:meth:`_open_state_pool`).
         ``engine.request_admission=sglang``: it must fit beside what the running requests and
-        those admitted in this pass are expected to still write (:meth:`_expected_bytes`)."""
-        kv = self.model.kv_bytes_per_token
-        state = self._state_in_kv
+        those admitted in this pass are expected to still write (:meth:`_expected_bytes`);
+        each candidate is matched (:meth:`RequestStep.match_queued`), the one that does not
+        fit included, before the pass evicts for the prompts it admitted, all at once
+        (SGLang's ``PrefillAdder`` loop, then ``prepare_for_extend``)."""
         sglang = self.settings.request_admission == "sglang"
+        if sglang and not self._sglang_pass_opens():
+            return
+        kv = self.model.kv_bytes_per_token
         expected = self._expected_bytes() if sglang and self.waiting else 0.0
-        while self.waiting and len(self.running) < self.max_running:
+        self._admission_passes += 1
+        batch: list[Job] = []  # sglang: admitted in this pass, their prompts not held yet
+        while self.waiting:
+            if len(self.running) >= self.max_running:
+                self._batch_full = sglang
+                break
             job = self.waiting[0]
             if not self._feeder.ready(job):
-                return
-            hit, node = self.step.peek_hit(job.req)
-            whole = (job.input_tokens + job.decode_end + 1) * kv + state
-            self.cache.pin(node)
-            room = self.cache.free_bytes + self._evictable()
-            if sglang:
-                fits = self._sglang_need(job, hit) < room - expected
-            else:
-                fits = whole - hit * kv <= room
-            if fits:
-                self._make_room((job.input_tokens - hit) * kv + state)
-            self.cache.unpin(node)
+                break
+            fits = self._fits(job, expected, sum(j.reserved for j in batch))
             if not fits:
                 if self.running:
-                    return
-                self._make_room(whole)
-            self._note_queue()
-            self.waiting.popleft()
+                    self._batch_full = sglang
+                    break
+                self._make_room(self._whole_bytes(job))
             if sglang:  # its input's KV is held from here on; its outputs are reserved
                 expected += (min(job.outputs_left, CLIP_MAX_NEW_TOKENS) + 1) * kv
-            scheduled, first = job.scheduled, job.order < 0
-            self._start(job, job.input_tokens * kv + state)
-            if self.pool.ssm_budget is not None:
-                self._hold_slots(job, self.pool.slots_per_request)
-            if first:
-                job.order, self.pool.started = self.pool.started, self.pool.started + 1
-            else:  # recomputed: the request was scheduled once already
-                job.scheduled = scheduled
-            if not self._make_room(job.reserved):
-                raise RuntimeError(
-                    f"engine.kv_pool=shared: request {job.req.request_id} needs "
-                    f"{job.reserved / 1e9:.4g} GB and nothing running or cached can free it "
-                    "(cache.size_gb + engine.running_memory_gb too small)"
-                )
-            self._hold(job.reserved)
+            self._admit_head(job, len(batch))
+            if sglang and fits:
+                batch.append(job)
+            else:
+                self._hold_prompts([job])
+        self._hold_prompts(batch)
+
+    def _fits(self, job: Job, expected: float, pending: float) -> bool:
+        """Whether queued ``job`` fits the free and evictable bytes less ``pending`` (prompts
+        admitted in this pass, not held yet), its own hit pinned meanwhile; without
+        ``engine.request_admission=sglang`` the room for its prompt is then made."""
+        kv, state = self.model.kv_bytes_per_token, self._state_in_kv
+        sglang = self.settings.request_admission == "sglang"
+        hit, node = self.step.match_queued(job.req) if sglang else self.step.peek_hit(job.req)
+        self.cache.pin(node)
+        room = self.cache.free_bytes + self._evictable() - pending
+        if sglang:
+            fits = self._sglang_need(job, hit) < room - expected
+        else:
+            fits = self._whole_bytes(job) - hit * kv <= room
+            if fits:
+                self._make_room((job.input_tokens - hit) * kv + state)
+        self.cache.unpin(node)
+        return fits
+
+    def _whole_bytes(self, job: Job) -> float:
+        """``job``'s whole KV (input, outputs) and its state where the KV budget holds it."""
+        return (job.input_tokens + job.decode_end + 1) * self.model.kv_bytes_per_token + (
+            self._state_in_kv
+        )
+
+    def _admit_head(self, job: Job, index: int) -> None:
+        """The queue's head starts (``index``: its place among this pass's admissions)."""
+        self._note_queue()
+        self.waiting.popleft()
+        scheduled, first = job.scheduled, job.order < 0
+        job.batch_rank = (-self._admission_passes, index)
+        self._start(job, job.input_tokens * self.model.kv_bytes_per_token + self._state_in_kv)
+        if self.pool.ssm_budget is not None:
+            self._hold_slots(job, self.pool.slots_per_request)
+        if first:
+            job.order, self.pool.started = self.pool.started, self.pool.started + 1
+        else:  # recomputed: the request was scheduled once already
+            job.scheduled = scheduled
+
+    def _sglang_pass_opens(self) -> bool:
+        """Whether SGLang's scheduler tries to admit now (``_get_new_batch_prefill_raw``):
+        not while its batch is full (since a request did not fit or ``max_running`` was
+        reached, until a request leaves), unless a prompt is still being prefilled (its
+        chunked request goes on). A pass with requests queued refreshes the first
+        ``WAITING_QUEUE_PREFIX_MATCH_MAX`` queued prefixes, the head last, every
+        ``WAITING_PREFIX_REFRESH_INTERVAL``-th time (``_touch_waiting_prefixes``, on by
+        default with LRU and FCFS: ``SGLANG_ENABLE_WAITING_PREFIX_REFRESH``)."""
+        if not self.running:
+            self._batch_full = False
+        prefilling = self._any_prefill()
+        if (self._batch_full or not self.waiting) and not prefilling:
+            return False
+        if len(self.running) >= self.max_running and not prefilling:
+            self._batch_full = True
+            return False
+        if self.waiting:
+            if self._passes % WAITING_PREFIX_REFRESH_INTERVAL == 0:
+                for job in reversed(list(itertools.islice(self.waiting, WAITING_PREFIX_MAX))):
+                    self.step.touch_queued(job.req)
+            self._passes += 1
+        return True
+
+    def _hold_prompts(self, jobs: list[Job]) -> None:
+        """Newly started ``jobs`` hold their prompts' KV, cached entries evicted for all of
+        them at once (their hits are pinned since they started)."""
+        need = sum(job.reserved for job in jobs)
+        if not jobs:
+            return
+        if not self._make_room(need):
+            raise RuntimeError(
+                f"engine.kv_pool=shared: request {jobs[-1].req.request_id} needs "
+                f"{need / 1e9:.4g} GB and nothing running or cached can free it "
+                "(cache.size_gb + engine.running_memory_gb too small)"
+            )
+        self._hold(need)
 
     def _sglang_need(self, job: Job, hit: int) -> float:
         """Bytes SGLang's ``add_one_req`` asks free for a queued request with ``hit`` tokens
@@ -927,40 +1022,22 @@ class TimedWorld:
     def _expected_bytes(self) -> float:
         """KV the running requests are expected to still write (``PrefillAdder``'s running
         offset): each its clipped outputs left, times the new token ratio once decoding (1
-        with ``engine.ignore_eos``; a request still prefilling reserves them whole)."""
+        with ``engine.ignore_eos``; a request still prefilling reserves them whole), plus the
+        next step's token of each decoding request (SGLang's ``num_mixed_decode_tokens``:
+        a prefill here runs beside the decodes, as with ``--enable-mixed-chunk``)."""
         ratio = 1.0 if self.settings.ignore_eos else self._ratio.current
         expected = 0.0
         for job in self.running:
             left = min(job.outputs_left, CLIP_MAX_NEW_TOKENS)
-            expected += left if job.prefilled < job.input_tokens else left * ratio
+            expected += left if job.prefilled < job.input_tokens else left * ratio + 1
         return expected * self.model.kv_bytes_per_token
-
-    def _admissible_step(self, decoders: list[Job], steps: int, held: int) -> int:
-        """``engine.request_admission=sglang``, a decode span of ``steps`` steps with ``held``
-        steps' KV held: the first step after which the queue's head fits, the ratio decayed and
-        the decoders' outputs left shrunk step by step as in SGLang (``steps``: none does)."""
-        if not (self.waiting and len(self.running) < self.max_running):
-            return steps
-        head = self.waiting[0]
-        if not self._feeder.ready(head):
-            return steps
-        kv = self.model.kv_bytes_per_token
-        hit, node = self.step.peek_hit(head.req)
-        self.cache.pin(node)
-        room_now = self.cache.free_bytes + self._evictable()
-        self.cache.unpin(node)
-        t = np.arange(1, steps + 1)
-        room = room_now + (held - t) * len(decoders) * kv  # SGLang holds t steps, not `held`
-        left = clipped_left(np.array([j.outputs_left for j in decoders]), t)
-        ratio = 1.0 if self.settings.ignore_eos else self._ratio.after(t - self._retracted)
-        fits = self._sglang_need(head, hit) < room - ratio * left * kv
-        return int(t[fits][0]) if fits.any() else steps
 
     def _reserve_decode(self, limit: int | None) -> int:
         """Hold the KV of the next decode steps of every decoding request: evict cached
         entries, and when they cannot make room for one step, preempt running requests
         (``engine.preemption``) until it fits. Returns the steps held (>= 1; at most ``limit``,
-        None: up to the first request's end), the room for all of them evicted at once."""
+        None: up to the first request's end): those the free bytes hold once the first step
+        evicted what it lacked (an engine allocates step by step and evicts only then)."""
         kv = self.model.kv_bytes_per_token
         self._retracted = False
         while True:
@@ -981,9 +1058,7 @@ class TimedWorld:
                 [j.req.output_len for j in decoders],
             )
         steps = min(j.decode_left for j in decoders) if limit is None else limit
-        if steps > 1:
-            room = self.cache.free_bytes + self._evictable()
-            self._make_room(min(per_step * steps, room))
+        if steps > 1:  # the steps the free bytes hold; the next evicts when it must
             steps = max(1, min(steps, int(self.cache.free_bytes // per_step)))
         for job in decoders:
             job.reserved += steps * kv
@@ -1020,7 +1095,7 @@ class TimedWorld:
         and join the back of the queue (``_add_request_to_queue`` under FCFS)."""
         kv = self.model.kv_bytes_per_token
         order = sorted(
-            decoders,
+            sorted(decoders, key=lambda j: j.batch_rank),  # ties: the batch's order
             key=lambda j: (
                 j.input_tokens - j.req.input_tokens + j.decoded + 1,
                 -j.req.input_tokens,
@@ -1033,6 +1108,7 @@ class TimedWorld:
         ):
             first = False
             victim = order.pop()
+            self._batch_full = False  # the batch shrank
             self.running.remove(victim)
             self._drop_progress(victim)
             self.waiting.append(victim)
@@ -1068,19 +1144,23 @@ class TimedWorld:
         if victim.slots:
             self._hold_slots(victim, -victim.slots)
 
-    def _published(self, job: Job) -> None:
-        """A prompt published at prefill end now lies in the (pinned) cache: its KV leaves the
-        running part, so it is not counted twice."""
+    def _published(self, job: Job, released: float) -> None:
+        """A prompt published at prefill end now lies in the (pinned) cache, its ``released``
+        KV bytes no longer held by the job. The job holds back what is still its own: past
+        where its own slots start once published (:meth:`RequestStep.own_from`; SGLang frees
+        the duplicates of what another request published meanwhile, ``_insert_cache``), or
+        without that rule what the cache did not take."""
         assert job.started is not None
         published = job.started.published
-        if published is not None and published.kv_bytes:
-            moved = min(
-                float(published.kv_bytes),
-                (job.input_tokens - job.hit) * self.model.kv_bytes_per_token,
-            )
-            job.reserved -= moved
-            self._hold(-moved)
-        self._check_pool()
+        own_from = self.step.own_from(job.started)
+        if published is None:
+            moved = 0.0
+        elif own_from is None:
+            moved = min(float(published.kv_bytes), released)
+        else:
+            moved = min(max(own_from - job.hit, 0) * self.model.kv_bytes_per_token, released)
+        job.reserved += released - moved
+        self._hold(released - moved)
 
     def _make_room(self, need: float) -> bool:
         """Whether ``need`` bytes are free in the pool, after evicting cached entries in the
@@ -1152,6 +1232,9 @@ class TimedWorld:
         running[:] = [
             j for j in running if j.decoded < j.decode_end or j.prefilled < j.input_tokens
         ]
+        self._batch_full = False  # SGLang's ``filter_batch`` shrank the batch
+        if self.settings.request_admission == "sglang":  # its result loop's order
+            finished.sort(key=lambda j: j.batch_rank)
         for job in finished:
             self._finish(job)
 
