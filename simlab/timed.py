@@ -1089,10 +1089,11 @@ class TimedWorld:
     def _retract(self, decoders: list[Job]) -> None:
         """SGLang's ``retract_decode`` (``engine.preemption=sglang``): decoding requests are
         retracted, the fewest outputs first (ties: the longest prompt, then the latest in the
-        batch), until the rest can decode ``RETRACT_DECODE_STEPS`` steps, cached entries evicted
-        for them as far as they go (``check_decode_mem``), and at least one; one is always
-        kept. Retracted requests free their KV uncached (``release_kv_cache(is_insert=False)``)
-        and join the back of the queue (``_add_request_to_queue`` under FCFS)."""
+        batch), at least one and then until the rest fit their next step (``check_decode_mem``),
+        one always kept; after each, cached entries are evicted toward
+        ``RETRACT_DECODE_STEPS`` steps of the rest (``release_req``). Retracted requests free
+        their KV uncached (``release_kv_cache(is_insert=False)``) and join the back of the
+        queue (``_add_request_to_queue`` under FCFS)."""
         kv = self.model.kv_bytes_per_token
         order = sorted(
             sorted(decoders, key=lambda j: j.batch_rank),  # ties: the batch's order
@@ -1103,15 +1104,14 @@ class TimedWorld:
             reverse=True,
         )
         first = True
-        while len(order) > 1 and (
-            first or not self._evict_for(len(order) * RETRACT_DECODE_STEPS * kv)
-        ):
+        while len(order) > 1 and (first or not self._evict_for(len(order) * kv)):
             first = False
             victim = order.pop()
             self._batch_full = False  # the batch shrank
             self.running.remove(victim)
             self._drop_progress(victim)
             self.waiting.append(victim)
+            self._evict_for(len(order) * RETRACT_DECODE_STEPS * kv)  # ``release_req``
 
     def _evict_for(self, need: float) -> bool:
         """Whether ``need`` bytes are free after evicting cached entries until they are or

@@ -115,7 +115,8 @@ def test_a_preempted_request_gives_its_slots_back(monkeypatch):
     monkeypatch.setattr(TimedWorld, "_schedule_shared", spy_schedule)
     monkeypatch.setattr(TimedWorld, "_hold", spy_hold)
     reqs = requests()
-    world = shared(reqs, running_tokens=longest(reqs)).world(reqs, step(states=30, kv_tokens=500))
+    # 120 states let 40 requests run beside 100 cached tokens of KV: tight enough to preempt
+    world = shared(reqs, running_tokens=longest(reqs)).world(reqs, step(states=120, kv_tokens=100))
     records = world.run(SessionFeeder(reqs))
     assert len(records) == len(reqs) and world.pool.preemptions > 0
     assert all(slots == running for slots, running in held)  # one slot each (no_buffer)
