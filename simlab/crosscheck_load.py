@@ -17,9 +17,9 @@ SGLang's scheduler (``crosscheck/sglang_concurrent.py``, fixtures in
 compared the same way against the timed engine on the shared KV pool (:data:`SGLANG_ENGINE`:
 the pool is ``cache.size_gb``, SGLang's retraction and admission), with
 ``max_running_requests`` and ``chunked_prefill_size`` as ``engine.max_running`` and
-``engine.token_budget``. simlab mixes prefill chunks and decodes in one iteration, so the
-``enable_mixed_chunk`` cases are its counterpart; the default (prefill-first) ones measure what
-that costs. Agreement there is partial (README, "Under load against SGLang's scheduler").
+``engine.token_budget``, and its batching as ``engine.batching``: ``mixed`` for the
+``enable_mixed_chunk`` cases, ``prefill_first`` for SGLang's default (README, "Under load
+against SGLang's scheduler").
 
     python -m simlab.crosscheck_load            # every case, vLLM's and SGLang's
     python -m simlab.crosscheck_load --case C   # one
@@ -130,6 +130,7 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
             f"engine.max_running={case['max_running_requests']}",
             f"engine.token_budget={case['chunked_prefill_size']}",
             *SGLANG_ENGINE,
+            f"engine.batching={'mixed' if case['enable_mixed_chunk'] else 'prefill_first'}",
         ]
         if sglang
         else [

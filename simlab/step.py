@@ -334,6 +334,7 @@ class RequestStep:
         prompt, seq, held_from = started.prompt, started.seq, None
         if keep_room and plan.held_from is not None:
             seq, held_from = seq[: started.allocated], plan.held_from
+        published = started.published  # what a chunked prefill published between chunks
         started.published = cache.insert(
             seq,
             [c for c in plan.ckpts if c <= prompt],
@@ -345,6 +346,8 @@ class RequestStep:
             short=started.short,
             running_states=self.admission.running_state_slots if held_from is not None else 0,
         )
+        if published is not None:
+            started.published = merged(published, started.published)
         if plan.held_from is not None:  # the published prompt's slots are the tree's now
             started.plan = replace(plan, held_from=self._held_after_publish(started))
         if started.pinned is not None:
@@ -352,6 +355,49 @@ class RequestStep:
             cache.pin(deepest)
             cache.unpin(started.pinned)
             started.pinned = deepest
+
+    def publishes_chunks(self, started: Started) -> bool:
+        """Whether a prefill cut into chunks publishes what it computed between them
+        (:meth:`checkpoint`): a plan that publishes its prompt, on a Transformer's cache whose
+        ids are tokens (a hybrid's state exists only where its scan put one; a hash id stands
+        for many tokens)."""
+        cache = self.cache
+        return (
+            started.plan.publishes_prompt
+            and not cache.hybrid
+            and self._ids_per_key == 1
+            and cache.unit == 1
+        )
+
+    def checkpoint(self, started: Started, tokens: int) -> int:
+        """A prefill cut into chunks publishes its first ``tokens`` (whole pages) between
+        them, as at its end (:meth:`prefilled` without making room: SGLang's
+        ``checkpoint_kv_cache`` of its chunked request), and its pin moves there (a cached edge
+        running past them is split there first, as SGLang's insertion splits it). Returns the
+        tokens of the prompt now cached on its path. Requires :meth:`publishes_chunks`."""
+        plan, cache = started.plan, self.cache
+        ids = min(tokens, started.prompt) // self._page * self._page
+        if ids > 0:
+            result = cache.insert(
+                started.seq,
+                [],
+                ids,
+                self.eviction,
+                cuts=[c for c in plan.cuts if c <= ids],
+                stateless_kv=plan.stateless_kv,
+            )
+            published = started.published
+            started.published = result if published is None else merged(published, result)
+        prefix = started.seq[:ids]
+        cache.split_match(cache.lookup(prefix), ids)  # a longer cached edge: its pin stops here
+        deepest = cache.deepest_cached(prefix)
+        if deepest is None:
+            return 0
+        if started.pinned is not None:
+            cache.pin(deepest)
+            cache.unpin(started.pinned)
+            started.pinned = deepest
+        return deepest.end
 
     def own_from(self, started: Started) -> int | None:
         """Where the tokens the request holds itself start (``plan.held_from`` in tokens, at

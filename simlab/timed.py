@@ -73,6 +73,7 @@ TOKENS_PER_WORD = 1.33  # cl100k on English prose; converts tokens to words for 
 KV_POOLS = ("separate", "shared")
 PREEMPTIONS = ("lifo", "fifo", "sglang")
 ADMISSIONS = ("whole", "sglang")
+BATCHINGS = ("mixed", "prefill_first")
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ class TimedSettings:
     preemption: str = "lifo"  # shared pool: which running request is preempted first
     request_admission: str = "whole"  # shared pool: when a queued request may start
     ignore_eos: bool = False  # request_admission=sglang: requests run to max_new_tokens
+    batching: str = (
+        "mixed"  # prefill_first: a step that prefills runs no decodes (SGLang's default)
+    )
 
     def __post_init__(self) -> None:
         for key in ("token_budget", "max_running", "ssm_chunk"):
@@ -129,6 +133,10 @@ class TimedSettings:
                 f"engine.request_admission must be one of {'|'.join(ADMISSIONS)}, "
                 f"got {self.request_admission!r}"
             )
+        if self.batching not in BATCHINGS:
+            raise ValueError(
+                f"engine.batching must be one of {'|'.join(BATCHINGS)}, got {self.batching!r}"
+            )
 
 
 class Feeder(Protocol):
@@ -162,6 +170,8 @@ class Job:
     ckpt_tokens: list[int] = field(default_factory=list)  # checkpoint positions in tokens
     splits: list[int] = field(default_factory=list)  # tokens
     prefilled: int = 0  # tokens
+    held_to: int = 0  # tokens: its prompt's KV is held (or in the cache) up to here
+    published_to: int = 0  # tokens: its prompt is in the cache up to here (the hit, a checkpoint)
     decoded: int = 0
     reserved: float = 0.0
     scheduled: float = math.nan
@@ -473,6 +483,9 @@ class TimedWorld:
         self._ratio = NewTokenRatio()  # engine.request_admission=sglang: SGLang's new token ratio
         self._retracted = False  # the last decode memory check preempted (so did not decay)
         self._batch_full = False  # sglang: a request did not fit; no attempt until one leaves
+        self._chunk_hold = 0.0  # sglang: bytes of the running prompts' next chunks, to hold
+        #: sglang: a prompt the budget cuts holds and publishes its KV chunk by chunk
+        self._chunk_by_chunk = self.shared and s.request_admission == "sglang"
         self._passes = 0  # sglang: admission passes with requests queued (``calc_priority``)
         self._admission_passes = 0  # shared KV pool: passes run (``Job.batch_rank``)
         self._link_free = 0.0  # host tier: when the host<->GPU link finishes its last load
@@ -613,7 +626,8 @@ class TimedWorld:
         job.hit = min(started.hit, job.input_tokens - 1)
         job.ckpt_tokens = self._ckpt_tokens(job.req, started.plan.ckpts)
         job.splits = self._prefill_splits(job)
-        job.prefilled = job.hit
+        job.prefilled = job.published_to = job.hit
+        job.held_to = job.input_tokens
         if job.preemptions:
             self.resume_hits.setdefault(job.req.request_id, []).append(job.hit)
         job.reserved = need - job.hit * self.model.kv_bytes_per_token
@@ -660,9 +674,10 @@ class TimedWorld:
         ]
 
     def _iteration(self):
-        """One mixed iteration: every decoder steps once; prefill chunks fill the budget."""
-        decoders = self._iteration_decoders()
-        chunks = self._prefill_chunks(self._budget - len(decoders))
+        """One iteration with prefill chunks: every decoder steps once beside them (mixed
+        batching; prefill_first: only when no chunk is ready), the chunks fill the budget."""
+        had_decoders = self.settings.request_admission == "sglang" and bool(self._decoders())
+        decoders, chunks = self._iteration_work()
         if not chunks and not decoders:  # only host loads in flight: wait (or an arrival)
             yield from self._await_loads()
             return
@@ -672,14 +687,56 @@ class TimedWorld:
         self.stats.iterations += 1
         for job in decoders:
             job.decoded += 1
-        if chunks:  # SGLang's mixed batch becomes the running batch: a fresh one, not full
+        # SGLang's running batch is a fresh one, not full, when the step mixed the decodes in
+        # or none were running; a prefill-only step merges into the running batch, flag kept
+        if chunks and (decoders or not had_decoders):
             self._batch_full = False
         for job, take in chunks:
             job.prefilled += take
             if not job.in_prefill:
                 if math.isnan(job.first_token):  # a recomputed request keeps its first token
                     job.first_token = self.env.now
+                self._join_batch(job)
                 self._prompt_done(job)
+        if self._chunk_by_chunk:  # SGLang stashes its chunked request at the next step
+            for job, _ in chunks:
+                if job.in_prefill:
+                    self._checkpoint(job)
+
+    def _iteration_work(self) -> tuple[list[Job], list[tuple[Job, int]]]:
+        """The decoders and prefill chunks of the next iteration. Mixed batching: the chunks
+        fill what the decoders leave of the budget; with ``engine.request_admission=sglang``
+        the decoders sit this step out when the pool cannot hold their next token (SGLang's
+        mixed step checks ``check_decode_mem`` and retracts nobody; the next decode step
+        does). ``engine.batching=prefill_first``: the chunks take the whole budget and run
+        alone (SGLang's default: ``get_next_batch_to_run`` runs a prefill batch first)."""
+        if self.settings.batching == "prefill_first":
+            chunks = self._prefill_chunks(self._budget)
+            return ([] if chunks else self._iteration_decoders()), chunks
+        if self.settings.request_admission != "sglang":
+            decoders = self._iteration_decoders()
+            return decoders, self._prefill_chunks(self._budget - len(decoders))
+        running = self._decoders()
+        chunks = self._prefill_chunks(self._budget - len(running))
+        if chunks and not self._evict_for(len(running) * self.model.kv_bytes_per_token):
+            return [], chunks
+        return self._iteration_decoders(), chunks
+
+    def _join_batch(self, job: Job) -> None:
+        """``job``'s prompt ended: with ``engine.request_admission=sglang`` it joins SGLang's
+        running batch with this step's admissions, ahead of them when its prompt took
+        several steps (the chunked request leads its last chunk's batch)."""
+        if self.settings.request_admission == "sglang" and abs(job.batch_rank[0]) != (
+            self._admission_passes
+        ):
+            job.batch_rank = self._rank(-1)
+
+    def _rank(self, index: int) -> tuple[int, int]:
+        """Batch rank of the ``index``-th request of the last admission pass: mixed batching
+        puts a step's admissions ahead of the running batch, prefill_first behind it (SGLang's
+        ``mix_with_running`` and ``merge_batch``)."""
+        passes = self._admission_passes
+        return (passes if self.settings.batching == "prefill_first" else -passes, index)
 
     def _iteration_decoders(self) -> list[Job]:
         """The decoders of a mixed iteration, their step's memory held (shared KV pool). The
@@ -699,7 +756,7 @@ class TimedWorld:
         if not self.shared:
             self.step.prefilled(job.started)
             return
-        prompt_kv = (job.input_tokens - job.hit) * self.model.kv_bytes_per_token
+        prompt_kv = (job.input_tokens - job.published_to) * self.model.kv_bytes_per_token
         job.reserved -= prompt_kv
         self._hold(-prompt_kv)
         self.step.prefilled(job.started, keep_room=False)
@@ -720,10 +777,30 @@ class TimedWorld:
             if budget <= 0:
                 break
             if job.prefilled < job.input_tokens and job.ready <= now:
-                take = self._chunk_size(job, budget)
-                chunks.append((job, take))
-                budget -= take
+                take = min(self._chunk_size(job, budget), job.held_to - job.prefilled)
+                if take > 0:
+                    chunks.append((job, take))
+                    budget -= take
         return chunks
+
+    def _checkpoint(self, job: Job) -> None:
+        """A prompt the budget cut (``engine.request_admission=sglang``): what it computed is
+        published before the next step (SGLang's ``stash_chunked_request``:
+        ``checkpoint_kv_cache``), so requests admitted from now on can hit it. Its KV passes
+        to the cache, pinned by the request; the duplicates of what other requests published
+        meanwhile are freed (:meth:`RequestStep.checkpoint`), and the request holds only what
+        the cache did not take."""
+        assert job.started is not None
+        if not self.step.publishes_chunks(job.started):  # the request keeps its KV
+            return
+        kv = self.model.kv_bytes_per_token
+        released = (job.prefilled - job.published_to) * kv
+        self._hold(-released)
+        cached = self.step.checkpoint(job.started, job.prefilled)
+        keep = (job.prefilled - max(min(cached, job.prefilled), job.published_to)) * kv
+        self._hold(keep)
+        job.reserved += keep - released
+        job.published_to = job.prefilled
 
     def _chunk_size(self, job: Job, budget: int) -> int:
         i = bisect.bisect_right(job.splits, job.prefilled)
@@ -818,7 +895,9 @@ class TimedWorld:
     def _open_pool(self, requests: Sequence[Request]) -> None:
         """``engine.kv_pool=shared``: one budget, ``cache.size_gb + engine.running_memory_gb``,
         for the prefix cache and the running sequences; the cache's capacity follows what the
-        running sequences hold (``budget - held``)."""
+        running sequences hold (``budget - held``). The budget is whole pages of KV, as an
+        engine sizes its token pool (SGLang's ``max_total_num_tokens``): a fraction of a token
+        never admits a request."""
         cache, model = self.cache, self.model
         if cache.ssm_capacity is not None:
             self._open_state_pool()
@@ -833,6 +912,9 @@ class TimedWorld:
                 "engine.kv_pool=shared: the pool (cache.size_gb + engine.running_memory_gb) "
                 "must be finite; use engine.kv_pool=separate for an infinite cache"
             )
+        page = model.kv_bytes_per_token * cache.unit * self.step.page_size
+        if page > 0:
+            self.pool.budget = self.pool.budget // page * page
         cache.capacity = self.pool.budget
         if requests:
             longest = max(r.input_tokens + r.output_len for r in requests)
@@ -907,22 +989,23 @@ class TimedWorld:
         those admitted in this pass are expected to still write (:meth:`_expected_bytes`);
         each candidate is matched (:meth:`RequestStep.match_queued`), the one that does not
         fit included, before the pass evicts for the prompts it admitted, all at once
-        (SGLang's ``PrefillAdder`` loop, then ``prepare_for_extend``)."""
+        (SGLang's ``PrefillAdder`` loop, then ``prepare_for_extend``); the pass admits nobody
+        once the step's prefill chunks fill its token budget (:meth:`_chunk_room`), the last
+        one admitted perhaps only in part (the next chunked request)."""
         sglang = self.settings.request_admission == "sglang"
         if sglang and not self._sglang_pass_opens():
             return
         kv = self.model.kv_bytes_per_token
-        expected = self._expected_bytes() if sglang and self.waiting else 0.0
+        expected = self._expected_bytes() if sglang else 0.0
+        room, chunks = self._continue_prompts(expected) if sglang else (1, 0)
+        expected += chunks
         self._admission_passes += 1
         batch: list[Job] = []  # sglang: admitted in this pass, their prompts not held yet
-        while self.waiting:
-            if len(self.running) >= self.max_running:
-                self._batch_full = sglang
-                break
+        while self.waiting and not self._admission_stops(sglang, room):
             job = self.waiting[0]
             if not self._feeder.ready(job):
                 break
-            fits = self._fits(job, expected, sum(j.reserved for j in batch))
+            fits = self._fits(job, expected, sum(j.reserved for j in batch) + self._chunk_hold)
             if not fits:
                 if self.running:
                     self._batch_full = sglang
@@ -931,11 +1014,66 @@ class TimedWorld:
             if sglang:  # its input's KV is held from here on; its outputs are reserved
                 expected += (min(job.outputs_left, CLIP_MAX_NEW_TOKENS) + 1) * kv
             self._admit_head(job, len(batch))
+            if sglang:
+                room -= self._first_chunk(job, room)
             if sglang and fits:
                 batch.append(job)
             else:
                 self._hold_prompts([job])
-        self._hold_prompts(batch)
+        self._hold_prompts(batch, self._chunk_hold)
+        self._chunk_hold = 0.0
+
+    def _admission_stops(self, sglang: bool, room: int) -> bool:
+        """Whether the pass admits nobody more: the step's token budget is spent (``room``
+        tokens left), ``max_running`` is reached (with ``sglang`` the batch is then full), or
+        SGLang's batch is full (a prefill-only step kept the flag: its chunk goes on)."""
+        if room <= 0:
+            return True
+        if len(self.running) >= self.max_running:
+            self._batch_full = sglang
+            return True
+        return sglang and self._batch_full
+
+    def _continue_prompts(self, expected: float) -> tuple[int, float]:
+        """``engine.request_admission=sglang``: the prompts the budget cut take their next
+        chunk first (``add_chunked_req``): as many tokens as the step's budget leaves (less one
+        per decoding request with mixed batching) and, when that is above zero, the pool's
+        room beside ``expected``; the chunk is held with the pass's admissions
+        (:attr:`_chunk_hold`). Returns the tokens the budget leaves for new requests
+        (``rem_chunk_tokens``; 0 or less: nobody is admitted) and the bytes the chunks add to
+        the expected writes: one page each, and the outputs of a prompt the chunk ends."""
+        kv = self.model.kv_bytes_per_token
+        room = self._budget - (len(self._decoders()) if self.settings.batching == "mixed" else 0)
+        added = 0.0
+        for job in self.running:
+            if job.held_to >= job.input_tokens:
+                continue
+            left = job.input_tokens - job.prefilled
+            free = int((self.cache.free_bytes + self._evictable() - expected - added) // kv)
+            take = min(left, room, free) if min(room, free) > 0 else min(left, room)
+            if take <= 0:
+                continue
+            job.held_to += take
+            job.reserved += take * kv
+            self._chunk_hold += take * kv
+            room -= take
+            outputs = min(job.outputs_left, CLIP_MAX_NEW_TOKENS) if take == left else 0
+            added += (outputs + 1) * kv
+        return room, added
+
+    def _first_chunk(self, job: Job, room: int) -> int:
+        """Admitted ``job`` computes its prompt's first ``room`` tokens in this step at most;
+        a longer prompt holds only them (SGLang allocates a chunked request's KV chunk by
+        chunk) and goes on in the next steps (:meth:`_continue_prompts`). Returns its
+        chunk's tokens."""
+        extend = job.input_tokens - job.hit
+        if extend <= room:
+            return extend
+        take = max(room, 0)
+        cut = (extend - take) * self.model.kv_bytes_per_token
+        job.held_to = job.hit + take
+        job.reserved -= cut
+        return take
 
     def _fits(self, job: Job, expected: float, pending: float) -> bool:
         """Whether queued ``job`` fits the free and evictable bytes less ``pending`` (prompts
@@ -966,7 +1104,7 @@ class TimedWorld:
         self._note_queue()
         self.waiting.popleft()
         scheduled, first = job.scheduled, job.order < 0
-        job.batch_rank = (-self._admission_passes, index)
+        job.batch_rank = self._rank(index)
         self._start(job, job.input_tokens * self.model.kv_bytes_per_token + self._state_in_kv)
         if self.pool.ssm_budget is not None:
             self._hold_slots(job, self.pool.slots_per_request)
@@ -983,7 +1121,7 @@ class TimedWorld:
         ``WAITING_QUEUE_PREFIX_MATCH_MAX`` queued prefixes, the head last, every
         ``WAITING_PREFIX_REFRESH_INTERVAL``-th time (``_touch_waiting_prefixes``, on by
         default with LRU and FCFS: ``SGLANG_ENABLE_WAITING_PREFIX_REFRESH``)."""
-        if not self.running:
+        if not self._decoders():  # SGLang's running batch is empty
             self._batch_full = False
         prefilling = self._any_prefill()
         if (self._batch_full or not self.waiting) and not prefilling:
@@ -998,15 +1136,17 @@ class TimedWorld:
             self._passes += 1
         return True
 
-    def _hold_prompts(self, jobs: list[Job]) -> None:
-        """Newly started ``jobs`` hold their prompts' KV, cached entries evicted for all of
-        them at once (their hits are pinned since they started)."""
-        need = sum(job.reserved for job in jobs)
-        if not jobs:
+    def _hold_prompts(self, jobs: list[Job], chunks: float = 0.0) -> None:
+        """Newly started ``jobs`` hold their prompts' KV (and running prompts their next
+        ``chunks`` bytes), cached entries evicted for all of them at once (their hits are
+        pinned since they started)."""
+        need = sum(job.reserved for job in jobs) + chunks
+        if not need:
             return
         if not self._make_room(need):
+            who = jobs[-1] if jobs else self.running[0]
             raise RuntimeError(
-                f"engine.kv_pool=shared: request {jobs[-1].req.request_id} needs "
+                f"engine.kv_pool=shared: request {who.req.request_id} needs "
                 f"{need / 1e9:.4g} GB and nothing running or cached can free it "
                 "(cache.size_gb + engine.running_memory_gb too small)"
             )
@@ -1020,16 +1160,18 @@ class TimedWorld:
         return tokens * self.model.kv_bytes_per_token + self._state_in_kv
 
     def _expected_bytes(self) -> float:
-        """KV the running requests are expected to still write (``PrefillAdder``'s running
-        offset): each its clipped outputs left, times the new token ratio once decoding (1
-        with ``engine.ignore_eos``; a request still prefilling reserves them whole), plus the
-        next step's token of each decoding request (SGLang's ``num_mixed_decode_tokens``:
-        a prefill here runs beside the decodes, as with ``--enable-mixed-chunk``)."""
+        """KV the decoding requests are expected to still write (``PrefillAdder``'s running
+        offset): each its clipped outputs left times the new token ratio (1 with
+        ``engine.ignore_eos``), plus, with mixed batching, its next step's token (SGLang's
+        ``num_mixed_decode_tokens`` with ``--enable-mixed-chunk``). A prompt still being
+        prefilled is not in SGLang's running batch: its next chunk charges it
+        (:meth:`_continue_prompts`)."""
         ratio = 1.0 if self.settings.ignore_eos else self._ratio.current
+        mixed = self.settings.batching == "mixed"
         expected = 0.0
         for job in self.running:
-            left = min(job.outputs_left, CLIP_MAX_NEW_TOKENS)
-            expected += left if job.prefilled < job.input_tokens else left * ratio + 1
+            if job.prefilled >= job.input_tokens:
+                expected += min(job.outputs_left, CLIP_MAX_NEW_TOKENS) * ratio + mixed
         return expected * self.model.kv_bytes_per_token
 
     def _reserve_decode(self, limit: int | None) -> int:

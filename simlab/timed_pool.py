@@ -78,6 +78,11 @@ class PoolWorld(TimedWorld):
                 "engine.request_admission: vLLM's hybrid pool (policy=vllm) schedules a request "
                 f"when its first chunk's blocks fit (whole), got {s.request_admission!r}"
             )
+        if s.batching != "mixed":
+            raise ConfigError(
+                "engine.batching: vLLM's hybrid pool (policy=vllm) runs prefill chunks beside "
+                f"the decodes (mixed), got {s.batching!r}"
+            )
         super().__init__(requests, step, cost, s, env)
         self.shared = False  # the pool holds running requests: no budget split to keep
         self.hybrid, self.committed = step_pool(step, shape)

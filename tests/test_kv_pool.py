@@ -167,6 +167,10 @@ BAD_POOL = [
         "engine.request_admission must be one of whole|sglang, got 'eager'",
     ),
     (["engine.ignore_eos=maybe"], "engine.ignore_eos must be true or false, got 'maybe'"),
+    (
+        ["engine.batching=chunked"],
+        "engine.batching must be one of mixed|prefill_first, got 'chunked'",
+    ),
     (["engine.running_memory_gb=0"], "engine.running_memory_gb must be > 0, got 0"),
     (
         ["engine.kv_pool=shared", "engine.running_memory_gb=-1"],

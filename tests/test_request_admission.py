@@ -152,27 +152,39 @@ def test_decode_only_steps_decay_the_ratio_and_mixed_ones_do_not(monkeypatch):
     assert at_finish[2] == pytest.approx(float(NewTokenRatio().after(99)), abs=1e-12)
 
 
-def test_running_requests_expect_their_clipped_outputs_left_times_the_ratio():
+@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
+def test_running_requests_expect_their_clipped_outputs_left_times_the_ratio(batching):
     """``PrefillAdder``'s running offset: a decoding request expects its outputs left times the
-    ratio, clipped at 4,096, plus its next step's token (``num_mixed_decode_tokens``); one
-    still prefilling (chunked) reserves its clipped output whole; ``ignore_eos``: the ratio
-    is 1."""
+    ratio, clipped at 4,096, plus with mixed batching its next step's token
+    (``num_mixed_decode_tokens``); ``ignore_eos``: the ratio is 1. A prompt the budget cut is
+    not in the running batch: its next chunk (``add_chunked_req``) takes the budget first
+    (less one token per decoder with mixed batching) and expects one page and, as it ends the
+    prompt, the clipped outputs whole."""
     reqs = [
         Request(i, i, 0, 0.0, np.arange(10, dtype=np.int32), np.zeros(0, np.int32), out)
         for i, out in enumerate([100, 9000, 300])
     ]
+    mixed = batching == "mixed"
     for eos in (False, True):
         settings = {"kv_pool": "shared", "running_memory_gb": 1e5 * KV / 1e9, "ignore_eos": eos}
-        world = engine(**settings, request_admission="sglang").world(reqs, build()())
+        world = engine(**settings, request_admission="sglang", batching=batching).world(
+            reqs, build()()
+        )
         jobs = [Job(r, 0.0, world.env.event()) for r in reqs]
+        for job in jobs:
+            job.held_to = job.input_tokens
         jobs[0].prefilled, jobs[0].decoded = 10, 39  # 60 outputs left
         jobs[1].prefilled, jobs[1].decoded = 10, 0  # 8,999 left: clipped
-        jobs[2].prefilled = 4  # prefilling: 300 left, reserved whole
+        jobs[2].prefilled = jobs[2].held_to = 4  # its first chunk computed and published
         world.running = jobs
         world._ratio.current = 0.25
         ratio = 1.0 if eos else 0.25
-        expected = (60 + CLIP_MAX_NEW_TOKENS) * ratio + 300 + 2  # + each decoder's next token
+        expected = (60 + CLIP_MAX_NEW_TOKENS) * ratio + 2 * mixed
         assert world._expected_bytes() == pytest.approx(expected * KV)
+        room, added = world._continue_prompts(0.0)
+        assert room == world.settings.token_budget - 2 * mixed - 6
+        assert added == (300 + 1) * KV
+        assert jobs[2].held_to == 10 and world._chunk_hold == 6 * KV
 
 
 def test_after_a_retraction_the_ratio_is_what_the_kept_decoders_show(monkeypatch):
@@ -197,3 +209,57 @@ def test_after_a_retraction_the_ratio_is_what_the_kept_decoders_show(monkeypatch
     run = tiny(reqs, preemption="sglang", request_admission="sglang").run(reqs, build()())
     assert len(run.records) == len(reqs)
     assert checked and all(checked)
+
+
+def step_world(reqs: list[Request], **settings) -> list:
+    """``reqs`` through SGLang's scheduler rules on the step clock (every iteration one time
+    unit), arriving at their ``arrival``; their records in request order."""
+    from simlab.crosscheck_load import OpenLoop, StepClock
+
+    shared = {"kv_pool": "shared", "running_memory_gb": 1e4 * KV / 1e9, "token_budget": 128}
+    settings = {**shared, "request_admission": "sglang", "preemption": "sglang", **settings}
+    world = TimedWorld(reqs, build("sglang")(), StepClock(), engine(**settings))  # type: ignore[arg-type]
+    records = world.run(OpenLoop(reqs, [r.arrival for r in reqs]))
+    return sorted(records, key=lambda r: r.request_id)
+
+
+def test_prefill_first_batching_stalls_the_decodes_while_a_prompt_is_prefilled():
+    """A request decoding 50 tokens while a 1,000-token prompt arrives: mixed batching runs its
+    decode beside each of the prompt's 8 chunks of 128 (SGLang's ``--enable-mixed-chunk``);
+    prefill_first runs the chunks alone, so it finishes 8 steps later (SGLang's default)."""
+    zeros = np.zeros(0, np.int32)
+    reqs = [
+        Request(0, 0, 0, 0.0, np.arange(20, dtype=np.int32), zeros, 50),
+        Request(1, 1, 0, 2.0, np.arange(100, 1100, dtype=np.int32), zeros, 5),
+    ]
+    mixed = step_world(reqs, batching="mixed")
+    first = step_world(reqs, batching="prefill_first")
+    assert mixed[0].finished == 50.0  # first token after step 1, then 49 decode steps
+    assert first[0].finished == mixed[0].finished + 8
+    assert first[1].first_token == mixed[1].first_token  # the prompt's chunks take as long
+
+
+@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
+def test_a_prompt_cut_into_chunks_is_published_chunk_by_chunk(batching):
+    """A 1,000-token prompt in chunks of 128 publishes what it computed between chunks
+    (SGLang's ``checkpoint_kv_cache``): a request sharing its first 600 tokens, admitted in the
+    step of its last chunk (the only one with budget left), hits them though that prompt has
+    not ended; it holds only the 24 tokens the budget leaves it, and goes on next step."""
+    zeros = np.zeros(0, np.int32)
+    prompt = np.arange(1000, dtype=np.int32)
+    reqs = [
+        Request(0, 0, 0, 0.0, prompt, zeros, 5),
+        Request(
+            1,
+            1,
+            0,
+            2.0,
+            np.concatenate([prompt[:600], np.arange(5000, 5100, dtype=np.int32)]),
+            zeros,
+            5,
+        ),
+    ]
+    records = step_world(reqs, batching=batching)
+    assert records[1].scheduled == 7.0 == records[0].first_token - 1
+    assert records[1].hit_tokens == 600
+    assert records[1].first_token == 9.0  # 24 tokens, then its last 76
