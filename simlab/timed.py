@@ -93,9 +93,8 @@ class TimedSettings:
     preemption: str = "lifo"  # shared pool: which running request is preempted first
     request_admission: str = "whole"  # shared pool: when a queued request may start
     ignore_eos: bool = False  # request_admission=sglang: requests run to max_new_tokens
-    batching: str = (
-        "mixed"  # prefill_first: a step that prefills runs no decodes (SGLang's default)
-    )
+    # prefill_first: a step that prefills runs no decodes (SGLang's default)
+    batching: str = "mixed"
 
     def __post_init__(self) -> None:
         for key in ("token_budget", "max_running", "ssm_chunk"):
@@ -483,7 +482,6 @@ class TimedWorld:
         self._ratio = NewTokenRatio()  # engine.request_admission=sglang: SGLang's new token ratio
         self._retracted = False  # the last decode memory check preempted (so did not decay)
         self._batch_full = False  # sglang: a request did not fit; no attempt until one leaves
-        self._chunk_hold = 0.0  # sglang: bytes of the running prompts' next chunks, to hold
         #: sglang: a prompt the budget cuts holds and publishes its KV chunk by chunk
         self._chunk_by_chunk = self.shared and s.request_admission == "sglang"
         self._passes = 0  # sglang: admission passes with requests queued (``calc_priority``)
@@ -990,22 +988,24 @@ class TimedWorld:
         each candidate is matched (:meth:`RequestStep.match_queued`), the one that does not
         fit included, before the pass evicts for the prompts it admitted, all at once
         (SGLang's ``PrefillAdder`` loop, then ``prepare_for_extend``); the pass admits nobody
-        once the step's prefill chunks fill its token budget (:meth:`_chunk_room`), the last
+        once the step's prefill chunks fill its token budget (:meth:`_continue_prompts`), the last
         one admitted perhaps only in part (the next chunked request)."""
         sglang = self.settings.request_admission == "sglang"
         if sglang and not self._sglang_pass_opens():
             return
         kv = self.model.kv_bytes_per_token
         expected = self._expected_bytes() if sglang else 0.0
-        room, chunks = self._continue_prompts(expected) if sglang else (1, 0)
-        expected += chunks
+        room, chunk_bytes, added = (
+            self._continue_prompts(expected) if sglang else (math.inf, 0.0, 0.0)
+        )
+        expected += added
         self._admission_passes += 1
         batch: list[Job] = []  # sglang: admitted in this pass, their prompts not held yet
         while self.waiting and not self._admission_stops(sglang, room):
             job = self.waiting[0]
             if not self._feeder.ready(job):
                 break
-            fits = self._fits(job, expected, sum(j.reserved for j in batch) + self._chunk_hold)
+            fits = self._fits(job, expected, sum(j.reserved for j in batch) + chunk_bytes)
             if not fits:
                 if self.running:
                     self._batch_full = sglang
@@ -1015,15 +1015,14 @@ class TimedWorld:
                 expected += (min(job.outputs_left, CLIP_MAX_NEW_TOKENS) + 1) * kv
             self._admit_head(job, len(batch))
             if sglang:
-                room -= self._first_chunk(job, room)
+                room -= self._first_chunk(job, int(room))
             if sglang and fits:
                 batch.append(job)
             else:
                 self._hold_prompts([job])
-        self._hold_prompts(batch, self._chunk_hold)
-        self._chunk_hold = 0.0
+        self._hold_prompts(batch, chunk_bytes)
 
-    def _admission_stops(self, sglang: bool, room: int) -> bool:
+    def _admission_stops(self, sglang: bool, room: float) -> bool:
         """Whether the pass admits nobody more: the step's token budget is spent (``room``
         tokens left), ``max_running`` is reached (with ``sglang`` the batch is then full), or
         SGLang's batch is full (a prefill-only step kept the flag: its chunk goes on)."""
@@ -1034,32 +1033,32 @@ class TimedWorld:
             return True
         return sglang and self._batch_full
 
-    def _continue_prompts(self, expected: float) -> tuple[int, float]:
+    def _continue_prompts(self, expected: float) -> tuple[int, float, float]:
         """``engine.request_admission=sglang``: the prompts the budget cut take their next
         chunk first (``add_chunked_req``): as many tokens as the step's budget leaves (less one
         per decoding request with mixed batching) and, when that is above zero, the pool's
-        room beside ``expected``; the chunk is held with the pass's admissions
-        (:attr:`_chunk_hold`). Returns the tokens the budget leaves for new requests
-        (``rem_chunk_tokens``; 0 or less: nobody is admitted) and the bytes the chunks add to
-        the expected writes: one page each, and the outputs of a prompt the chunk ends."""
+        room beside ``expected``. Returns the tokens the budget leaves for new requests
+        (``rem_chunk_tokens``; 0 or less: nobody is admitted), the chunks' bytes (held with
+        the pass's admissions) and the bytes they add to the expected writes: one page each,
+        and the outputs of a prompt the chunk ends."""
         kv = self.model.kv_bytes_per_token
         room = self._budget - (len(self._decoders()) if self.settings.batching == "mixed" else 0)
-        added = 0.0
+        hold = added = 0.0
         for job in self.running:
             if job.held_to >= job.input_tokens:
                 continue
             left = job.input_tokens - job.prefilled
-            free = int((self.cache.free_bytes + self._evictable() - expected - added) // kv)
+            free = int((self.cache.free_bytes + self._evictable() - expected - added - hold) // kv)
             take = min(left, room, free) if min(room, free) > 0 else min(left, room)
             if take <= 0:
                 continue
             job.held_to += take
             job.reserved += take * kv
-            self._chunk_hold += take * kv
+            hold += take * kv
             room -= take
             outputs = min(job.outputs_left, CLIP_MAX_NEW_TOKENS) if take == left else 0
             added += (outputs + 1) * kv
-        return room, added
+        return room, hold, added
 
     def _first_chunk(self, job: Job, room: int) -> int:
         """Admitted ``job`` computes its prompt's first ``room`` tokens in this step at most;
