@@ -121,3 +121,9 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --mixed
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
 		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b --size-gb 2 5 --gap 1 4
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b_r9 --size-gb 1 --mamba-ratio 9 --gap 1 4
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b_r9 --size-gb 1 --mamba-ratio 9 --gap 1 4 --mixed

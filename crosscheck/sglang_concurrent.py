@@ -23,6 +23,10 @@ The scheduling is SGLang 0.5.23's own code, called on a ``Scheduler`` built with
 
 The pools are SGLang's: ``TokenToKVPoolAllocator`` over a one-layer ``MHATokenToKVPool``, a
 ``ReqToTokenPool`` with ``max_running_requests`` rows, ``RadixCache`` (page 1, LRU), on the CPU.
+A hybrid export (Nemotron-H) runs over ``UnifiedRadixCache[FULL,MAMBA]`` with ``no_buffer``
+(``crosscheck.sglang_mamba.build_cache``: ``HybridReqToTokenPool``, ``HybridLinearKVPool``):
+``--size-gb`` split by ``--mamba-ratio`` as ``crosscheck.sglang_mamba`` splits it, and
+``max_running_requests`` capped at ``slots // 3`` as ``resolve_max_num_reqs`` caps it.
 The loop is ``event_loop_normal`` (``--disable-overlap-schedule``: a result is processed before
 the next batch is scheduled). Only what does not decide anything is a stand-in: metrics,
 publishers, the data-parallel adapter and the n-gram embedding pass (identities), no grammar, no
@@ -71,6 +75,9 @@ from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (  
     NewTokenRatioTracker,
 )
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
+from sglang.srt.mem_cache.kv_cache_configurator import (  # noqa: E402
+    MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO,
+)
 from sglang.srt.mem_cache.radix_cache import RadixCache  # noqa: E402
 from sglang.srt.runtime_context import get_context, get_schedule  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
@@ -88,6 +95,7 @@ from crosscheck.common import (  # noqa: E402
     versions,
     write_table,
 )
+from crosscheck.sglang_mamba import MAMBA_CHUNK, build_cache, capacities  # noqa: E402
 from crosscheck.sglang_radix import cache_params  # noqa: E402
 from crosscheck.vllm_concurrent import COLUMNS, Timeline, arrivals  # noqa: E402
 
@@ -172,16 +180,31 @@ def _switch_off_features(s: Scheduler) -> None:
     s.prefill_decode_interval = s._prefill_decode_interval_remaining = 0
 
 
+def radix_tree(capacity: int, max_running: int, max_context_len: int) -> RadixCache:
+    """SGLang's ``RadixCache`` over ``capacity`` KV slots and ``max_running`` request rows."""
+    return RadixCache(cache_params(capacity, max_context_len, rows=max_running))
+
+
+def mamba_rows(slots: int, max_running: int) -> int:
+    """``max_running_requests`` of a hybrid server with ``slots`` Mamba slots and
+    ``--max-running-requests max_running``: SGLang's ``resolve_max_num_reqs`` caps it at
+    ``slots // 3`` with ``no_buffer`` (a request's own slot, its locked hit's state and the state
+    its prompt donates; ``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``)."""
+    return min(max_running, slots // MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO)
+
+
 def build_scheduler(
-    capacity: int,
+    tree: Any,
     max_running: int,
     chunked_prefill_size: int,
     max_prefill_tokens: int,
     mixed: bool,
-    max_context_len: int,
+    mamba_strategy: str | None = None,
 ) -> Scheduler:
-    """A ``Scheduler`` without a model over CPU pools of ``capacity`` KV slots and
-    ``max_running`` request rows, with the given prefill limits (module docstring)."""
+    """A ``Scheduler`` without a model over ``tree`` (a cache over CPU pools with
+    ``max_running`` request rows: :func:`radix_tree`, :func:`mamba_tree`), with the given
+    prefill limits (module docstring) and, for a hybrid cache, ``--mamba-radix-cache-strategy``.
+    The cache is built first: SGLang's Mamba test builder publishes server args of its own."""
     args = ServerArgs(
         model_path="dummy",
         page_size=1,
@@ -190,12 +213,14 @@ def build_scheduler(
         max_prefill_tokens=max_prefill_tokens,
         max_running_requests=max_running,
         enable_mixed_chunk=mixed,
+        **({"mamba_radix_cache_strategy": mamba_strategy} if mamba_strategy else {}),
     )
+    if mamba_strategy is not None:
+        args._mamba_cache_chunk_size = MAMBA_CHUNK
     set_global_server_args_for_scheduler(args)
     get_context().override(
         "scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=max_running
     )
-    tree = RadixCache(cache_params(capacity, max_context_len, rows=max_running))
     rows, allocator = tree.req_to_token_pool, tree.token_to_kv_pool_allocator
     s = Scheduler.__new__(Scheduler)
     s.tree_cache, s.req_to_token_pool, s.token_to_kv_pool_allocator = tree, rows, allocator
@@ -271,6 +296,7 @@ class LoadReplay:
 
     scheduler: Scheduler
     capacity: int
+    mamba_slots: int | None = None  # a hybrid cache's Mamba pool
 
     def run(
         self, requests: list[tuple[list[int], list[int]]], times: list[float]
@@ -371,11 +397,17 @@ class LoadReplay:
                 del self.live[req.rid]
 
     def check_pool(self) -> None:
-        """Nothing runs: every KV slot is free or in the tree, nothing is locked."""
+        """Nothing runs: every KV slot (and Mamba slot) is free or in the tree, nothing is
+        locked."""
         tree = self.scheduler.tree_cache
         free = self.scheduler.token_to_kv_pool_allocator.available_size()
         assert tree.protected_size() == 0, tree.protected_size()
         assert free + tree.evictable_size() == self.capacity, (free, tree.evictable_size())
+        if self.mamba_slots is not None:
+            mamba_free = self.scheduler.req_to_token_pool.mamba_allocator.available_size()
+            assert tree.mamba_protected_size() == 0, tree.mamba_protected_size()
+            cached = tree.mamba_evictable_size()
+            assert mamba_free + cached == self.mamba_slots, (mamba_free, cached)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,41 +423,66 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mixed", action="store_true", help="--enable-mixed-chunk (prefill beside decode)"
     )
+    parser.add_argument(
+        "--mamba-ratio",
+        type=float,
+        default=0.9,
+        help="a hybrid export: Mamba bytes / KV bytes (SGLang's --mamba-full-memory-ratio)",
+    )
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
     logging.getLogger("sglang").setLevel(logging.ERROR)
     export = Export.load(args.export)
     n = len(export) if args.requests is None else min(args.requests, len(export))
     requests = list(export.requests())[:n]
+    hybrid = export.ssm_state_bytes > 0
     for size_gb in args.size_gb:
-        capacity = capacity_tokens(size_gb, export.kv_bytes_per_token, export)
+        if hybrid:
+            if math.isinf(size_gb):
+                parser.error("a hybrid export needs finite --size-gb (the Mamba pool's split)")
+            capacity, slots, ssm_gb = capacities(size_gb, args.mamba_ratio, export)
+            max_running = mamba_rows(slots, args.max_running)
+        else:
+            capacity = capacity_tokens(size_gb, export.kv_bytes_per_token, export)
+            slots, ssm_gb, max_running = None, None, args.max_running
         for gap in args.gap:
+            if hybrid:
+                assert slots is not None
+                tree = build_cache(
+                    capacity, slots, export.max_sequence + 1, "no_buffer", rows=max_running
+                )
+            else:
+                tree = radix_tree(capacity, max_running, export.max_sequence + 1)
             scheduler = build_scheduler(
-                capacity,
-                args.max_running,
+                tree,
+                max_running,
                 args.chunked_prefill_size,
                 args.max_prefill_tokens,
                 args.mixed,
-                export.max_sequence + 1,
+                "no_buffer" if hybrid else None,
             )
             mode = "mixed" if args.mixed else "prefill_first"
+            cache = "UnifiedRadixCache[FULL,MAMBA] no_buffer" if hybrid else "RadixCache"
             case = {
                 "case": f"{args.name}-sglang_sched_{mode}-{size_label(size_gb)}-gap{gap:g}",
                 "engine": "sglang",
                 "engine_version": versions()["sglang"],
-                "cache": "Scheduler (RadixCache, disable_overlap_schedule"
+                "cache": f"Scheduler ({cache}, disable_overlap_schedule"
                 + (", enable_mixed_chunk)" if args.mixed else ")"),
                 "block_size": 1,
                 "size_gb": manifest_size(size_gb),
                 "capacity_tokens": capacity,
                 "gap": gap,
-                "max_running_requests": args.max_running,
+                "max_running_requests": max_running,
                 "chunked_prefill_size": args.chunked_prefill_size,
                 "max_prefill_tokens": args.max_prefill_tokens,
                 "enable_mixed_chunk": args.mixed,
             }
+            if hybrid:
+                case |= {"mamba_slots": slots, "ssm_gb": ssm_gb, "mamba_strategy": "no_buffer"}
             start = time.perf_counter()
-            lines = LoadReplay(scheduler, capacity).run(requests, arrivals(n, gap))
+            replay = LoadReplay(scheduler, capacity, slots)
+            lines = replay.run(requests, arrivals(n, gap))
             columns = {c: [getattr(line, c) for line in lines] for c in COLUMNS}
             entry = write_table(case, export, n, columns, args.fixtures)
             retracted = sum(line.preemptions for line in lines)

@@ -79,11 +79,16 @@ MAMBA_CHUNK = 256
 
 
 def build_cache(
-    kv_capacity: int, mamba_slots: int, max_context_len: int, strategy: str = "no_buffer"
+    kv_capacity: int,
+    mamba_slots: int,
+    max_context_len: int,
+    strategy: str = "no_buffer",
+    rows: int = 1,
 ):
     """A fresh FULL+MAMBA ``UnifiedRadixCache`` from SGLang's test builder, with Mamba strategy
     ``strategy`` (``extra_buffer``: the server's ``--mamba-radix-cache-strategy``, so that
-    ``get_exec().mamba`` says so too, and the model's Mamba chunk of ``MAMBA_CHUNK`` tokens)."""
+    ``get_exec().mamba`` says so too, and the model's Mamba chunk of ``MAMBA_CHUNK`` tokens) and
+    ``rows`` request rows (``max_running_requests``)."""
     extra = strategy == "extra_buffer"
     cfg = CacheConfig(
         page_size=1,
@@ -93,7 +98,7 @@ def build_cache(
         enable_mamba_extra_buffer=extra,
         mamba_cache_size=mamba_slots,
         kv_size=kv_capacity,
-        max_num_reqs=1,
+        max_num_reqs=rows,
         max_context_len=max_context_len,
         head_num=1,
         head_dim=1,

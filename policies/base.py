@@ -106,6 +106,10 @@ class Admission:
     #: existing edge, found when it is inserted (the Marconi reference code's
     #: ``_insert_helper`` split), instead of a branch point planned from the input's match
     branch_at_insert: bool = False
+    #: hybrids: a prompt the step's budget cuts into chunks publishes a state at each chunk's
+    #: end with the KV computed so far (SGLang's ``no_buffer``: the chunked request's
+    #: ``cache_unfinished_req`` copies its running state into the tree)
+    chunk_states: bool = False
 
 
 CLOCKS = ("request", "operation")

@@ -109,6 +109,7 @@ class SGLang(AdmissionPolicy):
             cuts=(input_len, seq_len) if self.mamba == "no_buffer" else (),
             held_from=lookup.hit,
             publishes_prompt=True,
+            chunk_states=self.mamba == "no_buffer",
         )
 
     def _tracked_states(self, lookup: Lookup, input_len: int, seq_len: int) -> list[int]:

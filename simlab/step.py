@@ -68,6 +68,7 @@ class Started:
     published: InsertResult | None = None  # what the prefill published
     host_hit: int = 0  # tokens of ``hit`` loaded back from the host tier
     host_loaded: int = 0  # bytes loaded back for them (KV and states)
+    pins: bool = False  # started with ``pin``: what it publishes is pinned in turn (a 0 hit too)
 
 
 @dataclass(slots=True)
@@ -218,6 +219,7 @@ class RequestStep:
             int(keyed.lookup.shape[0]),
             keyed.short,
         )
+        started.pins = pin
         if host_ids:
             started.host_hit = hit - self._hit_tokens(req, (lookup.hit - host_ids) * per_key)
             started.host_loaded = loaded
@@ -241,8 +243,7 @@ class RequestStep:
         host tier the match is read-only (:meth:`peek_hit`): its load happens at start."""
         if self.cache.host is not None:
             return self.peek_hit(req)
-        lookup = self._match(self._keys.lookup_ids(req))
-        self.eviction.on_match(self.cache, lookup)
+        lookup = self._queued_match(self._keys.lookup_ids(req))
         return self._hit_tokens(req, lookup.hit * self._ids_per_key), lookup.hit_node
 
     def touch_queued(self, req: Request) -> None:
@@ -250,8 +251,18 @@ class RequestStep:
         its whole input is matched, the node the match stops inside split there and the path
         refreshed (``on_match``); nothing else changes. A no-op with a host tier."""
         if self.cache.host is None:
-            lookup = self._match(self._keys.lookup_ids(req), slack=0)
-            self.eviction.on_match(self.cache, lookup)
+            self._queued_match(self._keys.lookup_ids(req), slack=0)
+
+    def _queued_match(self, ids: np.ndarray, slack: int = 1) -> Lookup:
+        """A queued request's match (:meth:`match_queued`, :meth:`touch_queued`): the path
+        refreshed (``on_match``) and, on a hybrid, the state it would resume from too (SGLang's
+        ``MATCH_END`` refresh puts the best match's Mamba value at the front of the Mamba LRU
+        on every match, not only on an admitted one)."""
+        lookup = self._match(ids, slack)
+        if self.cache.hybrid:
+            self.cache.use_state(lookup.hit_node)
+        self.eviction.on_match(self.cache, lookup)
+        return lookup
 
     def _hit_tokens(self, req: Request, ids: int) -> int:
         """Tokens a hit of ``ids`` trace ids reuses: with ``cache.exact_tokens`` (ids of many
@@ -350,21 +361,18 @@ class RequestStep:
             started.published = merged(published, started.published)
         if plan.held_from is not None:  # the published prompt's slots are the tree's now
             started.plan = replace(plan, held_from=self._held_after_publish(started))
-        if started.pinned is not None:
-            deepest = cache.deepest_cached(started.seq[:prompt])
-            cache.pin(deepest)
-            cache.unpin(started.pinned)
-            started.pinned = deepest
+        if started.pins:
+            self._move_pin(started, cache.deepest_cached(started.seq[:prompt]))
 
     def publishes_chunks(self, started: Started) -> bool:
         """Whether a prefill cut into chunks publishes what it computed between them
-        (:meth:`checkpoint`): a plan that publishes its prompt, on a Transformer's cache whose
-        ids are tokens (a hybrid's state exists only where its scan put one; a hash id stands
-        for many tokens)."""
-        cache = self.cache
+        (:meth:`checkpoint`): a plan that publishes its prompt, on a cache whose ids are tokens
+        (a hash id stands for many tokens), a hybrid's only with a state at each chunk's end
+        (``chunk_states``: a hybrid's KV is cached only up to a state)."""
+        cache, plan = self.cache, started.plan
         return (
-            started.plan.publishes_prompt
-            and not cache.hybrid
+            plan.publishes_prompt
+            and (plan.chunk_states or not cache.hybrid)
             and self._ids_per_key == 1
             and cache.unit == 1
         )
@@ -380,7 +388,7 @@ class RequestStep:
         if ids > 0:
             result = cache.insert(
                 started.seq,
-                [],
+                [ids] if cache.hybrid else [],
                 ids,
                 self.eviction,
                 cuts=[c for c in plan.cuts if c <= ids],
@@ -393,11 +401,19 @@ class RequestStep:
         deepest = cache.deepest_cached(prefix)
         if deepest is None:
             return 0
-        if started.pinned is not None:
-            cache.pin(deepest)
-            cache.unpin(started.pinned)
-            started.pinned = deepest
+        if started.pins:
+            self._move_pin(started, deepest)
         return deepest.end
+
+    def _move_pin(self, started: Started, node: Node | None) -> None:
+        """The request's pin moves to ``node``, what it published (SGLang's
+        ``cache_unfinished_req`` moves the request's lock to its new last node, the root's
+        lock of a request that hit nothing included): a running request's published prompt is
+        never evicted under it."""
+        cache = self.cache
+        cache.pin(node)
+        cache.unpin(started.pinned)
+        started.pinned = node
 
     def own_from(self, started: Started) -> int | None:
         """Where the tokens the request holds itself start (``plan.held_from`` in tokens, at

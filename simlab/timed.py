@@ -1001,6 +1001,7 @@ class TimedWorld:
         expected += added
         self._admission_passes += 1
         batch: list[Job] = []  # sglang: admitted in this pass, their prompts not held yet
+        admitted: list[Job] = []
         while self.waiting and not self._admission_stops(sglang, room):
             job = self.waiting[0]
             if not self._feeder.ready(job):
@@ -1014,12 +1015,16 @@ class TimedWorld:
             if sglang:  # its input's KV is held from here on; its outputs are reserved
                 expected += (min(job.outputs_left, CLIP_MAX_NEW_TOKENS) + 1) * kv
             self._admit_head(job, len(batch))
+            admitted.append(job)
             if sglang:
                 room -= self._first_chunk(job, int(room))
             if sglang and fits:
                 batch.append(job)
             else:
                 self._hold_prompts([job])
+        if sglang and self.pool.ssm_budget is not None:  # prepare_for_extend's alloc_req_slots
+            for job in admitted:
+                self._hold_slots(job, self.pool.slots_per_request - job.slots)
         self._hold_prompts(batch, chunk_bytes)
 
     def _admission_stops(self, sglang: bool, room: float) -> bool:
@@ -1082,6 +1087,8 @@ class TimedWorld:
         sglang = self.settings.request_admission == "sglang"
         hit, node = self.step.match_queued(job.req) if sglang else self.step.peek_hit(job.req)
         self.cache.pin(node)
+        if sglang and hit > 0:
+            self._free_state_slot(job)
         room = self.cache.free_bytes + self._evictable() - pending
         if sglang:
             fits = self._sglang_need(job, hit) < room - expected
@@ -1091,6 +1098,26 @@ class TimedWorld:
                 self._make_room((job.input_tokens - hit) * kv + state)
         self.cache.unpin(node)
         return fits
+
+    def _slots_at_admission(self, job: Job) -> int:
+        """State slots admitted ``job`` takes at once: all of them, but with
+        ``engine.request_admission=sglang`` only the copy of its hit's state (taken as it was
+        matched, :meth:`_free_state_slot`); SGLang allocates the others for the whole pass
+        after it (``prepare_for_extend``: ``alloc_req_slots``), every hit of the pass locked
+        and every match's state refreshed first."""
+        if self.settings.request_admission != "sglang":
+            return self.pool.slots_per_request
+        return 1 if job.hit > 0 else 0
+
+    def _free_state_slot(self, job: Job) -> None:
+        """With a separate SSM pool, a queued request matched with a hit gets a slot for its
+        copy of the hit's state there and then (SGLang's ``init_next_round_input``: Mamba
+        copy-on-write, ``evict_mamba`` with the hit locked when no slot is free), admitted or
+        not: a request that does not fit gives the slot back, the evictions stay."""
+        cache = self.cache
+        if self.pool.ssm_budget is not None and cache.ckpt_bytes > cache.ssm_free:
+            freed, _ = evictor.evict_states(cache, cache.ckpt_bytes, self.step.eviction)
+            self.pool.evicted_bytes += freed
 
     def _whole_bytes(self, job: Job) -> float:
         """``job``'s whole KV (input, outputs) and its state where the KV budget holds it."""
@@ -1106,7 +1133,7 @@ class TimedWorld:
         job.batch_rank = self._rank(index)
         self._start(job, job.input_tokens * self.model.kv_bytes_per_token + self._state_in_kv)
         if self.pool.ssm_budget is not None:
-            self._hold_slots(job, self.pool.slots_per_request)
+            self._hold_slots(job, self._slots_at_admission(job))
         if first:
             job.order, self.pool.started = self.pool.started, self.pool.started + 1
         else:  # recomputed: the request was scheduled once already
@@ -1300,6 +1327,8 @@ class TimedWorld:
             moved = min(float(published.kv_bytes), released)
         else:
             moved = min(max(own_from - job.hit, 0) * self.model.kv_bytes_per_token, released)
+        # the insertion may have filled the room with a state of its own: make it again
+        self._make_room(released - moved)
         job.reserved += released - moved
         self._hold(released - moved)
 

@@ -14,7 +14,17 @@ scheduler"), so a regression in simlab's admission, batching, ratio or retractio
   the schedules part from request 1,047 on, after request 399's hit came out 3 tokens short;
   not traced further);
 - hits agree for at least 98.5% of the requests (measured: 99.0-99.8%), and the hit rates are
-  within 2% of SGLang's (measured: at most 1.6% apart)."""
+  within 2% of SGLang's (measured: at most 1.6% apart).
+
+The hybrid cases run the same scheduler over SGLang's ``UnifiedRadixCache[FULL,MAMBA]``
+(``no_buffer``) on Nemotron-H 8B, its Mamba pool split off the budget as SGLang splits it
+(``cache.ssm_gb``) and ``max_running_requests`` capped by it (``slots // 3``):
+- where the Mamba pool binds (2 and 5 GB at SGLang's default ratio 0.9: 6 and 15 running),
+  every request agrees on every column;
+- where the KV pool binds too (1 GB, ratio 9: 5 running, 6,097 KV tokens, 5-7 retractions),
+  every retraction and at least 99.9% of the hits agree, and at least 96% of the finishing
+  steps (measured: 96.7-99.4%; the first request that differs, 228, finishes 2 steps late
+  after its retraction)."""
 
 from __future__ import annotations
 
@@ -24,9 +34,14 @@ import pytest
 from simlab.crosscheck import load_cases
 from simlab.crosscheck_load import SGLANG_FIXTURES, compare
 
-CASES = load_cases(SGLANG_FIXTURES)
+ALL = load_cases(SGLANG_FIXTURES)
+CASES = [c for c in ALL if "mamba_slots" not in c]  # Llama-3-8B over a RadixCache
+HYBRID = [c for c in ALL if "mamba_slots" in c]  # Nemotron-H over the Mamba radix cache
 MIXED = [c for c in CASES if c["enable_mixed_chunk"]]
 IDS = [c["case"] for c in CASES]
+#: hybrid cases whose KV pool binds too: they retract
+KV_BOUND = [c for c in HYBRID if c["mamba_slots"] // 3 < 6]
+STATE_BOUND = [c for c in HYBRID if c not in KV_BOUND]
 #: measured: requests before the first that differs anywhere, per pool size (GB)
 AGREEING_PREFIX = {0.5: 165, 1: 107}
 #: measured: the share of requests scheduled at SGLang's step where it is below 99%
@@ -64,3 +79,39 @@ def test_hits_under_load_agree_for_most_requests(case):
     result = compare(case, SGLANG_FIXTURES)
     assert result.identical["hit_tokens"] >= 0.985 * result.requests
     assert result.simlab_hit_rate == pytest.approx(result.engine_hit_rate, rel=0.02)
+
+
+def test_the_hybrid_fixtures_bind_on_either_pool():
+    assert len(HYBRID) == 8
+    assert len(STATE_BOUND) == 4 and len(KV_BOUND) == 4
+    assert {c["max_running_requests"] for c in STATE_BOUND} == {6, 15}
+    assert {c["max_running_requests"] for c in KV_BOUND} == {5}
+    assert sum(c["enable_mixed_chunk"] for c in KV_BOUND) == 2
+    for case in HYBRID:
+        assert case["engine_version"] == "0.5.23"
+        assert case["mamba_strategy"] == "no_buffer"
+        assert case["max_running_requests"] == case["mamba_slots"] // 3
+        retracted = pd.read_csv(SGLANG_FIXTURES / case["file"])["preemptions"].sum()
+        assert (retracted > 0) == (case in KV_BOUND)
+
+
+@pytest.mark.parametrize("case", STATE_BOUND, ids=[c["case"] for c in STATE_BOUND])
+def test_hybrid_requests_agree_on_every_column_where_the_mamba_pool_binds(case):
+    """Needs each of SGLang's rules: a running request's published prompt stays locked (a
+    request that hit nothing too), every match refreshes its Mamba state's recency, a chunked
+    prompt publishes a state at each chunk's end, and the pass takes its state slots after
+    its matches (a hit's copy as it is matched)."""
+    result = compare(case, SGLANG_FIXTURES)
+    assert result.first_difference is None
+    assert result.simlab_hit_rate == result.engine_hit_rate
+
+
+@pytest.mark.parametrize("case", KV_BOUND, ids=[c["case"] for c in KV_BOUND])
+def test_hybrid_requests_retract_and_hit_as_in_sglang_where_kv_binds_too(case):
+    result = compare(case, SGLANG_FIXTURES)
+    assert result.identical["preemptions"] == result.requests
+    assert result.simlab_preemptions == result.engine_preemptions > 0
+    assert result.identical["hit_tokens"] >= 0.999 * result.requests
+    assert result.identical["last_hit"] >= 0.999 * result.requests
+    assert result.identical["finished"] >= 0.96 * result.requests
+    assert result.first_difference is not None and result.first_difference >= 228
