@@ -1088,7 +1088,7 @@ class TimedWorld:
         hit, node = self.step.match_queued(job.req) if sglang else self.step.peek_hit(job.req)
         self.cache.pin(node)
         if sglang and hit > 0:
-            self._free_state_slot(job)
+            self._free_state_slot()
         room = self.cache.free_bytes + self._evictable() - pending
         if sglang:
             fits = self._sglang_need(job, hit) < room - expected
@@ -1109,7 +1109,7 @@ class TimedWorld:
             return self.pool.slots_per_request
         return 1 if job.hit > 0 else 0
 
-    def _free_state_slot(self, job: Job) -> None:
+    def _free_state_slot(self) -> None:
         """With a separate SSM pool, a queued request matched with a hit gets a slot for its
         copy of the hit's state there and then (SGLang's ``init_next_round_input``: Mamba
         copy-on-write, ``evict_mamba`` with the hit locked when no slot is free), admitted or

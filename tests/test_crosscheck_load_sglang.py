@@ -39,8 +39,8 @@ CASES = [c for c in ALL if "mamba_slots" not in c]  # Llama-3-8B over a RadixCac
 HYBRID = [c for c in ALL if "mamba_slots" in c]  # Nemotron-H over the Mamba radix cache
 MIXED = [c for c in CASES if c["enable_mixed_chunk"]]
 IDS = [c["case"] for c in CASES]
-#: hybrid cases whose KV pool binds too: they retract
-KV_BOUND = [c for c in HYBRID if c["mamba_slots"] // 3 < 6]
+#: hybrid cases whose KV pool binds too (a few thousand tokens): they retract
+KV_BOUND = [c for c in HYBRID if c["capacity_tokens"] < 10_000]
 STATE_BOUND = [c for c in HYBRID if c not in KV_BOUND]
 #: measured: requests before the first that differs anywhere, per pool size (GB)
 AGREEING_PREFIX = {0.5: 165, 1: 107}
