@@ -84,12 +84,21 @@ def request_record(
         arrival=req.arrival,
         input_tokens=req.input_tokens,
         output_tokens=req.output_len,
-        matched_tokens=matched,
-        hit_tokens=hit,
         prefill_flops=model.prefill_flops(0, req.input_tokens),
-        flops_saved=model.prefill_flops(0, hit) if hit else 0.0,
+        **hit_columns(model, matched, hit),
         **cache,
     )
+
+
+def hit_columns(model: ModelSpec, matched: int, hit: int) -> dict[str, Any]:
+    """A record's lookup columns for ``matched`` and ``hit`` tokens. A request recomputed
+    after a preemption reports its first scheduling's (SGLang's ``cached_tokens`` is counted
+    once, ``retracted_stain``; vLLM's ``num_cached_tokens`` is set once)."""
+    return {
+        "matched_tokens": matched,
+        "hit_tokens": hit,
+        "flops_saved": model.prefill_flops(0, hit) if hit else 0.0,
+    }
 
 
 #: columns a run with a host tier adds (:mod:`simlab.tiers`)

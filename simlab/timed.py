@@ -62,7 +62,7 @@ from simlab.new_token_ratio import (
     NewTokenRatio,
 )
 from simlab.nodes import Node
-from simlab.records import RequestRecord
+from simlab.records import RequestRecord, hit_columns
 from simlab.step import RequestStep, Started, Timing
 from traces.format import Request
 from traces.progress import Progress
@@ -180,6 +180,7 @@ class Job:
     ready: float = 0.0  # host tier: its prefill may start once its host hit is loaded
     load_s: float = 0.0  # host tier: seconds from scheduling to that load's end
     order: int = -1  # shared KV pool: rank of its first scheduling
+    first_lookup: tuple[int, int] | None = None  # its first scheduling's (matched, hit) tokens
     decode_only: bool = False  # disaggregated decode replica: its KV arrived, no prefill here
     pool_run: vllm_pool.PoolRun | None = None  # vLLM's hybrid pool: its blocks (timed_pool)
     slots: int = 0  # shared KV pool beside a separate SSM pool: the state slots it holds
@@ -628,6 +629,8 @@ class TimedWorld:
         job.held_to = job.input_tokens
         if job.preemptions:
             self.resume_hits.setdefault(job.req.request_id, []).append(job.hit)
+        else:
+            job.first_lookup = (started.matched, started.hit)
         job.reserved = need - job.hit * self.model.kv_bytes_per_token
         self.memory_free -= job.reserved
         job.scheduled = self.env.now
@@ -652,8 +655,13 @@ class TimedWorld:
 
         The scan materialises states on its chunk boundaries (counted from the prefill start)
         for free; a paged admission (fine-grained blocks) runs the scan with its block size as
-        chunk, so its block-aligned checkpoints are free too.
+        chunk, so its block-aligned checkpoints are free too. SGLang's scheduler
+        (``engine.request_admission=sglang``) never splits an extend: a retracted request
+        prefills its prompt and sampled outputs in one pass (its chunks cut by the token budget
+        only) and keeps the state at the end.
         """
+        if self.settings.request_admission == "sglang":
+            return []
         if not (self.settings.ckpt_split and self.model.is_hybrid):
             return []
         chunk = self.settings.ssm_chunk
@@ -757,8 +765,9 @@ class TimedWorld:
         prompt_kv = (job.input_tokens - job.published_to) * self.model.kv_bytes_per_token
         job.reserved -= prompt_kv
         self._hold(-prompt_kv)
+        earlier = job.started.published  # what its chunks published (:meth:`_checkpoint`)
         self.step.prefilled(job.started, keep_room=False)
-        self._published(job, prompt_kv)
+        self._published(job, prompt_kv, 0.0 if earlier is None else float(earlier.kv_bytes))
 
     def _await_loads(self):
         """The GPU idles until the first host load ends, or a request arrives."""
@@ -1312,21 +1321,25 @@ class TimedWorld:
         if victim.slots:
             self._hold_slots(victim, -victim.slots)
 
-    def _published(self, job: Job, released: float) -> None:
+    def _published(self, job: Job, released: float, earlier: float) -> None:
         """A prompt published at prefill end now lies in the (pinned) cache, its ``released``
-        KV bytes no longer held by the job. The job holds back what is still its own: past
-        where its own slots start once published (:meth:`RequestStep.own_from`; SGLang frees
-        the duplicates of what another request published meanwhile, ``_insert_cache``), or
-        without that rule what the cache did not take."""
+        KV bytes (positions ``published_to`` to the input's end) no longer held by the job.
+        The job holds back what is still its own: past where its own slots start once
+        published (:meth:`RequestStep.own_from`; SGLang frees the duplicates of what another
+        request published meanwhile, ``_insert_cache``), or without that rule what the cache
+        did not take beside the ``earlier`` bytes its chunks published. Nothing past the
+        published prompt moves: a recomputed request's sampled outputs (prefilled again with
+        its prompt, :meth:`Job.resume`) stay its own, its last chunk's too."""
         assert job.started is not None
         published = job.started.published
         own_from = self.step.own_from(job.started)
+        kv = self.model.kv_bytes_per_token
         if published is None:
             moved = 0.0
         elif own_from is None:
-            moved = min(float(published.kv_bytes), released)
+            moved = min(float(published.kv_bytes) - earlier, released)
         else:
-            moved = min(max(own_from - job.hit, 0) * self.model.kv_bytes_per_token, released)
+            moved = min(max(own_from - max(job.hit, job.published_to), 0) * kv, released)
         # the insertion may have filled the room with a state of its own: make it again
         self._make_room(released - moved)
         job.reserved += released - moved
@@ -1446,6 +1459,10 @@ class TimedWorld:
             prefill_time=self.cost.prefill_time(job.hit, job.req.input_tokens - job.hit),
         )
         record = self.step.finish(job.started, timing)
+        if job.preemptions:  # recomputed: its record keeps its first scheduling's hit
+            assert job.first_lookup is not None
+            for column, value in hit_columns(self.model, *job.first_lookup).items():
+                setattr(record, column, value)
         if self.cache.host is not None:
             record.host_load_s = job.load_s
         if self.shared:

@@ -6,25 +6,22 @@ default batching (``engine.batching=prefill_first``) and with ``--enable-mixed-c
 
 The tests hold the agreement where it is measured (README, "Under load against SGLang's
 scheduler"), so a regression in simlab's admission, batching, ratio or retraction fails them:
-- the first requests of every case agree on every column: hit, last hit, retractions,
-  scheduling, first-token and finishing step (measured: 165-207 at 0.5 GB, 107-492 at 1 GB);
+- every column (hit, last hit, retractions, scheduling, first-token and finishing step) agrees
+  for every request in the 1 GB cases but the mixed one with arrivals 4 steps apart, and for
+  the first requests of the others (measured: 292-714 at 0.5 GB, 352 at 1 GB);
 - every request is retracted as often as in SGLang, in every case;
-- at least 99% of the requests are scheduled and get their first token at SGLang's step
-  (measured: 99.8-100%), but in the prefill-first 1 GB case with arrivals 4 steps apart (86.5%:
-  the schedules part from request 1,047 on, after request 399's hit came out 3 tokens short;
-  not traced further);
-- hits agree for at least 98.5% of the requests (measured: 99.0-99.8%), and the hit rates are
-  within 2% of SGLang's (measured: at most 1.6% apart).
+- at least 99.9% of the requests are scheduled and get their first token at SGLang's step
+  (measured: 99.92-100%);
+- hits (a retracted request's first scheduling's, as SGLang counts ``cached_tokens`` once)
+  agree for at least 99.6% of the requests (measured: 99.68-100%), and the hit rates are
+  within 0.5% of SGLang's (measured: 0.2%).
 
 The hybrid cases run the same scheduler over SGLang's ``UnifiedRadixCache[FULL,MAMBA]``
 (``no_buffer``) on Nemotron-H 8B, its Mamba pool split off the budget as SGLang splits it
-(``cache.ssm_gb``) and ``max_running_requests`` capped by it (``slots // 3``):
-- where the Mamba pool binds (2 and 5 GB at SGLang's default ratio 0.9: 6 and 15 running),
-  every request agrees on every column;
-- where the KV pool binds too (1 GB, ratio 9: 5 running, 6,097 KV tokens, 5-7 retractions),
-  every retraction and at least 99.9% of the hits agree, and at least 96% of the finishing
-  steps (measured: 96.7-99.4%; the first request that differs, 228, finishes 2 steps late
-  after its retraction)."""
+(``cache.ssm_gb``) and ``max_running_requests`` capped by it (``slots // 3``): every request
+agrees on every column, where the Mamba pool binds (2 and 5 GB at SGLang's default ratio 0.9:
+6 and 15 running) and where the KV pool binds too (1 GB, ratio 9: 5 running, 6,097 KV tokens,
+5-7 retractions)."""
 
 from __future__ import annotations
 
@@ -42,10 +39,13 @@ IDS = [c["case"] for c in CASES]
 #: hybrid cases whose KV pool binds too (a few thousand tokens): they retract
 KV_BOUND = [c for c in HYBRID if c["capacity_tokens"] < 10_000]
 STATE_BOUND = [c for c in HYBRID if c not in KV_BOUND]
+#: the Llama cases whose every request agrees on every column
+EVERY_COLUMN = {
+    f"sharegpt_llama3_8b-sglang_sched_{name}"
+    for name in ("prefill_first-1-gap1", "prefill_first-1-gap4", "mixed-1-gap1")
+}
 #: measured: requests before the first that differs anywhere, per pool size (GB)
-AGREEING_PREFIX = {0.5: 165, 1: 107}
-#: measured: the share of requests scheduled at SGLang's step where it is below 99%
-SCHEDULED = {"sharegpt_llama3_8b-sglang_sched_prefill_first-1-gap4": 0.86}
+AGREEING_PREFIX = {0.5: 292, 1: 352}
 
 
 def test_the_fixtures_cover_both_batchings_and_retract():
@@ -58,18 +58,20 @@ def test_the_fixtures_cover_both_batchings_and_retract():
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_the_first_requests_schedule_as_sglangs_scheduler(case):
+def test_the_requests_schedule_as_sglangs_scheduler(case):
     result = compare(case, SGLANG_FIXTURES)
-    assert result.first_difference is not None  # update the docs when this goes
-    assert result.first_difference >= AGREEING_PREFIX[case["size_gb"]]
+    if case["case"] in EVERY_COLUMN:
+        assert result.first_difference is None
+    else:  # update the docs when a case agrees throughout
+        assert result.first_difference is not None
+        assert result.first_difference >= AGREEING_PREFIX[case["size_gb"]]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_requests_schedule_and_retract_as_in_sglang(case):
     result = compare(case, SGLANG_FIXTURES)
-    floor = SCHEDULED.get(case["case"], 0.99)
-    assert result.identical["scheduled"] >= floor * result.requests
-    assert result.identical["first_token"] >= floor * result.requests
+    assert result.identical["scheduled"] >= 0.999 * result.requests
+    assert result.identical["first_token"] >= 0.999 * result.requests
     assert result.simlab_preemptions == result.engine_preemptions
     assert result.identical["preemptions"] == result.requests
 
@@ -77,8 +79,9 @@ def test_requests_schedule_and_retract_as_in_sglang(case):
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_hits_under_load_agree_for_most_requests(case):
     result = compare(case, SGLANG_FIXTURES)
-    assert result.identical["hit_tokens"] >= 0.985 * result.requests
-    assert result.simlab_hit_rate == pytest.approx(result.engine_hit_rate, rel=0.02)
+    assert result.identical["hit_tokens"] >= 0.996 * result.requests
+    assert result.identical["last_hit"] >= 0.996 * result.requests
+    assert result.simlab_hit_rate == pytest.approx(result.engine_hit_rate, rel=0.005)
 
 
 def test_the_hybrid_fixtures_bind_on_either_pool():
@@ -107,11 +110,10 @@ def test_hybrid_requests_agree_on_every_column_where_the_mamba_pool_binds(case):
 
 
 @pytest.mark.parametrize("case", KV_BOUND, ids=[c["case"] for c in KV_BOUND])
-def test_hybrid_requests_retract_and_hit_as_in_sglang_where_kv_binds_too(case):
+def test_hybrid_requests_agree_on_every_column_where_kv_binds_too(case):
+    """Needs, beside the rules above, a retracted request's prompt and outputs prefilled in
+    one pass (SGLang does not split an extend at the prompt's end for its state) and its
+    outputs' KV held by it after its last chunk (not counted as moved into the tree)."""
     result = compare(case, SGLANG_FIXTURES)
-    assert result.identical["preemptions"] == result.requests
     assert result.simlab_preemptions == result.engine_preemptions > 0
-    assert result.identical["hit_tokens"] >= 0.999 * result.requests
-    assert result.identical["last_hit"] >= 0.999 * result.requests
-    assert result.identical["finished"] >= 0.96 * result.requests
-    assert result.first_difference is not None and result.first_difference >= 228
+    assert result.first_difference is None
