@@ -255,11 +255,11 @@ class MirroredStep(RequestStep):
     def _later(self, op: Callable[[], Any]) -> None:
         self.env.timeout(self.lag).callbacks.append(lambda _event: op())
 
-    def start(self, req: Request, pin: bool = True) -> Started:
-        started = super().start(req, pin)
+    def start(self, req: Request, pin: bool = True, refill: int = 0) -> Started:
+        started = super().start(req, pin, refill)
         twin_started: list[Started] = []  # filled when the twin starts (the started is alive)
         self._pending[id(started)] = (started, twin_started)
-        self._later(lambda: twin_started.append(self.twin.start(req, pin)))
+        self._later(lambda: twin_started.append(self.twin.start(req, pin, refill)))
         return started
 
     def prefilled(self, started: Started, keep_room: bool = True) -> None:

@@ -1,13 +1,15 @@
 """SGLang's request admission against the running requests' expected outputs
 (``engine.request_admission=sglang``).
 
-SGLang's ``PrefillAdder`` admits a queued request when its uncached input, its clipped output
-(``min(max_new_tokens, CLIP_MAX_NEW_TOKENS)``) and one page fit in the free and evictable KV
+SGLang's ``PrefillAdder`` admits a queued request when its uncached input, its clipped outputs
+left (``min(max_new_tokens - len(output_ids), CLIP_MAX_NEW_TOKENS)``: all of them unless it was
+retracted) and one page fit in the free and evictable KV
 less what the running requests are expected to still write:
 ``min(max_new_tokens - len(output_ids), CLIP_MAX_NEW_TOKENS)`` each, times the *new token ratio*
 (1 for a request with ``ignore_eos``, which runs to its ``max_new_tokens``; 1 for a request still
 prefilling, which reserves its whole clipped output). Requests admitted in the same pass reserve
-their whole clipped output.
+their whole clipped output, ``min(max_new_tokens, CLIP_MAX_NEW_TOKENS)``, a retracted one's
+outputs already sampled included (``_update_prefill_budget``).
 
 The ratio (``NewTokenRatioTracker``) starts at ``SGLANG_INIT_NEW_TOKEN_RATIO`` = 0.7, drops by
 ``(0.7 - 0.7 x 0.14) / 600`` at every decode step that retracts nothing, down to 0.7 x 0.14; a

@@ -34,7 +34,14 @@ from policies.base import Admission, AdmissionPolicy, EvictionPolicy, Semantics,
 from simlab import tiers
 from simlab.cache import PrefixCache
 from simlab.config import ConfigError
-from simlab.keys import BlockKeys, KeyedRequest, KeyScheme, key_scheme, short_tokens
+from simlab.keys import (
+    BlockKeys,
+    KeyedRequest,
+    KeyScheme,
+    TokenKeys,
+    key_scheme,
+    short_tokens,
+)
 from simlab.nodes import InsertResult, Lookup, Node
 from simlab.records import RequestRecord, request_record
 
@@ -69,6 +76,13 @@ class Started:
     host_hit: int = 0  # tokens of ``hit`` loaded back from the host tier
     host_loaded: int = 0  # bytes loaded back for them (KV and states)
     pins: bool = False  # started with ``pin``: what it publishes is pinned in turn (a 0 hit too)
+    refill: int = 0  # ids past ``prompt`` its prefill computes again (a recompute's outputs)
+
+    @property
+    def fill(self) -> int:
+        """Where its prefill ends (ids), and what it publishes then: its prompt, and the
+        outputs a recomputed request computes again (SGLang's ``checkpoint`` keys the fill ids)."""
+        return self.prompt + self.refill
 
 
 @dataclass(slots=True)
@@ -186,12 +200,15 @@ class RequestStep:
         self.prefilled(started)
         return self.finish(started)
 
-    def start(self, req: Request, pin: bool = True) -> Started:
+    def start(self, req: Request, pin: bool = True, refill: int = 0) -> Started:
         """The request is scheduled: tick, match, ``on_hit``, plan, pin the reused prefix (an
-        edge the hit ends in is split at the match first: see ``PrefixCache.split_at_match``)."""
+        edge the hit ends in is split at the match first: see ``PrefixCache.split_at_match``).
+        ``refill``: a recomputed request's sampled outputs, prefilled again with its prompt
+        (matched and published with it where :meth:`_fill` says)."""
         cache = self.cache
         keyed = self._view(req)
-        lookup = self._match(keyed.lookup)
+        ids, refill = self._fill(keyed.lookup, req, refill)
+        lookup = self._match(ids)
         host_ids = loaded = 0
         if cache.host is not None:
             lookup, host_ids, loaded = self._load_host_hit(keyed.lookup, lookup)
@@ -206,7 +223,7 @@ class RequestStep:
             if pinned is not None:
                 cache.pin(pinned)
         per_key = self._ids_per_key
-        hit = self._hit_tokens(req, lookup.hit * per_key)
+        hit = self._hit_tokens(req, lookup.hit * per_key, refill)
         started = Started(
             req,
             keyed.sequence,
@@ -219,7 +236,7 @@ class RequestStep:
             int(keyed.lookup.shape[0]),
             keyed.short,
         )
-        started.pins = pin
+        started.pins, started.refill = pin, refill
         if host_ids:
             started.host_hit = hit - self._hit_tokens(req, (lookup.hit - host_ids) * per_key)
             started.host_loaded = loaded
@@ -235,7 +252,7 @@ class RequestStep:
             lookup = cache.split_match(lookup, int(ids.shape[0]) - slack)
         return lookup
 
-    def match_queued(self, req: Request) -> tuple[int, Node | None]:
+    def match_queued(self, req: Request, refill: int = 0) -> tuple[int, Node | None]:
         """A scheduler matches queued ``req`` as it tries to admit it (SGLang's
         ``init_next_round_input``, on every attempt): the clock ticks, the match splits the
         node it stops inside and refreshes the path (``on_match``), so a waiting request's
@@ -243,15 +260,28 @@ class RequestStep:
         host tier the match is read-only (:meth:`peek_hit`): its load happens at start."""
         if self.cache.host is not None:
             return self.peek_hit(req)
-        lookup = self._queued_match(self._keys.lookup_ids(req))
-        return self._hit_tokens(req, lookup.hit * self._ids_per_key), lookup.hit_node
+        ids, refill = self._fill(self._keys.lookup_ids(req), req, refill)
+        lookup = self._queued_match(ids)
+        return self._hit_tokens(req, lookup.hit * self._ids_per_key, refill), lookup.hit_node
 
-    def touch_queued(self, req: Request) -> None:
+    def touch_queued(self, req: Request, refill: int = 0) -> None:
         """SGLang's periodic refresh of a queued request's prefix (``touch_waiting_prefix``):
         its whole input is matched, the node the match stops inside split there and the path
         refreshed (``on_match``); nothing else changes. A no-op with a host tier."""
         if self.cache.host is None:
-            self._queued_match(self._keys.lookup_ids(req), slack=0)
+            self._queued_match(self._fill(self._keys.lookup_ids(req), req, refill)[0], slack=0)
+
+    def _fill(self, ids: np.ndarray, req: Request, refill: int) -> tuple[np.ndarray, int]:
+        """The ids a request is matched with and the outputs among them: ``ids`` (its
+        prompt's lookup) followed by the ``refill`` outputs a recomputed request prefills again,
+        on a Transformer's tree of tokens (SGLang keys a retracted request by its fill ids,
+        ``origin_input_ids + output_ids``, as it matches, refreshes and publishes it); elsewhere
+        the prompt's alone. No real-engine case tells a hybrid's rule apart yet."""
+        cache = self.cache
+        tokens = isinstance(self._keys, TokenKeys) and not cache.hybrid and cache.unit == 1
+        if refill <= 0 or not tokens:
+            return ids, 0
+        return np.concatenate((ids, req.output_ids[:refill])), refill
 
     def _queued_match(self, ids: np.ndarray, slack: int = 1) -> Lookup:
         """A queued request's match (:meth:`match_queued`, :meth:`touch_queued`): the path
@@ -264,10 +294,13 @@ class RequestStep:
         self.eviction.on_match(self.cache, lookup)
         return lookup
 
-    def _hit_tokens(self, req: Request, ids: int) -> int:
+    def _hit_tokens(self, req: Request, ids: int, refill: int = 0) -> int:
         """Tokens a hit of ``ids`` trace ids reuses: with ``cache.exact_tokens`` (ids of many
         tokens, a Transformer's token-keyed tree) the hit rule leaves one token, as SGLang's
-        radix tree over the prompt's tokens does, not one id."""
+        radix tree over the prompt's tokens does, not one id. With ``refill`` (ids are tokens)
+        the hit may run into the recomputed outputs, up to the last one."""
+        if refill > 0:
+            return min(ids, req.input_tokens + refill - 1)
         tokens = req.hit_tokens(ids)
         return min(tokens, req.input_tokens - 1) if self.cache.exact_tokens else tokens
 
@@ -343,15 +376,16 @@ class RequestStep:
         if not plan.publishes_prompt or started.prompt <= 0:
             return
         prompt, seq, held_from = started.prompt, started.seq, None
+        end = started.fill
         if keep_room and plan.held_from is not None:
             seq, held_from = seq[: started.allocated], plan.held_from
         published = started.published  # what a chunked prefill published between chunks
         started.published = cache.insert(
             seq,
             [c for c in plan.ckpts if c <= prompt],
-            prompt,
+            end,
             self.eviction,
-            cuts=[c for c in plan.cuts if c <= prompt],
+            cuts=self._publish_cuts(started, end),
             held_from=held_from,
             stateless_kv=plan.stateless_kv,
             short=started.short,
@@ -362,7 +396,15 @@ class RequestStep:
         if plan.held_from is not None:  # the published prompt's slots are the tree's now
             started.plan = replace(plan, held_from=self._held_after_publish(started))
         if started.pins:
-            self._move_pin(started, cache.deepest_cached(started.seq[:prompt]))
+            self._move_pin(started, cache.deepest_cached(started.seq[:end]))
+
+    @staticmethod
+    def _publish_cuts(started: Started, end: int) -> list[int]:
+        """Node boundaries of a publish up to ``end``: the plan's within the prompt, and the
+        prompt's end where the publish goes past it (SGLang's ``split_prompt``)."""
+        prompt = started.prompt
+        cuts = [c for c in started.plan.cuts if c <= min(prompt, end)]
+        return [*cuts, prompt] if end > prompt else cuts
 
     def publishes_chunks(self, started: Started) -> bool:
         """Whether a prefill cut into chunks publishes what it computed between them
@@ -384,14 +426,14 @@ class RequestStep:
         running past them is split there first, as SGLang's insertion splits it). Returns the
         tokens of the prompt now cached on its path. Requires :meth:`publishes_chunks`."""
         plan, cache = started.plan, self.cache
-        ids = min(tokens, started.prompt) // self._page * self._page
+        ids = min(tokens, started.fill) // self._page * self._page
         if ids > 0:
             result = cache.insert(
                 started.seq,
                 [ids] if cache.hybrid else [],
                 ids,
                 self.eviction,
-                cuts=[c for c in plan.cuts if c <= ids],
+                cuts=self._publish_cuts(started, ids),
                 stateless_kv=plan.stateless_kv,
             )
             published = started.published
@@ -417,11 +459,13 @@ class RequestStep:
 
     def own_from(self, started: Started) -> int | None:
         """Where the tokens the request holds itself start (``plan.held_from`` in tokens, at
-        most its input's); None when the plan does not say."""
+        most its input's, or past it by the recomputed outputs it published: ``Started.fill``);
+        None when the plan does not say."""
         held_from = started.plan.held_from
         if held_from is None:
             return None
-        return started.req.hit_tokens(held_from * self._ids_per_key)
+        past = min(max(held_from - started.prompt, 0), started.refill)
+        return started.req.hit_tokens((held_from - past) * self._ids_per_key) + past
 
     @property
     def _holds_whole_blocks(self) -> bool:
@@ -443,7 +487,7 @@ class RequestStep:
         Invariant: ``plan.held_from <= result``."""
         plan, prompt = started.plan, started.prompt
         assert plan.held_from is not None
-        published = prompt
+        published = started.fill
         if self.cache.hybrid and not plan.stateless_kv:
             published = max((c for c in plan.ckpts if c <= prompt), default=0)
         held_from = max(plan.held_from, published)

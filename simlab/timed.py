@@ -599,6 +599,12 @@ class TimedWorld:
             self.waiting.popleft()
             self._start(job, need)
 
+    def _refill(self, job: Job) -> int:
+        """Outputs a recomputed ``job`` prefills again with its prompt, which the shared pool's
+        radix tree matches and publishes with it (:meth:`RequestStep.start`): SGLang keys a
+        retracted request by its fill ids. 0 in the separate pool."""
+        return job.input_tokens - job.req.input_tokens if self.shared else 0
+
     def _ckpt_tokens(self, req: Request, ckpts: Sequence[int]) -> list[int]:
         """The plan's checkpoint positions (ids) in tokens, sorted: one within the input ends
         at most where the input does (a hash-id trace's last block may be partial; at ids x
@@ -618,7 +624,7 @@ class TimedWorld:
         if job.decode_only:
             self._start_decode(job, need)
             return
-        started = job.started = self.step.start(job.req)
+        started = job.started = self.step.start(job.req, refill=self._refill(job))
         job.seq, job.hit_node = started.seq, started.lookup.hit_node
         # the first token needs the last position's logits: a hit of the whole input (the
         # reference's ``whole_input_hit``) still computes that position (TTFT was NaN)
@@ -1021,8 +1027,8 @@ class TimedWorld:
                     self._batch_full = sglang
                     break
                 self._make_room(self._whole_bytes(job))
-            if sglang:  # its input's KV is held from here on; its outputs are reserved
-                expected += (min(job.outputs_left, CLIP_MAX_NEW_TOKENS) + 1) * kv
+            if sglang:  # its input's KV is held from here on; all its outputs are reserved
+                expected += (_clipped_max_new(job) + 1) * kv
             self._admit_head(job, len(batch))
             admitted.append(job)
             if sglang:
@@ -1070,7 +1076,7 @@ class TimedWorld:
             job.reserved += take * kv
             hold += take * kv
             room -= take
-            outputs = min(job.outputs_left, CLIP_MAX_NEW_TOKENS) if take == left else 0
+            outputs = _clipped_max_new(job) if take == left else 0
             added += (outputs + 1) * kv
         return room, hold, added
 
@@ -1094,7 +1100,10 @@ class TimedWorld:
         ``engine.request_admission=sglang`` the room for its prompt is then made."""
         kv, state = self.model.kv_bytes_per_token, self._state_in_kv
         sglang = self.settings.request_admission == "sglang"
-        hit, node = self.step.match_queued(job.req) if sglang else self.step.peek_hit(job.req)
+        if sglang:
+            hit, node = self.step.match_queued(job.req, self._refill(job))
+        else:
+            hit, node = self.step.peek_hit(job.req)
         self.cache.pin(node)
         if sglang and hit > 0:
             self._free_state_slot()
@@ -1167,7 +1176,7 @@ class TimedWorld:
         if self.waiting:
             if self._passes % WAITING_PREFIX_REFRESH_INTERVAL == 0:
                 for job in reversed(list(itertools.islice(self.waiting, WAITING_PREFIX_MAX))):
-                    self.step.touch_queued(job.req)
+                    self.step.touch_queued(job.req, self._refill(job))
             self._passes += 1
         return True
 
@@ -1212,20 +1221,22 @@ class TimedWorld:
     def _reserve_decode(self, limit: int | None) -> int:
         """Hold the KV of the next decode steps of every decoding request: evict cached
         entries, and when they cannot make room for one step, preempt running requests
-        (``engine.preemption``) until it fits. Returns the steps held (>= 1; at most ``limit``,
+        (``engine.preemption``) until it fits; SGLang's ``check_decode_mem`` first evicts what
+        it can, in vain or not (:meth:`_evict_for`). Returns the steps held (>= 1; at most ``limit``,
         None: up to the first request's end): those the free bytes hold once the first step
         evicted what it lacked (an engine allocates step by step and evicts only then)."""
         kv = self.model.kv_bytes_per_token
+        sglang = self.settings.preemption == "sglang"
         self._retracted = False
         while True:
             decoders = self._decoders()
             if not decoders:
                 return limit or 0
             per_step = len(decoders) * kv
-            if self._make_room(per_step):
+            if self._evict_for(per_step) if sglang else self._make_room(per_step):
                 break
             self._retracted = True
-            if self.settings.preemption == "sglang" and len(decoders) > 1:
+            if sglang and len(decoders) > 1:
                 self._retract(decoders)
             else:
                 self._preempt()
@@ -1327,9 +1338,10 @@ class TimedWorld:
         The job holds back what is still its own: past where its own slots start once
         published (:meth:`RequestStep.own_from`; SGLang frees the duplicates of what another
         request published meanwhile, ``_insert_cache``), or without that rule what the cache
-        did not take beside the ``earlier`` bytes its chunks published. Nothing past the
-        published prompt moves: a recomputed request's sampled outputs (prefilled again with
-        its prompt, :meth:`Job.resume`) stay its own, its last chunk's too."""
+        did not take beside the ``earlier`` bytes its chunks published. Nothing past what was
+        published moves: a recomputed request's sampled outputs (prefilled again with its
+        prompt, :meth:`Job.resume`) are published with it on a Transformer's token tree
+        (:meth:`_refill`) and stay its own elsewhere, its last chunk's too."""
         assert job.started is not None
         published = job.started.published
         own_from = self.step.own_from(job.started)
@@ -1476,6 +1488,14 @@ class TimedWorld:
         self.stats.occupancy.append((job.finished, self.cache.kv_bytes, self.cache.ssm_bytes))
         self.stats.prefill_tokens += job.input_tokens - job.hit
         job.done.succeed()
+
+
+def _clipped_max_new(job: Job) -> int:
+    """The outputs SGLang reserves for a request it admits or whose prompt's last chunk it
+    schedules: its whole ``max_new_tokens`` (the output length here), clipped, even for a
+    retracted request that sampled some already (``_update_prefill_budget``); its admission
+    check asks room only for those left (:meth:`TimedWorld._sglang_need`)."""
+    return min(job.req.output_len, CLIP_MAX_NEW_TOKENS)
 
 
 def _sessions(requests: Sequence[Request]) -> list[list[Request]]:

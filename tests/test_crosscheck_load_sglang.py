@@ -4,17 +4,10 @@ with the new token ratio, ``retract_decode``, over a ``RadixCache`` on Llama-3-8
 default batching (``engine.batching=prefill_first``) and with ``--enable-mixed-chunk``
 (``mixed``).
 
-The tests hold the agreement where it is measured (README, "Under load against SGLang's
-scheduler"), so a regression in simlab's admission, batching, ratio or retraction fails them:
-- every column (hit, last hit, retractions, scheduling, first-token and finishing step) agrees
-  for every request in the 1 GB cases but the mixed one with arrivals 4 steps apart, and for
-  the first requests of the others (measured: 292-714 at 0.5 GB, 352 at 1 GB);
-- every request is retracted as often as in SGLang, in every case;
-- at least 99.9% of the requests are scheduled and get their first token at SGLang's step
-  (measured: 99.92-100%);
-- hits (a retracted request's first scheduling's, as SGLang counts ``cached_tokens`` once)
-  agree for at least 99.6% of the requests (measured: 99.68-100%), and the hit rates are
-  within 0.5% of SGLang's (measured: 0.2%).
+Every request agrees with SGLang on every column (hit, last hit, retractions, scheduling,
+first-token and finishing step) in all eight cases (0.5 and 1 GB, arrivals 1 and 4 steps
+apart, both batchings; 9-23 retractions each), so a regression in simlab's admission,
+batching, ratio, retraction or in what a retracted request matches and publishes fails them.
 
 The hybrid cases run the same scheduler over SGLang's ``UnifiedRadixCache[FULL,MAMBA]``
 (``no_buffer``) on Nemotron-H 8B, its Mamba pool split off the budget as SGLang splits it
@@ -39,13 +32,6 @@ IDS = [c["case"] for c in CASES]
 #: hybrid cases whose KV pool binds too (a few thousand tokens): they retract
 KV_BOUND = [c for c in HYBRID if c["capacity_tokens"] < 10_000]
 STATE_BOUND = [c for c in HYBRID if c not in KV_BOUND]
-#: the Llama cases whose every request agrees on every column
-EVERY_COLUMN = {
-    f"sharegpt_llama3_8b-sglang_sched_{name}"
-    for name in ("prefill_first-1-gap1", "prefill_first-1-gap4", "mixed-1-gap1")
-}
-#: measured: requests before the first that differs anywhere, per pool size (GB)
-AGREEING_PREFIX = {0.5: 292, 1: 352}
 
 
 def test_the_fixtures_cover_both_batchings_and_retract():
@@ -58,30 +44,16 @@ def test_the_fixtures_cover_both_batchings_and_retract():
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_the_requests_schedule_as_sglangs_scheduler(case):
+def test_every_request_agrees_with_sglangs_scheduler_on_every_column(case):
+    """Needs, beside the admission and retraction rules, SGLang's handling of a retracted
+    request: its admission reserves its whole ``max_new_tokens`` though its check asks room
+    for those left only; it is matched, refreshed and published with the outputs it prefills
+    again (its fill ids); and a decode step that does not fit evicts what it can before it
+    retracts (``check_decode_mem``)."""
     result = compare(case, SGLANG_FIXTURES)
-    if case["case"] in EVERY_COLUMN:
-        assert result.first_difference is None
-    else:  # update the docs when a case agrees throughout
-        assert result.first_difference is not None
-        assert result.first_difference >= AGREEING_PREFIX[case["size_gb"]]
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_requests_schedule_and_retract_as_in_sglang(case):
-    result = compare(case, SGLANG_FIXTURES)
-    assert result.identical["scheduled"] >= 0.999 * result.requests
-    assert result.identical["first_token"] >= 0.999 * result.requests
-    assert result.simlab_preemptions == result.engine_preemptions
-    assert result.identical["preemptions"] == result.requests
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_hits_under_load_agree_for_most_requests(case):
-    result = compare(case, SGLANG_FIXTURES)
-    assert result.identical["hit_tokens"] >= 0.996 * result.requests
-    assert result.identical["last_hit"] >= 0.996 * result.requests
-    assert result.simlab_hit_rate == pytest.approx(result.engine_hit_rate, rel=0.005)
+    assert result.simlab_preemptions == result.engine_preemptions > 0
+    assert result.first_difference is None
+    assert result.simlab_hit_rate == result.engine_hit_rate
 
 
 def test_the_hybrid_fixtures_bind_on_either_pool():

@@ -290,3 +290,28 @@ def test_sglang_retracts_until_the_rest_fit_their_next_step():
     world._retract = spy  # type: ignore[method-assign]
     records = world.run(SessionFeeder(reqs))
     assert len(records) == len(reqs) and sizes and set(sizes) == {1}
+
+
+def token_request(rid: int, prompt: np.ndarray, outputs: np.ndarray) -> Request:
+    return Request(rid, rid, 0, float(rid), prompt, outputs, int(outputs.shape[0]))
+
+
+def test_a_recompute_is_matched_and_published_with_its_sampled_outputs():
+    """SGLang keys a retracted request by its fill ids (``origin_input_ids + output_ids``): it
+    publishes the outputs it prefills again with its prompt, split at the prompt's end, and a
+    later match runs into them (up to the last id, as for a prompt). A hybrid keeps the prompt
+    alone (no engine case tells its rule apart yet)."""
+    prompt, outputs = np.arange(50, dtype=np.int32), np.arange(1000, 1020, dtype=np.int32)
+    step = build("sglang", cache_bytes=1000 * KV)()
+    started = step.start(token_request(0, prompt, outputs), refill=10)
+    assert (started.refill, started.fill) == (10, 60)
+    step.prefilled(started, keep_room=False)
+    assert step.cache.deepest_cached(started.seq[:60]).end == 60
+    assert step.cache.deepest_cached(prompt).end == 50  # split at the prompt's end
+    next_turn = token_request(1, np.concatenate((prompt, outputs[:15])), np.asarray([7], np.int32))
+    assert step.match_queued(next_turn)[0] == 60
+    again = step.start(token_request(0, prompt, outputs), refill=10)
+    assert again.hit == 59  # its own fill, less the position that samples
+
+    hybrid = build("sglang", spec=HYBRID, cache_bytes=10**10)()
+    assert hybrid.start(token_request(0, prompt, outputs), refill=10).refill == 0
