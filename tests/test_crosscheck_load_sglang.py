@@ -14,7 +14,13 @@ The hybrid cases run the same scheduler over SGLang's ``UnifiedRadixCache[FULL,M
 (``cache.ssm_gb``) and ``max_running_requests`` capped by it (``slots // 3``): every request
 agrees on every column, where the Mamba pool binds (2 and 5 GB at SGLang's default ratio 0.9:
 6 and 15 running) and where the KV pool binds too (1 GB, ratio 9: 5 running, 6,097 KV tokens,
-5-7 retractions)."""
+5-7 retractions).
+
+SWE-bench agent sessions (the 10-instance slice, 307 requests of 1.5-38K tokens, every prompt
+chunked over several steps) agree on every column too, on both models and both batchings:
+Llama-3-8B at 8 GB (4-6 retractions, one retracted request re-hitting into its own outputs) and
+16 GB with arrivals 32 steps apart, Nemotron-H at 1.5 GB (4 running, one retraction), 5 GB and
+10 GB at ratio 9 (57 running over 61,035 KV tokens, 4-6 retractions)."""
 
 from __future__ import annotations
 
@@ -25,8 +31,10 @@ from simlab.crosscheck import load_cases
 from simlab.crosscheck_load import SGLANG_FIXTURES, compare
 
 ALL = load_cases(SGLANG_FIXTURES)
-CASES = [c for c in ALL if "mamba_slots" not in c]  # Llama-3-8B over a RadixCache
-HYBRID = [c for c in ALL if "mamba_slots" in c]  # Nemotron-H over the Mamba radix cache
+SHAREGPT = [c for c in ALL if "trace=sharegpt" in c["overrides"]]
+SWEBENCH = [c for c in ALL if "trace=swebench" in c["overrides"]]
+CASES = [c for c in SHAREGPT if "mamba_slots" not in c]  # Llama-3-8B over a RadixCache
+HYBRID = [c for c in SHAREGPT if "mamba_slots" in c]  # Nemotron-H over the Mamba radix cache
 MIXED = [c for c in CASES if c["enable_mixed_chunk"]]
 IDS = [c["case"] for c in CASES]
 #: hybrid cases whose KV pool binds too (a few thousand tokens): they retract
@@ -89,3 +97,24 @@ def test_hybrid_requests_agree_on_every_column_where_kv_binds_too(case):
     result = compare(case, SGLANG_FIXTURES)
     assert result.simlab_preemptions == result.engine_preemptions > 0
     assert result.first_difference is None
+
+
+def test_the_swebench_fixtures_cover_both_models_batchings_and_retractions():
+    assert len(SWEBENCH) == 14 and len(ALL) == len(SHAREGPT) + len(SWEBENCH)
+    assert sum(c["enable_mixed_chunk"] for c in SWEBENCH) == 7
+    assert sum("mamba_slots" in c for c in SWEBENCH) == 8
+    retracted = {c["case"]: pd.read_csv(SGLANG_FIXTURES / c["file"]) for c in SWEBENCH}
+    assert sum(t["preemptions"].sum() > 0 for t in retracted.values()) == 10
+    # a retracted request re-hits into the outputs it sampled (its fill ids)
+    assert any((t["last_hit"] > t["input_len"]).any() for t in retracted.values())
+
+
+@pytest.mark.parametrize("case", SWEBENCH, ids=[c["case"] for c in SWEBENCH])
+def test_swebench_sessions_agree_with_sglangs_scheduler_on_every_column(case):
+    """Long agent prompts: each is chunked over several steps, later turns hit a prefix that
+    earlier turns published chunk by chunk, and a retracted request is re-prefilled with the
+    outputs it sampled."""
+    result = compare(case, SGLANG_FIXTURES)
+    assert result.simlab_preemptions == result.engine_preemptions
+    assert result.first_difference is None
+    assert result.simlab_hit_rate == result.engine_hit_rate
