@@ -128,6 +128,8 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
 		--name sharegpt_nemotron_h_8b_r9 --size-gb 1 --mamba-ratio 9 --gap 1 4 --mixed
 	for mixed in "" --mixed; do \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b --size-gb 2 5 --gap 1 4 --strategy extra_buffer $$mixed && \
 	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE) \
 		--name swebench10_llama3_8b --size-gb 8 --gap 1 4 $$mixed && \
 	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE) \
@@ -140,3 +142,5 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--name swebench10_nemotron_h_8b_r9 --size-gb 10 --mamba-ratio 9 --gap 1 $$mixed \
 		|| exit 1; \
 	done
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b_r9 --size-gb 1 --mamba-ratio 9 --gap 1 4 --strategy extra_buffer

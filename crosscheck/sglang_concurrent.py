@@ -24,9 +24,13 @@ The scheduling is SGLang 0.5.23's own code, called on a ``Scheduler`` built with
 The pools are SGLang's: ``TokenToKVPoolAllocator`` over a one-layer ``MHATokenToKVPool``, a
 ``ReqToTokenPool`` with ``max_running_requests`` rows, ``RadixCache`` (page 1, LRU), on the CPU.
 A hybrid export (Nemotron-H) runs over ``UnifiedRadixCache[FULL,MAMBA]`` with ``no_buffer``
-(``crosscheck.sglang_mamba.build_cache``: ``HybridReqToTokenPool``, ``HybridLinearKVPool``):
-``--size-gb`` split by ``--mamba-ratio`` as ``crosscheck.sglang_mamba`` splits it, and
-``max_running_requests`` capped at ``slots // 3`` as ``resolve_max_num_reqs`` caps it.
+or, with ``--strategy extra_buffer``, ``extra_buffer`` (``crosscheck.sglang_mamba.build_cache``:
+``HybridReqToTokenPool``, ``HybridLinearKVPool``; the scheduler's own track bookkeeping in
+``prepare_for_extend``, ``prepare_for_decode`` and the result processor, the track mask's
+pinned staging served by the host tensor): ``--size-gb`` split by ``--mamba-ratio`` as
+``crosscheck.sglang_mamba`` splits it, and ``max_running_requests`` capped at ``slots // 3``
+(``slots // 4`` with ``extra_buffer`` without the overlap scheduler) as
+``resolve_max_num_reqs`` caps it.
 The loop is ``event_loop_normal`` (``--disable-overlap-schedule``: a result is processed before
 the next batch is scheduled). Only what does not decide anything is a stand-in: metrics,
 publishers, the data-parallel adapter and the n-gram embedding pass (identities), no grammar, no
@@ -185,12 +189,22 @@ def radix_tree(capacity: int, max_running: int, max_context_len: int) -> RadixCa
     return RadixCache(cache_params(capacity, max_context_len, rows=max_running))
 
 
-def mamba_rows(slots: int, max_running: int) -> int:
+def mamba_rows(slots: int, max_running: int, strategy: str = "no_buffer") -> int:
     """``max_running_requests`` of a hybrid server with ``slots`` Mamba slots and
     ``--max-running-requests max_running``: SGLang's ``resolve_max_num_reqs`` caps it at
     ``slots // 3`` with ``no_buffer`` (a request's own slot, its locked hit's state and the state
-    its prompt donates; ``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``)."""
-    return min(max_running, slots // MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO)
+    its prompt donates; ``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``), one more per request
+    with ``extra_buffer`` (its tracking slot; one without the overlap scheduler,
+    ``get_mamba_tracking_slots``)."""
+    ratio = MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO + (strategy == "extra_buffer")
+    return min(max_running, slots // ratio)
+
+
+def _pinned_on_the_cpu() -> None:
+    """``prepare_for_decode`` stages ``extra_buffer``'s track mask in pinned host memory before
+    its copy to the GPU; without an accelerator the host tensor itself serves (pinning is a
+    transfer optimisation, it decides nothing)."""
+    torch.Tensor.pin_memory = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
 
 
 def build_scheduler(
@@ -217,6 +231,8 @@ def build_scheduler(
     )
     if mamba_strategy is not None:
         args._mamba_cache_chunk_size = MAMBA_CHUNK
+    if mamba_strategy == "extra_buffer":
+        _pinned_on_the_cpu()
     set_global_server_args_for_scheduler(args)
     get_context().override(
         "scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=max_running
@@ -230,6 +246,7 @@ def build_scheduler(
         is_multimodal=False,
         self_opened_think_start_ids=None,  # not a reasoning model
         think_end_ids=None,
+        hf_text_config=types.SimpleNamespace(mamba_chunk_size=MAMBA_CHUNK),
     )
     s.model_config = model_config
     s.init_running_status()  # waiting queue, running batch, last batch, forward count
@@ -424,6 +441,12 @@ def main(argv: list[str] | None = None) -> int:
         "--mixed", action="store_true", help="--enable-mixed-chunk (prefill beside decode)"
     )
     parser.add_argument(
+        "--strategy",
+        choices=("no_buffer", "extra_buffer"),
+        default="no_buffer",
+        help="a hybrid export: --mamba-radix-cache-strategy",
+    )
+    parser.add_argument(
         "--mamba-ratio",
         type=float,
         default=0.9,
@@ -441,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             if math.isinf(size_gb):
                 parser.error("a hybrid export needs finite --size-gb (the Mamba pool's split)")
             capacity, slots, ssm_gb = capacities(size_gb, args.mamba_ratio, export)
-            max_running = mamba_rows(slots, args.max_running)
+            max_running = mamba_rows(slots, args.max_running, args.strategy)
         else:
             capacity = capacity_tokens(size_gb, export.kv_bytes_per_token, export)
             slots, ssm_gb, max_running = None, None, args.max_running
@@ -449,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             if hybrid:
                 assert slots is not None
                 tree = build_cache(
-                    capacity, slots, export.max_sequence + 1, "no_buffer", rows=max_running
+                    capacity, slots, export.max_sequence + 1, args.strategy, rows=max_running
                 )
             else:
                 tree = radix_tree(capacity, max_running, export.max_sequence + 1)
@@ -459,10 +482,12 @@ def main(argv: list[str] | None = None) -> int:
                 args.chunked_prefill_size,
                 args.max_prefill_tokens,
                 args.mixed,
-                "no_buffer" if hybrid else None,
+                args.strategy if hybrid else None,
             )
             mode = "mixed" if args.mixed else "prefill_first"
-            cache = "UnifiedRadixCache[FULL,MAMBA] no_buffer" if hybrid else "RadixCache"
+            if hybrid and args.strategy != "no_buffer":
+                mode = f"{args.strategy}_{mode}"
+            cache = f"UnifiedRadixCache[FULL,MAMBA] {args.strategy}" if hybrid else "RadixCache"
             case = {
                 "case": f"{args.name}-sglang_sched_{mode}-{size_label(size_gb)}-gap{gap:g}",
                 "engine": "sglang",
@@ -479,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                 "enable_mixed_chunk": args.mixed,
             }
             if hybrid:
-                case |= {"mamba_slots": slots, "ssm_gb": ssm_gb, "mamba_strategy": "no_buffer"}
+                case |= {"mamba_slots": slots, "ssm_gb": ssm_gb, "mamba_strategy": args.strategy}
             start = time.perf_counter()
             replay = LoadReplay(scheduler, capacity, slots)
             lines = replay.run(requests, arrivals(n, gap))

@@ -217,6 +217,13 @@ class AdmissionPolicy:
         return 1
 
     @property
+    def slots_per_running_request(self) -> int:
+        """Mamba slots per running request that cap the running requests
+        (``slots // this``; SGLang's ``resolve_max_num_reqs``): its own, its locked hit's state
+        and the state its prompt donates (``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``)."""
+        return self.running_state_slots + 2
+
+    @property
     def keys(self) -> Keys:
         """How the requests are keyed in the cache (tokens, input + output, by default)."""
         return Keys()

@@ -81,12 +81,17 @@ class SGLang(AdmissionPolicy):
     mamba: str = "no_buffer"
     checkpoint_grid: Tokens = 256  # lcm(max(mamba chunk size, page), page)
     mamba_track_interval: Tokens = 256
+    tracking_slots: int = 2  # extra_buffer's cap: 2 with the overlap scheduler, 1 without
 
     def __post_init__(self) -> None:
         if self.mamba not in SGLANG_MAMBA:
             raise ValueError(f"policy.mamba must be one of {SGLANG_MAMBA}, got {self.mamba!r}")
         positive_int(self.checkpoint_grid, "policy.admission.checkpoint_grid")
         positive_int(self.mamba_track_interval, "policy.admission.mamba_track_interval")
+        if isinstance(self.tracking_slots, bool) or self.tracking_slots not in (1, 2):
+            raise ValueError(
+                f"policy.admission.tracking_slots must be 1 or 2, got {self.tracking_slots!r}"
+            )
 
     @property
     def keys(self) -> Keys:
@@ -95,8 +100,17 @@ class SGLang(AdmissionPolicy):
     @property
     def running_state_slots(self) -> int:
         """The request's Mamba slot, and with ``extra_buffer`` its two ping-pong track slots
-        (``HybridReqToTokenPool.alloc``, ``mamba_initial_tracking_slots``)."""
+        (``HybridReqToTokenPool.alloc``, ``mamba_ping_pong_track_buffer``), with or without the
+        overlap scheduler."""
         return 1 if self.mamba == "no_buffer" else 3
+
+    @property
+    def slots_per_running_request(self) -> int:
+        """SGLang's running cap divides the Mamba slots by 3, plus with ``extra_buffer`` its
+        tracking slots (``get_mamba_tracking_slots``: 2 under the overlap scheduler, its
+        default, 1 with ``--disable-overlap-schedule``; ``tracking_slots``), though a request
+        holds its two ping-pong slots either way."""
+        return 3 if self.mamba == "no_buffer" else 3 + self.tracking_slots
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
         if self.mamba == "no_buffer":

@@ -125,12 +125,15 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     from simlab.vllm_pool import pool_shape
 
     sglang = case["engine"] == "sglang"
+    extra_buffer = case.get("mamba_strategy") == "extra_buffer"
     limits = (
         [
             f"engine.max_running={case['max_running_requests']}",
             f"engine.token_budget={case['chunked_prefill_size']}",
             *SGLANG_ENGINE,
             f"engine.batching={'mixed' if case['enable_mixed_chunk'] else 'prefill_first'}",
+            # the driver runs without the overlap scheduler: one track slot per request
+            *(["policy.admission.tracking_slots=1"] if extra_buffer else []),
         ]
         if sglang
         else [

@@ -949,16 +949,15 @@ class TimedWorld:
         """``cache.ssm_gb`` beside the shared KV pool (SGLang's two pools): the Mamba pool holds
         the running requests' state slots (``running_state_slots`` each, from scheduling to
         finish) and the cached states, which get what running requests do not hold. SGLang caps
-        the running requests at ``slots // (running_state_slots + 2)``
-        (``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``: a request's own slot, its locked hit's
-        state and the state its prompt donates; two more ping-pong slots with ``extra_buffer``),
-        so every scheduled request finds its slots free or evictable."""
+        the running requests at ``slots // slots_per_running_request``
+        (``resolve_max_num_reqs``), so every scheduled request finds its slots free or
+        evictable."""
         cache, pool = self.cache, self.pool
         assert cache.ssm_capacity is not None
         pool.ssm_budget = cache.ssm_capacity
         pool.slots_per_request = self.step.admission.running_state_slots
         slots = int(pool.ssm_budget // cache.ckpt_bytes)
-        ratio = pool.slots_per_request + 2
+        ratio = self.step.admission.slots_per_running_request
         if slots < ratio:
             raise ConfigError(
                 f"cache.ssm_gb: with engine.kv_pool=shared the SSM pool must hold {ratio} states "

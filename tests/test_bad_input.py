@@ -72,6 +72,7 @@ BAD_CONFIG = [
     (["+policy=vllm", "policy.block_size=0"], "policy.block_size must be a positive integer"),
     (["+policy=vllm", "policy.mamba_cache_mode=all"], "policy.mamba_cache_mode"),
     (["+policy=sglang", "policy.mamba=ring"], "policy.mamba must be one of"),
+    (["+policy=sglang", "policy.admission.tracking_slots=3"], "admission.tracking_slots must"),
     (["trace.limit=-1"], "limit must be >= 1 or null"),
     (["trace.limit=abc"], "trace.limit: must be int"),
     (["trace.min_messages=1.5"], "trace.min_messages: must be int"),

@@ -366,6 +366,24 @@ def test_sglang_extra_buffer_tracks_states_on_the_grid():
     assert step.serve(req(1, [*ids(0, 600), *ids(5000, 299), 1], [1])).hit_tokens == 768
 
 
+@pytest.mark.parametrize(
+    ("overrides", "holds", "cap"),
+    [
+        ([], 1, 3),
+        (["policy.mamba=extra_buffer"], 3, 5),
+        (["policy.mamba=extra_buffer", "policy.admission.tracking_slots=1"], 3, 4),
+    ],
+)
+def test_sglang_running_requests_hold_and_are_capped_by_their_mamba_slots(overrides, holds, cap):
+    """A running request holds its own slot (and with ``extra_buffer`` two ping-pong track
+    slots, with or without the overlap scheduler), while SGLang's running cap divides the
+    slots by 3 plus the tracking slots (2 under overlap, 1 without): the real scheduler under
+    load holds 3 slots per request and caps 18 slots at 4 requests without overlap."""
+    admission, _ = policy_plugins("sglang", overrides)
+    assert admission.running_state_slots == holds
+    assert admission.slots_per_running_request == cap
+
+
 # --------------------------------------------------------------------------- separate pools
 NEMOTRON = model("nemotron_h_8b")
 STATE = NEMOTRON.ssm_state_bytes
