@@ -961,8 +961,8 @@ class TimedWorld:
         if slots < ratio:
             raise ConfigError(
                 f"cache.ssm_gb: with engine.kv_pool=shared the SSM pool must hold {ratio} states "
-                f"of {self.model.name} per running request (its {pool.slots_per_request} "
-                f"slot(s), its hit's and its prompt's; SGLang's mamba ratio); it holds {slots}"
+                f"of {self.model.name} per running request (SGLang's mamba ratio: its own "
+                f"slot(s), its hit's and its prompt's); it holds {slots}"
             )
         pool.max_running = self.max_running = min(self.max_running, slots // ratio)
 

@@ -130,7 +130,7 @@ def test_swebench_sessions_agree_with_sglangs_scheduler_on_every_column(case):
 
 
 def test_the_extra_buffer_fixtures_cap_the_running_requests_by_four_slots():
-    assert len(EXTRA) == 10 and len(ALL) == len(CASES) + len(HYBRID) + len(EXTRA) + 14
+    assert len(EXTRA) == 10 and len(ALL) == len(CASES) + len(HYBRID) + len(EXTRA) + len(SWEBENCH)
     assert sum(c["enable_mixed_chunk"] for c in EXTRA) == 4
     for case in EXTRA:
         assert case["max_running_requests"] == case["mamba_slots"] // 4
