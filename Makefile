@@ -139,7 +139,12 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE_H) \
 		--name swebench10_nemotron_h_8b --size-gb 5 --gap 32 $$mixed && \
 	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE_H) \
-		--name swebench10_nemotron_h_8b_r9 --size-gb 10 --mamba-ratio 9 --gap 1 $$mixed \
+		--name swebench10_nemotron_h_8b_r9 --size-gb 10 --mamba-ratio 9 --gap 1 $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE_H) \
+		--name swebench10_nemotron_h_8b --size-gb 1.5 5 --gap 1 4 --strategy extra_buffer $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE_H) \
+		--name swebench10_nemotron_h_8b_r9 --size-gb 10 --mamba-ratio 9 --gap 1 \
+		--strategy extra_buffer $$mixed \
 		|| exit 1; \
 	done
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \

@@ -80,6 +80,42 @@ class CacheView(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Tracking:
+    """How an engine that tracks a hybrid's states as it runs places them (SGLang's
+    ``extra_buffer``, ``schedule_batch.py`` ``_mamba_radix_cache_v2_req_prepare_for_extend``
+    and ``prepare_for_decode``): positions in ids, which must be tokens.
+
+    A prefill extend of positions ``[start, end)`` (a whole prompt, or one chunk of it) tracks
+    one state when it runs ``grid`` tokens or more: at ``start + floor((end - start) / grid) *
+    grid``, on the grid counted from the extend's start, not from 0; or at ``branch`` (where the
+    input's KV match branches off inside a node, on the absolute grid) when that lies inside the
+    extend on the same relative grid. A decode step tracks one when the sequence it leaves is a
+    multiple of ``every``. Invariant: a tracked state lies inside what its extend or decode
+    steps computed.
+    """
+
+    grid: int
+    every: int
+    branch: int = 0  # 0: the match branches nowhere worth a state
+
+    def extend(self, start: int, end: int) -> int | None:
+        """The state a prefill extend of ``[start, end)`` tracks, or None."""
+        length = end - start
+        if length < self.grid:
+            return None
+        branch = self.branch
+        if start < branch < end and (branch - start) % self.grid == 0:
+            return branch
+        return start + length // self.grid * self.grid
+
+    def decode(self, start: int, end: int) -> int | None:
+        """The last state decode steps track as the sequence grows from ``start`` to ``end``
+        ids (each step leaves one more), or None."""
+        last = end // self.every * self.every
+        return last if last > start else None
+
+
+@dataclass(frozen=True, slots=True)
 class Admission:
     """What a request leaves in the cache.
 
@@ -110,6 +146,11 @@ class Admission:
     #: end with the KV computed so far (SGLang's ``no_buffer``: the chunked request's
     #: ``cache_unfinished_req`` copies its running state into the tree)
     chunk_states: bool = False
+    #: hybrids: the engine tracks states as its extends and decode steps run (SGLang's
+    #: ``extra_buffer``); ``ckpts`` then holds those of one whole-prompt extend and undisturbed
+    #: decoding, and a timed engine that cuts the prompt into chunks or mixes decode steps into
+    #: them replaces them as it runs (:meth:`simlab.step.RequestStep.track_extend`)
+    tracking: Tracking | None = None
 
 
 CLOCKS = ("request", "operation")

@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from policies.base import Admission, AdmissionPolicy, CacheView, Keys, Tokens
+from policies.base import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
 from policies.lru import LRU
 
 if TYPE_CHECKING:
@@ -68,13 +68,16 @@ class SGLang(AdmissionPolicy):
 
     ``extra_buffer`` (SGLang's choice for Nemotron-H under its default overlap scheduler;
     checked request for request against the engine's own tracking code,
-    ``crosscheck/sglang_mamba.py``): a prefill extending ``e >= checkpoint_grid`` tokens
-    past the hit ``h`` tracks one state, at ``h + floor(e / grid) * grid``, or at the branch
-    point ``floor(kv_match / grid) * grid`` when that lies inside the extend on the same grid
-    (``schedule_batch.py``); decoding tracks one every ``lcm(grid, mamba_track_interval)``
-    tokens and the finish publishes the last one (``components/mamba.py``
-    ``_select_finished_checkpoint``). KV is published only up to a published state, and a
-    running request holds three Mamba slots (:attr:`running_state_slots`).
+    ``crosscheck/sglang_mamba.py``, and its scheduler, ``crosscheck/sglang_concurrent.py``):
+    a prefill extend of ``e >= checkpoint_grid`` tokens from ``h`` tracks one state, at ``h +
+    floor(e / grid) * grid``, or at the branch point ``floor(kv_match / grid) * grid`` when that
+    lies inside the extend on the same grid (``schedule_batch.py``), and the prefill publishes
+    it (each chunk of a chunked prompt its own); decode-only steps track one every
+    ``lcm(grid, mamba_track_interval)`` tokens and the finish publishes the last one, or
+    nothing (``components/mamba.py`` ``_select_finished_checkpoint``). The plan places them for
+    one whole-prompt extend and undisturbed decoding (:class:`policies.base.Tracking`); a timed
+    engine replaces them as its chunks and steps run. KV is published only up to a published
+    state, and a running request holds three Mamba slots (:attr:`running_state_slots`).
     """
 
     splits_at_match = True
@@ -113,35 +116,28 @@ class SGLang(AdmissionPolicy):
         return 3 if self.mamba == "no_buffer" else 3 + self.tracking_slots
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
-        if self.mamba == "no_buffer":
+        tracking = None if self.mamba == "no_buffer" else self._tracking(lookup, input_len)
+        if tracking is None:
             states = sorted({input_len, seq_len})
         else:
-            states = self._tracked_states(lookup, input_len, seq_len)
+            tracked = (tracking.extend(lookup.hit, input_len), tracking.decode(input_len, seq_len))
+            states = [s for s in tracked if s is not None]
         return Admission(
             ckpts=states,
             end=seq_len,
-            cuts=(input_len, seq_len) if self.mamba == "no_buffer" else (),
+            cuts=(input_len, seq_len) if tracking is None else (),
             held_from=lookup.hit,
             publishes_prompt=True,
-            chunk_states=self.mamba == "no_buffer",
+            chunk_states=tracking is None,
+            tracking=tracking,
         )
 
-    def _tracked_states(self, lookup: Lookup, input_len: int, seq_len: int) -> list[int]:
-        """``extra_buffer``: the prefill's tracked state and the last decode-tracked one."""
-        grid, hit = self.checkpoint_grid, lookup.hit
-        states = []
-        extend = input_len - hit
-        if extend >= grid:
-            track = hit + (extend // grid) * grid
-            branch = (min(lookup.matched, input_len - 1) // grid) * grid
-            if hit < branch < input_len and (branch - hit) % grid == 0:
-                track = branch
-            states.append(track)
-        every = math.lcm(grid, self.mamba_track_interval)
-        last = (seq_len // every) * every
-        if last > input_len:
-            states.append(last)
-        return states
+    def _tracking(self, lookup: Lookup, input_len: int) -> Tracking:
+        """``extra_buffer``'s tracking: the branch point is where the input's KV match stops,
+        on the grid (``mamba_branching_seqlen``)."""
+        grid = self.checkpoint_grid
+        branch = (min(lookup.matched, input_len - 1) // grid) * grid
+        return Tracking(grid, math.lcm(grid, self.mamba_track_interval), branch)
 
 
 @dataclass

@@ -141,13 +141,15 @@ class PrefixCache:
                 "a host tier needs simlab's own cache semantics and one shared GPU budget "
                 "(no policy.compat=reference, no cache.ssm_gb)"
             )
+        self._state_clock = 0  # state admissions and uses so far
         self._alloc_arrays(_INITIAL_SLOTS)
         self.root = self._new_node(np.zeros(0, dtype=np.int32), None, 0)
 
     # ------------------------------------------------------------------ arrays and nodes
     def _alloc_arrays(self, n: int) -> None:
         self.last_access = np.zeros(n, dtype=np.float64)
-        self.state_access = np.zeros(n, dtype=np.float64)  # its state's admission or last use
+        #: its state's admission or last use, in the order they happened (:meth:`_state_uses`)
+        self.state_access = np.zeros(n, dtype=np.float64)
         self.pins = np.zeros(n, dtype=np.int64)
         self.n_children = np.zeros(n, dtype=np.int64)
         self.node_bytes = np.zeros(n, dtype=np.float64)
@@ -188,7 +190,7 @@ class PrefixCache:
         self._by_slot[slot] = node
         self.nids[slot] = node.nid
         self.last_access[slot] = self.now
-        self.state_access[slot] = self.now
+        self.state_access[slot] = self._state_uses(1)
         self.pins[slot] = 0
         self.n_children[slot] = 0
         self._refresh_numbers(node)
@@ -423,7 +425,15 @@ class PrefixCache:
         """A request resumes from ``node``'s state: only that state counts as recently used
         in the SSM pool's own LRU (SGLang: a hit refreshes only the consumed Mamba node)."""
         if node is not None and node.ckpt:
-            self.state_access[node.slot] = self.now
+            self.state_access[node.slot] = self._state_uses(1)
+
+    def _state_uses(self, k: int) -> np.ndarray | float:
+        """Stamps for ``k`` state admissions or uses happening now, in order: a separate SSM
+        pool evicts its least recently used state first, and SGLang's Mamba LRU is a list, so
+        two states used at the same tick of the clock keep the order of their uses."""
+        first = self._state_clock + 1
+        self._state_clock += k
+        return float(first) if k == 1 else np.arange(first, first + k, dtype=np.float64)
 
     def deepest_cached(self, tokens: np.ndarray) -> Node | None:
         """The deepest node wholly on the cached prefix of ``tokens`` (None if none)."""
@@ -597,6 +607,8 @@ class PrefixCache:
                 plan = truncate(self, plan, self.free_bytes, split)  # whole ids: not the tail
                 result.truncated = True
             self._apply(plan, path, partial, seq, result, short if plan.end == n else 0)
+            if wanted and self.ssm_capacity is not None:
+                self._reuse_state(seq, plan, wanted[-1])
         finally:
             self.unpin(deepest)
         self._note_peaks()
@@ -785,6 +797,16 @@ class PrefixCache:
         result.ssm_bytes += ssm
         result.ckpts += len(plan.new_ckpts)
 
+    def _reuse_state(self, seq: np.ndarray, plan: InsertPlan, tail: int) -> None:
+        """A separate SSM pool: an admission whose deepest state ``tail`` is cached already
+        makes that state the most recently used (SGLang's ``commit_insert_component_data``
+        moves an existing Mamba value to the front of the Mamba LRU; the states above it on
+        the path keep their place)."""
+        if tail <= plan.matched:
+            path, _matched, partial = self._walk(seq[:tail])
+            if partial is None and path and path[-1].ckpt:
+                self.state_access[path[-1].slot] = self._state_uses(1)
+
     def _append_chain(
         self,
         parent: Node,
@@ -845,7 +867,7 @@ class PrefixCache:
         self.alive[idx] = True
         self.nids[idx] = np.arange(nid0, nid0 + k)
         self.last_access[idx] = self.now
-        self.state_access[idx] = self.now
+        self.state_access[idx] = self._state_uses(k)
         self.pins[idx] = 0
         self.n_children[idx] = 1
         self.n_children[idx[-1]] = 0
@@ -904,7 +926,7 @@ class PrefixCache:
         node.ckpt = True
         self._refresh_numbers(node)
         self.last_access[node.slot] = self.now
-        self.state_access[node.slot] = self.now
+        self.state_access[node.slot] = self._state_uses(1)
         self._account(0, self.ckpt_bytes)
         result.ssm_bytes += self.ckpt_bytes
         result.ckpts += 1

@@ -35,12 +35,15 @@ FAITHFUL = {"sglang": "sglang", "vllm": "vllm"}
 BLOCK_KEYS = {"vllm": "policy.block_size", "vllm_plus": "policy.admission.block_size"}
 #: the engines a case can be replayed on: their overrides (the timed one at low load: the default
 #: arrivals' session rate, think times and a trace's timestamps scaled by 10^6, so the order is
-#: the replay's)
+#: the replay's; a budget past the longest prompt, so that each prompt is prefilled in one
+#: extend as the fixtures' drivers run it: SGLang's ``extra_buffer`` places its states relative
+#: to each extend, :class:`policies.base.Tracking`)
 ENGINES = {
     "replay": ["engine=replay"],
     "timed": [
         "engine=timed",
         "engine.memory_check=false",
+        "engine.token_budget=1048576",
         "arrivals.session_rate=0.000001",
         "arrivals.think_time_mean=5000000",
         "arrivals.time_scale=1000000",

@@ -68,10 +68,10 @@ def evict(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int,
 
 def evict_states(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
     """With a separate SSM pool (SGLang's Mamba slots), free states until ``need`` bytes of the
-    pool are free, least recently used state first (``state_access``: admitted, or resumed
-    from; ties: oldest node; SGLang's Mamba LRU list, not the KV recency): a leaf is evicted
-    whole (its KV too), an inner node keeps its KV and loses its state (a tombstone;
-    ``components/mamba.py`` ``_evict_device_next_node``). A pin protects the state of the
+    pool are free, least recently used state first (``state_access``: admitted, published again
+    or resumed from, stamped in the order it happened; SGLang's Mamba LRU list, not the KV
+    recency): a leaf is evicted whole (its KV too), an inner node keeps its KV and loses its
+    state (a tombstone; ``components/mamba.py`` ``_evict_device_next_node``). A pin protects the state of the
     pinned node only, not its ancestors' (SGLang's ``inc_lock_ref`` locks the whole path's KV
     but only the locked node's Mamba value). Returns (bytes freed, nodes evicted)."""
     freed = count = 0

@@ -77,6 +77,8 @@ class Started:
     host_loaded: int = 0  # bytes loaded back for them (KV and states)
     pins: bool = False  # started with ``pin``: what it publishes is pinned in turn (a 0 hit too)
     refill: int = 0  # ids past ``prompt`` its prefill computes again (a recompute's outputs)
+    #: a plan with ``tracking``: its prefill published the states it tracked up to here (ids)
+    states_to: int = 0
 
     @property
     def fill(self) -> int:
@@ -371,18 +373,23 @@ class RequestStep:
         for the request's whole allocation (``held_from``: every id past its hit, and with a
         separate SSM pool a state slot of its own), as the engines allocate it when the request
         starts; False when the engine counts running requests' memory itself (the timed
-        engine's shared KV pool)."""
+        engine's shared KV pool). A plan with ``tracking`` publishes only the states its
+        extends tracked since its last publish, KV up to the last, and nothing (no walk, no
+        refresh) when they tracked none (SGLang's ``cache_len`` 0)."""
         plan, cache = started.plan, self.cache
         if not plan.publishes_prompt or started.prompt <= 0:
             return
         prompt, seq, held_from = started.prompt, started.seq, None
-        end = started.fill
+        end, ckpts = started.fill, [c for c in plan.ckpts if c <= prompt]
+        if plan.tracking is not None:  # the states its extends tracked, not yet published
+            ckpts = [c for c in plan.ckpts if started.states_to < c <= end]
+            end = started.states_to = max(ckpts, default=0)
         if keep_room and plan.held_from is not None:
             seq, held_from = seq[: started.allocated], plan.held_from
         published = started.published  # what a chunked prefill published between chunks
         started.published = cache.insert(
             seq,
-            [c for c in plan.ckpts if c <= prompt],
+            ckpts,
             end,
             self.eviction,
             cuts=self._publish_cuts(started, end),
@@ -395,7 +402,7 @@ class RequestStep:
             started.published = merged(published, started.published)
         if plan.held_from is not None:  # the published prompt's slots are the tree's now
             started.plan = replace(plan, held_from=self._held_after_publish(started))
-        if started.pins:
+        if started.pins and end > 0:
             self._move_pin(started, cache.deepest_cached(started.seq[:end]))
 
     @staticmethod
@@ -410,14 +417,53 @@ class RequestStep:
         """Whether a prefill cut into chunks publishes what it computed between them
         (:meth:`checkpoint`): a plan that publishes its prompt, on a cache whose ids are tokens
         (a hash id stands for many tokens), a hybrid's only with a state at each chunk's end
-        (``chunk_states``: a hybrid's KV is cached only up to a state)."""
+        (``chunk_states``) or at the state each chunk tracked (``tracking``): a hybrid's KV is
+        cached only up to a state."""
         cache, plan = self.cache, started.plan
         return (
             plan.publishes_prompt
-            and (plan.chunk_states or not cache.hybrid)
-            and self._ids_per_key == 1
-            and cache.unit == 1
+            and (plan.chunk_states or plan.tracking is not None or not cache.hybrid)
+            and self._tokens_are_ids
         )
+
+    @property
+    def _tokens_are_ids(self) -> bool:
+        return self._ids_per_key == 1 and self.cache.unit == 1
+
+    def tracks_runs(self, started: Started) -> bool:
+        """Whether an engine that runs ``started``'s extends and decode steps itself places its
+        states (:meth:`track_extend`, :meth:`track_decode`): a plan with ``tracking``, on a
+        cache whose ids are tokens. If so the plan's states, those of one whole-prompt extend
+        and undisturbed decoding, are dropped now, before the engine's first extend."""
+        if started.plan.tracking is None or not self._tokens_are_ids:
+            return False
+        started.plan = replace(started.plan, ckpts=[])
+        return True
+
+    def track_extend(self, started: Started, start: int, end: int) -> int | None:
+        """A prefill extend of positions ``[start, end)`` ran: the state it tracked (None if
+        none) joins the plan's, where the prefill publish (:meth:`checkpoint` between chunks,
+        :meth:`prefilled` at its end) takes it; one past the ids its prefill publishes (a
+        recomputed hybrid's sampled outputs, :meth:`_fill`) is not kept. Requires
+        :meth:`tracks_runs`."""
+        plan = started.plan
+        assert plan.tracking is not None
+        state = plan.tracking.extend(start, end)
+        if state is None or state > started.fill:
+            return None
+        started.plan = replace(plan, ckpts=[*plan.ckpts, state])
+        return state
+
+    def track_decode(self, started: Started, start: int, end: int) -> None:
+        """Decode steps grew the sequence from ``start`` to ``end`` ids: the last state they
+        tracked replaces the one an earlier decode step tracked (SGLang's ping-pong buffer
+        keeps the latest; the finish publishes it). Requires :meth:`tracks_runs`."""
+        plan = started.plan
+        assert plan.tracking is not None
+        state = plan.tracking.decode(start, end)
+        if state is not None:
+            prefill = [c for c in plan.ckpts if c <= started.fill]
+            started.plan = replace(plan, ckpts=[*prefill, state])
 
     def checkpoint(self, started: Started, tokens: int) -> int:
         """A prefill cut into chunks publishes its first ``tokens`` (whole pages) between
@@ -427,6 +473,8 @@ class RequestStep:
         tokens of the prompt now cached on its path. Requires :meth:`publishes_chunks`."""
         plan, cache = started.plan, self.cache
         ids = min(tokens, started.fill) // self._page * self._page
+        if plan.tracking is not None:
+            started.states_to = ids
         if ids > 0:
             result = cache.insert(
                 started.seq,
@@ -497,13 +545,19 @@ class RequestStep:
         return held_from
 
     def finish(self, started: Started, timing: Timing | None = None) -> RequestRecord:
-        """The request completed: admit input + output, unpin, ``observe``, the record."""
+        """The request completed: admit input + output, unpin, ``observe``, the record. A plan
+        with ``tracking`` admits only the last state its decode steps tracked, and KV up to it
+        (SGLang's ``_select_finished_checkpoint``), or nothing."""
         cache, req = self.cache, started.req
         plan = started.plan
+        ckpts, end = plan.ckpts, plan.end
+        if plan.tracking is not None:  # the last state its decode steps tracked, if any
+            ckpts = [c for c in plan.ckpts if c > started.fill][-1:]
+            end = max(ckpts, default=0)
         admitted = cache.insert(
             started.seq,
-            plan.ckpts,
-            plan.end,
+            ckpts,
+            end,
             self.eviction,
             cuts=plan.cuts,
             held_from=plan.held_from,

@@ -184,6 +184,10 @@ class Job:
     decode_only: bool = False  # disaggregated decode replica: its KV arrived, no prefill here
     pool_run: vllm_pool.PoolRun | None = None  # vLLM's hybrid pool: its blocks (timed_pool)
     slots: int = 0  # shared KV pool beside a separate SSM pool: the state slots it holds
+    #: its states are placed as its extends and decode steps run (SGLang's ``extra_buffer``:
+    #: :meth:`RequestStep.tracks_runs`); ``chunk_state``: the one its last chunk tracked
+    tracks: bool = False
+    chunk_state: int | None = None
     #: shared KV pool: its place in SGLang's running batch (a mixed step puts the requests
     #: it admits first, in admission order): (-admission pass, index in it), ascending
     batch_rank: tuple[int, int] = (0, 0)
@@ -485,6 +489,7 @@ class TimedWorld:
         self._batch_full = False  # sglang: a request did not fit; no attempt until one leaves
         #: sglang: a prompt the budget cuts holds and publishes its KV chunk by chunk
         self._chunk_by_chunk = self.shared and s.request_admission == "sglang"
+        self._chunked: list[Job] = []  # sglang: the prompts the last step cut, to publish
         self._passes = 0  # sglang: admission passes with requests queued (``calc_priority``)
         self._admission_passes = 0  # shared KV pool: passes run (``Job.batch_rank``)
         self._link_free = 0.0  # host tier: when the host<->GPU link finishes its last load
@@ -574,6 +579,7 @@ class TimedWorld:
             else:
                 yield from self._decode_span()
             self._complete_finished()
+            self._stash_chunked()
 
     def _any_prefill(self) -> bool:
         """Whether a running request is still in its prefill (``Job.in_prefill``, inlined)."""
@@ -629,6 +635,7 @@ class TimedWorld:
         # the first token needs the last position's logits: a hit of the whole input (the
         # reference's ``whole_input_hit``) still computes that position (TTFT was NaN)
         job.hit = min(started.hit, job.input_tokens - 1)
+        job.tracks = self.step.tracks_runs(started)
         job.ckpt_tokens = self._ckpt_tokens(job.req, started.plan.ckpts)
         job.splits = self._prefill_splits(job)
         job.prefilled = job.published_to = job.hit
@@ -693,12 +700,14 @@ class TimedWorld:
         if not chunks and not decoders:  # only host loads in flight: wait (or an arrival)
             yield from self._await_loads()
             return
+        self._track_chunks(chunks)
         duration = self.cost.time(self._batch(chunks, decoders))
         yield self.env.timeout(duration)
         self.stats.busy += duration
         self.stats.iterations += 1
-        for job in decoders:
-            job.decoded += 1
+        # SGLang tracks no state for a decode step that rides a prefill batch
+        # (``mix_with_running``: "decode tails are not tracked in a mixed step")
+        self._decoded(decoders, 1, tracked=not chunks)
         # SGLang's running batch is a fresh one, not full, when the step mixed the decodes in
         # or none were running; a prefill-only step merges into the running batch, flag kept
         if chunks and (decoders or not had_decoders):
@@ -711,9 +720,28 @@ class TimedWorld:
                 self._join_batch(job)
                 self._prompt_done(job)
         if self._chunk_by_chunk:  # SGLang stashes its chunked request at the next step
-            for job, _ in chunks:
-                if job.in_prefill:
-                    self._checkpoint(job)
+            self._chunked = [job for job, _ in chunks if job.in_prefill]
+
+    def _track_chunks(self, chunks: list[tuple[Job, int]]) -> None:
+        """The state each chunk of a tracking job will track (:meth:`RequestStep.track_extend`),
+        placed before its batch is costed so that its store is charged."""
+        for job, take in chunks:
+            if job.tracks:
+                assert job.started is not None
+                end = job.prefilled + take
+                job.chunk_state = self.step.track_extend(job.started, job.prefilled, end)
+                if job.chunk_state is not None:
+                    job.ckpt_tokens.append(job.chunk_state)
+
+    def _decoded(self, decoders: list[Job], steps: int, tracked: bool = True) -> None:
+        """``decoders`` each ran ``steps`` decode steps; a tracking job's steps place its last
+        decode state unless they rode a prefill batch (``tracked`` false)."""
+        for job in decoders:
+            if tracked and job.tracks:
+                assert job.started is not None
+                seq = job.input_tokens + job.decoded
+                self.step.track_decode(job.started, seq, seq + steps)
+            job.decoded += steps
 
     def _iteration_work(self) -> tuple[list[Job], list[tuple[Job, int]]]:
         """The decoders and prefill chunks of the next iteration. Mixed batching: the chunks
@@ -796,24 +824,37 @@ class TimedWorld:
                     budget -= take
         return chunks
 
+    def _stash_chunked(self) -> None:
+        """The prompts the last step's budget cut publish what they computed
+        (:meth:`_checkpoint`) after the step's finished requests, as SGLang's next
+        ``get_next_batch_to_run`` stashes its chunked request once the result loop released
+        them (the order of their insertions is the order of the Mamba LRU)."""
+        for job in self._chunked:
+            self._checkpoint(job)
+        self._chunked = []
+
     def _checkpoint(self, job: Job) -> None:
         """A prompt the budget cut (``engine.request_admission=sglang``): what it computed is
         published before the next step (SGLang's ``stash_chunked_request``:
         ``checkpoint_kv_cache``), so requests admitted from now on can hit it. Its KV passes
         to the cache, pinned by the request; the duplicates of what other requests published
         meanwhile are freed (:meth:`RequestStep.checkpoint`), and the request holds only what
-        the cache did not take."""
+        the cache did not take. A tracking job (SGLang's ``extra_buffer``) publishes up to the
+        state its chunk tracked, and nothing when it tracked none; it holds the rest."""
         assert job.started is not None
         if not self.step.publishes_chunks(job.started):  # the request keeps its KV
             return
+        upto = job.prefilled if not job.tracks else job.chunk_state
+        if upto is None:  # the chunk tracked no state: nothing to publish
+            return
         kv = self.model.kv_bytes_per_token
-        released = (job.prefilled - job.published_to) * kv
+        released = (upto - job.published_to) * kv
         self._hold(-released)
-        cached = self.step.checkpoint(job.started, job.prefilled)
-        keep = (job.prefilled - max(min(cached, job.prefilled), job.published_to)) * kv
+        cached = self.step.checkpoint(job.started, upto)
+        keep = (upto - max(min(cached, upto), job.published_to)) * kv
         self._hold(keep)
         job.reserved += keep - released
-        job.published_to = job.prefilled
+        job.published_to = upto
 
     def _chunk_size(self, job: Job, budget: int) -> int:
         i = bisect.bisect_right(job.splits, job.prefilled)
@@ -900,8 +941,7 @@ class TimedWorld:
             yield self.env.timeout(start + float(ends[done - 1]) - self.env.now)
         self.stats.busy += float(ends[done - 1])
         self.stats.iterations += done
-        for job in decoders:
-            job.decoded += done
+        self._decoded(decoders, done)
         self._span_ran(decoders, done)
 
     # ------------------------------------------------------------------ shared KV pool

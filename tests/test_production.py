@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from policies.base import Semantics
+from policies.base import Semantics, Tracking
 from policies.lru import LRU
 from policies.production import VLLM, BlockLRU, RadixLRU, SGLang, vllm_hybrid_block_size
 from simlab.block_replay import block_replay
@@ -364,6 +364,67 @@ def test_sglang_extra_buffer_tracks_states_on_the_grid():
     step.serve(req(0, ids(0, 600), ids(5000, 300)))
     assert sorted(n.end for n in step.cache.nodes() if n.ckpt) == [512, 768]
     assert step.serve(req(1, [*ids(0, 600), *ids(5000, 299), 1], [1])).hit_tokens == 768
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "branch", "state"),
+    [
+        (0, 739, 0, 512),  # one extend: whole grid steps from its start
+        (0, 264, 0, 256),  # the same prompt chunked as 264 + 475 ...
+        (264, 739, 0, 520),  # ... tracks on each chunk's own grid
+        (600, 800, 0, None),  # an extend shorter than the grid tracks nothing
+        (0, 1000, 512, 512),  # the branch point, inside the extend on its grid
+        (100, 1000, 512, 868),  # off the extend's grid: not tracked
+        (600, 1000, 512, 856),  # before the extend: not tracked
+    ],
+)
+def test_sglang_extra_buffer_tracks_a_state_per_extend_on_its_own_grid(start, end, branch, state):
+    assert Tracking(256, 256, branch).extend(start, end) == state
+
+
+def test_sglang_extra_buffer_decode_tracks_every_interval_crossed():
+    tracking = Tracking(256, 512)
+    assert tracking.decode(600, 1038) == 1024
+    assert tracking.decode(1024, 1500) is None  # the last boundary lies before the steps
+
+
+def test_sglang_extra_buffer_under_a_scheduler_tracks_what_its_chunks_and_decodes_ran():
+    """A 739-token prompt prefilled as 264 + 475 tokens publishes 256 and 520, not 512. Its
+    decode steps cross 768 in a step riding a prefill batch (untracked) and 1024 in a
+    decode-only one: the finish publishes 1024 alone. A second turn hits it; a prompt whose
+    decode crossed only in mixed steps publishes nothing at its finish."""
+    admission, eviction = policy_plugins("sglang", ["policy.mamba=extra_buffer"])
+    step = RequestStep.build(model("nemotron_h_8b"), math.inf, admission, eviction, "sglang")
+    started = step.start(req(0, ids(0, 739), ids(5000, 300)))
+    assert started.plan.ckpts == [512, 1024] and step.tracks_runs(started)
+    assert step.track_extend(started, 0, 264) == 256
+    step.checkpoint(started, 256)
+    assert step.track_extend(started, 264, 739) == 520
+    step.prefilled(started)
+    step.track_decode(started, 739, 767)  # 768 is crossed by a step riding a prefill batch
+    step.track_decode(started, 768, 1038)
+    step.finish(started)
+    assert sorted(n.end for n in step.cache.nodes() if n.ckpt) == [256, 520, 1024]
+    assert step.serve(req(1, [*ids(0, 739), *ids(5000, 299), 1], [1])).hit_tokens == 1024
+    second = step.start(req(2, ids(9000, 600), ids(9900, 200)))
+    assert step.tracks_runs(second) and step.track_extend(second, 0, 600) == 512
+    step.prefilled(second)
+    step.track_decode(second, 600, 767)
+    step.track_decode(second, 768, 799)
+    step.finish(second)
+    assert sorted(n.end for n in step.cache.nodes() if n.ckpt and n.end < 800) == [256, 512, 520]
+
+
+def test_a_separate_ssm_pool_evicts_states_in_the_order_they_were_used():
+    """Two slots; A and B are admitted at the same tick of the clock, then A's state is
+    published again (it is cached already: SGLang moves it to the front of its Mamba LRU).
+    C's state evicts B's, the least recently used, not A's (the older node)."""
+    step = hybrid_sglang(math.inf, 2)
+    cache = step.cache
+    a, b, c = (np.asarray(ids(k, 10), np.int32) for k in (0, 100, 200))
+    for seq in (a, b, a, c):
+        cache.insert(seq, [10], 10, step.eviction)
+    assert sorted(int(n.tokens[0]) for n in cache.nodes() if n.ckpt) == [0, 200]
 
 
 @pytest.mark.parametrize(
