@@ -73,6 +73,8 @@ class CacheView(Protocol):
     n_children: np.ndarray
     node_bytes: np.ndarray  # KV of the node's edge plus its checkpoint
     saved_flops: np.ndarray  # FLOPs that reusing the node saves beyond its parent
+    starts: np.ndarray  # token position where the node's edge starts (``Node.start``)
+    ends: np.ndarray  # ... and ends (``Node.end``)
 
     def touch(self, nodes: Sequence[Node]) -> None: ...
 

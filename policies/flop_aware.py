@@ -101,12 +101,11 @@ class FlopAware(EvictionPolicy):
         """FLOPs saved per byte of each candidate, under the configured terms."""
         if self.memory == "own" and not self.mlp_bug:
             return cache.saved_flops[candidates] / cache.node_bytes[candidates]
-        nodes = [cache.node_at(int(s)) for s in candidates]
-        start = np.array([n.start for n in nodes], dtype=np.float64)
-        end = np.array([n.end for n in nodes], dtype=np.float64)
         flops = cache.saved_flops[candidates]
         if self.mlp_bug:
+            start = cache.starts[candidates].astype(np.float64)
             flops = flops + parent_mlp_bug(cache.model, start * cache.unit)
+        end = cache.ends[candidates].astype(np.float64)
         if self.memory == "own":
             return flops / cache.node_bytes[candidates]
         return flops / (cache.ckpt_bytes + cache.kv_per_token * end)

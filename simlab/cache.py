@@ -13,7 +13,8 @@ Invariants (checked by :meth:`PrefixCache.check_invariants`):
   * ``pins[n] > 0`` for every ancestor of a pinned node (pins walk up to the root), and pinned
     nodes are never evicted nor merged;
   * per-node arrays (``last_access``, ``pins``, ``n_children``, ``node_bytes``, ``saved_flops``)
-    are indexed by ``node.slot`` and are the single source of truth for those values.
+    are indexed by ``node.slot`` and are the single source of truth for those values;
+    ``starts``/``ends`` mirror ``node.start``/``node.end`` for vectorised scoring.
 
 Units. Tree positions count ids; one id is ``unit_tokens`` tokens (1 for token traces, the block
 size for hash-id traces), so ``kv_per_token`` is really KV bytes per id. A prompt's short last id
@@ -155,6 +156,9 @@ class PrefixCache:
         self.node_bytes = np.zeros(n, dtype=np.float64)
         self.saved_flops = np.zeros(n, dtype=np.float64)
         self.nids = np.zeros(n, dtype=np.int64)
+        #: each node's token span [start, end), as ``Node.start`` and ``Node.end``
+        self.starts = np.zeros(n, dtype=np.int64)
+        self.ends = np.zeros(n, dtype=np.int64)
         self.alive = np.zeros(n, dtype=bool)
         self.on_host = np.zeros(n, dtype=bool)  # the node lives in the host tier
         self._free: list[int] = list(range(n - 1, -1, -1))
@@ -170,6 +174,8 @@ class PrefixCache:
             "node_bytes",
             "saved_flops",
             "nids",
+            "starts",
+            "ends",
         ):
             arr = getattr(self, name)
             setattr(self, name, np.concatenate((arr, np.zeros_like(arr))))
@@ -207,6 +213,7 @@ class PrefixCache:
     def _refresh_numbers(self, node: Node) -> None:
         """Recompute the bytes and the FLOPs-saved-beyond-parent of a node after a change."""
         length, short = node.end - node.start, node.short
+        self.starts[node.slot], self.ends[node.slot] = node.start, node.end
         kv = length * self.kv_per_token - short * self.kv_per_unit_token  # :meth:`edge_kv`
         self.node_bytes[node.slot] = kv + (self.ckpt_bytes if node.ckpt else 0)
         tokens = length * self.unit - short
@@ -863,7 +870,18 @@ class PrefixCache:
             parent = node
         if created is not None:
             created.extend(cast("list[Node]", [by_slot[slot] for slot in slots]))
-        idx = np.asarray(slots, dtype=np.int64)
+        self._fill_chain_arrays(np.asarray(slots, dtype=np.int64), nid0, bounds, flags)
+        self.n_children[top.slot] = (
+            len(top.children) if self.host is None else tiers.gpu_kids(self, top)
+        )
+        return parent
+
+    def _fill_chain_arrays(
+        self, idx: np.ndarray, nid0: int, bounds: np.ndarray, flags: list[bool]
+    ) -> None:
+        """The per-node arrays of a new chain in bulk: slots ``idx`` top to bottom, node ids
+        from ``nid0``, node ``i`` spanning ``bounds[i]:bounds[i + 1]``, checkpoints ``flags``."""
+        k, lengths = len(idx), bounds[1:] - bounds[:-1]
         self.alive[idx] = True
         self.nids[idx] = np.arange(nid0, nid0 + k)
         self.last_access[idx] = self.now
@@ -871,16 +889,13 @@ class PrefixCache:
         self.pins[idx] = 0
         self.n_children[idx] = 1
         self.n_children[idx[-1]] = 0
+        self.starts[idx], self.ends[idx] = bounds[:-1], bounds[1:]
         self.node_bytes[idx] = lengths * self.kv_per_token
-        if held:
+        if any(flags):
             self.node_bytes[idx[np.asarray(flags, dtype=bool)]] += self.ckpt_bytes
         self.saved_flops[idx] = self.model.prefill_flops_array(
             bounds[:-1] * self.unit, lengths * self.unit
         )
-        self.n_children[top.slot] = (
-            len(top.children) if self.host is None else tiers.gpu_kids(self, top)
-        )
-        return parent
 
     def _chain_flags(self, stops: list[int], held: set[int], cuts: bool) -> list[bool]:
         """Which of a chain's ``stops`` hold a checkpoint (are in ``held``): without cuts or
@@ -1026,6 +1041,7 @@ class PrefixCache:
         for node in self.nodes():
             assert node.end > node.start, node
             assert node.parent is not None and node.parent.end == node.start, node
+            assert (self.starts[node.slot], self.ends[node.slot]) == (node.start, node.end), node
             assert node.parent.children[int(node.tokens[0])] is node, node
             kids = len(node.children) if self.host is None else tiers.gpu_kids(self, node)
             assert self.n_children[node.slot] == kids, node

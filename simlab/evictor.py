@@ -129,11 +129,12 @@ def evict_counted(cache: PrefixCache, to_remove: float, policy: EvictionPolicy) 
                 break
             edge = victim
         else:
-            order = dfs_candidates(cache, policy.evicts_inner_nodes)
-            if not order:
+            victim = next_victim(cache, policy)
+            if victim is None:
                 break
-            victim = _first_lowest(cache, policy, order)
-            edge = order[-1] if policy.miscounts_freed_bytes else victim
+            edge = victim
+            if policy.miscounts_freed_bytes:
+                edge = _last_dfs_candidate(cache, policy.evicts_inner_nodes)
         counted += cache.ckpt_bytes if victim.ckpt else 0
         if not victim.children:
             counted += (edge.end - edge.start) * cache.kv_per_token
@@ -178,30 +179,57 @@ def heap_victims(cache: PrefixCache, policy: EvictionPolicy) -> Iterator[Node]:
             heapq.heappush(heap, entry(parent))
 
 
-def _first_lowest(cache: PrefixCache, policy: EvictionPolicy, order: list[Node]) -> Node:
-    """The lowest-scored of ``order`` (a non-empty candidate list); ties: the first in
-    ``order`` under ``policy.ties == "dfs"``, else the oldest node."""
-    slots = np.fromiter((n.slot for n in order), dtype=np.int64, count=len(order))
-    scores = policy.scores(cache, slots)
+def _last_dfs_candidate(cache: PrefixCache, inner: bool) -> Node:
+    """The last of :func:`dfs_candidates` (the caller knows there is one), found by walking
+    the pre-order backwards: a node's children last to first, each subtree before the node."""
+    pins, most = cache.pins, 1 if inner else 0
+    stack: list[tuple[Node, bool]] = [(child, False) for child in cache.root.children.values()]
+    while stack:
+        node, below_done = stack.pop()
+        if below_done:
+            if len(node.children) <= most and not pins[node.slot]:
+                return node
+            continue
+        stack.append((node, True))
+        stack.extend((child, False) for child in node.children.values())
+    raise AssertionError("no eviction candidate")
+
+
+def _dfs_position(node: Node) -> list[int]:
+    """The child indices (insertion order) from the root down to ``node``: depth-first
+    pre-order is the lexicographic order of these (an ancestor's is a prefix of its
+    descendants')."""
+    path = []
+    while (parent := node.parent) is not None:
+        path.append(next(i for i, c in enumerate(parent.children.values()) if c is node))
+        node = parent
+    path.reverse()
+    return path
+
+
+def _lowest_scored(cache: PrefixCache, policy: EvictionPolicy, cand: np.ndarray) -> Node:
+    """The lowest-scored of ``cand`` (non-empty candidate slots). Ties: the first in
+    depth-first order under ``policy.ties == "dfs"`` (as if every candidate had been listed by
+    :func:`dfs_candidates`; min-max scores do not depend on the listing order), else the
+    oldest node."""
+    scores = policy.scores(cache, cand)
+    tied = cand[scores == scores.min()]
+    if tied.size == 1:
+        return cache.node_at(int(tied[0]))
     if policy.ties == "dfs":
-        return order[int(np.argmin(scores))]
-    tied = slots[scores == scores.min()]
+        return min((cache.node_at(int(s)) for s in tied), key=_dfs_position)
     return cache.node_at(int(tied[np.argmin(cache.nids[tied])]))
 
 
 def next_victim(cache: PrefixCache, policy: EvictionPolicy) -> Node | None:
     """The candidate the policy scores lowest (ties: oldest node, or the first in depth-first
     order under ``policy.ties == "dfs"``); None if there is none."""
-    if policy.ties == "dfs":
+    if policy.ties == "dfs" and cache.host is not None:
         order = dfs_candidates(cache, policy.evicts_inner_nodes)
-        return _first_lowest(cache, policy, order) if order else None
-    cand = cache.candidates(policy.evicts_inner_nodes)
-    if cand.size == 0:
-        return None
-    scores = policy.scores(cache, cand)
-    tied = cand[scores == scores.min()]
-    slot = int(tied[np.argmin(cache.nids[tied])]) if tied.size > 1 else int(tied[0])
-    return cache.node_at(slot)
+        cand = np.fromiter((n.slot for n in order), dtype=np.int64, count=len(order))
+    else:
+        cand = cache.candidates(policy.evicts_inner_nodes)
+    return _lowest_scored(cache, policy, cand) if cand.size else None
 
 
 def _evict_heap_order(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:

@@ -314,3 +314,42 @@ def test_frontier_pops_in_the_order_of_one_full_heap(scores, pushes, first):
             assert bound is not None and bound <= full[0][:2]
         expected = heapq.heappop(full) if full else None
         assert frontier.pop() == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(small_seqs, min_size=1, max_size=14),
+    st.sets(st.integers(0, 40), max_size=4),
+    st.integers(0, 4),
+    st.booleans(),
+)
+def test_depth_first_ties_are_the_first_in_a_full_depth_first_listing(
+    stored, pinned, merges, inner
+):
+    """``ties: dfs`` finds the victim from the candidate arrays: it must be the first lowest of
+    :func:`simlab.evictor.dfs_candidates` (the reference code's listing, walked whole), and the
+    listing's last candidate (``miscounts_freed_bytes``) must be the one found walking back."""
+    from simlab import evictor
+
+    cache = PrefixCache(LLAMA, math.inf)
+    for i, s in enumerate(stored):
+        cache.now = float(i // 4)  # few distinct access times: many ties
+        cache.insert(s, [], len(s), LRU())
+    nodes = list(cache.nodes())
+    for k in sorted(pinned):
+        if k < len(nodes):
+            cache.pin(nodes[k])
+    policy = FlopAware(alpha=0.0, ties="dfs")
+    for _ in range(merges):  # merges and drops reorder nothing else
+        if (victim := cache.next_victim(policy)) is not None:
+            cache._evict_node(victim)
+    policy = FlopAware(alpha=0.0, ties="dfs", evicts_inner_nodes=inner)
+    order = evictor.dfs_candidates(cache, inner)
+    assert sorted(order, key=evictor._dfs_position) == order
+    if not order:
+        assert cache.next_victim(policy) is None
+        return
+    scores = policy.scores(cache, np.array([n.slot for n in order], dtype=np.int64))
+    assert cache.next_victim(policy) is order[int(np.argmin(scores))]
+    assert evictor._last_dfs_candidate(cache, inner) is order[-1]
+    cache.check_invariants()
