@@ -145,7 +145,7 @@ FIXED_CASES: list[Case] = [
      ["+policy=marconi", "policy.admission.alignment=round_down", "trace=mooncake",
       "arrivals.mode=timestamps", "engine=replay", "cache.size_gb=5"]),
     # SGLang's two pools under load: running requests hold Mamba slots in the SSM pool, capped
-    # at slots // 5 with extra_buffer (simlab/timed.py _open_state_pool)
+    # at slots // 5 with extra_buffer (simlab/shared_pool.py _open_state_pool)
     ("sglang_extra_buffer-shared_ssm_pool-chat-timed",
      ["+policy=sglang", "policy.admission.mamba=extra_buffer", "model=nemotron_h_8b",
       "trace=chat", "trace.n_sessions=30", "arrivals.session_rate=1", "engine=timed",

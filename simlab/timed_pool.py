@@ -13,7 +13,7 @@ not limit a separate pool here. Each iteration, in the running order (vLLM's ``S
 * a step the free queue cannot serve preempts the last running request (recompute, vLLM's
   ``self.running.pop()``; LIFO only), which frees all its blocks, until it can; a request
   that cannot run alone is an error naming ``cache.size_gb``. A preempted request resumes by
-  prefilling its prompt and the outputs it sampled (:meth:`simlab.timed.Job.resume`), looked
+  prefilling its prompt and the outputs it sampled (:meth:`simlab.timed_jobs.Job.resume`), looked
   up again; its record keeps the hit of its first scheduling (vLLM's ``num_cached_tokens``);
 * unless the step preempted, queued requests are scheduled (FCFS) while their first chunk
   is not empty, the blocks of their whole prefill and of their first chunk (with their hit's
