@@ -87,6 +87,10 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	rm -f $(XC_FIXTURES)/*.csv $(XC_FIXTURES)/manifest.json
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SHARE) --name sharegpt_llama3_8b \
 		--cache radix unified --size-gb inf 2 5 --rust-check
+	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SHARE) --name sharegpt_llama3_8b \
+		--cache radix unified --size-gb inf 2 5 --page-size 16 --rust-check
+	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SHARE) --name sharegpt_llama3_8b \
+		--cache radix --size-gb inf 2 5 --page-size 64
 	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_SHARE) --name sharegpt_llama3_8b \
 		--block-size 16 32 --size-gb inf 2 5
 	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
@@ -99,6 +103,8 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--size-gb inf 1 2 5
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SWE) --name swebench10_llama3_8b \
 		--cache radix --size-gb inf 8
+	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SWE) --name swebench10_llama3_8b \
+		--cache radix --size-gb inf 8 --page-size 16
 	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_SWE) --name swebench10_llama3_8b \
 		--block-size 16 --size-gb inf 8
 	$(XC_BIN)/python -m crosscheck.sglang_mamba --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \

@@ -9,12 +9,17 @@ the scheduler calls (SGLang 0.5.23):
 2. ``req.lock = tree_cache.lock(req.last_node)`` (``PrefillAdder._commit_prefill_admission``).
 3. ``alloc_req_slots`` (request row, and the Mamba slot, evicting Mamba states if short), then
    ``alloc_token_slots(tree_cache, len(input) - prefix)``: ``evict_to_free_tokens`` evicts the
-   shortfall (``evict_for_alloc``) before ``allocator.alloc``. The prefix and the new slots are
-   written into the request's row; ``kv_allocated_len = kv_committed_len = len(input)``.
+   shortfall (``evict_for_alloc``) before ``allocator.alloc``. With pages (``page_size`` > 1)
+   ``alloc_for_extend`` calls ``alloc_paged_token_slots_extend`` instead, whose eviction asks
+   for one page more than the new tokens. The prefix and the new slots are written into the
+   request's row; ``kv_allocated_len = kv_committed_len = len(input)``.
 4. The first output token is appended. Unless that finishes the request,
    ``checkpoint_kv_cache`` publishes the prompt (``tree_cache.checkpoint(req, up_to=len(input))``).
 5. Each decode step feeds the previous token: ``alloc_token_slots(tree_cache, 1)`` at the
-   request's committed length, ``kv_committed_len += 1``, then the next output token is appended.
+   request's committed length (with pages ``alloc_paged_token_slots_decode``, as
+   ``alloc_for_decode_default`` calls it: eviction asks for a whole page at every step, a new
+   page is taken when the token starts one), ``kv_committed_len += 1``, then the next output
+   token is appended.
    There are ``len(output) - 1`` steps: the last sampled token is never fed.
 6. When ``len(output_ids)`` reaches ``max_new_tokens`` the request finishes by length (what
    ``Req.update_finish_state`` sets) and ``release_kv_cache(req, tree_cache, checkpoint=True)``
@@ -36,7 +41,12 @@ from crosscheck import stubs
 stubs.install()
 
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req  # noqa: E402
-from sglang.srt.mem_cache.allocation import alloc_req_slots, alloc_token_slots  # noqa: E402
+from sglang.srt.mem_cache.allocation import (  # noqa: E402
+    alloc_paged_token_slots_decode,
+    alloc_paged_token_slots_extend,
+    alloc_req_slots,
+    alloc_token_slots,
+)
 from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
@@ -85,7 +95,7 @@ class SglangReplay:
         alloc_req_slots(self.req_to_token_pool, [req], tree)
         row = req.kv.req_pool_idx
         prefix = tree.prefix_device_indices(req)
-        out = alloc_token_slots(tree, len(input_ids) - hit)
+        out = self._alloc_extend(prefix, hit, len(input_ids))
         self.req_to_token_pool.write((row, slice(0, hit)), prefix.to(torch.int32))
         self.req_to_token_pool.write((row, slice(hit, len(input_ids))), out.to(torch.int32))
         req.kv.kv_allocated_len = req.kv.kv_committed_len = len(input_ids)
@@ -101,7 +111,7 @@ class SglangReplay:
         # 5. decode: feed each sampled token but the last; 6. the last finishes it by length
         for token in output_ids[1:]:
             pos = req.kv.kv_committed_len
-            slot = alloc_token_slots(tree, 1)
+            slot = self._alloc_decode(row, pos)
             self.req_to_token_pool.write((row, slice(pos, pos + 1)), slot.to(torch.int32))
             req.kv.kv_allocated_len += 1
             req.kv.kv_committed_len += 1
@@ -111,6 +121,33 @@ class SglangReplay:
         assert req.finished()
         self.check_pools()
         return hit
+
+    def _alloc_extend(self, prefix: torch.Tensor, hit: int, length: int) -> torch.Tensor:
+        """KV slots for the prompt past its ``hit``, as ``alloc_for_extend`` takes them."""
+        if self.allocator.page_size == 1:
+            return alloc_token_slots(self.tree_cache, length - hit)
+        last_loc = prefix[-1:].to(torch.int64) if hit else torch.full((1,), -1)
+        prefix_lens = torch.tensor([hit], dtype=torch.int64)
+        seq_lens = torch.tensor([length], dtype=torch.int64)
+        return alloc_paged_token_slots_extend(
+            tree_cache=self.tree_cache,
+            prefix_lens=prefix_lens,
+            prefix_lens_cpu=prefix_lens,
+            seq_lens=seq_lens,
+            seq_lens_cpu=seq_lens,
+            last_loc=last_loc,
+            extend_num_tokens=length - hit,
+        )
+
+    def _alloc_decode(self, row: int, pos: int) -> torch.Tensor:
+        """The KV slot of the token fed at ``pos``, as ``alloc_for_decode_default`` takes it."""
+        if self.allocator.page_size == 1:
+            return alloc_token_slots(self.tree_cache, 1)
+        last_loc = self.req_to_token_pool.req_to_token[row, pos - 1 : pos].to(torch.int64)
+        seq_lens = torch.tensor([pos + 1], dtype=torch.int64)
+        return alloc_paged_token_slots_decode(
+            tree_cache=self.tree_cache, seq_lens=seq_lens, seq_lens_cpu=seq_lens, last_loc=last_loc
+        )
 
     def prefill_prepared(self, req: Req) -> None:
         """What ``ScheduleBatch.prepare_for_extend`` does per request beyond allocation: nothing

@@ -153,6 +153,10 @@ class Admission:
     #: decoding, and a timed engine that cuts the prompt into chunks or mixes decode steps into
     #: them replaces them as it runs (:meth:`simlab.step.RequestStep.track_extend`)
     tracking: Tracking | None = None
+    #: the engine's eviction keeps a KV page free beyond the running request's allocation
+    #: (SGLang's paged allocator: an extend asks for one page more than its tokens, a decode
+    #: step for one free page before it takes one; :meth:`simlab.step.RequestStep.spare_ids`)
+    spare_page: bool = False
 
 
 CLOCKS = ("request", "operation")
@@ -222,7 +226,9 @@ class Keys:
 
     ``block_size``: None, the radix tree is keyed by token (by id, for hash-id traces); an
     integer B, by blocks of B ids, each identified by its content under its parent (vLLM's hash
-    chain), one node per block, only full blocks cached. ``committed``: the sequence a request
+    chain), one node per block, only full blocks cached; with ``radix`` a node spans any number
+    of blocks, split only where requests part or end (SGLang's paged radix tree, whose keys
+    compare page by page). ``committed``: the sequence a request
     leaves is ``input + output - 1`` tokens (a production engine never feeds back the last
     sampled token, so its KV and state are never computed), not ``input + output``.
     ``whole_last_id`` (blocks, hash-id traces): a prompt's last id counts as a whole block even
@@ -234,6 +240,7 @@ class Keys:
     block_size: int | None = None
     committed: bool = False
     whole_last_id: bool = False
+    radix: bool = False
 
 
 class AdmissionPolicy:
@@ -274,6 +281,12 @@ class AdmissionPolicy:
     def for_model(self, model: ModelSpec, unit_tokens: int = 1) -> AdmissionPolicy:
         """This admission as configured for ``model`` (ids of ``unit_tokens`` tokens); most
         admissions do not depend on the model."""
+        return self
+
+    def paged(self, page: int, model: ModelSpec) -> AdmissionPolicy:
+        """This admission on a KV pool of ``page``-id pages (``cache.page_size``) when it keys
+        the tree by pages itself (its :attr:`keys` then name the block size); most admissions
+        keep token keys and round their hits down to the page."""
         return self
 
     def states_per_checkpoint(self, unit_tokens: int) -> int:

@@ -82,6 +82,9 @@ class SGLang(AdmissionPolicy):
 
     splits_at_match = True
     mamba: str = "no_buffer"
+    #: ``--page-size`` in ids when the tree is keyed by pages (set from ``cache.page_size`` by
+    #: :meth:`paged`; 1: by token)
+    kv_page: int = 1
     checkpoint_grid: Tokens = 256  # lcm(max(mamba chunk size, page), page)
     mamba_track_interval: Tokens = 256
     tracking_slots: int = 2  # extra_buffer's cap: 2 with the overlap scheduler, 1 without
@@ -98,7 +101,17 @@ class SGLang(AdmissionPolicy):
 
     @property
     def keys(self) -> Keys:
+        if self.kv_page > 1:
+            return Keys(self.kv_page, committed=True, radix=True)
         return Keys(committed=True)
+
+    def paged(self, page: int, model: ModelSpec) -> SGLang:
+        """A Transformer's tree on ``page``-id pages is keyed by pages (``RadixKey.page_aligned``
+        and ``child_key``: a match, an insertion and a split go page by page; only full pages
+        are cached; a request's partial last page is its own). Hybrids keep token keys."""
+        if page <= 1 or model.is_hybrid:
+            return self
+        return replace(self, kv_page=page)
 
     @property
     def running_state_slots(self) -> int:
@@ -130,6 +143,7 @@ class SGLang(AdmissionPolicy):
             publishes_prompt=True,
             chunk_states=tracking is None,
             tracking=tracking,
+            spare_page=self.kv_page > 1,
         )
 
     def _tracking(self, lookup: Lookup, input_len: int) -> Tracking:

@@ -93,6 +93,7 @@ class PrefixCache:
         semantics: Semantics | None = None,
         host: tiers.HostTier | None = None,
         ckpt_states: int = 1,
+        block_keys: bool = False,
     ):
         if not capacity_bytes > 0:
             raise ValueError(f"cache capacity must be positive, got {capacity_bytes} bytes")
@@ -115,13 +116,16 @@ class PrefixCache:
         self.ckpt_bytes = int(model.ssm_state_bytes) * self.ckpt_states if model.is_hybrid else 0
         self.hybrid = bool(model.is_hybrid)
         self.block_nodes = bool(block_nodes)  # one node per id (a block pool's blocks)
+        #: ids are whole blocks of tokens (:class:`simlab.keys.BlockKeys`): a block pool's, or
+        #: a radix tree keyed by pages (SGLang's ``--page-size``)
+        self.block_keys = bool(block_keys) or self.block_nodes
         self.semantics = semantics or Semantics()
         self.kv_per_unit_token = int(model.kv_bytes_per_token)  # ``kv_per_token`` is per id
         #: a Transformer's token-keyed tree over ids of many tokens (hash-id traces), simlab's
         #: semantics: a short last id holds its true tokens, and the hit rule leaves one token,
         #: not one id (SGLang's radix tree over the prompt's tokens)
         self.exact_tokens = (
-            self.unit > 1 and not self.hybrid and not self.block_nodes and not self._reference()
+            self.unit > 1 and not self.hybrid and not self.block_keys and not self._reference()
         )
         whole = self.semantics.whole_input_hit or self.exact_tokens
         self._hit_slack = 0 if whole else 1  # ids a hit leaves
@@ -516,6 +520,7 @@ class PrefixCache:
         branch_at_insert: bool = False,
         short: int = 0,
         running_states: int = 0,
+        spare: int = 0,
     ) -> InsertResult:
         """Admit ``seq[:end]`` with SSM checkpoints at ``ckpts`` (positions in 1..end) and node
         boundaries at ``cuts`` (see :class:`policies.base.Admission`, also for ``held_from``).
@@ -526,6 +531,8 @@ class PrefixCache:
         on; at its finish one of them becomes its last state and the others are freed
         (SGLang's request Mamba slot, and with ``extra_buffer`` its two ping-pong track slots;
         ``cache_finished_req`` donates one), so the finish needs none.
+        ``spare``: ids the engine's eviction makes room for beyond the running request's
+        allocation (with ``held_from``; SGLang's paged allocator asks for a page more).
 
         For a hybrid model KV past the last checkpoint is useless and is not admitted. When the
         admission does not fit even after evicting every unpinned candidate, it is truncated to
@@ -554,6 +561,7 @@ class PrefixCache:
                     branch_at_insert,
                     short,
                     running_states if self.ssm_capacity is not None else 0,
+                    spare,
                 )
             created = self._created
         finally:
@@ -574,6 +582,7 @@ class PrefixCache:
         branch_at_insert: bool,
         short: int,
         running_states: int,
+        spare: int,
     ) -> InsertResult:
         n = int(seq.shape[0])
         end = min(int(end), n)
@@ -582,7 +591,7 @@ class PrefixCache:
         result = InsertResult()
         saved = short * self.kv_per_unit_token  # bytes a short last id does not hold
         if held_from is not None:
-            self._allocate(seq, held_from, saved, running_states, policy, result)
+            self._allocate(seq, held_from, saved, running_states, policy, result, spare)
         path, matched, partial = self._walk(seq[:end])
         if self.host is not None and not self._recomputed(path, matched, partial, policy):
             return InsertResult(admitted_end=matched, truncated=True)  # no GPU room for it
@@ -595,7 +604,7 @@ class PrefixCache:
         deepest = partial if partial is not None else (path[-1] if path else None)
         self.pin(deepest)  # the matched path is safe from the evictions below
         try:
-            need, states = self._room(plan, n, saved, held_from, running_states)
+            need, states = self._room(plan, n, saved, held_from, running_states, spare)
             if states and states > self.ssm_free:
                 path, partial, deepest = self._pin_matched_part(path, matched, partial)
                 freed, count = evictor.evict_states(self, states, policy)
@@ -622,7 +631,13 @@ class PrefixCache:
         return result
 
     def _room(
-        self, plan: InsertPlan, n: int, saved: int, held_from: int | None, running_states: int
+        self,
+        plan: InsertPlan,
+        n: int,
+        saved: int,
+        held_from: int | None,
+        running_states: int,
+        spare: int = 0,
     ) -> tuple[float, int]:
         """(bytes of the free budget, bytes of the separate SSM pool; 0 without one) that
         ``plan`` needs free, for a sequence of ``n`` ids (see :meth:`insert`)."""
@@ -633,7 +648,7 @@ class PrefixCache:
             if states:  # the running request keeps its own slots
                 states += running_states * self.ckpt_bytes
         if held_from is not None:  # the running request's whole allocation must fit
-            held = (n - held_from) * self.kv_per_token - saved
+            held = (n - held_from + spare) * self.kv_per_token - saved
             need = max(need, held + need - (plan.end - plan.matched) * self.kv_per_token)
         return need, states
 
@@ -645,15 +660,17 @@ class PrefixCache:
         running_states: int,
         policy: EvictionPolicy,
         result: InsertResult,
+        spare: int = 0,
     ) -> None:
         """The running request's allocation before its insertion: it holds every id of ``seq``
-        from ``held_from`` (its hit) on, and ``running_states`` state slots, so the cache
+        from ``held_from`` (its hit) on, ``spare`` ids more of free room, and ``running_states``
+        state slots, so the cache
         evicts until they fit (the slots first, as SGLang's ``alloc_req_slots`` precedes
         ``alloc_token_slots``), protecting only the prefix up to ``held_from``. KV matched past
         the hit (a hybrid's prefix without a state) is not protected and may go (SGLang locks
         the request's hit node only, vLLM holds its hit blocks only); the insertion then walks
         the tree afresh."""
-        held = (int(seq.shape[0]) - held_from) * self.kv_per_token - saved
+        held = (int(seq.shape[0]) - held_from + spare) * self.kv_per_token - saved
         slots = running_states * self.ckpt_bytes
         slot = slots > 0 and slots > self.ssm_free
         if held <= self.free_bytes and not slot:

@@ -93,6 +93,8 @@ def overrides_for(
     block = case.get("block_size")
     if case["engine"] == "vllm" and block and name in BLOCK_KEYS:
         out.append(f"{BLOCK_KEYS[name]}={block}")
+    if case["engine"] == "sglang" and block and block > 1:  # SGLang's --page-size
+        out.append(f"cache.page_size={block}")
     return out
 
 

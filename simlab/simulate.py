@@ -343,6 +343,10 @@ def policy_step(
             f"cache.page_size: policy {name!r} pages by its own block_size "
             f"({pcfg.get('block_size')}); leave cache.page_size at 1 (got {settings.cache.page_size})"
         )
+    if block is None:
+        admission = admission.paged(page, model)
+        if admission.keys.block_size is not None:  # its keys are the pages now
+            page = 1
     controllers: list[Controller] = []
     tuner = AlphaTuner.for_policy(pcfg.get("tuning"), eviction, name)
     if tuner is not None:

@@ -159,7 +159,8 @@ class RequestStep:
             model,
             capacity_bytes,
             *shape,
-            block_nodes=block is not None,
+            block_nodes=block is not None and not admission.keys.radix,
+            block_keys=block is not None,
             ssm_capacity_bytes=ssm_capacity_bytes,
             semantics=semantics,
             host=host,
@@ -397,6 +398,7 @@ class RequestStep:
             stateless_kv=plan.stateless_kv,
             short=started.short,
             running_states=self.admission.running_state_slots if held_from is not None else 0,
+            spare=self.spare_ids(started, decoding=False),
         )
         if published is not None:
             started.published = merged(published, started.published)
@@ -416,19 +418,26 @@ class RequestStep:
     def publishes_chunks(self, started: Started) -> bool:
         """Whether a prefill cut into chunks publishes what it computed between them
         (:meth:`checkpoint`): a plan that publishes its prompt, on a cache whose ids are tokens
-        (a hash id stands for many tokens), a hybrid's only with a state at each chunk's end
-        (``chunk_states``) or at the state each chunk tracked (``tracking``): a hybrid's KV is
-        cached only up to a state."""
+        or a radix tree's pages of tokens (a hash id stands for many tokens), a hybrid's only
+        with a state at each chunk's end (``chunk_states``) or at the state each chunk tracked
+        (``tracking``): a hybrid's KV is cached only up to a state."""
         cache, plan = self.cache, started.plan
         return (
             plan.publishes_prompt
             and (plan.chunk_states or plan.tracking is not None or not cache.hybrid)
-            and self._tokens_are_ids
+            and (self._tokens_are_ids or self._pages_of_tokens)
         )
 
     @property
     def _tokens_are_ids(self) -> bool:
         return self._ids_per_key == 1 and self.cache.unit == 1
+
+    @property
+    def _pages_of_tokens(self) -> bool:
+        """A radix tree keyed by pages of a token trace (SGLang's ``--page-size``): a key is
+        ``cache.unit`` tokens."""
+        cache = self.cache
+        return cache.block_keys and not cache.block_nodes and cache.unit == self._ids_per_key
 
     def tracks_runs(self, started: Started) -> bool:
         """Whether an engine that runs ``started``'s extends and decode steps itself places its
@@ -472,7 +481,8 @@ class RequestStep:
         running past them is split there first, as SGLang's insertion splits it). Returns the
         tokens of the prompt now cached on its path. Requires :meth:`publishes_chunks`."""
         plan, cache = started.plan, self.cache
-        ids = min(tokens, started.fill) // self._page * self._page
+        per_key = cache.unit  # tokens per id: 1, or a page's (:attr:`_pages_of_tokens`)
+        ids = min(tokens // per_key, started.fill) // self._page * self._page
         if plan.tracking is not None:
             started.states_to = ids
         if ids > 0:
@@ -493,7 +503,7 @@ class RequestStep:
             return 0
         if started.pins:
             self._move_pin(started, deepest)
-        return deepest.end
+        return deepest.end * per_key
 
     def _move_pin(self, started: Started, node: Node | None) -> None:
         """The request's pin moves to ``node``, what it published (SGLang's
@@ -519,8 +529,9 @@ class RequestStep:
     def _holds_whole_blocks(self) -> bool:
         """A Transformer's block pool (vLLM): a request keeps the blocks it recomputed though
         they were cached (:meth:`_held_after_publish`). Hybrid pools keep the plain rule: no
-        real-engine case checks their duplicates yet."""
-        return isinstance(self._keys, BlockKeys) and not self.cache.hybrid
+        real-engine case checks their duplicates yet. SGLang's paged tree frees them when it
+        publishes (``_insert_cache``)."""
+        return self.cache.block_nodes and not self.cache.hybrid
 
     def _held_after_publish(self, started: Started) -> int:
         """Where the request's own slots start once its prompt is published: past the prompt,
@@ -544,6 +555,34 @@ class RequestStep:
             held_from -= max(0, recomputed)
         return held_from
 
+    @staticmethod
+    def _finish_cuts(started: Started) -> list[int]:
+        """The plan's node boundaries, a cut at the input's end (its lookup ids) put at the
+        end of the prompt's full blocks: with block keys a prompt's partial last block is
+        never cached, so a paged tree splits where its cached prompt ends (SGLang's
+        ``split_prompt`` on the page-aligned prompt key)."""
+        cuts, prompt, lookup = started.plan.cuts, started.prompt, started.allocated
+        if prompt == lookup:
+            return list(cuts)
+        return [prompt if c == lookup else c for c in cuts]
+
+    def spare_ids(self, started: Started, decoding: bool) -> int:
+        """Keys of free room the engine's eviction keeps beyond the request's allocation
+        (``Admission.spare_page``; a key is a page). SGLang's paged allocator: before the
+        prefill extend, one page more than it takes (``alloc_paged_token_slots_extend``); before
+        each decode step, one free page (``alloc_paged_token_slots_decode``), which at the last
+        step (feeding token ``C - 1`` of the ``C`` it leaves) is the page it takes when that
+        token starts one, else one more. A request without decode steps (one output) has none."""
+        if not started.plan.spare_page:
+            return 0
+        if not decoding:
+            return 1
+        req = started.req
+        left = req.input_len + req.output_ids.shape[0] - 1  # C: the committed tokens
+        if left <= req.input_len:
+            return 0
+        return 0 if (left - 1) % self._ids_per_key == 0 else 1
+
     def finish(self, started: Started, timing: Timing | None = None) -> RequestRecord:
         """The request completed: admit input + output, unpin, ``observe``, the record. A plan
         with ``tracking`` admits only the last state its decode steps tracked, and KV up to it
@@ -559,11 +598,12 @@ class RequestStep:
             ckpts,
             end,
             self.eviction,
-            cuts=plan.cuts,
+            cuts=self._finish_cuts(started),
             held_from=plan.held_from,
             stateless_kv=plan.stateless_kv,
             branch_at_insert=plan.branch_at_insert,
             short=started.short,
+            spare=self.spare_ids(started, decoding=True),
         )
         if started.pinned is not None:
             cache.unpin(started.pinned)

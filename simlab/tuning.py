@@ -259,6 +259,7 @@ def empty_like(cache: PrefixCache) -> PrefixCache:
         cache.ssm_capacity,
         cache.semantics,
         ckpt_states=cache.ckpt_states,
+        block_keys=cache.block_keys,
     )
 
 

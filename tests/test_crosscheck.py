@@ -22,7 +22,8 @@ def test_the_fixtures_cover_the_acceptance_set():
     and 5 GB, a SWE-bench slice, and the Mooncake hash-id
     trace at infinite and finite capacities, its prompts ending inside their last 512-token
     block: on vLLM's 512-token blocks (only full blocks are cached) and on SGLang's token radix
-    tree (the short last id holds its true tokens, and a hit leaves one token, not one id)."""
+    tree (the short last id holds its true tokens, and a hit leaves one token, not one id).
+    SGLang's paged tree (``--page-size`` 16 and 64) on ShareGPT at infinite, 2 and 5 GB."""
     share = ["trace=sharegpt", "model=llama3_8b"]
 
     def covered(engine: str, size: str, **match) -> bool:
@@ -37,6 +38,9 @@ def test_the_fixtures_cover_the_acceptance_set():
     for size in ("inf", "2", "5"):
         assert covered("sglang", size, cache="RadixCache"), size
         assert covered("vllm", size, block_size=16) and covered("vllm", size, block_size=32)
+        # SGLang's --page-size: its tree keyed by pages, its allocator's spare page
+        for page in (16, 64):
+            assert covered("sglang", size, cache="RadixCache", block_size=page), (size, page)
     hybrid = ["trace=sharegpt", "model=nemotron_h_8b"]
     swe_hybrid = ["trace=swebench", "trace.limit=10", "model=nemotron_h_8b"]
     for overrides, sizes in (

@@ -115,6 +115,45 @@ def test_the_match_splits_where_it_stops():
     assert {24, 25} <= set(ends)
 
 
+# --------------------------------------------------------------------------- SGLang pages
+def paged_sglang(capacity: float = math.inf, page: int = 4) -> RequestStep:
+    """SGLang with ``--page-size page`` as ``cache.page_size`` sets it up."""
+    admission, eviction = policy_plugins("sglang")
+    return RequestStep.build(LLAMA, capacity, admission.paged(page, LLAMA), eviction, "sglang")
+
+
+def test_sglang_pages_key_the_tree_by_pages_only_for_a_transformer():
+    sglang = SGLang()
+    assert sglang.paged(1, LLAMA) is sglang and sglang.paged(16, model("nemotron_h_8b")) is sglang
+    keys = sglang.paged(16, LLAMA).keys
+    assert (keys.block_size, keys.committed, keys.radix) == (16, True, True)
+
+
+def test_sglangs_paged_tree_caches_full_pages_in_radix_nodes():
+    """4-token pages: 10 prompt + 7 output tokens leave 16 committed, cached as 4 pages in two
+    nodes, split where the prompt's full pages end (2 pages), not one node per page; a
+    sequence parting inside a page shares none of it."""
+    step = paged_sglang()
+    step.serve(req(0, ids(0, 10), ids(100, 7)))
+    assert sorted((n.start, n.end) for n in step.cache.nodes()) == [(0, 2), (2, 4)]
+    assert step.serve(req(1, [*ids(0, 6), *ids(200, 6)], [1])).hit_tokens == 4
+    assert step.cache.kv_bytes == (4 + 2) * 4 * KV  # its own second page is held again
+
+
+def test_sglangs_paged_allocator_keeps_a_page_free():
+    """A pool of 6 four-token pages holding A (8 prompt + 4 output tokens: a 2-page prompt
+    node and a 1-page output node). B's 9-token prompt takes 3 pages and SGLang's extend asks
+    for a fourth free one, so A's output page goes although 3 were free; without the spare
+    page (a plan that does not ask for it) A stays whole."""
+    for spare, hit in ((True, 8), (False, 12)):
+        step = paged_sglang(capacity=6 * 4 * KV)
+        step.serve(req(0, ids(0, 8), ids(100, 5)))
+        if not spare:
+            step.admission = replace(step.admission, kv_page=1)  # plans without the spare page
+        step.serve(req(1, ids(1000, 9), [1]))
+        assert step.serve(req(2, [*ids(0, 8), *ids(100, 4), 7], [1])).hit_tokens == hit, spare
+
+
 # --------------------------------------------------------------------------- vLLM blocks
 def test_only_full_blocks_are_shared():
     """Two sequences agree on 10 tokens of a 16-token block: vLLM shares nothing and holds the
