@@ -127,6 +127,15 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --mixed
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
 		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4
+	for mixed in "" --mixed; do \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --page-size 16 $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 4 --page-size 16 $$mixed \
+		|| exit 1; \
+	done
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --page-size 64
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
 		--name sharegpt_nemotron_h_8b --size-gb 2 5 --gap 1 4
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \

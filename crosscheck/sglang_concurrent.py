@@ -22,7 +22,10 @@ The scheduling is SGLang 0.5.23's own code, called on a ``Scheduler`` built with
 * an iteration without a batch resets the ratio when the server is fully idle (``on_idle``).
 
 The pools are SGLang's: ``TokenToKVPoolAllocator`` over a one-layer ``MHATokenToKVPool``, a
-``ReqToTokenPool`` with ``max_running_requests`` rows, ``RadixCache`` (page 1, LRU), on the CPU.
+``ReqToTokenPool`` with ``max_running_requests`` rows, ``RadixCache`` (LRU), on the CPU; with
+``--page-size P`` > 1 the ``PagedTokenToKVPoolAllocator`` over a pool cut to whole pages
+(``crosscheck.sglang_radix.paged_capacity``), the tree keyed by pages and the scheduler's paged
+admission, allocation and decode-memory check.
 A hybrid export (Nemotron-H) runs over ``UnifiedRadixCache[FULL,MAMBA]`` with ``no_buffer``
 or, with ``--strategy extra_buffer``, ``extra_buffer`` (``crosscheck.sglang_mamba.build_cache``:
 ``HybridReqToTokenPool``, ``HybridLinearKVPool``; the scheduler's own track bookkeeping in
@@ -100,7 +103,7 @@ from crosscheck.common import (  # noqa: E402
     write_table,
 )
 from crosscheck.sglang_mamba import MAMBA_CHUNK, build_cache, capacities  # noqa: E402
-from crosscheck.sglang_radix import cache_params  # noqa: E402
+from crosscheck.sglang_radix import cache_params, paged_capacity  # noqa: E402
 from crosscheck.vllm_concurrent import COLUMNS, Timeline, arrivals  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -184,9 +187,14 @@ def _switch_off_features(s: Scheduler) -> None:
     s.prefill_decode_interval = s._prefill_decode_interval_remaining = 0
 
 
-def radix_tree(capacity: int, max_running: int, max_context_len: int) -> RadixCache:
-    """SGLang's ``RadixCache`` over ``capacity`` KV slots and ``max_running`` request rows."""
-    return RadixCache(cache_params(capacity, max_context_len, rows=max_running))
+def radix_tree(
+    capacity: int, max_running: int, max_context_len: int, page_size: int = 1
+) -> RadixCache:
+    """SGLang's ``RadixCache`` over ``capacity`` KV slots in pages of ``page_size`` (its
+    ``PagedTokenToKVPoolAllocator`` when > 1) and ``max_running`` request rows."""
+    return RadixCache(
+        cache_params(capacity, max_context_len, rows=max_running, page_size=page_size)
+    )
 
 
 def mamba_rows(slots: int, max_running: int, strategy: str = "no_buffer") -> int:
@@ -214,14 +222,16 @@ def build_scheduler(
     max_prefill_tokens: int,
     mixed: bool,
     mamba_strategy: str | None = None,
+    page_size: int = 1,
 ) -> Scheduler:
     """A ``Scheduler`` without a model over ``tree`` (a cache over CPU pools with
     ``max_running`` request rows: :func:`radix_tree`, :func:`mamba_tree`), with the given
-    prefill limits (module docstring) and, for a hybrid cache, ``--mamba-radix-cache-strategy``.
+    prefill limits (module docstring), ``--page-size`` and, for a hybrid cache,
+    ``--mamba-radix-cache-strategy``.
     The cache is built first: SGLang's Mamba test builder publishes server args of its own."""
     args = ServerArgs(
         model_path="dummy",
-        page_size=1,
+        page_size=page_size,
         disable_overlap_schedule=True,
         chunked_prefill_size=chunked_prefill_size,
         max_prefill_tokens=max_prefill_tokens,
@@ -254,7 +264,7 @@ def build_scheduler(
     s.chunked_prefill_size = get_schedule().chunked_prefill_size
     s.is_mixed_chunk = get_schedule().enable_mixed_chunk
     s.chunked_req = s._pending_chunked_abort_req = None
-    s.page_size = 1
+    s.page_size = page_size
     s.max_prefill_tokens = max_prefill_tokens
     s.max_running_requests = max_running
     s.max_queued_requests = None
@@ -427,6 +437,17 @@ class LoadReplay:
             assert mamba_free + cached == self.mamba_slots, (mamba_free, cached)
 
 
+def _mode_and_cache(args: Any, hybrid: bool) -> tuple[str, str]:
+    """The case name's scheduling mode (batching, ``extra_buffer``, page size) and the cache."""
+    mode = "mixed" if args.mixed else "prefill_first"
+    if hybrid and args.strategy != "no_buffer":
+        mode = f"{args.strategy}_{mode}"
+    if args.page_size > 1:
+        mode = f"{mode}_p{args.page_size}"
+    cache = f"UnifiedRadixCache[FULL,MAMBA] {args.strategy}" if hybrid else "RadixCache"
+    return mode, cache
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("python -m crosscheck.sglang_concurrent", __doc__)
     parser.set_defaults(fixtures=FIXTURES)
@@ -447,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
         help="a hybrid export: --mamba-radix-cache-strategy",
     )
     parser.add_argument(
+        "--page-size", type=int, default=1, help="SGLang's --page-size (attention-only exports)"
+    )
+    parser.add_argument(
         "--mamba-ratio",
         type=float,
         default=0.9,
@@ -459,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     n = len(export) if args.requests is None else min(args.requests, len(export))
     requests = list(export.requests())[:n]
     hybrid = export.ssm_state_bytes > 0
+    page = args.page_size
+    if hybrid and page > 1:
+        parser.error("--page-size > 1 is for attention-only exports")
     for size_gb in args.size_gb:
         if hybrid:
             if math.isinf(size_gb):
@@ -466,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
             capacity, slots, ssm_gb = capacities(size_gb, args.mamba_ratio, export)
             max_running = mamba_rows(slots, args.max_running, args.strategy)
         else:
-            capacity = capacity_tokens(size_gb, export.kv_bytes_per_token, export)
+            tokens = capacity_tokens(size_gb, export.kv_bytes_per_token, export)
+            capacity = paged_capacity(tokens, page)
             slots, ssm_gb, max_running = None, None, args.max_running
         for gap in args.gap:
             if hybrid:
@@ -475,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                     capacity, slots, export.max_sequence + 1, args.strategy, rows=max_running
                 )
             else:
-                tree = radix_tree(capacity, max_running, export.max_sequence + 1)
+                tree = radix_tree(capacity, max_running, export.max_sequence + page, page)
             scheduler = build_scheduler(
                 tree,
                 max_running,
@@ -483,18 +511,16 @@ def main(argv: list[str] | None = None) -> int:
                 args.max_prefill_tokens,
                 args.mixed,
                 args.strategy if hybrid else None,
+                page,
             )
-            mode = "mixed" if args.mixed else "prefill_first"
-            if hybrid and args.strategy != "no_buffer":
-                mode = f"{args.strategy}_{mode}"
-            cache = f"UnifiedRadixCache[FULL,MAMBA] {args.strategy}" if hybrid else "RadixCache"
+            mode, cache = _mode_and_cache(args, hybrid)
             case = {
                 "case": f"{args.name}-sglang_sched_{mode}-{size_label(size_gb)}-gap{gap:g}",
                 "engine": "sglang",
                 "engine_version": versions()["sglang"],
                 "cache": f"Scheduler ({cache}, disable_overlap_schedule"
                 + (", enable_mixed_chunk)" if args.mixed else ")"),
-                "block_size": 1,
+                "block_size": page,
                 "size_gb": manifest_size(size_gb),
                 "capacity_tokens": capacity,
                 "gap": gap,

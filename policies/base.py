@@ -261,6 +261,13 @@ class AdmissionPolicy:
         return 1
 
     @property
+    def allocates_pages(self) -> bool:
+        """Whether the engine hands a running request its KV a page (one key of the cache) at a
+        time, its partial last page held whole (SGLang's ``PagedTokenToKVPoolAllocator``);
+        False: token by token."""
+        return False
+
+    @property
     def running_state_slots(self) -> int:
         """State slots a running request of a hybrid holds outside the tree, in a separate SSM
         pool (``cache.ssm_gb``): SGLang's request Mamba slot."""

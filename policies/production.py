@@ -114,6 +114,10 @@ class SGLang(AdmissionPolicy):
         return replace(self, kv_page=page)
 
     @property
+    def allocates_pages(self) -> bool:
+        return self.kv_page > 1
+
+    @property
     def running_state_slots(self) -> int:
         """The request's Mamba slot, and with ``extra_buffer`` its two ping-pong track slots
         (``HybridReqToTokenPool.alloc``, ``mamba_ping_pong_track_buffer``), with or without the

@@ -156,16 +156,23 @@ class BlockKeys:
         prompt = min(n_full, int(full.shape[0]))
         return KeyedRequest(lookup, sequence, int(full.shape[0]), prompt)
 
-    def lookup_ids(self, req: Request) -> np.ndarray:
+    def lookup_ids(self, req: Request, refill: int = 0) -> np.ndarray:
         """The ids :meth:`view` would match, read-only: no id is assigned, so a router may peek
         without changing the numbering. A block content never seen (and the partial tail block)
-        gets ``len(ids)``, an id no node holds, so the match stops there as it would."""
+        gets ``len(ids)``, an id no node holds, so the match stops there as it would.
+        ``refill``: a recomputed request's input followed by its first ``refill`` outputs (its
+        fill ids; a trace of tokens)."""
         width = self.block_size * _ID_BYTES
+        ids, n = req.input_ids, req.input_len
         n_full = self.input_blocks(req)
-        buf = np.ascontiguousarray(req.input_ids[: n_full * self.block_size], TOKEN_DTYPE).tobytes()
+        if refill > 0:
+            ids = np.concatenate((ids, req.output_ids[:refill]))
+            n += refill
+            n_full = n // self.block_size
+        buf = np.ascontiguousarray(ids[: n_full * self.block_size], TOKEN_DTYPE).tobytes()
         fresh, get = len(self._ids), self._ids.get
         out = [get(buf[i : i + width], fresh) for i in range(0, len(buf), width)]
-        if req.input_len > n_full * self.block_size:
+        if n > n_full * self.block_size:
             out.append(fresh)
         return np.asarray(out, dtype=TOKEN_DTYPE)
 

@@ -51,6 +51,7 @@ class SharedPoolScheduling:
     max_running: int
     _feeder: Feeder
     _budget: int
+    _kv_page: int
     _ratio: NewTokenRatio
     _retracted: bool
     _batch_full: bool
@@ -87,6 +88,8 @@ class SharedPoolScheduling:
                 "must be finite; use engine.kv_pool=separate for an infinite cache"
             )
         page = model.kv_bytes_per_token * cache.unit * self.step.page_size
+        if self.settings.request_admission == "sglang" and self.step.admission.allocates_pages:
+            self._kv_page = cache.unit  # a key is a page
         if page > 0:
             self.pool.budget = self.pool.budget // page * page
         cache.capacity = self.pool.budget
@@ -168,10 +171,9 @@ class SharedPoolScheduling:
         sglang = self.settings.request_admission == "sglang"
         if sglang and not self._sglang_pass_opens():
             return
-        kv = self.model.kv_bytes_per_token
         expected = self._expected_bytes() if sglang else 0.0
-        room, chunk_bytes, added = (
-            self._continue_prompts(expected) if sglang else (math.inf, 0.0, 0.0)
+        room, chunk_bytes, added, ask = (
+            self._continue_prompts(expected) if sglang else (math.inf, 0.0, 0.0, 0.0)
         )
         expected += added
         self._admission_passes += 1
@@ -181,26 +183,54 @@ class SharedPoolScheduling:
             job = self.waiting[0]
             if not self._feeder.ready(job):
                 break
-            fits = self._fits(job, expected, sum(j.reserved for j in batch) + chunk_bytes)
-            if not fits:
-                if self.running:
-                    self._batch_full = sglang
-                    break
-                self._make_room(self._whole_bytes(job))
-            if sglang:  # its input's KV is held from here on; all its outputs are reserved
-                expected += (clipped_max_new(job) + 1) * kv
+            fits, hit = self._fits(job, expected, sum(j.reserved for j in batch) + chunk_bytes)
+            if not self._admits(job, fits, hit, room):
+                break
             self._admit_head(job, len(batch))
             admitted.append(job)
-            if sglang:
-                room -= self._first_chunk(job, int(room))
-            if sglang and fits:
-                batch.append(job)
-            else:
+            if not sglang:
                 self._hold_prompts([job])
+                continue
+            charged, reserved, job_ask = self._first_chunk(job, int(room))
+            room -= charged
+            expected += reserved
+            if not fits:
+                self._hold_prompts([job], ask=job_ask)
+                continue
+            batch.append(job)
+            ask += job_ask
+            if self._kv_page > 1 and not self._room_left(expected, batch, chunk_bytes):
+                self._batch_full = True  # ``budget_state``: NO_TOKEN
+                break
         if sglang and self.pool.ssm_budget is not None:  # prepare_for_extend's alloc_req_slots
             for job in admitted:
                 self._hold_slots(job, self.pool.slots_per_request - job.slots)
-        self._hold_prompts(batch, chunk_bytes)
+        self._hold_prompts(batch, chunk_bytes, ask)
+
+    def _admits(self, job: Job, fits: bool, hit: int, room: float) -> bool:
+        """Whether the pass admits the queue's head, ``fits`` or not (:meth:`_fits`; ``hit``:
+        its hit's tokens), with ``room`` tokens of the step's budget left. One that does not
+        fit waits while others run (SGLang's batch is then full) and is admitted alone
+        otherwise, the room for its whole KV made. SGLang admits one that fits if its
+        page-ceiled extend fits the budget or the budget holds a page of it (a cut prompt's
+        chunk ends on a page; else ``AddReqResult.OTHER``, ``_select_prefill_admission``)."""
+        sglang = self.settings.request_admission == "sglang"
+        if not fits:
+            if self.running:
+                self._batch_full = sglang
+                return False
+            self._make_room(self._whole_bytes(job))
+            return True
+        page = self._kv_page
+        return not sglang or -(-(job.input_tokens - hit) // page) * page <= room or room >= page
+
+    def _room_left(self, expected: float, batch: list[Job], chunks: float) -> bool:
+        """Whether the pool still has room after this pass's admissions (SGLang's
+        ``budget_state`` after ``add_one_req``: free and evictable tokens beyond what the pass
+        charged). On a paged pool a page-ceiled extend can spend what ``_sglang_need`` (its
+        raw extend) found; on one-token pages the room left is always positive."""
+        pending = sum(j.reserved for j in batch) + chunks
+        return self.cache.free_bytes + self._evictable() - pending - expected > 0
 
     def _admission_stops(self, sglang: bool, room: float) -> bool:
         """Whether the pass admits nobody more: the step's token budget is spent (``room``
@@ -213,17 +243,19 @@ class SharedPoolScheduling:
             return True
         return sglang and self._batch_full
 
-    def _continue_prompts(self, expected: float) -> tuple[int, float, float]:
+    def _continue_prompts(self, expected: float) -> tuple[int, float, float, float]:
         """``engine.request_admission=sglang``: the prompts the budget cut take their next
         chunk first (``add_chunked_req``): as many tokens as the step's budget leaves (less one
         per decoding request with mixed batching) and, when that is above zero, the pool's
         room beside ``expected``. Returns the tokens the budget leaves for new requests
-        (``rem_chunk_tokens``; 0 or less: nobody is admitted), the chunks' bytes (held with
-        the pass's admissions) and the bytes they add to the expected writes: one page each,
-        and the outputs of a prompt the chunk ends."""
-        kv = self.model.kv_bytes_per_token
+        (``rem_chunk_tokens``, charged the chunks page-ceiled; 0 or less: nobody is admitted),
+        the chunks' bytes (held with the pass's admissions; on a paged pool with the rest of
+        their last page), the bytes they add to the expected writes (the page-ceiled chunk and
+        one page each, and the outputs of a prompt the chunk ends, less what they hold) and
+        what their allocation asks free (the chunk and a page each)."""
+        kv, page = self.model.kv_bytes_per_token, self._kv_page
         room = self._budget - (len(self._decoders()) if self.settings.batching == "mixed" else 0)
-        hold = added = 0.0
+        hold = added = ask = 0.0
         for job in self.running:
             if job.held_to >= job.input_tokens:
                 continue
@@ -234,30 +266,54 @@ class SharedPoolScheduling:
                 continue
             job.held_to += take
             job.reserved += take * kv
-            hold += take * kv
-            room -= take
+            grown = take * kv + self._repad(job, job.held_to)
+            hold += grown
+            charged = -(-take // page) * page
+            room -= charged
             outputs = clipped_max_new(job) if take == left else 0
-            added += (outputs + 1) * kv
-        return room, hold, added
+            added += (outputs + page + charged) * kv - grown
+            ask += (take + page) * kv
+        return room, hold, added, ask
 
-    def _first_chunk(self, job: Job, room: int) -> int:
+    def _first_chunk(self, job: Job, room: int) -> tuple[int, float, float]:
         """Admitted ``job`` computes its prompt's first ``room`` tokens in this step at most;
         a longer prompt holds only them (SGLang allocates a chunked request's KV chunk by
-        chunk) and goes on in the next steps (:meth:`_continue_prompts`). Returns its
-        chunk's tokens."""
+        chunk) and goes on in the next steps (:meth:`_continue_prompts`). On a paged pool its
+        extend is charged page-ceiled, a cut one ends on a page (SGLang's
+        ``_select_prefill_admission``; the hit is whole pages) and a whole one holds the rest
+        of its last page. Returns the budget it charged, the bytes the pass reserves for it
+        beyond what it holds (one page, and its outputs unless the prompt was cut:
+        ``_update_prefill_budget``) and what its allocation asks free (its extend and a page,
+        ``alloc_paged_token_slots_extend``)."""
+        kv, page = self.model.kv_bytes_per_token, self._kv_page
         extend = job.input_tokens - job.hit
-        if extend <= room:
-            return extend
-        take = max(room, 0)
-        cut = (extend - take) * self.model.kv_bytes_per_token
+        whole = -(-extend // page) * page
+        if whole <= room:
+            self._repad(job, job.input_tokens)
+            return whole, (clipped_max_new(job) + page) * kv, (extend + page) * kv
+        take = max(room, 0) // page * page
         job.held_to = job.hit + take
-        job.reserved -= cut
-        return take
+        job.reserved -= (extend - take) * kv
+        return take, page * kv, (take + page) * kv
 
-    def _fits(self, job: Job, expected: float, pending: float) -> bool:
+    def _repad(self, job: Job, end: int) -> float:
+        """``job``'s allocation now ends at token ``end``: on SGLang's paged pool it holds the
+        rest of its last page too (``Job.pad``, counted in ``Job.reserved``). Returns the bytes
+        that adds (negative: frees); the caller holds them."""
+        page = self._kv_page
+        if page == 1:
+            return 0.0
+        pad = -end % page
+        delta = (pad - job.pad) * self.model.kv_bytes_per_token
+        job.pad = pad
+        job.reserved += delta
+        return delta
+
+    def _fits(self, job: Job, expected: float, pending: float) -> tuple[bool, int]:
         """Whether queued ``job`` fits the free and evictable bytes less ``pending`` (prompts
         admitted in this pass, not held yet), its own hit pinned meanwhile; without
-        ``engine.request_admission=sglang`` the room for its prompt is then made."""
+        ``engine.request_admission=sglang`` the room for its prompt is then made. Returns that
+        and its hit (tokens)."""
         kv, state = self.model.kv_bytes_per_token, self._state_in_kv
         sglang = self.settings.request_admission == "sglang"
         if sglang:
@@ -275,7 +331,7 @@ class SharedPoolScheduling:
             if fits:
                 self._make_room((job.input_tokens - hit) * kv + state)
         self.cache.unpin(node)
-        return fits
+        return fits, hit
 
     def _slots_at_admission(self, job: Job) -> int:
         """State slots admitted ``job`` takes at once: all of them, but with
@@ -340,13 +396,16 @@ class SharedPoolScheduling:
             self._passes += 1
         return True
 
-    def _hold_prompts(self, jobs: list[Job], chunks: float = 0.0) -> None:
+    def _hold_prompts(self, jobs: list[Job], chunks: float = 0.0, ask: float = 0.0) -> None:
         """Newly started ``jobs`` hold their prompts' KV (and running prompts their next
         ``chunks`` bytes), cached entries evicted for all of them at once (their hits are
-        pinned since they started)."""
+        pinned since they started). On SGLang's paged pool the eviction first asks ``ask``
+        free, every extend and one page per request (``alloc_paged_token_slots_extend``)."""
         need = sum(job.reserved for job in jobs) + chunks
         if not need:
             return
+        if self._kv_page > 1:
+            self._evict_for(ask)
         if not self._make_room(need):
             who = jobs[-1] if jobs else self.running[0]
             raise RuntimeError(
@@ -358,10 +417,10 @@ class SharedPoolScheduling:
 
     def _sglang_need(self, job: Job, hit: int) -> float:
         """Bytes SGLang's ``add_one_req`` asks free for a queued request with ``hit`` tokens
-        cached: its uncached input, its clipped output, one page (of one token: SGLang's
-        default) and its state where the KV budget holds it."""
-        tokens = job.input_tokens - hit + min(job.outputs_left, CLIP_MAX_NEW_TOKENS) + 1
-        return tokens * self.model.kv_bytes_per_token + self._state_in_kv
+        cached: its uncached input, its clipped output, one page (``per_req_token_overhead``)
+        and its state where the KV budget holds it."""
+        tokens = job.input_tokens - hit + min(job.outputs_left, CLIP_MAX_NEW_TOKENS)
+        return (tokens + self._kv_page) * self.model.kv_bytes_per_token + self._state_in_kv
 
     def _expected_bytes(self) -> float:
         """KV the decoding requests are expected to still write (``PrefillAdder``'s running
@@ -392,7 +451,7 @@ class SharedPoolScheduling:
             decoders = self._decoders()
             if not decoders:
                 return limit or 0
-            per_step = len(decoders) * kv
+            per_step = self._step_need(decoders)
             if self._evict_for(per_step) if sglang else self._make_room(per_step):
                 break
             self._retracted = True
@@ -406,12 +465,46 @@ class SharedPoolScheduling:
                 [j.req.output_len for j in decoders],
             )
         steps = min(j.decode_left for j in decoders) if limit is None else limit
+        if self._kv_page > 1:
+            return self._hold_paged_steps(decoders, steps)
         if steps > 1:  # the steps the free bytes hold; the next evicts when it must
             steps = max(1, min(steps, int(self.cache.free_bytes // per_step)))
         for job in decoders:
             job.reserved += steps * kv
         self._hold(per_step * steps)
         return steps
+
+    def _step_need(self, decoders: list[Job]) -> float:
+        """Bytes the next decode step of ``decoders`` takes: a token each, or on SGLang's paged
+        pool a page for each whose token starts one (``new_tokens_required_next_decode``)."""
+        kv, page = self.model.kv_bytes_per_token, self._kv_page
+        if page == 1:
+            return len(decoders) * kv
+        return sum(1 for j in decoders if j.pad == 0) * page * kv
+
+    def _hold_paged_steps(self, decoders: list[Job], steps: int) -> int:
+        """SGLang's paged pool: after its decode memory check, each step's allocation asks a
+        page free per decoding request (``alloc_paged_token_slots_decode``), evicting when the
+        free pages are fewer. Holds the first step and those after it that find that many
+        free (the next evicts when it must), at most ``steps``; returns how many."""
+        kv, page = self.model.kv_bytes_per_token, self._kv_page
+        spare = len(decoders) * page
+        self._evict_for(spare * kv)
+        ends = np.array([j.input_tokens + j.decoded for j in decoders])
+        free = int(self.cache.free_bytes // kv)
+        held = 0
+        for step in range(steps):
+            if step and free - held < spare:
+                break
+            held += page * int(np.count_nonzero((ends + step) % page == 0))
+        else:
+            step = steps
+        grown = 0.0
+        for job, end in zip(decoders, ends, strict=True):
+            job.reserved += step * kv
+            grown += step * kv + self._repad(job, int(end) + step)
+        self._hold(grown)
+        return step
 
     def _preempt(self) -> None:
         """Preempt one running request (recompute): its progress is dropped, its memory freed
@@ -452,7 +545,7 @@ class SharedPoolScheduling:
             reverse=True,
         )
         first = True
-        while len(order) > 1 and (first or not self._evict_for(len(order) * kv)):
+        while len(order) > 1 and (first or not self._evict_for(self._step_need(order))):
             first = False
             victim = order.pop()
             self._batch_full = False  # the batch shrank
@@ -488,7 +581,7 @@ class SharedPoolScheduling:
         assert victim.started is not None
         self.step.abort(victim.started)
         self._hold(-victim.reserved)
-        victim.reserved, victim.started = 0.0, None
+        victim.reserved, victim.pad, victim.started = 0.0, 0, None
         if victim.slots:
             self._hold_slots(victim, -victim.slots)
 

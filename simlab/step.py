@@ -239,7 +239,7 @@ class RequestStep:
             int(keyed.lookup.shape[0]),
             keyed.short,
         )
-        started.pins, started.refill = pin, refill
+        started.pins, started.refill = pin, self._refill_ids(req, keyed.prompt, refill)
         if host_ids:
             started.host_hit = hit - self._hit_tokens(req, (lookup.hit - host_ids) * per_key)
             started.host_loaded = loaded
@@ -281,10 +281,22 @@ class RequestStep:
         ``origin_input_ids + output_ids``, as it matches, refreshes and publishes it); elsewhere
         the prompt's alone. No real-engine case tells a hybrid's rule apart yet."""
         cache = self.cache
-        tokens = isinstance(self._keys, TokenKeys) and not cache.hybrid and cache.unit == 1
-        if refill <= 0 or not tokens:
+        if refill <= 0 or cache.hybrid:
+            return ids, 0
+        if self._pages_of_tokens:  # the fill ids' pages (``RadixKey.page_aligned``)
+            assert isinstance(self._keys, BlockKeys)
+            return self._keys.lookup_ids(req, refill), refill
+        if not (isinstance(self._keys, TokenKeys) and cache.unit == 1):
             return ids, 0
         return np.concatenate((ids, req.output_ids[:refill])), refill
+
+    def _refill_ids(self, req: Request, prompt: int, refill: int) -> int:
+        """Ids of the sequence past its ``prompt`` ids that a recompute's ``refill`` outputs
+        fill: the outputs themselves on a tree of tokens; on a tree of pages, the full pages
+        the input and those outputs make past the prompt's (what its publish caches)."""
+        if refill <= 0 or not self._pages_of_tokens:
+            return refill
+        return (req.input_len + refill) // self._ids_per_key - prompt
 
     def _queued_match(self, ids: np.ndarray, slack: int = 1) -> Lookup:
         """A queued request's match (:meth:`match_queued`, :meth:`touch_queued`): the path
@@ -523,7 +535,8 @@ class RequestStep:
         if held_from is None:
             return None
         past = min(max(held_from - started.prompt, 0), started.refill)
-        return started.req.hit_tokens((held_from - past) * self._ids_per_key) + past
+        per_key = self._ids_per_key  # the outputs' keys are whole pages of tokens, or tokens
+        return started.req.hit_tokens((held_from - past) * per_key) + past * per_key
 
     @property
     def _holds_whole_blocks(self) -> bool:

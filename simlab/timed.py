@@ -341,6 +341,7 @@ class TimedWorld(SharedPoolScheduling):
         self._progress: Progress | None = None
         self.shared = s.kv_pool == "shared"
         self._budget = s.token_budget  # tokens one iteration computes
+        self._kv_page = 1  # tokens per page of the shared KV pool (_open_pool)
         self.max_running = s.max_running  # a separate SSM pool may lower it (_open_pool)
         self._span_fit = 0
         self.pool = PoolStats()
@@ -620,7 +621,7 @@ class TimedWorld(SharedPoolScheduling):
             return decoders, self._prefill_chunks(self._budget - len(decoders))
         running = self._decoders()
         chunks = self._prefill_chunks(self._budget - len(running))
-        if chunks and not self._evict_for(len(running) * self.model.kv_bytes_per_token):
+        if chunks and not self._evict_for(self._step_need(running)):
             return [], chunks
         return self._iteration_decoders(), chunks
 
@@ -701,8 +702,10 @@ class TimedWorld(SharedPoolScheduling):
         ``checkpoint_kv_cache``), so requests admitted from now on can hit it. Its KV passes
         to the cache, pinned by the request; the duplicates of what other requests published
         meanwhile are freed (:meth:`RequestStep.checkpoint`), and the request holds only what
-        the cache did not take. A tracking job (SGLang's ``extra_buffer``) publishes up to the
-        state its chunk tracked, and nothing when it tracked none; it holds the rest."""
+        the cache did not take (on a paged tree the chunk's partial last page: its published
+        part then ends where the cache took). A tracking job (SGLang's ``extra_buffer``)
+        publishes up to the state its chunk tracked, and nothing when it tracked none; it
+        holds the rest."""
         assert job.started is not None
         if not self.step.publishes_chunks(job.started):  # the request keeps its KV
             return
@@ -713,10 +716,11 @@ class TimedWorld(SharedPoolScheduling):
         released = (upto - job.published_to) * kv
         self._hold(-released)
         cached = self.step.checkpoint(job.started, upto)
-        keep = (upto - max(min(cached, upto), job.published_to)) * kv
+        took = max(min(cached, upto), job.published_to)
+        keep = (upto - took) * kv
         self._hold(keep)
         job.reserved += keep - released
-        job.published_to = upto
+        job.published_to = took  # on a paged tree the chunk's partial last page stays its own
 
     def _chunk_size(self, job: Job, budget: int) -> int:
         i = bisect.bisect_right(job.splits, job.prefilled)
@@ -781,9 +785,11 @@ class TimedWorld(SharedPoolScheduling):
             self._ratio.decay(done - self._retracted)
         if self.shared and done < fit:  # cut short: give back the steps not run
             unused = (fit - done) * self.model.kv_bytes_per_token
+            freed = float(unused * len(decoders))
             for job in decoders:
                 job.reserved -= unused
-            self._hold(-unused * len(decoders))
+                freed -= self._repad(job, job.input_tokens + job.decoded)
+            self._hold(-freed)
 
     def _decode_span(self):
         """Decode-only stretch until the first request finishes or a new one arrives."""
@@ -855,7 +861,7 @@ class TimedWorld(SharedPoolScheduling):
         job.finished = self.env.now
         if self.shared:  # its KV leaves the running part: the cache may admit it
             self._hold(-job.reserved)
-            job.reserved = 0.0
+            job.reserved, job.pad = 0.0, 0
             if job.slots:  # its slots go back; its last state takes one (SGLang donates it)
                 self._hold_slots(job, -job.slots)
             self._preempted_counts[job.req.request_id] = job.preemptions

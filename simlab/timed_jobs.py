@@ -39,6 +39,9 @@ class Job:
     published_to: int = 0  # tokens: its prompt is in the cache up to here (the hit, a checkpoint)
     decoded: int = 0
     reserved: float = 0.0
+    #: shared KV pool on SGLang's paged allocator: tokens of its last page beyond its
+    #: allocation, held with it (in ``reserved``); 0 on a pool of one-token pages
+    pad: int = 0
     scheduled: float = math.nan
     first_token: float = math.nan
     finished: float = math.nan

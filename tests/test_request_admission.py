@@ -181,10 +181,11 @@ def test_running_requests_expect_their_clipped_outputs_left_times_the_ratio(batc
         ratio = 1.0 if eos else 0.25
         expected = (60 + CLIP_MAX_NEW_TOKENS) * ratio + 2 * mixed
         assert world._expected_bytes() == pytest.approx(expected * KV)
-        room, hold, added = world._continue_prompts(0.0)
+        room, hold, added, ask = world._continue_prompts(0.0)
         assert room == world.settings.token_budget - 2 * mixed - 6
         assert added == (300 + 1) * KV
         assert jobs[2].held_to == 10 and hold == 6 * KV
+        assert ask == (6 + 1) * KV  # the chunk's eviction asks one page more
 
 
 def test_after_a_retraction_the_ratio_is_what_the_kept_decoders_show(monkeypatch):
