@@ -136,6 +136,24 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	done
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
 		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --page-size 64
+	for mixed in "" --mixed; do \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --max-prefill-tokens 1024 $$mixed \
+		|| exit 1; \
+	done
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --chunked-prefill-size -1 \
+		--max-prefill-tokens 1024
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 4 --chunked-prefill-size -1
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 --chunked-prefill-size -1 --page-size 16
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 --max-prefill-tokens 1024 --page-size 16
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE_H) \
+		--name swebench10_nemotron_h_8b --size-gb 1.5 --gap 1 --chunked-prefill-size -1
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE_H) \
+		--name swebench10_nemotron_h_8b --size-gb 1.5 --gap 1 --max-prefill-tokens 1024
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
 		--name sharegpt_nemotron_h_8b --size-gb 2 5 --gap 1 4
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \

@@ -25,7 +25,10 @@ The pools are SGLang's: ``TokenToKVPoolAllocator`` over a one-layer ``MHATokenTo
 ``ReqToTokenPool`` with ``max_running_requests`` rows, ``RadixCache`` (LRU), on the CPU; with
 ``--page-size P`` > 1 the ``PagedTokenToKVPoolAllocator`` over a pool cut to whole pages
 (``crosscheck.sglang_radix.paged_capacity``), the tree keyed by pages and the scheduler's paged
-admission, allocation and decode-memory check.
+admission, allocation and decode-memory check. ``--chunked-prefill-size -1`` turns chunked
+prefill off (``init_chunked_prefill``: no chunk budget, no mixed step) and
+``--max-prefill-tokens`` sets the pass's input budget (``rem_input_tokens``); the case name then
+says so (``_unchunked``, ``_mptN``).
 A hybrid export (Nemotron-H) runs over ``UnifiedRadixCache[FULL,MAMBA]`` with ``no_buffer``
 or, with ``--strategy extra_buffer``, ``extra_buffer`` (``crosscheck.sglang_mamba.build_cache``:
 ``HybridReqToTokenPool``, ``HybridLinearKVPool``; the scheduler's own track bookkeeping in
@@ -109,6 +112,7 @@ from crosscheck.vllm_concurrent import COLUMNS, Timeline, arrivals  # noqa: E402
 log = logging.getLogger(__name__)
 
 FIXTURES = ROOT / "tests" / "fixtures" / "crosscheck_load_sglang"
+MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
 
 
 class _Identity:
@@ -261,8 +265,9 @@ def build_scheduler(
     s.model_config = model_config
     s.init_running_status()  # waiting queue, running batch, last batch, forward count
     # init_chunked_prefill's attributes for a text-only model (it reads the model's architecture)
-    s.chunked_prefill_size = get_schedule().chunked_prefill_size
-    s.is_mixed_chunk = get_schedule().enable_mixed_chunk
+    chunked = get_schedule().chunked_prefill_size
+    s.chunked_prefill_size = chunked if chunked is not None and chunked > 0 else None
+    s.is_mixed_chunk = s.chunked_prefill_size is not None and get_schedule().enable_mixed_chunk
     s.chunked_req = s._pending_chunked_abort_req = None
     s.page_size = page_size
     s.max_prefill_tokens = max_prefill_tokens
@@ -444,6 +449,10 @@ def _mode_and_cache(args: Any, hybrid: bool) -> tuple[str, str]:
         mode = f"{args.strategy}_{mode}"
     if args.page_size > 1:
         mode = f"{mode}_p{args.page_size}"
+    if args.chunked_prefill_size <= 0:
+        mode = f"{mode}_unchunked"
+    if args.max_prefill_tokens != MAX_PREFILL_TOKENS:
+        mode = f"{mode}_mpt{args.max_prefill_tokens}"
     cache = f"UnifiedRadixCache[FULL,MAMBA] {args.strategy}" if hybrid else "RadixCache"
     return mode, cache
 
@@ -456,8 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--requests", type=int, default=None, help="only the first N requests")
     parser.add_argument("--max-running", type=int, default=128)
-    parser.add_argument("--chunked-prefill-size", type=int, default=2048)
-    parser.add_argument("--max-prefill-tokens", type=int, default=16384)
+    parser.add_argument(
+        "--chunked-prefill-size", type=int, default=2048, help="-1: chunked prefill off"
+    )
+    parser.add_argument("--max-prefill-tokens", type=int, default=MAX_PREFILL_TOKENS)
     parser.add_argument(
         "--mixed", action="store_true", help="--enable-mixed-chunk (prefill beside decode)"
     )
@@ -484,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     requests = list(export.requests())[:n]
     hybrid = export.ssm_state_bytes > 0
     page = args.page_size
+    if args.mixed and args.chunked_prefill_size <= 0:
+        parser.error("--mixed needs chunked prefill: SGLang mixes no step without it")
     if hybrid and page > 1:
         parser.error("--page-size > 1 is for attention-only exports")
     for size_gb in args.size_gb:

@@ -16,8 +16,9 @@ SGLang's scheduler (``crosscheck/sglang_concurrent.py``, fixtures in
 ``PrefillAdder``, ``retract_decode`` and new token ratio over a ``RadixCache`` on Llama-3-8B) is
 compared the same way against the timed engine on the shared KV pool (:data:`SGLANG_ENGINE`:
 the pool is ``cache.size_gb``, SGLang's retraction and admission), with
-``max_running_requests`` and ``chunked_prefill_size`` as ``engine.max_running`` and
-``engine.token_budget``, and its batching as ``engine.batching``: ``mixed`` for the
+``max_running_requests``, ``chunked_prefill_size`` and ``max_prefill_tokens`` as
+``engine.max_running``, ``engine.token_budget`` (``null`` where chunked prefill is off) and
+``engine.max_prefill_tokens``, and its batching as ``engine.batching``: ``mixed`` for the
 ``enable_mixed_chunk`` cases, ``prefill_first`` for SGLang's default (README, "Under load
 against SGLang's scheduler").
 
@@ -116,6 +117,13 @@ SGLANG_ENGINE = [
 ]
 
 
+def sglang_chunk(case: dict[str, Any]) -> str:
+    """``engine.token_budget`` for an SGLang case: its ``chunked_prefill_size``, ``null`` when
+    that turns chunked prefill off (0 or less)."""
+    size = int(case["chunked_prefill_size"])
+    return str(size) if size > 0 else "null"
+
+
 def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     """The timed engine's run of ``case`` on the step clock, one row per fixture row."""
     from hydra import compose, initialize_config_dir
@@ -129,7 +137,8 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     limits = (
         [
             f"engine.max_running={case['max_running_requests']}",
-            f"engine.token_budget={case['chunked_prefill_size']}",
+            f"engine.token_budget={sglang_chunk(case)}",
+            f"engine.max_prefill_tokens={case['max_prefill_tokens']}",
             *SGLANG_ENGINE,
             f"engine.batching={'mixed' if case['enable_mixed_chunk'] else 'prefill_first'}",
             # the driver runs without the overlap scheduler: one track slot per request

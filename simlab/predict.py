@@ -130,7 +130,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     """The prediction as ``prediction.json`` holds it (see the module docstring)."""
     prefill, prefix, batch = lengths(cfg)
     cost = cost_model(cfg)
-    budget = int(cfg.engine.token_budget)
+    # chunked prefill off (engine.token_budget=null): one iteration prefills every prompt
+    budget = batch * max(prefill) if cfg.engine.token_budget is None else cfg.engine.token_budget
     runs = [prefill_iterations(prefix, n, batch, budget, cost.model.is_hybrid) for n in prefill]
     breakdowns = [summed(cost.breakdown(shape) for shape in run) for run in runs]
     totals = [sum(cost.time(shape) for shape in run) for run in runs]
@@ -158,7 +159,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         "measured_held_back_error": cost.calibration.profiled_held_back_error,
         "prefix_tokens": prefix,
         "batch": batch,
-        "token_budget": budget,
+        "token_budget": cfg.engine.token_budget,  # null: chunked prefill off
         "prefill_tokens": prefill,
         "prefill_ms": [1000 * total for total in totals],
         "iterations": [len(run) for run in runs],

@@ -50,7 +50,7 @@ class SharedPoolScheduling:
     running: list[Job]
     max_running: int
     _feeder: Feeder
-    _budget: int
+    _budget: float
     _kv_page: int
     _ratio: NewTokenRatio
     _retracted: bool
@@ -167,32 +167,42 @@ class SharedPoolScheduling:
         fit included, before the pass evicts for the prompts it admitted, all at once
         (SGLang's ``PrefillAdder`` loop, then ``prepare_for_extend``); the pass admits nobody
         once the step's prefill chunks fill its token budget (:meth:`_continue_prompts`), the last
-        one admitted perhaps only in part (the next chunked request)."""
+        one admitted perhaps only in part (the next chunked request), or spend
+        ``engine.max_prefill_tokens`` (``rem_input_tokens``; without chunked prefill a prompt
+        that reaches what is left of it waits unless it is the first: :meth:`_under_input_cap`)."""
         sglang = self.settings.request_admission == "sglang"
         if sglang and not self._sglang_pass_opens():
             return
         expected = self._expected_bytes() if sglang else 0.0
-        room, chunk_bytes, added, ask = (
-            self._continue_prompts(expected) if sglang else (math.inf, 0.0, 0.0, 0.0)
+        mixed = len(self._decoders()) if sglang and self.settings.batching == "mixed" else 0
+        room = self._budget - mixed if sglang else math.inf
+        spent, chunk_bytes, added, ask = (
+            self._continue_prompts(expected, room) if sglang else (0, 0.0, 0.0, 0.0)
         )
+        room -= spent
+        cap = self.settings.max_prefill_tokens
+        inputs = math.inf if cap is None else cap - mixed - spent  # ``rem_input_tokens``
         expected += added
         self._admission_passes += 1
         batch: list[Job] = []  # sglang: admitted in this pass, their prompts not held yet
         admitted: list[Job] = []
-        while self.waiting and not self._admission_stops(sglang, room):
+        while self.waiting and not self._admission_stops(sglang, min(room, inputs)):
             job = self.waiting[0]
             if not self._feeder.ready(job):
                 break
             fits, hit = self._fits(job, expected, sum(j.reserved for j in batch) + chunk_bytes)
-            if not self._admits(job, fits, hit, room):
+            if not self._admits(job, fits, hit, room) or (
+                fits and admitted and not self._under_input_cap(job, hit, inputs)
+            ):
                 break
             self._admit_head(job, len(batch))
             admitted.append(job)
             if not sglang:
                 self._hold_prompts([job])
                 continue
-            charged, reserved, job_ask = self._first_chunk(job, int(room))
+            charged, reserved, job_ask = self._first_chunk(job, room)
             room -= charged
+            inputs -= charged
             expected += reserved
             if not fits:
                 self._hold_prompts([job], ask=job_ask)
@@ -224,6 +234,17 @@ class SharedPoolScheduling:
         page = self._kv_page
         return not sglang or -(-(job.input_tokens - hit) // page) * page <= room or room >= page
 
+    def _under_input_cap(self, job: Job, hit: int, inputs: float) -> bool:
+        """Whether the pass, chunked prefill off (``engine.token_budget=null``), admits the
+        queue's head beside the requests it admitted: only if its page-ceiled extend is below
+        the ``inputs`` tokens left of ``engine.max_prefill_tokens`` (SGLang's
+        ``_select_prefill_admission``; the first one is admitted whatever its length). With
+        chunks the cap only ends the pass once spent (:meth:`_admission_stops`)."""
+        if not math.isinf(self._budget):
+            return True
+        page = self._kv_page
+        return -(-(job.input_tokens - hit) // page) * page < inputs
+
     def _room_left(self, expected: float, batch: list[Job], chunks: float) -> bool:
         """Whether the pool still has room after this pass's admissions (SGLang's
         ``budget_state`` after ``add_one_req``: free and evictable tokens beyond what the pass
@@ -233,9 +254,11 @@ class SharedPoolScheduling:
         return self.cache.free_bytes + self._evictable() - pending - expected > 0
 
     def _admission_stops(self, sglang: bool, room: float) -> bool:
-        """Whether the pass admits nobody more: the step's token budget is spent (``room``
-        tokens left), ``max_running`` is reached (with ``sglang`` the batch is then full), or
-        SGLang's batch is full (a prefill-only step kept the flag: its chunk goes on)."""
+        """Whether the pass admits nobody more: the step's token budget or SGLang's
+        ``engine.max_prefill_tokens`` is spent (``room``: the fewer tokens either leaves;
+        ``budget_state``: OTHER), ``max_running`` is reached (with ``sglang`` the batch is then
+        full), or SGLang's batch is full (a prefill-only step kept the flag: its chunk goes
+        on)."""
         if room <= 0:
             return True
         if len(self.running) >= self.max_running:
@@ -243,25 +266,25 @@ class SharedPoolScheduling:
             return True
         return sglang and self._batch_full
 
-    def _continue_prompts(self, expected: float) -> tuple[int, float, float, float]:
+    def _continue_prompts(self, expected: float, room: float) -> tuple[int, float, float, float]:
         """``engine.request_admission=sglang``: the prompts the budget cut take their next
-        chunk first (``add_chunked_req``): as many tokens as the step's budget leaves (less one
-        per decoding request with mixed batching) and, when that is above zero, the pool's
-        room beside ``expected``. Returns the tokens the budget leaves for new requests
-        (``rem_chunk_tokens``, charged the chunks page-ceiled; 0 or less: nobody is admitted),
-        the chunks' bytes (held with the pass's admissions; on a paged pool with the rest of
+        chunk first (``add_chunked_req``): as many tokens as the step's budget leaves
+        (``room``: less one per decoding request with mixed batching) and, when that is above
+        zero, the pool's room beside ``expected``. Returns the tokens charged to the step's
+        budgets (``rem_chunk_tokens`` and ``rem_input_tokens``: the chunks page-ceiled), the
+        chunks' bytes (held with the pass's admissions; on a paged pool with the rest of
         their last page), the bytes they add to the expected writes (the page-ceiled chunk and
         one page each, and the outputs of a prompt the chunk ends, less what they hold) and
         what their allocation asks free (the chunk and a page each)."""
         kv, page = self.model.kv_bytes_per_token, self._kv_page
-        room = self._budget - (len(self._decoders()) if self.settings.batching == "mixed" else 0)
+        spent = 0
         hold = added = ask = 0.0
         for job in self.running:
             if job.held_to >= job.input_tokens:
                 continue
             left = job.input_tokens - job.prefilled
             free = int((self.cache.free_bytes + self._evictable() - expected - added - hold) // kv)
-            take = min(left, room, free) if min(room, free) > 0 else min(left, room)
+            take = int(min(left, room, free) if min(room, free) > 0 else min(left, room))
             if take <= 0:
                 continue
             job.held_to += take
@@ -270,12 +293,13 @@ class SharedPoolScheduling:
             hold += grown
             charged = -(-take // page) * page
             room -= charged
+            spent += charged
             outputs = clipped_max_new(job) if take == left else 0
             added += (outputs + page + charged) * kv - grown
             ask += (take + page) * kv
-        return room, hold, added, ask
+        return spent, hold, added, ask
 
-    def _first_chunk(self, job: Job, room: int) -> tuple[int, float, float]:
+    def _first_chunk(self, job: Job, room: float) -> tuple[int, float, float]:
         """Admitted ``job`` computes its prompt's first ``room`` tokens in this step at most;
         a longer prompt holds only them (SGLang allocates a chunked request's KV chunk by
         chunk) and goes on in the next steps (:meth:`_continue_prompts`). On a paged pool its
@@ -291,7 +315,7 @@ class SharedPoolScheduling:
         if whole <= room:
             self._repad(job, job.input_tokens)
             return whole, (clipped_max_new(job) + page) * kv, (extend + page) * kv
-        take = max(room, 0) // page * page
+        take = int(max(room, 0)) // page * page
         job.held_to = job.hit + take
         job.reserved -= (extend - take) * kv
         return take, page * kv, (take + page) * kv

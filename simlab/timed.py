@@ -79,7 +79,8 @@ BATCHINGS = ("mixed", "prefill_first")
 class TimedSettings:
     """``engine`` config of the timed engine (validated)."""
 
-    token_budget: int = 8192
+    token_budget: int | None = 8192  # None: chunked prefill off (request_admission=sglang)
+    max_prefill_tokens: int | None = None  # SGLang's --max-prefill-tokens (None: no cap)
     max_running: int = 256
     running_memory_gb: float = 16.0
     ckpt_split: bool = True
@@ -96,11 +97,7 @@ class TimedSettings:
     batching: str = "mixed"
 
     def __post_init__(self) -> None:
-        for key in ("token_budget", "max_running", "ssm_chunk"):
-            if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
-                raise ValueError(
-                    f"engine.{key} must be an integer >= 1, got {getattr(self, key)!r}"
-                )
+        self._check_counts()
         shared = self.kv_pool == "shared"  # one budget: the cache alone may be the whole pool
         if not (self.running_memory_gb >= 0 if shared else self.running_memory_gb > 0):
             least = ">= 0 with kv_pool=shared" if shared else "> 0"
@@ -134,6 +131,35 @@ class TimedSettings:
         if self.batching not in BATCHINGS:
             raise ValueError(
                 f"engine.batching must be one of {'|'.join(BATCHINGS)}, got {self.batching!r}"
+            )
+        self._check_sglang_prefill_limits()
+
+    def _check_counts(self) -> None:
+        """The token and request counts are integers >= 1 (the two SGLang limits may be
+        null: :meth:`_check_sglang_prefill_limits`)."""
+        for key in ("token_budget", "max_prefill_tokens", "max_running", "ssm_chunk"):
+            value = getattr(self, key)
+            if value is None and key in ("token_budget", "max_prefill_tokens"):
+                continue
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"engine.{key} must be an integer >= 1, got {value!r}")
+
+    def _check_sglang_prefill_limits(self) -> None:
+        """``engine.max_prefill_tokens`` and ``engine.token_budget=null`` (chunked prefill
+        off) are SGLang's ``--max-prefill-tokens`` and ``--chunked-prefill-size -1``: they
+        need its admission, and without chunks SGLang runs no mixed step."""
+        sglang = self.request_admission == "sglang"
+        if self.max_prefill_tokens is not None and not sglang:
+            raise ValueError(
+                "engine.max_prefill_tokens is SGLang's --max-prefill-tokens: it needs "
+                f"engine.request_admission=sglang, got {self.request_admission!r}"
+            )
+        if self.token_budget is None and not (sglang and self.batching == "prefill_first"):
+            raise ValueError(
+                "engine.token_budget=null (chunked prefill off, SGLang's "
+                "--chunked-prefill-size -1) needs engine.request_admission=sglang and "
+                f"engine.batching=prefill_first, got {self.request_admission!r} and "
+                f"{self.batching!r}"
             )
 
 
@@ -340,7 +366,8 @@ class TimedWorld(SharedPoolScheduling):
         self._total = len(requests)
         self._progress: Progress | None = None
         self.shared = s.kv_pool == "shared"
-        self._budget = s.token_budget  # tokens one iteration computes
+        # tokens one iteration computes (chunked prefill off: any number)
+        self._budget: float = math.inf if s.token_budget is None else s.token_budget
         self._kv_page = 1  # tokens per page of the shared KV pool (_open_pool)
         self.max_running = s.max_running  # a separate SSM pool may lower it (_open_pool)
         self._span_fit = 0
@@ -672,7 +699,7 @@ class TimedWorld(SharedPoolScheduling):
         self._wakeup = self.env.event()
         yield self.env.timeout(max(first - self.env.now, 0.0)) | self._wakeup
 
-    def _prefill_chunks(self, budget: int) -> list[tuple[Job, int]]:
+    def _prefill_chunks(self, budget: float) -> list[tuple[Job, int]]:
         """Prefill chunks (job, tokens) of the running requests in order, within ``budget``
         (a request waiting for its host hit's load gets none yet)."""
         chunks: list[tuple[Job, int]] = []
@@ -722,10 +749,10 @@ class TimedWorld(SharedPoolScheduling):
         job.reserved += keep - released
         job.published_to = took  # on a paged tree the chunk's partial last page stays its own
 
-    def _chunk_size(self, job: Job, budget: int) -> int:
+    def _chunk_size(self, job: Job, budget: float) -> int:
         i = bisect.bisect_right(job.splits, job.prefilled)
         stop = job.splits[i] if i < len(job.splits) else job.input_tokens
-        return min(budget, stop - job.prefilled)
+        return int(min(budget, stop - job.prefilled))
 
     def _batch(self, chunks: list[tuple[Job, int]], decoders: list[Job]) -> BatchShape:
         loads = sum(1 for job, _ in chunks if job.prefilled == job.hit and job.hit > 0)

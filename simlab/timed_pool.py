@@ -87,6 +87,7 @@ class PoolWorld(TimedWorld):
         self.shared = False  # the pool holds running requests: no budget split to keep
         self.hybrid, self.committed = step_pool(step, shape)
         self.shape = shape
+        assert s.token_budget is not None  # chunked prefill off is SGLang's (TimedSettings)
         self._budget = min(s.token_budget, self.hybrid.max_tokens)
         self._keys: dict[int, list[int]] = {}  # queued request id -> its block keys
         self._chunks: list[tuple[Job, int]] = []  # this step's prefill chunks
@@ -129,7 +130,7 @@ class PoolWorld(TimedWorld):
         preemptions = self.pool.preemptions
         self.hybrid.fresh.clear()
         decoders = self._decoders()
-        budget = self._budget - len(decoders)
+        budget = int(self._budget) - len(decoders)  # finite: vLLM always chunks
         self._chunks = []
         for job in list(self.running):
             if job.pool_run is None:  # preempted in this loop
@@ -241,7 +242,7 @@ class PoolWorld(TimedWorld):
         self._chunks.append((job, end - start))
         return end - start
 
-    def _prefill_chunks(self, budget: int) -> list[tuple[Job, int]]:
+    def _prefill_chunks(self, budget: float) -> list[tuple[Job, int]]:
         return [(job, take) for job, take in self._chunks if job.pool_run is not None]
 
     def _prompt_done(self, job: Job) -> None:

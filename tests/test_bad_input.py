@@ -46,6 +46,8 @@ BAD_CONFIG = [
     (["report=maybe"], "report: must be true or false"),
     (["overwrite=maybe"], "overwrite: must be true or false"),
     (["engine.token_budget=0"], "engine.token_budget must be an integer >= 1"),
+    (["engine.max_prefill_tokens=1024"], "engine.max_prefill_tokens is SGLang's"),
+    (["engine.token_budget=null"], "engine.token_budget=null (chunked prefill off"),
     (["engine.max_running=abc"], "engine.max_running must be an integer >= 1"),
     (["engine.running_memory_gb=-1"], "engine.running_memory_gb must be > 0"),
     (["engine.tp=0"], "engine.tp must be an integer >= 1"),

@@ -302,3 +302,14 @@ def test_a_prompt_longer_than_the_token_budget_is_predicted_as_the_engine_chunks
     assert prediction["prefill_ms"][0] > 1000 * one_iteration  # weights read per chunk
     total = sum(ms[0] for ms in prediction["breakdown_ms"].values())
     assert total == pytest.approx(prediction["prefill_ms"][0])
+
+
+def test_without_chunked_prefill_every_prompt_is_one_iteration():
+    """``engine.token_budget=null`` (SGLang's ``--chunked-prefill-size -1``): the batch's
+    prompts are prefilled in one iteration, as with a budget past all of them."""
+    sglang = ["engine.request_admission=sglang", "engine.batching=prefill_first"]
+    lengths = ["prefill=[20000]", "batch=2"]
+    off = predict(config(["engine.token_budget=null", *sglang, *lengths]))
+    wide = predict(config(["engine.token_budget=1000000", *sglang, *lengths]))
+    assert off["iterations"] == [1] and off["token_budget"] is None
+    assert off["prefill_ms"] == wide["prefill_ms"]

@@ -5,6 +5,8 @@ records of single steps (no admission happens inside one: SGLang's ``batch_is_fu
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,7 +18,7 @@ from simlab.new_token_ratio import (
     NewTokenRatio,
 )
 from simlab.records import records_frame
-from simlab.timed import Job, SessionFeeder, TimedWorld
+from simlab.timed import Job, SessionFeeder, TimedSettings, TimedWorld
 from tests.test_kv_pool import KV, build, engine, requests, tiny
 from traces.format import Request
 
@@ -181,8 +183,8 @@ def test_running_requests_expect_their_clipped_outputs_left_times_the_ratio(batc
         ratio = 1.0 if eos else 0.25
         expected = (60 + CLIP_MAX_NEW_TOKENS) * ratio + 2 * mixed
         assert world._expected_bytes() == pytest.approx(expected * KV)
-        room, hold, added, ask = world._continue_prompts(0.0)
-        assert room == world.settings.token_budget - 2 * mixed - 6
+        spent, hold, added, ask = world._continue_prompts(0.0, 128 - 2 * mixed)
+        assert spent == 6
         assert added == (300 + 1) * KV
         assert jobs[2].held_to == 10 and hold == 6 * KV
         assert ask == (6 + 1) * KV  # the chunk's eviction asks one page more
@@ -264,3 +266,53 @@ def test_a_prompt_cut_into_chunks_is_published_chunk_by_chunk(batching):
     assert records[1].scheduled == 7.0 == records[0].first_token - 1
     assert records[1].hit_tokens == 600
     assert records[1].first_token == 9.0  # 24 tokens, then its last 76
+
+
+def three_prompts(length: int) -> list[Request]:
+    """Three ``length``-token prompts with nothing in common, arriving together."""
+    zeros = np.zeros(0, np.int32)
+    return [
+        Request(i, i, 0, 0.0, np.arange(i * length, (i + 1) * length, dtype=np.int32), zeros, 5)
+        for i in range(3)
+    ]
+
+
+def test_max_prefill_tokens_ends_the_pass_once_spent_but_cuts_no_prompt():
+    """SGLang's ``--max-prefill-tokens`` (``rem_input_tokens``) with chunks: the pass admits
+    while the cap has tokens left, charging each page-ceiled extend, so the request that spends
+    it runs whole (the chunk budget alone cuts prompts) and the next waits for the next step."""
+    reqs = three_prompts(300)
+    free = step_world(reqs, token_budget=1024)
+    capped = step_world(reqs, token_budget=1024, max_prefill_tokens=512)
+    assert [r.scheduled for r in free] == [0.0, 0.0, 0.0]
+    assert [r.scheduled for r in capped] == [0.0, 0.0, 1.0]
+    assert [r.first_token for r in capped[:2]] == [1.0, 1.0]  # the second ran whole: 300 > 212
+
+
+def test_without_chunked_prefill_a_prompt_past_the_cap_waits_unless_it_is_first():
+    """``engine.token_budget=null`` (SGLang's ``--chunked-prefill-size -1``): no prompt is cut,
+    and a candidate whose extend reaches what the pass left of ``max_prefill_tokens`` waits
+    for the next step (``_select_prefill_admission``) unless the pass admitted nobody yet."""
+    off = {"token_budget": None, "max_prefill_tokens": 500, "batching": "prefill_first"}
+    long = step_world(three_prompts(3000), **off)
+    assert [r.scheduled for r in long] == [0.0, 1.0, 2.0]  # each alone, each whole
+    assert [r.first_token for r in long] == [1.0, 2.0, 3.0]
+    short = step_world(three_prompts(200), **off)
+    assert [r.scheduled for r in short] == [0.0, 0.0, 1.0]  # 200 < 300 left; 200 >= 100 left
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_prefill_tokens": 0}, "engine.max_prefill_tokens must be an integer >= 1"),
+        ({"max_prefill_tokens": 1024}, "engine.max_prefill_tokens is SGLang's"),
+        ({"token_budget": None}, "engine.token_budget=null (chunked prefill off"),
+        (
+            {"token_budget": None, "request_admission": "sglang", "batching": "mixed"},
+            "needs engine.request_admission=sglang and engine.batching=prefill_first",
+        ),
+    ],
+)
+def test_sglang_prefill_limits_are_checked(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TimedSettings(**settings)
