@@ -7,12 +7,17 @@ For each length in ``prefill`` it prints the predicted time of ``batch`` identic
 that arrive together, alone on the GPU, each with ``prefix`` tokens cached, until the last one's
 first token, and the ops that take most of it. The timed engine prefills them in iterations of
 at most ``engine.token_budget`` tokens (chunked prefill: the requests in order, logits only in
-a prompt's last chunk, a request whose prefill ended decoding meanwhile;
-:func:`prefill_iterations`), so a prompt longer than the budget takes several iterations, each
-reading the weights again and attending to the chunks before it (vLLM V1 on an A100 chunks at
-8,192 tokens for ``LLM`` and 2,048 for its server). It writes ``prediction.json`` (atomically)
+a prompt's last chunk, a request whose prefill ended decoding meanwhile unless
+``engine.batching=prefill_first``; :func:`prefill_iterations`), so a prompt longer than the
+budget takes several iterations, each reading the weights again and attending to the chunks
+before it (vLLM V1 on an A100 chunks at 8,192 tokens for ``LLM`` and 2,048 for its server).
+With SGLang's admission on the shared pool (``engine.request_admission=sglang
+engine.kv_pool=shared``) the requests start pass by pass as its ``PrefillAdder`` admits them,
+each pass ending once ``engine.max_prefill_tokens`` is spent (with ``engine.token_budget=null``
+a prompt reaching what is left of it waits for the next pass). It writes ``prediction.json`` (atomically)
 into the run directory: ``prefill_tokens``, ``prefill_ms``, ``iterations`` (per length),
-``breakdown_ms`` (op name -> one time per length, summed over the iterations), and the
+``breakdown_ms`` (op name -> one time per length, summed over the iterations), the scheduling
+(``token_budget``, ``batching``, ``admission_passes``, ``max_prefill_tokens``), and the
 model, hardware, tensor-parallel degree and calibration used (the hardware preset's own by
 default, ``engine.calibration=null`` for the default efficiencies) with its held-back error;
 ``measured_ops``: the ops timed from the calibration's measurements of their shape
@@ -27,7 +32,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +47,7 @@ from simlab.config import ConfigError
 from simlab.costmodel import BatchShape, CostModel, check_tp
 from simlab.model import ModelSpec
 from simlab.simulate import build_engine
-from simlab.timed import TimedEngine
+from simlab.timed import TimedEngine, TimedSettings
 from traces.atomic import atomic_path
 
 log = logging.getLogger(__name__)
@@ -65,8 +72,9 @@ def lengths(cfg: DictConfig) -> tuple[list[int], int, int]:
     return [int(n) for n in prefill], prefix, batch
 
 
-def cost_model(cfg: DictConfig) -> CostModel:
-    """The timed engine's cost model for the configured model, hardware, tp, calibration."""
+def timed_engine(cfg: DictConfig) -> tuple[TimedEngine, CostModel]:
+    """The configured timed engine and its cost model for the configured model (hardware,
+    tp, calibration)."""
     try:
         model = ModelSpec.from_config(cfg.model)
     except ValueError as err:
@@ -88,51 +96,124 @@ def cost_model(cfg: DictConfig) -> CostModel:
             engine.hardware.name,
             engine.tp,
         )
-    return engine.cost_model(model)
+    return engine, engine.cost_model(model)
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """How the timed engine batches prefill chunks (its settings, :class:`TimedSettings`).
+
+    ``budget``: tokens per iteration (``engine.token_budget``; inf: chunked prefill off);
+    ``prefill_first``: a step that prefills runs no decodes (``engine.batching``);
+    ``passes``: SGLang's admission pass decides each step's new chunks
+    (``engine.request_admission=sglang`` on the shared KV pool, where the engine runs it);
+    ``cap``: what one pass may prefill (``engine.max_prefill_tokens``; inf: no cap)."""
+
+    budget: float = 8192
+    prefill_first: bool = False
+    passes: bool = False
+    cap: float = math.inf
+
+    @classmethod
+    def of(cls, engine: TimedSettings) -> Scheduling:
+        passes = engine.kv_pool == "shared" and engine.request_admission == "sglang"
+        return cls(
+            budget=math.inf if engine.token_budget is None else engine.token_budget,
+            prefill_first=engine.batching == "prefill_first",
+            passes=passes,
+            cap=math.inf
+            if engine.max_prefill_tokens is None or not passes
+            else engine.max_prefill_tokens,
+        )
 
 
 def prefill_iterations(
-    prefix: int, new: int, batch: int, budget: int, hybrid: bool
+    prefix: int, new: int, batch: int, scheduling: Scheduling, hybrid: bool
 ) -> list[BatchShape]:
     """The iterations in which the timed engine prefills ``batch`` identical requests of
-    ``new`` uncached tokens after a cached ``prefix``, arrived together and alone on the GPU,
-    up to the last one's first token. As in ``TimedEngine._iteration``: a request whose prefill
-    ended decodes one token per later iteration (continuous batching), and the others get
-    chunks, in order, that fill the rest of ``budget``; a hybrid loads a request's checkpoint
-    in its first chunk when it has a prefix; decodes and chunks that end their prompt sample.
-    Invariant: the chunks of each request cover its ``new`` tokens once, in order."""
+    ``new`` uncached tokens after a cached ``prefix``, arrived together and alone on the GPU
+    (memory to spare), up to the last one's first token. As in ``TimedWorld._iteration``: a
+    request whose prefill ended decodes one token per later iteration (continuous batching;
+    with ``prefill_first`` only in an iteration without chunks), and the others get chunks,
+    in order, that fill the rest of the budget. Whole admission starts every request at once;
+    SGLang's pass (:func:`_admission_pass`) admits them step by step. A hybrid loads a
+    request's checkpoint in its first chunk when it has a prefix; decodes and chunks that end
+    their prompt sample. Invariant: the chunks of each request cover its ``new`` tokens once,
+    in order."""
     done = [0] * batch  # tokens prefilled per request
     decoded = [0] * batch  # tokens decoded since its prefill ended
+    held = [0 if scheduling.passes else new] * batch  # tokens it may prefill so far
+    started = 0 if scheduling.passes else batch
     iterations = []
     while done[-1] < new:
-        decoders = [i for i in range(batch) if done[i] == new]
-        left, chunks, loads, sampled = budget - len(decoders), [], 0, len(decoders)
-        for i in range(batch):
-            if left <= 0:
-                break
-            if done[i] < new:
-                take = min(left, new - done[i])
-                chunks.append((prefix + done[i], take))
+        decoders = [i for i in range(started) if done[i] == new]
+        mixed = 0 if scheduling.prefill_first else len(decoders)
+        if scheduling.passes:
+            started = _admission_pass(held, started, new, scheduling, mixed)
+        left, chunks, loads, sampled = scheduling.budget - mixed, [], 0, 0
+        for i in range(started):
+            take = min(left, held[i] - done[i])
+            if take > 0:
+                chunks.append((prefix + done[i], int(take)))
                 loads += int(hybrid and prefix > 0 and done[i] == 0)
                 sampled += int(done[i] + take == new)
-                done[i] += take
+                done[i] += int(take)
                 left -= take
+        if chunks and scheduling.prefill_first:
+            decoders = []
         decode = [prefix + new + decoded[i] + 1 for i in decoders]
         for i in decoders:
             decoded[i] += 1
         iterations.append(
-            BatchShape(prefill=chunks, decode=decode, state_loads=loads, sampled=sampled)
+            BatchShape(
+                prefill=chunks, decode=decode, state_loads=loads, sampled=sampled + len(decoders)
+            )
         )
     return iterations
+
+
+def _admission_pass(
+    held: list[int], started: int, new: int, scheduling: Scheduling, mixed: int
+) -> int:
+    """SGLang's admission pass before a step (``SharedPoolScheduling._schedule_shared`` with
+    memory to spare and one-token pages): the prompt the budget cut takes its next chunk
+    first, then queued requests are admitted in order while the step's token budget (less
+    ``mixed``, the decodes riding it) and the cap (``rem_input_tokens``) both have room, the
+    last one cut by the budget; without chunked prefill a request whose extend reaches what
+    is left of the cap waits, unless it is the pass's first. Grows ``held``; returns the
+    requests started."""
+    room = scheduling.budget - mixed
+    spent = 0.0
+    for i in range(started):  # the chunked request (``add_chunked_req``)
+        take = min(new - held[i], room)
+        if take > 0:
+            held[i] += int(take)
+            room -= take
+            spent += take
+    inputs = scheduling.cap - mixed - spent
+    first = started
+    while started < len(held) and min(room, inputs) > 0:
+        if started > first and math.isinf(scheduling.budget) and not new < inputs:
+            break
+        take = min(new, room)
+        held[started] = int(take)
+        room -= take
+        inputs -= take
+        started += 1
+    return started
 
 
 def predict(cfg: DictConfig) -> dict[str, Any]:
     """The prediction as ``prediction.json`` holds it (see the module docstring)."""
     prefill, prefix, batch = lengths(cfg)
-    cost = cost_model(cfg)
-    # chunked prefill off (engine.token_budget=null): one iteration prefills every prompt
-    budget = batch * max(prefill) if cfg.engine.token_budget is None else cfg.engine.token_budget
-    runs = [prefill_iterations(prefix, n, batch, budget, cost.model.is_hybrid) for n in prefill]
+    engine, cost = timed_engine(cfg)
+    if batch > engine.max_running:
+        raise ConfigError(
+            f"batch: {batch} requests exceed engine.max_running={engine.max_running} (the "
+            "others would wait for outputs simlab.predict does not model)"
+        )
+    scheduling = Scheduling.of(engine)
+    runs = [prefill_iterations(prefix, n, batch, scheduling, cost.model.is_hybrid) for n in prefill]
     breakdowns = [summed(cost.breakdown(shape) for shape in run) for run in runs]
     totals = [sum(cost.time(shape) for shape in run) for run in runs]
     measured = [
@@ -160,6 +241,10 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         "prefix_tokens": prefix,
         "batch": batch,
         "token_budget": cfg.engine.token_budget,  # null: chunked prefill off
+        "batching": engine.batching,
+        # SGLang's admission pass (request_admission=sglang, kv_pool=shared) and its cap
+        "admission_passes": scheduling.passes,
+        "max_prefill_tokens": engine.max_prefill_tokens if scheduling.passes else None,
         "prefill_tokens": prefill,
         "prefill_ms": [1000 * total for total in totals],
         "iterations": [len(run) for run in runs],
@@ -217,9 +302,18 @@ def table(prediction: dict[str, Any]) -> str:
         share = prediction["measured_share"][i]
         measured_part = f"; {100 * share:.0f}% measured" if measured else ""
         chunks = prediction["iterations"][i]
-        chunked = f"; {chunks} chunks of <= {prediction['token_budget']:,}" if chunks > 1 else ""
+        chunked = f"; {iterations(chunks, prediction)}" if chunks > 1 else ""
         lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms{measured_part}{chunked})")
     return "\n".join(lines)
+
+
+def iterations(count: int, prediction: dict[str, Any]) -> str:
+    """How the engine split the batch's prefill: chunks of the token budget, or passes the
+    prefill cap ended (chunked prefill off)."""
+    budget, cap = prediction["token_budget"], prediction["max_prefill_tokens"]
+    if budget is None:
+        return f"{count} iterations, each pass capped at {cap:,} tokens"
+    return f"{count} iterations of <= {budget:,} tokens"
 
 
 def write(prediction: dict[str, Any], out_dir: Path) -> Path:
