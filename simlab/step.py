@@ -279,7 +279,8 @@ class RequestStep:
         prompt's lookup) followed by the ``refill`` outputs a recomputed request prefills again,
         on a Transformer's tree of tokens (SGLang keys a retracted request by its fill ids,
         ``origin_input_ids + output_ids``, as it matches, refreshes and publishes it); elsewhere
-        the prompt's alone. No real-engine case tells a hybrid's rule apart yet."""
+        the prompt's alone. On a hybrid SGLang publishes a recompute's fill with a state at its
+        end, which later requests hit (README, "Known gap (hybrids)"); simlab does not yet."""
         cache = self.cache
         if refill <= 0 or cache.hybrid:
             return ids, 0
