@@ -13,13 +13,14 @@ budget takes several iterations, each reading the weights again and attending to
 before it (vLLM V1 on an A100 chunks at 8,192 tokens for ``LLM`` and 2,048 for its server).
 With SGLang's admission on the shared pool (``engine.request_admission=sglang
 engine.kv_pool=shared``) the requests start pass by pass as its ``PrefillAdder`` admits them,
-each pass ending once ``engine.max_prefill_tokens`` is spent (with ``engine.token_budget=null``
-a prompt reaching what is left of it waits for the next pass). It writes ``prediction.json`` (atomically)
-into the run directory: ``prefill_tokens``, ``prefill_ms``, ``iterations`` (per length),
-``breakdown_ms`` (op name -> one time per length, summed over the iterations), the scheduling
-(``token_budget``, ``batching``, ``admission_passes``, ``max_prefill_tokens``), and the
-model, hardware, tensor-parallel degree and calibration used (the hardware preset's own by
-default, ``engine.calibration=null`` for the default efficiencies) with its held-back error;
+each pass ending once ``engine.max_prefill_tokens`` is spent (with
+``engine.token_budget=null`` a prompt reaching what is left of it waits for the next pass).
+It writes ``prediction.json`` (atomically) into the run directory: ``prefill_tokens``,
+``prefill_ms``, ``iterations`` (per length), ``breakdown_ms`` (op name -> one time per
+length, summed over the iterations), the scheduling (``token_budget``, ``batching``,
+``admission_passes``, ``max_prefill_tokens``), and the model, hardware, tensor-parallel
+degree and calibration used (the hardware preset's own by default, ``engine.calibration=null``
+for the default efficiencies) with its held-back error;
 ``measured_ops``: the ops timed from the calibration's measurements of their shape
 (``engine.profiles=false``: none) with those measurements' own held-back error;
 ``measured_share``: per length, the share of the predicted time those ops make up. The
@@ -109,10 +110,10 @@ class Scheduling:
     (``engine.request_admission=sglang`` on the shared KV pool, where the engine runs it);
     ``cap``: what one pass may prefill (``engine.max_prefill_tokens``; inf: no cap)."""
 
-    budget: float = 8192
-    prefill_first: bool = False
-    passes: bool = False
-    cap: float = math.inf
+    budget: float
+    prefill_first: bool
+    passes: bool
+    cap: float
 
     @classmethod
     def of(cls, engine: TimedSettings) -> Scheduling:
