@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,gpu]'
+	$(BIN)/pip install --quiet -e '.[dev,gpu,fast]'
 	$(BIN)/python -m compileall -q simlab policies traces hydra_plugins
 	touch $(STAMP)
 

@@ -5,10 +5,13 @@ A pure Transformer on a block pool, on the replay engine, with an LRU refreshing
 block ids per capacity: :mod:`simlab.block_heap`), gives the same records as the
 request-by-request replay from one walk of the trace (:mod:`simlab.block_walk`), shared by every
 capacity of a ``cache.size_gb`` list. ``cache.one_pass=false`` replays request by request.
+FIFO's and Belady's heaps run compiled (:mod:`simlab.block_kernel`, numba) per
+``cache.compiled`` (:func:`use_compiled`), with the same columns.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.base import EvictionPolicy, Semantics
+from simlab import block_kernel
 from simlab.block_heap import BELADY, FIFO, heap_replay, input_passes
 from simlab.block_walk import CapacityColumns, Paths, block_paths
 from simlab.engine import Engine
@@ -34,6 +38,13 @@ _BELADY = "policies.clairvoyant.Clairvoyant"
 #: admission classes keyed by whole blocks (one node per block)
 _BLOCK_TARGETS = ("policies.production.VLLM", "policies.production.BlockPool")
 LRU = "lru"
+#: ``cache.compiled=auto`` compiles FIFO's and Belady's heaps from this many block visits (path
+#: blocks x capacities) on: loading numba and its cached kernel takes about 0.9 s on a 2-core
+#: machine, the pure-Python heap about 1 us per visit, the kernel about 0.07 us
+#: (``python -m bench.block_kernel``)
+COMPILED_MIN_VISITS = 2_000_000
+
+log = logging.getLogger(__name__)
 
 
 def _qualname(obj: object) -> str:
@@ -125,13 +136,26 @@ def walk_scheme(keys: BlockKeys, requests: Sequence[Request]) -> tuple[int, bool
     return keys.block_size, trims, keys.whole_last_id
 
 
+def use_compiled(compiled: bool | str, paths: Paths, capacities: int) -> bool:
+    """Whether FIFO's and Belady's heaps run compiled: ``cache.compiled`` true, or auto with
+    numba installed and at least :data:`COMPILED_MIN_VISITS` block visits to make."""
+    if compiled == "auto":
+        visits = sum(map(len, paths.nodes)) * capacities
+        return visits >= COMPILED_MIN_VISITS and block_kernel.available()
+    return compiled is True
+
+
 def block_replay(
-    requests: Sequence[Request], steps: Sequence[RequestStep], walks: Walks | None = None
+    requests: Sequence[Request],
+    steps: Sequence[RequestStep],
+    walks: Walks | None = None,
+    compiled: bool | str = "auto",
 ) -> list[BlockRun]:
     """The records the replay engine would give for each of ``steps`` (one policy's steps at
     several capacities, each passing :func:`one_pass_obstacle`), from one walk of the trace
     (taken from, or added to, ``walks`` of these ``requests``): an LRU's capacities from one
-    stack-distance pass, FIFO's and Belady's each from a heap."""
+    stack-distance pass, FIFO's and Belady's each from a heap, compiled per ``compiled``
+    (``cache.compiled``: :func:`use_compiled`)."""
     first = steps[0]
     keys = step_keys(first)
     assert isinstance(keys, BlockKeys)
@@ -143,6 +167,10 @@ def block_replay(
         paths = walks[scheme] = block_paths(requests, keys)
     ranks = lru_ranks(paths) if order == LRU else None
     passes = input_passes(paths) if order == BELADY else None
+    flat = None
+    if ranks is None and use_compiled(compiled, paths, len(steps)):
+        log.info("%s: the heap compiled (cache.compiled=%s)", first.policy, compiled)
+        flat = block_kernel.FlatPaths(paths, passes)
     fixed = request_columns(requests, first)
     runs = []
     for step in steps:
@@ -151,6 +179,8 @@ def block_replay(
         args = (cache.capacity, cache.kv_per_token, slack)
         if ranks is not None:
             cols = replay_capacity(paths, ranks, *args)
+        elif flat is not None:
+            cols = block_kernel.compiled_heap_replay(flat, *args)
         else:
             cols = heap_replay(paths, *args, passes)
         runs.append(capacity_run(step, fixed, cols, keys.block_size))

@@ -260,7 +260,8 @@ def one_pass(
     """The policy's runs at every point from one walk of the trace (shared in ``walks`` with
     the other policies: :func:`simlab.block_replay.block_replay`)."""
     metrics = [point.plan.settings.metrics for point in points]
-    runs = stacked_runs(name, requests, steps, metrics, walks)
+    compiled = points[0].plan.settings.cache.compiled
+    runs = stacked_runs(name, requests, steps, metrics, walks, compiled)
     for point, run in zip(points, runs, strict=True):
         rate = run.summary["token_hit_rate"]
         log.info("%s at %s GB: token hit rate %.4f", name, point.size, rate)

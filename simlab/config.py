@@ -51,6 +51,10 @@ class CacheSettings:
     #: stack-distance pass, FIFO's and Belady's on block ids; False: request by request (a
     #: ``size_gb`` list back to back)
     one_pass: bool = True
+    #: FIFO's and Belady's block-id replays compiled with numba (:mod:`simlab.block_kernel`,
+    #: the same records): "auto" when numba is installed and the walk is large enough to repay
+    #: loading it, True always (numba must be installed), False never
+    compiled: bool | str = "auto"
 
     def __post_init__(self) -> None:
         if (
@@ -71,6 +75,21 @@ class CacheSettings:
         self._check_host_tier()
         if not isinstance(self.one_pass, bool):
             raise ConfigError(f"cache.one_pass: must be true or false (got {self.one_pass!r})")
+        self._check_compiled()
+
+    def _check_compiled(self) -> None:
+        """``compiled`` is auto, true or false; true needs numba installed."""
+        if not (isinstance(self.compiled, bool) or self.compiled == "auto"):
+            raise ConfigError(
+                f"cache.compiled: must be auto, true or false (got {self.compiled!r})"
+            )
+        from simlab.block_kernel import available  # finds numba without importing it
+
+        if self.compiled is True and not available():
+            raise ConfigError(
+                "cache.compiled=true: numba is not installed (pip install 'simlab[fast]'), "
+                "or set cache.compiled=auto"
+            )
 
     def _check_host_tier(self) -> None:
         """``host_gb`` (> 0 GB, inf allowed) needs ``host_bw_gbps`` (> 0 GB/s, inf: free loads);

@@ -409,7 +409,9 @@ def run_policy(
     step = policy_step(name, pcfg, model, settings, unit_tokens)
     if settings.cache.one_pass and one_pass_obstacle(step, engine) is None:
         log.info("%s: %s (cache.one_pass)", name, fast_path(step.eviction))
-        (stacked,) = stacked_runs(name, requests, [step], [settings.metrics], walks)
+        (stacked,) = stacked_runs(
+            name, requests, [step], [settings.metrics], walks, settings.cache.compiled
+        )
         return stacked
     start = time.perf_counter()
     with heap_frozen():
@@ -433,14 +435,15 @@ def stacked_runs(
     steps: list[RequestStep],
     metrics: list[MetricSettings],
     walks: Walks | None = None,
+    compiled: bool | str = "auto",
 ) -> list[PolicyRun]:
     """The policy's run at each step's capacity from one walk of the trace
     (:func:`simlab.block_replay.block_replay`; every step passes
     :func:`simlab.block_replay.one_pass_obstacle`): the replay engine's records, occupancy and
     summary, the whole computation's wall time shared equally. ``walks``: the block walks of
-    ``requests`` other policies took (shared)."""
+    ``requests`` other policies took (shared); ``compiled``: ``cache.compiled``."""
     start = time.perf_counter()
-    stacked = block_replay(requests, steps, walks)
+    stacked = block_replay(requests, steps, walks, compiled)
     wall = (time.perf_counter() - start) / len(steps)
     runs = []
     for step, run, point_metrics in zip(steps, stacked, metrics, strict=True):
