@@ -16,7 +16,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from simlab.keys import BlockKeys
+import numpy as np
+
+from simlab.keys import BlockKeys, shared_prefix
 from traces.format import Request
 
 
@@ -45,20 +47,31 @@ class Paths:
 
 
 def block_paths(requests: Sequence[Request], keys: BlockKeys) -> Paths:
-    """The one walk: each request's block path as trie node ids (:class:`Paths`)."""
+    """The one walk: each request's block path as trie node ids (:class:`Paths`). A request
+    takes the nodes of the leading blocks it shares with its session's previous request (a
+    node is its path's block ids, so equal leading ids are equal nodes) and walks the trie
+    only below them (with ``keys.share_prefixes`` false it walks every block: the same paths,
+    ``tests/test_block_walk.py``)."""
     trie: dict[tuple[int, int], int] = {}
     out = Paths()
     parents = out.parent
+    latest: dict[int, tuple[np.ndarray, list[int]]] = {}  # session -> its last ids and path
     for req in requests:
         view = keys.view(req)
-        path, parent = [], 0
-        for block in view.sequence[: view.cacheable].tolist():
+        ids = view.sequence[: view.cacheable]
+        path: list[int] = []
+        previous = latest.get(req.session_id) if keys.share_prefixes else None
+        if previous is not None:
+            path = previous[1][: shared_prefix(ids, previous[0])]
+        parent = path[-1] if path else 0
+        for block in ids[len(path) :].tolist():
             node = trie.get((parent, block))
             if node is None:
                 node = trie[(parent, block)] = len(parents)
                 parents.append(parent)
             path.append(node)
             parent = node
+        latest[req.session_id] = (ids, path)
         out.nodes.append(path)
         out.cacheable.append(view.cacheable)
         out.lookup_full.append(keys.input_blocks(req))

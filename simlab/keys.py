@@ -48,6 +48,9 @@ from policies.base import Keys
 from traces.format import TOKEN_DTYPE, Request
 
 _ID_BYTES = np.dtype(TOKEN_DTYPE).itemsize
+#: sessions whose last view :meth:`BlockKeys.session_blocks` keeps (the most recent; an older
+#: session's next request keys every block, with the same ids): bounds the memory it holds
+SESSIONS_KEPT = 4096
 
 
 @dataclass(slots=True)
@@ -124,7 +127,11 @@ class BlockKeys:
     block_size: int
     committed: bool = True
     whole_last_id: bool = False  # hash-id traces: a short last id counts as a whole one
+    #: key only the blocks after those a request shares with its session's last view
+    #: (:meth:`session_blocks`); False keys every block (the same ids)
+    share_prefixes: bool = True
     _ids: dict[bytes, int] = field(default_factory=dict, repr=False)
+    _latest: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _partial: itertools.count = field(default_factory=lambda: itertools.count(-1, -1), repr=False)
 
     def __post_init__(self) -> None:
@@ -145,7 +152,7 @@ class BlockKeys:
     def view(self, req: Request) -> KeyedRequest:
         seq = sequence_ids(req, self.committed)
         n_input, whole = req.input_len, self.whole_ids(req)
-        full = self._full_blocks(seq if whole == n_input else seq[:whole])
+        full = self.session_blocks(req.session_id, seq if whole == n_input else seq[:whole])
         n_full = whole // self.block_size
         lookup = full[:n_full]
         if n_input > n_full * self.block_size:
@@ -176,6 +183,28 @@ class BlockKeys:
             out.append(fresh)
         return np.asarray(out, dtype=TOKEN_DTYPE)
 
+    def session_blocks(self, session: int, source: np.ndarray) -> np.ndarray:
+        """The ids of ``source``'s full blocks (read-only). A chat's or an agent's request
+        repeats its session's previous one and adds to it: the leading whole blocks it shares
+        with the session's last view (one array comparison) take that view's ids, and only the
+        blocks after them are keyed. The same ids as keying every block, since those contents
+        were keyed then; ``tests/test_block_walk.py`` checks it on real traces."""
+        latest = self._latest.get(session) if self.share_prefixes else None
+        if latest is None:
+            full = self._full_blocks(source)
+        else:
+            end = source.shape[0] // self.block_size * self.block_size
+            shared = shared_prefix(source[:end], latest[0]) // self.block_size
+            rest = self._full_blocks(source[shared * self.block_size : end])
+            full = np.concatenate((latest[1][:shared], rest))
+        full.setflags(write=False)
+        if self.share_prefixes:
+            self._latest.pop(session, None)  # the most recent session last
+            self._latest[session] = (source, full)
+            if len(self._latest) > SESSIONS_KEPT:
+                del self._latest[next(iter(self._latest))]
+        return full
+
     def _full_blocks(self, seq: np.ndarray) -> np.ndarray:
         """One id per full block of ``seq``; a new content gets the next id."""
         n_full = seq.shape[0] // self.block_size
@@ -191,6 +220,13 @@ class BlockKeys:
             setdefault = ids.setdefault
             out = [setdefault(b, len(ids)) for b in blocks]
         return np.asarray(out, dtype=TOKEN_DTYPE)
+
+
+def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading ids ``a`` and ``b`` hold alike."""
+    n = min(a.shape[0], b.shape[0])
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.shape[0] else n
 
 
 KeyScheme = TokenKeys | BlockKeys
