@@ -53,11 +53,11 @@ from simlab.simulate import (
     trace_requests,
 )
 from simlab.summary import Summary
-from simlab.sweep import _scalar, _tidy, check_no_overwrite, finished_summary, write_points
+from simlab.sweep import _scalar, check_no_overwrite, finished_summary, tidy_table, write_points
 from traces.format import Request
 
 if TYPE_CHECKING:
-    import pandas as pd
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,13 @@ def point_dir_name(size: Any) -> str:
     """``size_gb=<value>``: the shortest spelling that reads back as the same number."""
     if isinstance(size, bool) or not isinstance(size, int | float):
         return f"size_gb={size}"
-    short = format(float(size), "g")
-    return f"size_gb={short if float(short) == float(size) else repr(float(size))}"
+    return f"size_gb={shortest(float(size))}"
+
+
+def shortest(value: float) -> str:
+    """``value`` in ``g`` format when that reads back as the same number, else in full."""
+    short = format(value, "g")
+    return short if float(short) == value else repr(value)
 
 
 @dataclass
@@ -109,16 +114,30 @@ class CapacityRun:
 
     points: list[Point]
     summaries: list[Summary]
-    table: pd.DataFrame
+    table: pa.Table
     out_dir: Path | None
 
     def table_text(self) -> str:
         """One line per (capacity, policy): hit rates, peak bytes and how it was replayed."""
-        if self.table.empty:
+        if not self.table.num_rows:
             return "(no capacity)"
-        cols = ["policy", *TABLE_COLUMNS, "replay"]
-        frame = self.table.set_index(SIZE_KEY)[cols].rename(columns=TABLE_COLUMNS)
-        return str(frame.to_string(float_format=lambda v: f"{v:.4f}"))
+        keys = [SIZE_KEY, "policy", *TABLE_COLUMNS, "replay"]
+        header = [SIZE_KEY, "policy", *TABLE_COLUMNS.values(), "replay"]
+        columns = [self.table.column(key).to_pylist() for key in keys]
+        rows = range(len(columns[0]))
+        cells = [header] + [[_cell(col[i], j == 0) for j, col in enumerate(columns)] for i in rows]
+        widths = [max(len(row[j]) for row in cells) for j in range(len(header))]
+        return "\n".join(
+            "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
+            for row in cells
+        )
+
+
+def _cell(value: Any, size: bool) -> str:
+    """A capacity as short as it reads back (GB); a metric to 4 decimals."""
+    if isinstance(value, float):
+        return shortest(value) if size or value.is_integer() else f"{value:.4f}"
+    return str(value)
 
 
 def point_config(cfg: DictConfig, size: Any, out_dir: Path | None) -> DictConfig:
@@ -268,11 +287,10 @@ def one_pass(
     return runs
 
 
-def capacity_table(points: list[Point], summaries: list[Summary], top: Path | None) -> pd.DataFrame:
+def capacity_table(points: list[Point], summaries: list[Summary], top: Path | None) -> pa.Table:
     """One row per (capacity, policy): the capacity, the point's directory, the policy, how
-    it was replayed and every metric of its summary entry (sweep tables' types)."""
-    import pandas as pd
-
+    it was replayed and every metric of its summary entry (sweep tables' types,
+    :func:`simlab.sweep.tidy_table`; no pandas)."""
     rows: list[dict[str, Any]] = []
     for point, summary in zip(points, summaries, strict=True):
         run_dir = point.out_dir
@@ -287,10 +305,7 @@ def capacity_table(points: list[Point], summaries: list[Summary], top: Path | No
             }
             row.update({k: _scalar(v) for k, v in metrics.items() if k not in row})
             rows.append(row)
-    frame = pd.DataFrame(rows)
-    for column in frame.columns:
-        frame[column] = _tidy(frame[column])
-    return frame
+    return tidy_table(rows)
 
 
 __all__ = ["CapacityRun", "Point", "capacity_list", "point_dir_name", "run_capacities"]

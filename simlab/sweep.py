@@ -56,6 +56,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from simlab.config import ConfigError
 from simlab.records import strict_json
+from traces.arrow_numpy import from_optional
 from traces.atomic import atomic_path
 
 if TYPE_CHECKING:
@@ -209,18 +210,57 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def column_kind(values: Sequence[Any]) -> str:
+    """What one column of a tidy table holds: ``number``, ``bool`` or ``str``, or ``empty``
+    (every value missing); a mixed column is strings."""
+    present = [v for v in values if not _missing(v)]
+    if not present:
+        return "empty"
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in present):
+        return "number"
+    return "bool" if all(isinstance(v, bool) for v in present) else "str"
+
+
 def _tidy(column: pd.Series) -> pd.Series:
-    """One type per column: numbers, booleans, or strings (pyarrow needs it); gaps are null."""
+    """One type per column (:func:`column_kind`: pyarrow needs it); gaps are null."""
     import pandas as pd
 
-    present = [v for v in column if not _missing(v)]
-    if not present:
+    kind = column_kind(list(column))
+    if kind == "empty":
         return column
-    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in present):
+    if kind == "number":
         return pd.to_numeric(column)
-    convert = (lambda v: v) if all(isinstance(v, bool) for v in present) else str
+    convert = (lambda v: v) if kind == "bool" else str
     return pd.Series(
         [None if _missing(v) else convert(v) for v in column], index=column.index, dtype=object
+    )
+
+
+def tidy_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
+    """``rows`` as the table :func:`write_points` writes of ``pandas.DataFrame(rows)`` with
+    :func:`_tidy` columns, without pandas: one column per key (in order of first appearance),
+    typed by :func:`column_kind`; whole numbers stay integers unless a value is missing."""
+    names = dict.fromkeys(key for row in rows for key in row)
+    # a key a row lacks is NaN there, as in pandas.DataFrame(rows)
+    columns = {name: [row.get(name, math.nan) for row in rows] for name in names}
+    return pa.table({name: _tidy_array(values) for name, values in columns.items()})
+
+
+def _tidy_array(values: list[Any]) -> pa.Array:
+    kind = column_kind(values)
+    missing = [_missing(v) for v in values]
+    if kind == "empty":
+        if any(isinstance(v, float) for v in values):
+            return from_optional([None] * len(values), pa.float64())
+        return pa.nulls(len(values))
+    if kind == "number":
+        if not any(missing) and all(isinstance(v, int) for v in values):
+            return from_optional(values, pa.int64())
+        floats = [None if m else float(v) for v, m in zip(values, missing, strict=True)]
+        return from_optional(floats, pa.float64())
+    convert, arrow = (bool, pa.bool_()) if kind == "bool" else (str, pa.string())
+    return from_optional(
+        [None if m else convert(v) for v, m in zip(values, missing, strict=True)], arrow
     )
 
 
@@ -263,9 +303,11 @@ def collect(sweep_dir: Path) -> tuple[pd.DataFrame, list[str], list[int]]:
     return frame, list(keys), unfinished
 
 
-def write_points(frame: pd.DataFrame, keys: Sequence[str], path: Path) -> None:
+def write_points(frame: pd.DataFrame | pa.Table, keys: Sequence[str], path: Path) -> None:
     """Write the table through a temp file and a rename (readers never see a partial file)."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = (
+        frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(frame, preserve_index=False)
+    )
     meta = dict(table.schema.metadata or {}) | {META_KEY: json.dumps(list(keys)).encode()}
     table = table.replace_schema_metadata(meta)
     with atomic_path(path) as tmp:

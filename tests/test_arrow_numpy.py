@@ -16,7 +16,7 @@ from pandas.testing import assert_frame_equal
 
 from simlab.records import as_frame, latency_summary, record_columns
 from traces.arrival_modes import compensated_cumsum_within, running_max_within
-from traces.arrow_numpy import from_numpy, list_views, to_numpy
+from traces.arrow_numpy import from_numpy, from_optional, list_views, to_numpy
 from traces.format import Trace, make_frame, request_row
 
 floats = st.floats(0, 1e6, allow_nan=False, width=64) | st.floats(0, 1e-6, width=64)
@@ -145,3 +145,23 @@ def test_records_columns_give_the_frame_and_the_summary_pandas_would():
     assert latency["mean_queue_delay"] == old["queue_delay"].mean()
     assert latency["ttft_p50"] == float(np.percentile(old["ttft"].dropna(), 50))
     assert latency["makespan_s"] == old["finished"].max() - old["arrival"].min()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(["int64", "float64", "bool", "string"]),
+    data=st.data(),
+)
+def test_from_optional_equals_pyarrows_own_conversion(kind, data):
+    """Values with nulls anywhere (none, some, all; no values at all) as pa.array makes them."""
+    value = {
+        "int64": st.integers(-(2**62), 2**62),
+        "float64": st.floats(allow_nan=False),
+        "bool": st.booleans(),
+        "string": st.text(max_size=5),
+    }[kind]
+    values = data.draw(st.lists(st.none() | value, max_size=12))
+    arrow_type = {"bool": pa.bool_(), "string": pa.string()}.get(kind) or pa.type_for_alias(kind)
+    got = from_optional(values, arrow_type)
+    got.validate(full=True)
+    assert got.equals(pa.array(values, type=arrow_type))

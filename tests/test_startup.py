@@ -21,7 +21,9 @@ MOONCAKE = resolve_data_dir() / "mooncake" / "synthetic_trace.jsonl"
 pytestmark = pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"{MOONCAKE} missing")
 
 
-def simlab(out: Path, cache: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+def simlab(
+    out: Path, cache: Path, *flags: str, size: str = "20"
+) -> subprocess.CompletedProcess[str]:
     """``python [flags] -m simlab`` on the Mooncake trace, an LRU block pool, replay engine."""
     overrides = [
         "trace=mooncake",
@@ -29,7 +31,7 @@ def simlab(out: Path, cache: Path, *flags: str) -> subprocess.CompletedProcess[s
         "engine=replay",
         "+policy=vllm",
         "policy.block_size=512",
-        "cache.size_gb=20",
+        f"cache.size_gb={size}",
         "arrivals.mode=timestamps",
         "report=false",
         f"hydra.run.dir={out}",
@@ -59,3 +61,16 @@ def test_a_replay_of_a_cached_trace_never_imports_pandas(tmp_path):
         summary.pop("wall_s")
         summary.pop("requests_per_s")
     assert summaries[0] == summaries[1]
+
+
+def test_a_capacity_list_of_a_cached_trace_imports_neither_pandas_nor_tqdm(tmp_path):
+    """Its table is built and written with pyarrow alone (``simlab.sweep.tidy_table``), and off
+    a terminal no progress bar is drawn."""
+    cache = tmp_path / "cache"
+    simlab(tmp_path / "built", cache)
+    again = simlab(tmp_path / "list", cache, "-X", "importtime", size="[5,20]")
+    imported = {line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines()}
+    assert "pyarrow.parquet" in imported and "simlab.capacities" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("pandas", "tqdm")}
+    table = pd.read_parquet(tmp_path / "list" / "capacities.parquet")
+    assert table["cache.size_gb"].tolist() == [5.0, 20.0]

@@ -24,7 +24,15 @@ from simlab.model import ModelSpec
 from simlab.provenance import code_version
 from simlab.replay import ReplayEngine
 from simlab.simulate import build_engine, policy_step
-from simlab.sweep import META_KEY, aggregate, main, sweep_dir_conflict
+from simlab.sweep import (
+    META_KEY,
+    _tidy,
+    aggregate,
+    main,
+    sweep_dir_conflict,
+    tidy_table,
+    write_points,
+)
 from tests.fixtures import CONFIGS, ROOT
 
 SMALL = ("engine=replay", "trace=chat", "trace.n_sessions=6")
@@ -272,3 +280,35 @@ def test_another_sweep_is_refused_before_anything_is_written(tmp_path):
     same = OmegaConf.load(sweep / "multirun.yaml")
     assert sweep_dir_conflict(sweep, same, code_version()) is None  # a resume
     assert "holds results of code version" in sweep_dir_conflict(sweep, same, "other")
+
+
+def test_a_tidy_table_without_pandas_reads_back_as_the_tidied_frame(tmp_path):
+    """``tidy_table`` (capacity lists: no pandas) writes what ``write_points`` writes of the
+    DataFrame of the same rows with ``_tidy`` columns (sweeps), column types included: whole
+    numbers, numbers with gaps, booleans with gaps, strings, mixed values (strings), and columns
+    with nothing in them."""
+    nan = float("nan")
+    rows = [
+        {"point": 0, "size": 1.5, "hit": 0.25, "ok": True, "name": "a", "mixed": 1, "gone": None},
+        {
+            "point": 1,
+            "size": 2.0,
+            "hit": None,
+            "ok": None,
+            "name": None,
+            "mixed": "x",
+            "gone": None,
+        },
+        {"point": 2, "size": nan, "hit": 3, "ok": False, "name": "c", "mixed": 2.5, "nan": nan},
+    ]
+    frame = pd.DataFrame(rows)
+    for column in frame.columns:
+        frame[column] = _tidy(frame[column])
+    write_points(frame, ["size"], tmp_path / "pandas.parquet")
+    write_points(tidy_table(rows), ["size"], tmp_path / "arrow.parquet")
+    want, got = (pq.read_table(tmp_path / f"{n}.parquet") for n in ("pandas", "arrow"))
+    assert got.schema.remove_metadata() == want.schema.remove_metadata()
+    assert got.schema.metadata[META_KEY] == want.schema.metadata[META_KEY]
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(tmp_path / "arrow.parquet"), pd.read_parquet(tmp_path / "pandas.parquet")
+    )

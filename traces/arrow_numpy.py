@@ -11,6 +11,8 @@ but for strings, which are ``large_string`` as pandas writes them).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -76,3 +78,29 @@ def from_numpy(values: np.ndarray) -> pa.Array:
         buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
         return pa.Array.from_buffers(pa.large_string(), n, buffers)
     return pa.array(values)
+
+
+#: the numpy type of each arrow type :func:`from_optional` builds from a data buffer
+_OPTIONAL_NUMBERS = {pa.int64(): np.int64, pa.float64(): np.float64}
+
+
+def from_optional(values: list[Any], kind: pa.DataType) -> pa.Array:
+    """Python values, None for a null, as an arrow array of ``kind`` (int64, float64, bool or
+    string) built from its buffers, with a validity bitmap where a value is missing; equals
+    ``pa.array(values, type=kind)``."""
+    n = len(values)
+    valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
+    nulls = n - int(valid.sum())
+    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    if kind == pa.string():
+        encoded = [b"" if v is None else v.encode() for v in values]
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    elif kind == pa.bool_():
+        bits = np.fromiter((bool(v) for v in values), dtype=np.bool_, count=n)
+        buffers = [validity, pa.py_buffer(np.packbits(bits, bitorder="little"))]
+    else:
+        data = np.fromiter((0 if v is None else v for v in values), _OPTIONAL_NUMBERS[kind], n)
+        buffers = [validity, pa.py_buffer(data)]
+    return pa.Array.from_buffers(kind, n, buffers, null_count=nulls)

@@ -12,8 +12,10 @@ import logging
 import sys
 import time
 from types import TracebackType
+from typing import TYPE_CHECKING
 
-from tqdm import tqdm
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +30,11 @@ class Progress:
         self.done = 0
         self._check_every = check_every
         self._start = self._last = time.perf_counter()
-        self._bar = (
-            tqdm(total=total, desc=what, leave=False, mininterval=0.5)
-            if sys.stderr.isatty()
-            else None
-        )
+        self._bar: tqdm | None = None
+        if sys.stderr.isatty():  # tqdm is imported only to draw a bar (0.03 s)
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=what, leave=False, mininterval=0.5)
 
     def update(self, n: int = 1) -> None:
         self.done += n
