@@ -16,20 +16,17 @@ results:
 The float arithmetic is the cache's (IEEE doubles, Python's floor division), and every integer
 stays below 2**53 (bytes of at most a few million blocks), where int-to-float comparisons are
 exact as Python's are. ``tests/test_block_kernel.py`` checks the columns against the
-pure-Python heap on real traces, both policies, capacities that evict and truncate and an
-infinite one.
+pure-Python heap on real traces and random block tries, both policies, capacities that evict
+and truncate and an infinite one.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 
 import numpy as np
 
 from simlab.block_walk import CapacityColumns, Paths
-
-log = logging.getLogger(__name__)
 
 
 def available() -> bool:
