@@ -160,6 +160,10 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--name sharegpt_nemotron_h_8b_r9 --size-gb 1 --mamba-ratio 9 --gap 1 4
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
 		--name sharegpt_nemotron_h_8b_r9 --size-gb 1 --mamba-ratio 9 --gap 1 4 --mixed
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b_r19 --size-gb 1.2 1.5 --mamba-ratio 19 --gap 0.5 1
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b_r39 --size-gb 2.5 3 --mamba-ratio 39 --gap 0.5 1 --mixed
 	for mixed in "" --mixed; do \
 	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
 		--name sharegpt_nemotron_h_8b --size-gb 2 5 --gap 1 4 --strategy extra_buffer $$mixed && \

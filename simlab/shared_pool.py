@@ -617,8 +617,9 @@ class SharedPoolScheduling:
         request published meanwhile, ``_insert_cache``), or without that rule what the cache
         did not take beside the ``earlier`` bytes its chunks published. Nothing past what was
         published moves: a recomputed request's sampled outputs (prefilled again with its
-        prompt, :meth:`Job.resume`) are published with it on a Transformer's token tree
-        (:meth:`_refill`) and stay its own elsewhere, its last chunk's too."""
+        prompt, :meth:`Job.resume`) are published with it on a tree of tokens, a hybrid's with
+        the state at their end (:meth:`_refill`), and stay its own elsewhere, its last chunk's
+        too."""
         assert job.started is not None
         published = job.started.published
         own_from = self.step.own_from(job.started)

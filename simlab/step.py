@@ -277,12 +277,12 @@ class RequestStep:
     def _fill(self, ids: np.ndarray, req: Request, refill: int) -> tuple[np.ndarray, int]:
         """The ids a request is matched with and the outputs among them: ``ids`` (its
         prompt's lookup) followed by the ``refill`` outputs a recomputed request prefills again,
-        on a Transformer's tree of tokens (SGLang keys a retracted request by its fill ids,
-        ``origin_input_ids + output_ids``, as it matches, refreshes and publishes it); elsewhere
-        the prompt's alone. On a hybrid SGLang publishes a recompute's fill with a state at its
-        end, which later requests hit (README, "Known gap (hybrids)"); simlab does not yet."""
+        on a tree of tokens (SGLang keys a retracted request by its fill ids,
+        ``origin_input_ids + output_ids``, as it matches, refreshes and publishes it; a hybrid's
+        publish keeps the state at the fill's end, :meth:`_prefill_states`); elsewhere the
+        prompt's alone."""
         cache = self.cache
-        if refill <= 0 or cache.hybrid:
+        if refill <= 0:
             return ids, 0
         if self._pages_of_tokens:  # the fill ids' pages (``RadixKey.page_aligned``)
             assert isinstance(self._keys, BlockKeys)
@@ -393,10 +393,10 @@ class RequestStep:
         plan, cache = started.plan, self.cache
         if not plan.publishes_prompt or started.prompt <= 0:
             return
-        prompt, seq, held_from = started.prompt, started.seq, None
-        end, ckpts = started.fill, [c for c in plan.ckpts if c <= prompt]
+        seq, held_from = started.seq, None
+        end, ckpts = started.fill, self._prefill_states(started)
         if plan.tracking is not None:  # the states its extends tracked, not yet published
-            ckpts = [c for c in plan.ckpts if started.states_to < c <= end]
+            ckpts = [c for c in ckpts if c > started.states_to]
             end = started.states_to = max(ckpts, default=0)
         if keep_room and plan.held_from is not None:
             seq, held_from = seq[: started.allocated], plan.held_from
@@ -419,6 +419,20 @@ class RequestStep:
             started.plan = replace(plan, held_from=self._held_after_publish(started))
         if started.pins and end > 0:
             self._move_pin(started, cache.deepest_cached(started.seq[:end]))
+
+    def _prefill_states(self, started: Started) -> list[int]:
+        """States a prefill has published by its end: with ``tracking`` those its extends
+        tracked; else the plan's within the prompt, a recomputed hybrid's at its fill's end
+        instead of its prompt's (its one extend ran through the sampled outputs: SGLang's
+        ``checkpoint`` up to ``extend_end`` keeps the state there, and a later turn of the
+        conversation hits it)."""
+        plan, prompt, fill = started.plan, started.prompt, started.fill
+        if plan.tracking is not None:
+            return [c for c in plan.ckpts if c <= fill]
+        states = [c for c in plan.ckpts if c <= prompt]
+        if fill > prompt and self.cache.hybrid:
+            return [*(c for c in states if c < prompt), fill]
+        return states
 
     @staticmethod
     def _publish_cuts(started: Started, end: int) -> list[int]:
@@ -465,9 +479,8 @@ class RequestStep:
     def track_extend(self, started: Started, start: int, end: int) -> int | None:
         """A prefill extend of positions ``[start, end)`` ran: the state it tracked (None if
         none) joins the plan's, where the prefill publish (:meth:`checkpoint` between chunks,
-        :meth:`prefilled` at its end) takes it; one past the ids its prefill publishes (a
-        recomputed hybrid's sampled outputs, :meth:`_fill`) is not kept. Requires
-        :meth:`tracks_runs`."""
+        :meth:`prefilled` at its end) takes it; one past the ids its prefill publishes (its
+        fill, :meth:`_fill`) is not kept. Requires :meth:`tracks_runs`."""
         plan = started.plan
         assert plan.tracking is not None
         state = plan.tracking.extend(start, end)
@@ -562,7 +575,7 @@ class RequestStep:
         assert plan.held_from is not None
         published = started.fill
         if self.cache.hybrid and not plan.stateless_kv:
-            published = max((c for c in plan.ckpts if c <= prompt), default=0)
+            published = max(self._prefill_states(started), default=0)
         held_from = max(plan.held_from, published)
         if self._holds_whole_blocks:
             recomputed = min(started.lookup.matched, prompt) - plan.held_from

@@ -14,7 +14,9 @@ The hybrid cases run the same scheduler over SGLang's ``UnifiedRadixCache[FULL,M
 (``cache.ssm_gb``) and ``max_running_requests`` capped by it (``slots // 3``): every request
 agrees on every column, where the Mamba pool binds (2 and 5 GB at SGLang's default ratio 0.9:
 6 and 15 running) and where the KV pool binds too (1 GB, ratio 9: 5 running, 6,097 KV tokens,
-5-7 retractions).
+5-7 retractions). With the Mamba pool 19 and 39 times the KV pool (a few thousand KV tokens,
+15-28 retractions) later turns hit a retracted request's recompute, published with its
+sampled outputs and the state at their end: every request agrees on every column there too.
 
 SWE-bench agent sessions (the 10-instance slice, 307 requests of 1.5-38K tokens, every prompt
 chunked over several steps) agree on every column too, on both models and both batchings:
@@ -66,8 +68,18 @@ ALL = [c for c in CASES_ALL if c not in LIMITS]
 PAGED = [c for c in ALL if c["block_size"] > 1]
 SHAREGPT = [c for c in ALL if "trace=sharegpt" in c["overrides"] and c not in PAGED]
 CASES = [c for c in SHAREGPT if "mamba_slots" not in c]  # Llama-3-8B over a RadixCache
+
+
+def mamba_ratio(case: dict) -> float:
+    """The Mamba pool's bytes over the KV pool's (SGLang's ``--mamba-full-memory-ratio``)."""
+    return case["ssm_gb"] / (case["size_gb"] - case["ssm_gb"])
+
+
 #: Nemotron-H over the Mamba radix cache, no_buffer and extra_buffer (ShareGPT and SWE-bench)
-HYBRID = [c for c in SHAREGPT if c.get("mamba_strategy") == "no_buffer"]
+NO_BUFFER = [c for c in SHAREGPT if c.get("mamba_strategy") == "no_buffer"]
+#: the Mamba pool 19 and 39 times the KV pool: a few hundred KV tokens, 15-28 retractions
+RECOMPUTE = [c for c in NO_BUFFER if mamba_ratio(c) > 10]
+HYBRID = [c for c in NO_BUFFER if c not in RECOMPUTE]
 EXTRA = [c for c in ALL if c.get("mamba_strategy") == "extra_buffer"]
 SWEBENCH = [
     c for c in ALL if "trace=swebench" in c["overrides"] and c not in EXTRA and c not in PAGED
@@ -136,6 +148,30 @@ def test_hybrid_requests_agree_on_every_column_where_kv_binds_too(case):
     assert result.first_difference is None
 
 
+def test_the_recompute_fixtures_retract_often_in_a_tiny_kv_pool():
+    assert len(RECOMPUTE) == 8
+    assert {round(mamba_ratio(c)) for c in RECOMPUTE} == {19, 39}
+    assert sum(c["enable_mixed_chunk"] for c in RECOMPUTE) == 4
+    for case in RECOMPUTE:
+        assert case["mamba_strategy"] == "no_buffer"
+        assert case["capacity_tokens"] < 5_000
+        assert pd.read_csv(SGLANG_FIXTURES / case["file"])["preemptions"].sum() >= 15
+
+
+@pytest.mark.parametrize("case", RECOMPUTE, ids=[c["case"] for c in RECOMPUTE])
+def test_a_retracted_hybrids_recompute_is_published_with_a_state_at_its_fills_end(case):
+    """SGLang re-prefills a retracted hybrid request's prompt and sampled outputs in one
+    extend, publishes that fill with the Mamba state at its end (``checkpoint_kv_cache`` up
+    to ``extend_end``), and a later turn of the conversation hits it: request 917 re-hit 451
+    tokens (the retracted request 916's fill) where its prompt alone gives 427. Keying and
+    publishing the recompute by its prompt alone (the rule before) made 1-2 last hits and up
+    to 6 finishing steps differ in 6 of the 8 cases."""
+    result = compare(case, SGLANG_FIXTURES)
+    assert result.simlab_preemptions == result.engine_preemptions > 0
+    assert result.first_difference is None
+    assert result.simlab_hit_rate == result.engine_hit_rate
+
+
 def test_the_swebench_fixtures_cover_both_models_batchings_and_retractions():
     assert len(SWEBENCH) == 14
     assert sum(c["enable_mixed_chunk"] for c in SWEBENCH) == 7
@@ -159,7 +195,7 @@ def test_swebench_sessions_agree_with_sglangs_scheduler_on_every_column(case):
 
 def test_the_extra_buffer_fixtures_cap_the_running_requests_by_four_slots():
     assert len(EXTRA) == 20
-    parts = [CASES, HYBRID, EXTRA, SWEBENCH, PAGED, LIMITS]
+    parts = [CASES, HYBRID, RECOMPUTE, EXTRA, SWEBENCH, PAGED, LIMITS]
     assert len(CASES_ALL) == sum(len(part) for part in parts)
     assert sum(c["enable_mixed_chunk"] for c in EXTRA) == 9
     assert sum("trace=swebench" in c["overrides"] for c in EXTRA) == 10

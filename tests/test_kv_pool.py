@@ -299,8 +299,9 @@ def token_request(rid: int, prompt: np.ndarray, outputs: np.ndarray) -> Request:
 def test_a_recompute_is_matched_and_published_with_its_sampled_outputs():
     """SGLang keys a retracted request by its fill ids (``origin_input_ids + output_ids``): it
     publishes the outputs it prefills again with its prompt, split at the prompt's end, and a
-    later match runs into them (up to the last id, as for a prompt). A hybrid keeps the prompt
-    alone (no engine case tells its rule apart yet)."""
+    later match runs into them (up to the last id, as for a prompt). A hybrid's fill is
+    published with the state at its end, not at its prompt's (its one extend ran through the
+    outputs: ``checkpoint_kv_cache`` up to ``extend_end``), which a later turn hits."""
     prompt, outputs = np.arange(50, dtype=np.int32), np.arange(1000, 1020, dtype=np.int32)
     step = build("sglang", cache_bytes=1000 * KV)()
     started = step.start(token_request(0, prompt, outputs), refill=10)
@@ -314,4 +315,10 @@ def test_a_recompute_is_matched_and_published_with_its_sampled_outputs():
     assert again.hit == 59  # its own fill, less the position that samples
 
     hybrid = build("sglang", spec=HYBRID, cache_bytes=10**10)()
-    assert hybrid.start(token_request(0, prompt, outputs), refill=10).refill == 0
+    started = hybrid.start(token_request(0, prompt, outputs), refill=10)
+    assert (started.refill, started.fill) == (10, 60)
+    hybrid.prefilled(started, keep_room=False)
+    fill_node, prompt_node = (hybrid.cache.deepest_cached(x) for x in (started.seq[:60], prompt))
+    assert (fill_node.end, fill_node.ckpt) == (60, True)
+    assert (prompt_node.end, prompt_node.ckpt) == (50, False)  # no state at the prompt's end
+    assert hybrid.match_queued(next_turn)[0] == 60
