@@ -181,6 +181,12 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--name swebench10_nemotron_h_8b --size-gb 1.5 5 --gap 1 4 --strategy extra_buffer $$mixed && \
 	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE_H) \
 		--name swebench10_nemotron_h_8b_r9 --size-gb 10 --mamba-ratio 9 --gap 1 \
+		--strategy extra_buffer $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b_r19 --size-gb 1.2 1.5 --mamba-ratio 19 --gap 0.5 1 \
+		--strategy extra_buffer $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b_r39 --size-gb 2.5 3 --mamba-ratio 39 --gap 0.5 1 \
 		--strategy extra_buffer $$mixed \
 		|| exit 1; \
 	done

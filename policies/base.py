@@ -333,6 +333,12 @@ class EvictionPolicy:
     #: True: an insertion refreshes (``touch``) every node its walk passes, the one it stops
     #: inside included (SGLang's ``_insert_helper``); False: only ``on_hit`` refreshes.
     refreshes_insert_path: bool = False
+    #: True: an insertion ticks the clock before it walks, so what it refreshes or creates is
+    #: newer than every node touched before it (SGLang stamps each access from one global
+    #: counter, ``get_and_increase_time_counter``: a publish at a prefill's or a request's end
+    #: is later than the matches that came before it in the same step); False: it takes the
+    #: clock of the last match.
+    ticks_on_insert: bool = False
     #: Which of equally scored candidates goes first: ``oldest`` (smallest creation id) or
     #: ``dfs`` (the first in depth-first pre-order, children in insertion order: the Marconi
     #: reference code's ``_collect_leaf_and_single_child_nodes`` then ``min``) or ``heap``

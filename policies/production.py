@@ -275,9 +275,11 @@ class RadixLRU(LRU):
     path up to its hit only (``_match_post_processor`` stamps ``best_match_node``, the deepest
     node holding a state, and its ancestors) and both halves of the node it splits
     (``_split_node`` stamps them; :attr:`SGLang.splits_at_match`): whole nodes matched past the
-    last state stay as old as they were."""
+    last state stay as old as they were. Each access is stamped from one global counter, so
+    an insertion is newer than every match before it (``ticks_on_insert``)."""
 
     refreshes_insert_path: bool = True
+    ticks_on_insert: bool = True
 
     def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
         if cache.hybrid:

@@ -586,7 +586,7 @@ class PrefixCache:
     ) -> InsertResult:
         n = int(seq.shape[0])
         end = min(int(end), n)
-        if self.semantics.ticks_per_operation:
+        if self.semantics.ticks_per_operation or policy.ticks_on_insert:
             self.now += 1.0
         result = InsertResult()
         saved = short * self.kv_per_unit_token  # bytes a short last id does not hold

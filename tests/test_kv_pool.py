@@ -322,3 +322,26 @@ def test_a_recompute_is_matched_and_published_with_its_sampled_outputs():
     assert (fill_node.end, fill_node.ckpt) == (60, True)
     assert (prompt_node.end, prompt_node.ckpt) == (50, False)  # no state at the prompt's end
     assert hybrid.match_queued(next_turn)[0] == 60
+
+
+def test_sglangs_publish_is_newer_than_the_matches_before_it():
+    """SGLang stamps every access from one global counter: a request's publish at its end is
+    later than another request's match earlier in the same step, so under LRU that match's
+    leaf goes first (``RadixLRU.ticks_on_insert``). With the match's clock the two tied and
+    the older node, the publisher's, went first: 1-3 hits differed in 8 ``extra_buffer`` cases
+    against SGLang."""
+    step = build("sglang", cache_bytes=1000 * KV)()
+    cache = step.cache
+    one = np.asarray([7], np.int32)  # one output: the finish publishes the prompt again
+    first = token_request(0, np.arange(40, dtype=np.int32), one)
+    other = token_request(1, np.arange(100, 130, dtype=np.int32), one)
+    started = step.start(first)
+    step.prefilled(started, keep_room=False)  # the first prompt's node: the older one
+    step.finish(step.start(other))  # the other prompt's node
+    matched = step.start(other)  # matched again (a queued request, say), then let go
+    step.abort(matched)
+    step.finish(started)  # the first request's end refreshes its prompt after that match
+    published, other_node = (cache.deepest_cached(r.input_ids) for r in (first, other))
+    assert published.nid < other_node.nid
+    assert cache.last_access[published.slot] > cache.last_access[other_node.slot]
+    assert cache.next_victim(step.eviction) is other_node
