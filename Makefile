@@ -126,6 +126,10 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--name sharegpt_nemotron_h_8b --size-gb 0.6 0.8 --gap 0.5 2
 	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE_H) \
 		--name swebench10_nemotron_h_8b --size-gb 1.5 --gap 1 4
+	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 1 2 --gap 1 4
+	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 4
 	rm -f $(XC_LOAD_SGL)/*.csv $(XC_LOAD_SGL)/manifest.json
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
 		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --mixed

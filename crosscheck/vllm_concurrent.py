@@ -1,5 +1,6 @@
-"""vLLM v1's real ``Scheduler`` over a Nemotron-H hybrid under load: requests arrive while
-others run, so they batch, share blocks as they are computed and preempt each other.
+"""vLLM v1's real ``Scheduler`` under load, over a Nemotron-H hybrid or Llama-3-8B (by the
+export's model): requests arrive while others run, so they batch, share blocks as they are
+computed and preempt each other.
 
     .venv-crosscheck/bin/python -m crosscheck.vllm_concurrent \
         --export .crosscheck/sharegpt_nemotron_h_8b.npz --name sharegpt_nemotron_h_8b \
@@ -51,11 +52,11 @@ from crosscheck.common import (  # noqa: E402
     write_table,
 )
 from crosscheck.vllm_hybrid import (  # noqa: E402
-    NEMOTRON_H_8B,
     SchedulerReplay,
     build_config,
     build_scheduler,
     check_model,
+    model_of,
 )
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "crosscheck_load"
@@ -176,24 +177,34 @@ def main(argv: list[str] | None = None) -> int:
     export = Export.load(args.export)
     n = len(export) if args.requests is None else min(args.requests, len(export))
     requests = list(export.requests())[:n]
+    model, model_config = model_of(export)
+    hybrid = export.ssm_state_bytes > 0
     with tempfile.TemporaryDirectory() as model_dir:
-        (Path(model_dir) / "config.json").write_text(json.dumps(NEMOTRON_H_8B))
+        (Path(model_dir) / "config.json").write_text(json.dumps(model_config))
         for size_gb in args.size_gb:
             for gap in args.gap:
-                config = build_config(model_dir, args.ssm_dtype, export.max_sequence + 2048)
+                config = build_config(
+                    model_dir, args.ssm_dtype, export.max_sequence + 2048, hybrid=hybrid
+                )
                 total = export.total_tokens + export.max_sequence
                 scheduler, hash_block, per_block, specs = build_scheduler(
                     config, size_gb, blocks_for_inf=total // 16 + 16 * len(export) + 1024
                 )
                 check_model(export, specs, config.cache_config.block_size)
                 sched = config.scheduler_config
+                kind = "vllm_hybrid" if hybrid else "vllm_sched"
+                cache = (
+                    "Scheduler (HybridKVCacheCoordinator, mamba_cache_mode=align)"
+                    if hybrid
+                    else f"Scheduler (KVCacheManager, {model})"
+                )
                 case = {
-                    "case": f"{args.name}-vllm_hybrid-{size_label(size_gb)}-gap{gap:g}",
+                    "case": f"{args.name}-{kind}-{size_label(size_gb)}-gap{gap:g}",
                     "engine": "vllm",
                     "engine_version": versions()["vllm"],
-                    "cache": "Scheduler (HybridKVCacheCoordinator, mamba_cache_mode=align)",
+                    "cache": cache,
                     "block_size": config.cache_config.block_size,
-                    "ssm_dtype": args.ssm_dtype,
+                    **({"ssm_dtype": args.ssm_dtype} if hybrid else {}),
                     "size_gb": manifest_size(size_gb),
                     "num_blocks": scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
                     "block_bytes": per_block,

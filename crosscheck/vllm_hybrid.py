@@ -100,6 +100,43 @@ NEMOTRON_H_8B = {
 }
 
 
+#: meta-llama/Llama-3.1-8B's config.json (simlab's ``configs/model/llama3_8b.yaml``: the same
+#: layers and KV heads as Llama-3-8B; its longer context admits ShareGPT's longest sequences)
+LLAMA_3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "attention_bias": False,
+    "mlp_bias": False,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+#: the models a driver can run, by the KV bytes per token of the export's model
+MODELS = {
+    16384: ("Nemotron-H-8B", "nemotron_h_8b", NEMOTRON_H_8B),
+    131072: ("Llama-3-8B", "llama3_8b", LLAMA_3_8B),
+}
+
+
 def patch_platform() -> None:
     """No GPU resolves ``UnspecifiedPlatform``: give the two answers CUDA gives on the cache
     path (the hybrid KV cache manager is supported; attention runs on FlashAttention)."""
@@ -110,15 +147,18 @@ def patch_platform() -> None:
     platform.get_attn_backend_cls = classmethod(lambda cls, *a, **k: FLASH_ATTN)
 
 
-def build_config(model_dir: str, ssm_dtype: str, max_model_len: int) -> VllmConfig:
+def build_config(
+    model_dir: str, ssm_dtype: str, max_model_len: int, hybrid: bool = True
+) -> VllmConfig:
+    """The engine's config for the model in ``model_dir``; a Transformer (``hybrid`` False)
+    takes vLLM's default cache config (16-token blocks) with prefix caching on."""
     patch_platform()
+    mamba = {"mamba_cache_mode": "align", "mamba_ssm_cache_dtype": ssm_dtype} if hybrid else {}
     return VllmConfig(
         model_config=ModelConfig(
             model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=max_model_len
         ),
-        cache_config=CacheConfig(
-            enable_prefix_caching=True, mamba_cache_mode="align", mamba_ssm_cache_dtype=ssm_dtype
-        ),
+        cache_config=CacheConfig(enable_prefix_caching=True, **mamba),
         scheduler_config=SchedulerConfig(
             max_model_len=max_model_len, is_encoder_decoder=False, async_scheduling=False
         ),
@@ -340,9 +380,20 @@ def check_model(export: Export, specs: dict, block: int) -> None:
     kv = sum(s.page_size_bytes for s in specs.values() if isinstance(s, AttentionSpec)) // block
     if kv != export.kv_bytes_per_token:
         raise SystemExit(
-            f"{export.path}: kv_bytes_per_token {export.kv_bytes_per_token} is not Nemotron-H-8B's"
-            f" {kv}; export with model=nemotron_h_8b"
+            f"{export.path}: kv_bytes_per_token {export.kv_bytes_per_token} is not the driven"
+            f" model's {kv}"
         )
+
+
+def model_of(export: Export) -> tuple[str, dict]:
+    """The driven model's name and config.json for ``export`` (by its KV bytes per token):
+    Nemotron-H-8B or Llama-3-8B; a one-line exit for any other."""
+    found = MODELS.get(export.kv_bytes_per_token)
+    if found is None:
+        known = ", ".join(f"model={key}" for _, key, _ in MODELS.values())
+        raise SystemExit(f"{export.path}: export with {known} (no other model is driven)")
+    name, _, config = found
+    return name, config
 
 
 if __name__ == "__main__":

@@ -387,7 +387,8 @@ class Cluster:
         if self.twins is not None and any(isinstance(w, PoolWorld) for w in self.worlds):
             raise ConfigError(
                 "cluster.router_lag_s: the lagged router view mirrors the prefix tree, not "
-                "vLLM's hybrid pool (policy=vllm on a hybrid); set cluster.router_lag_s=0 or "
+                "vLLM's block pool (policy=vllm on a hybrid, or on a Transformer with "
+                "engine.kv_pool=shared); set cluster.router_lag_s=0 or "
                 "policy.admission.block_pool=false"
             )
         self.views = self.twins

@@ -167,7 +167,7 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     if sglang:
         world = TimedWorld(requests, step, clock, settings)
     else:
-        shape = pool_shape(step, requests)
+        shape = pool_shape(step, requests, transformers=True)
         if shape is None:
             raise ValueError(f"{case['case']}: the policy does not run on vLLM's hybrid pool")
         world = PoolWorld(requests, step, clock, settings, shape)

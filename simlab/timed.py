@@ -258,13 +258,14 @@ class TimedEngine(TimedSettings):
         env: simpy.Environment | None = None,
     ) -> TimedWorld:
         """A fresh world for ``step`` (in ``env``: a cluster's replicas share one): on vLLM's
-        hybrid pool block by block where the replay engine runs it there
-        (:mod:`simlab.timed_pool`; not for subclasses, whose feeders drive the prefix tree),
-        else on the prefix tree."""
+        pool block by block where the replay engine runs it there, and for a Transformer under
+        ``policy=vllm`` with ``kv_pool=shared`` (:mod:`simlab.timed_pool`; not for subclasses,
+        whose feeders drive the prefix tree), else on the prefix tree."""
         cost = self.cost_model(step.cache.model)
         if type(self) is TimedEngine:
-            running = self.running_memory_gb * 1e9 if self.kv_pool == "shared" else 0.0
-            shape = vllm_pool.pool_shape(step, requests, running)
+            shared = self.kv_pool == "shared"
+            running = self.running_memory_gb * 1e9 if shared else 0.0
+            shape = vllm_pool.pool_shape(step, requests, running, transformers=shared)
             if shape is not None:
                 from simlab.timed_pool import PoolWorld
 

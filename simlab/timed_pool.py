@@ -70,18 +70,21 @@ class PoolWorld(TimedWorld):
     ):
         if s.preemption != "lifo":
             raise ConfigError(
-                "engine.preemption: vLLM's hybrid pool (policy=vllm) preempts the last running "
-                f"request (lifo), got {s.preemption!r}"
+                "engine.preemption: vLLM's block pool (policy=vllm) preempts the last running "
+                f"request (lifo), got {s.preemption!r} (policy.admission.block_pool=false: the "
+                "prefix tree, which takes any)"
             )
         if s.request_admission != "whole":
             raise ConfigError(
-                "engine.request_admission: vLLM's hybrid pool (policy=vllm) schedules a request "
-                f"when its first chunk's blocks fit (whole), got {s.request_admission!r}"
+                "engine.request_admission: vLLM's block pool (policy=vllm) schedules a request "
+                f"when its first chunk's blocks fit (whole), got {s.request_admission!r} "
+                "(policy.admission.block_pool=false: the prefix tree, which takes any)"
             )
         if s.batching != "mixed":
             raise ConfigError(
-                "engine.batching: vLLM's hybrid pool (policy=vllm) runs prefill chunks beside "
-                f"the decodes (mixed), got {s.batching!r}"
+                "engine.batching: vLLM's block pool (policy=vllm) runs prefill chunks beside "
+                f"the decodes (mixed), got {s.batching!r} (policy.admission.block_pool=false: "
+                "the prefix tree, which takes any)"
             )
         super().__init__(requests, step, cost, s, env)
         self.shared = False  # the pool holds running requests: no budget split to keep

@@ -39,6 +39,13 @@ Per request, in the engine's order (one request at a time, so no other request r
 A state dies with its first group block taken; its other blocks hold memory until the queue
 reaches them. A request that does not fit in the whole pool is an error (vLLM would never
 schedule it).
+
+A Transformer is the same pool without Mamba groups: one group of every layer, blocks of
+``policy.block_size`` tokens, a prefill cut by the token budget alone (no block-aligned split),
+the hit its whole cached chain within ``L - 1``. The timed engine runs it there with
+``engine.kv_pool=shared`` (:mod:`simlab.timed_pool`: vLLM's scheduler over its own pool,
+checked against the real ``Scheduler`` under load, ``tests/fixtures/crosscheck_load``); the
+replay keeps the prefix tree, whose per-request hits are vLLM's already.
 """
 
 from __future__ import annotations
@@ -79,7 +86,7 @@ class PoolShape:
         """The shape vLLM plans for ``model``; None when its attention layers need more than
         one group (not modelled)."""
         attn, ssm = model.n_attn_layers, model.n_ssm_layers
-        size = min(attn, ssm)
+        size = min(attn, ssm) or attn  # a Transformer: one group of every layer
         if max(attn, ssm) < 1.5 * size:
             size = max(attn, ssm)
         if -(-attn // size) != 1:
@@ -210,6 +217,8 @@ class HybridPool:
         tokens = tokens or prompt
         prefill_end = max(prompt, tokens - 1)
         end = min(start + budget, tokens)
+        if not self.shape.state_groups:  # a Transformer: no block-aligned split
+            return end, 0
         internal = internal_checkpoint(start, end, prefill_end, size, (prefill_end - 1) // size)
         if end < prefill_end:
             aligned = end // size * size
@@ -386,7 +395,7 @@ class PoolRun:
                 if block is not None and queue.cache(block, (g, self.keys[i])):
                     new_states += 1
                     self.p.fresh.add((g, self.keys[i]))
-        self.states_cached += new_states // len(self.tables)
+        self.states_cached += new_states // len(self.tables) if self.tables else 0
 
     def _retire(self, computed: int) -> None:
         """Free every Mamba block before the one holding the state at ``computed``."""
@@ -500,17 +509,21 @@ class Peaks:
 
 
 def pool_shape(
-    step: RequestStep, requests: Sequence[Request], running_bytes: float = 0.0
+    step: RequestStep,
+    requests: Sequence[Request],
+    running_bytes: float = 0.0,
+    transformers: bool = False,
 ) -> PoolShape | None:
     """The pool when ``step`` runs through :class:`HybridPool` (None: on the prefix tree): a
-    hybrid under ``policy=vllm`` in ``align`` mode with ``block_pool`` on and its own eviction
-    (``BlockLRU``), one shared pool, a token trace. The pool is the cache's capacity plus
-    ``running_bytes`` (the timed engine's shared KV pool)."""
+    hybrid under ``policy=vllm`` in ``align`` mode, or with ``transformers`` a Transformer
+    under ``policy=vllm``, with ``block_pool`` on and its own eviction (``BlockLRU``), one
+    shared pool, a token trace. The pool is the cache's capacity plus ``running_bytes`` (the
+    timed engine's shared KV pool)."""
     cache, admission = step.cache, step.admission
+    mode = getattr(admission, "mamba_cache_mode", None)
     if not (
-        cache.hybrid
-        and _qualname(admission) == _VLLM
-        and getattr(admission, "mamba_cache_mode", None) == "align"
+        _qualname(admission) == _VLLM
+        and (mode == "align" if cache.hybrid else transformers)
         and getattr(admission, "block_pool", False)
         and _qualname(step.eviction) == _BLOCK_LRU
         and step.eviction.ties == "oldest"

@@ -111,3 +111,25 @@ def test_under_load_every_block_returns_and_reruns_are_identical(blocks):
         assert all(r.hit_tokens % 16 == 0 and r.hit_tokens < r.input_tokens for r in records)
         runs.append([(r.request_id, r.hit_tokens, r.ttft, r.nodes_evicted) for r in records])
     assert runs[0] == runs[1]
+
+
+def test_a_transformer_under_vllm_runs_on_its_pool_when_the_kv_pool_is_shared():
+    """A Transformer under ``policy=vllm`` runs on vLLM's pool (no Mamba groups: one group of
+    every layer) with ``engine.kv_pool=shared``, the engine's one budget for running and
+    cached blocks; with separate pools it stays on the prefix tree. The pool's scheduling is
+    checked against vLLM's own ``Scheduler`` over Llama-3-8B under load
+    (``tests/fixtures/crosscheck_load``: ``*-vllm_sched-*``)."""
+    llama = model("llama3_8b")
+    admission, eviction = policy_plugins("vllm")
+    requests = two_requests()
+    for kv_pool, on_pool in (("shared", True), ("separate", False)):
+        step = RequestStep.build(llama, 1e9, admission, eviction, "vllm")
+        engine = TimedEngine(hardware=A100, kv_pool=kv_pool, running_memory_gb=1.0)
+        assert isinstance(engine.world(requests, step), PoolWorld) == on_pool, kv_pool
+    engine = TimedEngine(hardware=A100, kv_pool="shared", running_memory_gb=1.0, preemption="fifo")
+    with pytest.raises(ConfigError, match=r"engine.preemption.*block_pool=false"):
+        engine.world(requests, RequestStep.build(llama, 1e9, admission, eviction, "vllm"))
+    shape = PoolShape.of(llama, 16, 2e9)
+    assert shape is not None and shape.state_groups == 0
+    assert shape.block_bytes == 16 * llama.kv_bytes_per_token  # a block of all 32 layers
+    assert shape.blocks == 2e9 // shape.block_bytes
