@@ -130,6 +130,10 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--name sharegpt_llama3_8b --size-gb 1 2 --gap 1 4
 	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE) \
 		--name swebench10_llama3_8b --size-gb 8 --gap 1 4
+	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --block-size 32
+	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 4 --block-size 32
 	rm -f $(XC_LOAD_SGL)/*.csv $(XC_LOAD_SGL)/manifest.json
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
 		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --mixed

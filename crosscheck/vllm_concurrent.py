@@ -171,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--requests", type=int, default=None, help="only the first N requests")
     parser.add_argument("--ssm-dtype", default="bfloat16", help="vLLM's mamba_ssm_cache_dtype")
+    parser.add_argument(
+        "--block-size", type=int, default=16, help="a Transformer: vLLM's --block-size"
+    )
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
     logging.getLogger("vllm").setLevel(logging.WARNING)
@@ -184,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         for size_gb in args.size_gb:
             for gap in args.gap:
                 config = build_config(
-                    model_dir, args.ssm_dtype, export.max_sequence + 2048, hybrid=hybrid
+                    model_dir,
+                    args.ssm_dtype,
+                    export.max_sequence + 2048,
+                    hybrid=hybrid,
+                    block=args.block_size,
                 )
                 total = export.total_tokens + export.max_sequence
                 scheduler, hash_block, per_block, specs = build_scheduler(
@@ -193,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                 check_model(export, specs, config.cache_config.block_size)
                 sched = config.scheduler_config
                 kind = "vllm_hybrid" if hybrid else "vllm_sched"
+                if not hybrid and args.block_size != 16:
+                    kind += f"_b{args.block_size}"
                 cache = (
                     "Scheduler (HybridKVCacheCoordinator, mamba_cache_mode=align)"
                     if hybrid

@@ -148,17 +148,22 @@ def patch_platform() -> None:
 
 
 def build_config(
-    model_dir: str, ssm_dtype: str, max_model_len: int, hybrid: bool = True
+    model_dir: str, ssm_dtype: str, max_model_len: int, hybrid: bool = True, block: int = 16
 ) -> VllmConfig:
     """The engine's config for the model in ``model_dir``; a Transformer (``hybrid`` False)
-    takes vLLM's default cache config (16-token blocks) with prefix caching on."""
+    takes vLLM's cache config with prefix caching on and ``block``-token blocks (vLLM's
+    ``--block-size``, 16 by default)."""
     patch_platform()
-    mamba = {"mamba_cache_mode": "align", "mamba_ssm_cache_dtype": ssm_dtype} if hybrid else {}
+    cache: dict = (
+        {"mamba_cache_mode": "align", "mamba_ssm_cache_dtype": ssm_dtype}
+        if hybrid
+        else {"block_size": block}
+    )
     return VllmConfig(
         model_config=ModelConfig(
             model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=max_model_len
         ),
-        cache_config=CacheConfig(enable_prefix_caching=True, **mamba),
+        cache_config=CacheConfig(enable_prefix_caching=True, **cache),
         scheduler_config=SchedulerConfig(
             max_model_len=max_model_len, is_encoder_decoder=False, async_scheduling=False
         ),

@@ -256,14 +256,18 @@ class PoolWorld(TimedWorld):
         the first request's end, before the next step in which a decoder crosses a block
         boundary (it takes blocks), before the next step that retires a Mamba block when a
         queued request could be scheduled in the room it frees (vLLM frees it in that step's
-        running pass, then schedules the queue), one step when a request still prefills (it
-        got no tokens in this one) or when this step preempted one (it scheduled none)."""
+        running pass, then schedules the queue), on a Transformer likewise before the next
+        step that fills a KV block (its running pass caches the block, which a queued
+        request's hit may then reach), one step when a request still prefills (it got no
+        tokens in this one) or when this step preempted one (it scheduled none)."""
         size, decoders = self.shape.block, self._planned
         firsts = [j.input_tokens + j.decoded for j in decoders]
         steps = min(j.decode_end - j.decoded for j in decoders)
         steps = min(steps, *(size - n % size for n in firsts))
         if self.waiting and len(self.running) < self.settings.max_running:
             steps = min(steps, *((1 - n) % size or size for n in firsts))
+            if not self.shape.state_groups:  # a Transformer: a filled block is a longer hit
+                steps = min(steps, *((size - 1 - n) % size or size for n in firsts))
         if any(j.prefilled < j.input_tokens for j in self.running) or (
             self._preempted_now and self.waiting
         ):
