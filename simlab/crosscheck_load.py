@@ -169,7 +169,7 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     else:
         shape = pool_shape(step, requests, transformers=True)
         if shape is None:
-            raise ValueError(f"{case['case']}: the policy does not run on vLLM's hybrid pool")
+            raise ValueError(f"{case['case']}: the policy does not run on vLLM's block pool")
         world = PoolWorld(requests, step, clock, settings, shape)
     records = world.run(OpenLoop(requests, engine["arrival"].tolist()))
     preempted = dict(
