@@ -67,6 +67,7 @@ XC_SHARE_H := $(XC_OUT)/sharegpt_nemotron_h_8b.npz
 XC_SWE := $(XC_OUT)/swebench10_llama3_8b.npz
 XC_SWE_H := $(XC_OUT)/swebench10_nemotron_h_8b.npz
 XC_MOON := $(XC_OUT)/mooncake_llama3_8b.npz
+XC_MOON_LOAD := $(XC_OUT)/mooncake2000_llama3_8b.npz
 
 $(XC_STAMP): crosscheck/requirements.txt
 	python3.11 -m venv $(XC_VENV)
@@ -84,6 +85,8 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	$(BIN)/python -m crosscheck.export --out $(XC_SWE_H) trace=swebench trace.limit=10 model=nemotron_h_8b
 	$(BIN)/python -m crosscheck.export --out $(XC_MOON) trace=mooncake model=llama3_8b \
 		arrivals.mode=timestamps
+	$(BIN)/python -m crosscheck.export --outputs trace --out $(XC_MOON_LOAD) trace=mooncake \
+		trace.limit=2000 model=llama3_8b
 	rm -f $(XC_FIXTURES)/*.csv $(XC_FIXTURES)/manifest.json
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_SHARE) --name sharegpt_llama3_8b \
 		--cache radix unified --size-gb inf 2 5 --rust-check
@@ -134,6 +137,12 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --block-size 32
 	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE) \
 		--name swebench10_llama3_8b --size-gb 8 --gap 1 4 --block-size 32
+	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_MOON_LOAD) \
+		--name mooncake2000_llama3_8b --size-gb 18 --gap 4 12 --block-size 512
+	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_MOON_LOAD) \
+		--name mooncake2000_llama3_8b --size-gb 20 --gap 1 --block-size 512
+	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_MOON_LOAD) \
+		--name mooncake2000_llama3_8b --size-gb 60 200 --gap 8 16 --block-size 512
 	rm -f $(XC_LOAD_SGL)/*.csv $(XC_LOAD_SGL)/manifest.json
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
 		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --mixed

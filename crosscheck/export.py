@@ -16,7 +16,10 @@ tokens, so each id stands for ``block_size`` copies of itself and a prompt is cu
 length (``input_tokens``: the last id's block is usually partial). Distinct ids give distinct
 blocks, equal id chains equal prefixes, so an engine's block hashes match exactly where the ids
 do. Its replies are unknown and simlab admits none of them: each request exports one output
-token (``-1``, sampled and never fed back), so the engine caches no output block either.
+token (``-1``, sampled and never fed back), so the engine caches no output block either. With
+``--outputs trace`` it exports the trace's output length instead, every token ``-1``, for the
+drivers under load, where decode steps hold memory (a full block of them is cached, and no
+prompt ever matches it).
 
 The drivers (``crosscheck.sglang_radix`` and friends) read this file with NumPy only, so they
 never import simlab, and this module never imports torch or an engine.
@@ -42,9 +45,10 @@ log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-def export(overrides: list[str], out: Path) -> int:
+def export(overrides: list[str], out: Path, replies: str = "one") -> int:
     """Write the replay-order requests of the config composed from ``overrides`` to ``out``;
-    returns the number of requests."""
+    returns the number of requests. ``replies``: a hash-id trace's output tokens, ``one`` or
+    the ``trace``'s length (module docstring)."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     model = ModelSpec.from_config(cfg.model)
@@ -58,7 +62,7 @@ def export(overrides: list[str], out: Path) -> int:
         outputs = [r.output_ids for r in requests]
     else:
         inputs = [hash_id_tokens(r) for r in requests]
-        outputs = [np.full(1, -1, dtype=np.int64) for _ in requests]
+        outputs = [np.full(reply_len(r, replies), -1, dtype=np.int64) for r in requests]
     input_lens = np.array([len(x) for x in inputs], dtype=np.int64)
     output_lens = np.array([len(x) for x in outputs], dtype=np.int64)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -86,13 +90,26 @@ def hash_id_tokens(req: Request) -> np.ndarray:
     return tokens[: req.input_tokens]
 
 
+def reply_len(req: Request, replies: str) -> int:
+    """Output tokens a hash-id request exports (``replies``: ``one`` or ``trace``)."""
+    if replies == "trace":
+        return max(int(req.output_len), 1)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m crosscheck.export", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="the .npz to write")
+    parser.add_argument(
+        "--outputs",
+        choices=("one", "trace"),
+        default="one",
+        help="a hash-id trace's output tokens (all -1): one, or the trace's output length",
+    )
     parser.add_argument("overrides", nargs="*", help="simlab Hydra overrides")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    n = export(args.overrides, args.out)
+    n = export(args.overrides, args.out, args.outputs)
     print(f"{args.out}: {n} requests ({' '.join(args.overrides)})")  # noqa: T201
     return 0
 

@@ -103,8 +103,7 @@ class PoolWorld(TimedWorld):
 
     def peek(self, req: Request) -> tuple[int, int]:
         """``(matched, hit)`` tokens in the pool, read-only (the lookup touches nothing)."""
-        tokens = req.full_sequence().tolist()
-        run = self.hybrid.open(tokens, req.input_len, committed_tokens(req, self.committed))
+        run = self.hybrid.open_request(req, self.committed)
         return run.matched_tokens, run.hit_tokens
 
     def cache_peaks(self) -> dict[str, float]:
@@ -136,14 +135,16 @@ class PoolWorld(TimedWorld):
         budget = int(self._budget) - len(decoders)  # finite: vLLM always chunks
         self._chunks = []
         for job in list(self.running):
-            if job.pool_run is None:  # preempted in this loop
+            run = job.pool_run
+            if run is None:  # preempted in this loop
                 continue
             if job.prefilled < job.input_tokens:
                 if budget > 0:
                     budget -= self._prefill_step(job, budget)
             elif job.decoded < job.decode_end:
                 n = job.input_tokens + job.decoded
-                self._step(job, n, n + 1)
+                if not run.idle(n + 1):
+                    self._step(job, n, n + 1)
         self._planned = [j for j in decoders if j.pool_run is not None]
         self._preempted_now = self.pool.preemptions > preemptions
         if not self._preempted_now:
@@ -176,11 +177,10 @@ class PoolWorld(TimedWorld):
         req = job.req
         keys = self._keys.get(req.request_id)
         if keys is None:
-            tokens = req.full_sequence().tolist()
-            run = self.hybrid.open(tokens, req.input_len, committed_tokens(req, self.committed))
+            run = self.hybrid.open_request(req, self.committed)
             self._keys[req.request_id] = run.keys
             return run
-        return PoolRun(self.hybrid, keys, req.input_len, job.input_tokens)  # resumed
+        return PoolRun(self.hybrid, keys, req.input_tokens, job.input_tokens)  # resumed
 
     def _start_run(self, job: Job, run: PoolRun) -> None:
         run.acquire()

@@ -109,6 +109,7 @@ class FreeQueue:
         self.refs: dict[int, int] = {}
         self.key: dict[int, _Key] = {}
         self.cached: dict[_Key, list[int]] = {}
+        self.per_group: dict[int, int] = {}  # group -> its cached blocks (keys)
         self.evicted = 0  # cached blocks taken (their content evicted)
 
     def take(self, n: int) -> list[int]:
@@ -123,6 +124,7 @@ class FreeQueue:
                 block, self.made = self.made, self.made + 1
             key = self.key.pop(block, None)
             if key is not None:
+                self.per_group[key[0]] -= 1
                 owners = self.cached[key]
                 owners.remove(block)
                 if not owners:
@@ -163,6 +165,7 @@ class FreeQueue:
             return False
         self.key[block] = key
         self.cached.setdefault(key, []).append(block)
+        self.per_group[key[0]] = self.per_group.get(key[0], 0) + 1
         return True
 
 
@@ -234,22 +237,30 @@ class HybridPool:
 
     def cached_bytes(self) -> tuple[int, int]:
         """(KV, state) bytes of the cached blocks, a dead state's surviving blocks included."""
-        kv = sum(1 for g, _ in self.pool.key.values() if g == self.attn)
+        kv = self.pool.per_group.get(self.attn, 0)
         return kv * self.shape.block_bytes, (len(self.pool.key) - kv) * self.shape.block_bytes
 
     def open(self, tokens: Sequence[int], prompt: int, committed: int) -> PoolRun:
         """A request's run, looked up but holding nothing yet (:meth:`PoolRun.acquire`);
         ``tokens``: prompt then output, ``committed``: tokens whose KV is computed."""
-        size, keys, chain = self.shape.block, [], 0
-        for i in range(committed // size):
-            chain = hash((chain, tuple(tokens[i * size : (i + 1) * size])))
-            keys.append(chain)
-        return PoolRun(self, keys, prompt)
+        return PoolRun(self, token_keys(tokens, self.shape.block, committed), prompt)
+
+    def open_request(self, req: Request, committed: bool) -> PoolRun:
+        """:meth:`open` for ``req`` (a token or a hash-id request, :func:`request_keys`)."""
+        keys = request_keys(req, self.shape.block, committed_tokens(req, committed))
+        return PoolRun(self, keys, req.input_tokens)
 
     def serve(self, tokens: Sequence[int], prompt: int, committed: int) -> PoolRun:
         """Run one request alone, start to finish (``tokens``, ``prompt``, ``committed``: as
         :meth:`open`'s)."""
-        run = self.open(tokens, prompt, committed)
+        return self._serve(self.open(tokens, prompt, committed), prompt, committed)
+
+    def serve_request(self, req: Request, committed: bool) -> PoolRun:
+        """:meth:`serve` for ``req`` (:meth:`open_request`)."""
+        run = self.open_request(req, committed)
+        return self._serve(run, req.input_tokens, committed_tokens(req, committed))
+
+    def _serve(self, run: PoolRun, prompt: int, committed: int) -> PoolRun:
         run.acquire()
         start = run.hit_tokens
         while start < prompt:
@@ -297,6 +308,7 @@ class PoolRun:
         if self.junction:
             self.reachable.add(matched - 1)
         self.kv_cached = self.states_cached = self.evicted = 0
+        self.keyed = 0  # attention blocks below this have their keys (cached or hit)
 
     @property
     def hit_tokens(self) -> int:
@@ -367,6 +379,16 @@ class PoolRun:
         state = sum(2 if checkpoint else 1 for t in self.tables if need > len(t) or checkpoint)
         return state + max(0, need - attn_blocks)
 
+    def idle(self, end: int) -> bool:
+        """Whether a Transformer's step to ``end`` changes nothing (:meth:`step` would take no
+        block and key none): most decode steps."""
+        size = self.p.shape.block
+        return (
+            not self.tables
+            and -(-end // size) <= len(self.attn)
+            and min(end // size, len(self.keys)) <= self.keyed
+        )
+
     def step(self, start: int, end: int, checkpoint: int = 0) -> None:
         """One scheduler step computing tokens ``start..end``, writing the state at
         ``checkpoint`` (0: none) into a block of its own. :class:`PoolFull`, with nothing
@@ -386,8 +408,10 @@ class PoolRun:
         if need > len(self.attn):
             self.attn.extend(queue.take(need - len(self.attn)))
         self.evicted += queue.evicted - evicted
-        for i in range(min(end // size, len(self.keys))):
+        full = min(end // size, len(self.keys))
+        for i in range(self.keyed, full):  # the blocks below were keyed by an earlier step
             self.kv_cached += queue.cache(self.attn[i], (self.p.attn, self.keys[i]))
+        self.keyed = max(self.keyed, full)
         new_states = 0
         for g, table in enumerate(self.tables):
             for i in self.reachable:
@@ -429,9 +453,8 @@ def pool_records(
     records = []
     peaks = Peaks()
     for req in requests:
-        tokens = req.full_sequence().tolist()
         try:
-            run = pool.serve(tokens, req.input_len, committed_tokens(req, committed))
+            run = pool.serve_request(req, committed)
         except PoolFull:
             raise too_small(pool.shape, req) from None
         records.append(pool_record(req, model, policy, pool, run))
@@ -442,13 +465,56 @@ def pool_records(
 def committed_tokens(req: Request, committed: bool) -> int:
     """Tokens of ``req`` whose KV is computed: all but the last sampled one when
     ``committed`` (the engine never feeds it back)."""
-    return req.input_len + req.output_len - (1 if committed and req.output_len else 0)
+    return req.input_tokens + req.output_len - (1 if committed and req.output_len else 0)
+
+
+def token_keys(tokens: Sequence[int], size: int, committed: int) -> list[int]:
+    """vLLM's chained block hashes of the full ``size``-token blocks of ``tokens`` within the
+    first ``committed``: block ``i``'s key hashes block ``i - 1``'s with its tokens."""
+    keys, chain = [], 0
+    for i in range(committed // size):
+        chain = hash((chain, tuple(tokens[i * size : (i + 1) * size])))
+        keys.append(chain)
+    return keys
+
+
+#: an output token of a hash-id request: its replies are unknown (``crosscheck.export``)
+REPLY_TOKEN = -1
+
+
+def request_keys(req: Request, size: int, committed: int) -> list[int]:
+    """:func:`token_keys` of ``req``'s first ``committed`` tokens. A hash-id request's tokens
+    are its ids, each ``block_size`` times, cut at its true length, then its outputs, each
+    :data:`REPLY_TOKEN` (what ``crosscheck.export --outputs trace`` gives the engines): a
+    block's content is its runs ``(value, count)``, which are equal exactly where the tokens
+    are (adjacent runs of one value merged), so the keys match exactly where vLLM's hashes of
+    those tokens do, without spelling the tokens out."""
+    if req.block_size == 1:
+        return token_keys(req.full_sequence().tolist(), size, committed)
+    ids, unit, prompt = req.input_ids.tolist(), req.block_size, req.input_tokens
+    keys, chain = [], 0
+    for i in range(committed // size):
+        runs: list[tuple[int, int]] = []
+        pos, end = i * size, (i + 1) * size
+        while pos < end:
+            if pos < prompt:
+                value, stop = ids[pos // unit], min(end, (pos // unit + 1) * unit, prompt)
+            else:
+                value, stop = REPLY_TOKEN, end
+            if runs and runs[-1][0] == value:
+                runs[-1] = (value, runs[-1][1] + stop - pos)
+            else:
+                runs.append((value, stop - pos))
+            pos = stop
+        chain = hash((chain, tuple(runs)))
+        keys.append(chain)
+    return keys
 
 
 def too_small(shape: PoolShape, req: Request) -> ConfigError:
     return ConfigError(
         f"cache.size_gb: vLLM's pool of {shape.blocks} blocks cannot hold request "
-        f"{req.request_id} ({req.input_len + req.output_len} tokens, blocks of {shape.block})"
+        f"{req.request_id} ({req.input_tokens + req.output_len} tokens, blocks of {shape.block})"
     )
 
 
@@ -517,8 +583,9 @@ def pool_shape(
     """The pool when ``step`` runs through :class:`HybridPool` (None: on the prefix tree): a
     hybrid under ``policy=vllm`` in ``align`` mode, or with ``transformers`` a Transformer
     under ``policy=vllm``, with ``block_pool`` on and its own eviction (``BlockLRU``), one
-    shared pool, a token trace. The pool is the cache's capacity plus ``running_bytes`` (the
-    timed engine's shared KV pool)."""
+    shared pool, a token trace (a Transformer's, a hash-id trace too: :func:`request_keys`).
+    The pool is the cache's capacity plus ``running_bytes`` (the timed engine's shared KV
+    pool)."""
     cache, admission = step.cache, step.admission
     mode = getattr(admission, "mamba_cache_mode", None)
     if not (
@@ -530,11 +597,13 @@ def pool_shape(
         and cache.host is None
         and cache.ssm_capacity is None
         and not step.controllers
-        and all(r.block_size == 1 for r in requests)
+        and ((transformers and not cache.hybrid) or all(r.block_size == 1 for r in requests))
     ):
         return None
-    block = admission.keys.block_size or 1
-    return PoolShape.of(cache.model, block, cache.capacity + running_bytes)
+    per_id = requests[0].block_size if requests else 1  # a key's ids are this many tokens
+    return PoolShape.of(
+        cache.model, (admission.keys.block_size or 1) * per_id, cache.capacity + running_bytes
+    )
 
 
 def _qualname(obj: object) -> str:

@@ -13,7 +13,16 @@ import pytest
 
 from gpu_validate.cases import load_model
 from simlab.config import ConfigError
-from simlab.vllm_pool import HybridPool, PoolFull, PoolShape, pool_records
+from simlab.vllm_pool import (
+    REPLY_TOKEN,
+    HybridPool,
+    PoolFull,
+    PoolShape,
+    committed_tokens,
+    pool_records,
+    request_keys,
+    token_keys,
+)
 from traces.format import Request
 
 B = 4  # tokens per block
@@ -87,3 +96,55 @@ def test_a_request_the_whole_pool_cannot_hold_is_an_error_naming_the_capacity():
     shape = PoolShape(block=B, state_groups=2, block_bytes=1, blocks=5)
     with pytest.raises(ConfigError, match=r"cache\.size_gb"):
         pool_records([req], load_model("nemotron_h_8b"), "vllm", HybridPool(shape), True)
+
+
+def _hash_id_request(rid: int, ids: list[int], tokens: int, output: int) -> Request:
+    """A hash-id request: ``ids`` of 8 tokens each, ``tokens`` long, ``output`` reply tokens."""
+    return Request(
+        rid,
+        rid,
+        0,
+        0.0,
+        np.array(ids, dtype=np.int32),
+        np.array([], dtype=np.int32),
+        output,
+        block_size=8,
+        ref_input_tokens=tokens,
+    )
+
+
+def _spelled_out(req: Request) -> list[int]:
+    """``crosscheck.export``'s tokens of a hash-id request (``--outputs trace``)."""
+    prompt = np.repeat(req.input_ids, req.block_size)[: req.input_tokens].tolist()
+    return prompt + [REPLY_TOKEN] * req.output_len
+
+
+@pytest.mark.parametrize("block", [4, 8, 16, 12])
+def test_a_hash_id_requests_block_keys_match_where_its_spelled_out_tokens_do(block):
+    """The keys of a hash-id request (ids of 8 tokens, a short last id, replies of unknown
+    tokens) are equal across requests exactly where vLLM's hashes of the tokens the engine
+    drivers feed it (each id spelled out, replies -1) are: blocks smaller than an id, equal
+    to one, spanning two, or cut across them; a short last id shared or not; replies that
+    fill a block. Compared pairwise over every block of every request."""
+    requests = [
+        _hash_id_request(0, [1, 2, 3], 24, 5),
+        _hash_id_request(1, [1, 2, 3], 21, 9),  # the same ids, the last one 5 tokens short
+        _hash_id_request(2, [1, 2, 3, 4], 30, 2),
+        _hash_id_request(3, [1, 2, 5], 20, 12),
+        _hash_id_request(4, [1, 2, 3], 21, 9),  # request 1 again: every block equal
+        _hash_id_request(5, [7, 7, 2], 24, 0),  # one id twice in a row: one run
+        _hash_id_request(6, [7], 8, 8),
+    ]
+    ours: list[int] = []
+    theirs: list[int] = []
+    for req in requests:
+        committed = committed_tokens(req, committed=True)
+        keys = request_keys(req, block, committed)
+        assert len(keys) == committed // block
+        ours += keys
+        theirs += token_keys(_spelled_out(req), block, committed)
+    assert len(ours) == len(theirs) > 0
+    same_ours = [[a == b for b in ours] for a in ours]
+    same_theirs = [[a == b for b in theirs] for a in theirs]
+    assert same_ours == same_theirs
+    assert sum(map(sum, same_ours)) > len(ours)  # some blocks are shared
