@@ -56,7 +56,11 @@ agree within 0.1 point (exit status 1 otherwise):
   at a finite one DynoSim also caches the full blocks of its made-up replies, which take room
   from the prompts' (simlab admits no reply of a hash-id trace: its blocks are unknown). Its
   timed replay has its own timing model (polynomial) and
-  simlab's timed engine the roofline model: the hit rates are reported, not compared.
+  simlab's timed engine the roofline model: the hit rates are reported, not compared. The
+  timed engine runs twice: on the prefix tree with a separate running budget (the default
+  ``engine.kv_pool=separate``), and on vLLM's block pool of exactly DynoSim's blocks for
+  running requests and cache together (``engine.kv_pool=shared engine.running_memory_gb=0``),
+  where a decode's full reply blocks are cached too, as in DynoSim.
 
 Writes ``bench/results/peers.json`` (atomically) and prints the table.
 """
@@ -321,8 +325,13 @@ class Setup:
         return self.workdir / f"run{self.counter}"
 
 
-def run_simlab(setup: Setup, points: Sequence[tuple[str, int]], engine: str = "replay") -> Run:
-    """One ``python -m simlab`` process per (policy, blocks) point, summed."""
+def run_simlab(
+    setup: Setup, points: Sequence[tuple[str, int]], engine: str = "replay", pool: bool = False
+) -> Run:
+    """One ``python -m simlab`` process per (policy, blocks) point, summed. ``pool``: the timed
+    engine on vLLM's block pool of exactly ``blocks`` blocks for running requests and the
+    cache together (``engine.kv_pool=shared``, no running memory besides), DynoSim's
+    ``num_gpu_blocks``."""
     import json
 
     import pandas as pd
@@ -336,6 +345,8 @@ def run_simlab(setup: Setup, points: Sequence[tuple[str, int]], engine: str = "r
         overrides += SIMLAB_POLICY[policy]
         if engine == "timed":
             overrides += ["hardware=h200", "engine.memory_check=false"]
+        if pool:
+            overrides += ["engine.kv_pool=shared", "engine.running_memory_gb=0"]
         size = blocks_to_size_gb(blocks)
         overrides += [f"cache.size_gb={'inf' if math.isinf(size) else repr(size)}"]
         elapsed, _ = timed(
@@ -538,6 +549,20 @@ def build_cases(peers: dict[str, Path]) -> list[Case]:
                 },
                 set(),
                 "different timing models (roofline vs polynomial): hit rates not comparable",
+            )
+        )
+        cases.append(
+            Case(
+                f"timed engine on one pool of {ONE_CAPACITY} blocks",
+                {
+                    "simlab timed (vllm pool, h200)": lambda s: run_simlab(
+                        s, vllm, "timed", pool=True
+                    ),
+                    "DynoSim timed": lambda s: run_dynosim(s, "timed", ONE_CAPACITY),
+                },
+                set(),
+                "running requests and cache share the blocks in both; different timing models: "
+                "hit rates not comparable",
             )
         )
     for case in cases:  # the simlab tool compares with itself: drop it
