@@ -38,7 +38,12 @@ pinned staging served by the host tensor): ``--size-gb`` split by ``--mamba-rati
 (``slots // 4`` with ``extra_buffer`` without the overlap scheduler) as
 ``resolve_max_num_reqs`` caps it.
 The loop is ``event_loop_normal`` (``--disable-overlap-schedule``: a result is processed before
-the next batch is scheduled). Only what does not decide anything is a stand-in: metrics,
+the next batch is scheduled). ``--overlap`` runs ``event_loop_overlap``'s order instead (SGLang's
+default): each batch is scheduled and launched before the last one's result is processed (unless
+``is_disable_overlap_for_batch``), with ``enable_skip_finishing_decode`` (a request whose queued
+result finishes it by length sits the next decode out); the faked forward samples a request's
+token at launch, counting its results still queued. simlab does not model this order yet:
+these cases (``*_overlap``) measure the gap and are not among the fixtures. Only what does not decide anything is a stand-in: metrics,
 publishers, the data-parallel adapter and the n-gram embedding pass (identities), no grammar, no
 LoRA, no speculative decoding, and the model, whose "forward" samples each request's next
 scripted output token.
@@ -62,6 +67,7 @@ import sys
 import time
 import types
 from array import array
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -335,32 +341,15 @@ class LoadReplay:
     ) -> list[Timeline]:
         """Every request through the scheduler; its timeline."""
         s = self.scheduler
-        self.lines = [Timeline(arrival=a) for a in times]
-        self.outputs = [out for _, out in requests]
-        self.live: dict[str, Req] = {}
-        self.active: set[str] = set()  # scheduled since its last (re)start
+        self._reset(requests, times)
         nxt, now = 0, 0.0
         while nxt < len(requests) or self.live:
-            if not self.live:
-                now = max(now, times[nxt])
-            while nxt < len(requests) and times[nxt] <= now:
-                req = self._request(str(nxt), *requests[nxt])
-                self.live[req.rid] = req
-                s._add_request_to_queue(req)
-                nxt += 1
-            plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
-            s.running_batch, batch = plan.running_batch, plan.batch_to_run
-            self._note_retractions()
+            nxt, now = self._arrive(requests, times, nxt, now)
+            batch = self._next_batch()
             if batch is None:
                 if s.is_fully_idle():
                     s.new_token_ratio_tracker.reset()  # on_idle
-                if self.live and nxt < len(requests):
-                    now = max(now, times[nxt])
-                    s.last_batch = None
-                    continue
-                if self.live:
-                    raise RuntimeError(f"t={now}: {len(self.live)} requests, nothing scheduled")
-                s.last_batch = None
+                now = self._idle(times, nxt, now)
                 continue
             self._note_starts(batch, now)
             now += 1.0
@@ -368,6 +357,120 @@ class LoadReplay:
             s.last_batch = batch
         self.check_pool()
         return self.lines
+
+    def run_overlap(
+        self, requests: list[tuple[list[int], list[int]]], times: list[float]
+    ) -> list[Timeline]:
+        """:meth:`run` in ``event_loop_overlap``'s order (module docstring): schedule, process
+        the last result first if overlap is off for this batch, launch, then process the last
+        result; a batch's times are its own step's even when processed a step later."""
+        s = self.scheduler
+        s.enable_overlap = True
+        s.enable_skip_finishing_decode = True
+        s.result_queue = deque()
+        self._reset(requests, times)
+        nxt, now = 0, 0.0
+        while nxt < len(requests) or self.live:
+            nxt, now = self._arrive(requests, times, nxt, now)
+            batch = self._next_batch()
+            disable = s.is_disable_overlap_for_batch(batch, s.last_batch)
+            processed = disable and self._process_queued()
+            if batch is not None:
+                self._note_starts(batch, now)
+                now += 1.0
+                s.result_queue.append(self._launch(batch, now))
+            if s.last_batch is not None:
+                processed = (not disable and self._process_queued()) or processed
+            elif batch is None and s.is_fully_idle():
+                s.new_token_ratio_tracker.reset()  # on_idle
+            if batch is None and not processed and not s.result_queue:
+                now = self._idle(times, nxt, now)
+                continue
+            s.last_batch = batch
+        while self._process_queued():
+            pass
+        self.check_pool()
+        return self.lines
+
+    def _reset(self, requests: list[tuple[list[int], list[int]]], times: list[float]) -> None:
+        self.lines = [Timeline(arrival=a) for a in times]
+        self.outputs = [out for _, out in requests]
+        self.live: dict[str, Req] = {}
+        self.active: set[str] = set()  # scheduled since its last (re)start
+        self.queued: dict[str, int] = {}  # request id -> its results launched, not processed
+
+    def _arrive(
+        self, requests: list[tuple[list[int], list[int]]], times: list[float], nxt: int, now: float
+    ) -> tuple[int, float]:
+        """Requests that arrived by ``now`` join the queue (with none live, the clock jumps to
+        the next arrival); the next request's index and the clock."""
+        if not self.live:
+            now = max(now, times[nxt])
+        while nxt < len(requests) and times[nxt] <= now:
+            req = self._request(str(nxt), *requests[nxt])
+            self.live[req.rid] = req
+            self.scheduler._add_request_to_queue(req)
+            nxt += 1
+        return nxt, now
+
+    def _next_batch(self) -> Any:
+        """``get_next_batch_to_run``; the retractions it made are noted."""
+        s = self.scheduler
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        s.running_batch = plan.running_batch
+        self._note_retractions()
+        return plan.batch_to_run
+
+    def _idle(self, times: list[float], nxt: int, now: float) -> float:
+        """Nothing was scheduled: the clock jumps to the next arrival (an error with none left
+        and requests still live)."""
+        if self.live and nxt >= len(times):
+            raise RuntimeError(f"t={now}: {len(self.live)} requests, nothing scheduled")
+        self.scheduler.last_batch = None
+        return max(now, times[nxt]) if self.live else now
+
+    def _launch(self, batch: Any, end: float) -> tuple[Any, GenerationBatchResult, float]:
+        """The faked forward of an overlapped batch: each request samples its next scripted
+        token past those its queued results hold; the batch (copied, as SGLang queues it),
+        its result and its end step."""
+        s = self.scheduler
+        s.forward_ct += 1
+        batch.forward_iter = s.forward_ct
+        tokens = []
+        for req in batch.reqs:
+            script = self.outputs[int(req.rid)]
+            n = len(req.output_ids) + self.queued.get(req.rid, 0)
+            tokens.append(script[n] if n < len(script) else 0)
+            self.queued[req.rid] = self.queued.get(req.rid, 0) + 1
+        result = GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64))
+        return batch.copy(), result, end
+
+    def _process_queued(self) -> bool:
+        """The oldest queued result through SGLang's result processor (``pop_and_process``);
+        False when none is queued."""
+        if not self.scheduler.result_queue:
+            return False
+        batch, result, end = self.scheduler.result_queue.popleft()
+        for req in batch.reqs:
+            self.queued[req.rid] -= 1
+        self._process(batch, result, end)
+        return True
+
+    def _process(self, batch: Any, result: GenerationBatchResult, end: float) -> None:
+        """SGLang's result processor takes ``batch``'s ``result``; the batch ended at ``end``."""
+        processor = self.scheduler.batch_result_processor
+        if batch.forward_mode.is_decode():
+            processor.process_batch_result_decode(batch, result)
+        else:
+            processor.process_batch_result_prefill(batch, result)
+        for req in batch.reqs:
+            line = self.lines[int(req.rid)]
+            if req.output_ids and math.isnan(line.first_token):
+                line.first_token = end
+            if req.finished() and req.rid in self.live:
+                line.finished = end
+                self.active.discard(req.rid)
+                del self.live[req.rid]
 
     def _request(self, rid: str, input_ids: list[int], output_ids: list[int]) -> Req:
         if not output_ids:
@@ -414,19 +517,7 @@ class LoadReplay:
             n = len(req.output_ids)
             tokens.append(script[n] if n < len(script) else 0)
         result = GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64))
-        processor = s.batch_result_processor
-        if batch.forward_mode.is_decode():
-            processor.process_batch_result_decode(batch, result)
-        else:
-            processor.process_batch_result_prefill(batch, result)
-        for req in batch.reqs:
-            line = self.lines[int(req.rid)]
-            if req.output_ids and math.isnan(line.first_token):
-                line.first_token = end
-            if req.finished() and req.rid in self.live:
-                line.finished = end
-                self.active.discard(req.rid)
-                del self.live[req.rid]
+        self._process(batch, result, end)
 
     def check_pool(self) -> None:
         """Nothing runs: every KV slot (and Mamba slot) is free or in the tree, nothing is
@@ -453,6 +544,8 @@ def _mode_and_cache(args: Any, hybrid: bool) -> tuple[str, str]:
         mode = f"{mode}_unchunked"
     if args.max_prefill_tokens != MAX_PREFILL_TOKENS:
         mode = f"{mode}_mpt{args.max_prefill_tokens}"
+    if args.overlap:
+        mode = f"{mode}_overlap"
     cache = f"UnifiedRadixCache[FULL,MAMBA] {args.strategy}" if hybrid else "RadixCache"
     return mode, cache
 
@@ -482,6 +575,12 @@ def main(argv: list[str] | None = None) -> int:
         "--page-size", type=int, default=1, help="SGLang's --page-size (attention-only exports)"
     )
     parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="event_loop_overlap's order (SGLang's default; attention-only exports; not a "
+        "fixture: simlab does not model it)",
+    )
+    parser.add_argument(
         "--mamba-ratio",
         type=float,
         default=0.9,
@@ -497,8 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     page = args.page_size
     if args.mixed and args.chunked_prefill_size <= 0:
         parser.error("--mixed needs chunked prefill: SGLang mixes no step without it")
-    if hybrid and page > 1:
-        parser.error("--page-size > 1 is for attention-only exports")
+    if hybrid and (page > 1 or args.overlap):
+        parser.error("--page-size > 1 and --overlap are for attention-only exports")
     for size_gb in args.size_gb:
         if hybrid:
             if math.isinf(size_gb):
@@ -531,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
                 "case": f"{args.name}-sglang_sched_{mode}-{size_label(size_gb)}-gap{gap:g}",
                 "engine": "sglang",
                 "engine_version": versions()["sglang"],
-                "cache": f"Scheduler ({cache}, disable_overlap_schedule"
+                "cache": f"Scheduler ({cache}"
+                + (", overlap schedule" if args.overlap else ", disable_overlap_schedule")
                 + (", enable_mixed_chunk)" if args.mixed else ")"),
                 "block_size": page,
                 "size_gb": manifest_size(size_gb),
@@ -546,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
                 case |= {"mamba_slots": slots, "ssm_gb": ssm_gb, "mamba_strategy": args.strategy}
             start = time.perf_counter()
             replay = LoadReplay(scheduler, capacity, slots)
-            lines = replay.run(requests, arrivals(n, gap))
+            lines = (replay.run_overlap if args.overlap else replay.run)(requests, arrivals(n, gap))
             columns = {c: [getattr(line, c) for line in lines] for c in COLUMNS}
             entry = write_table(case, export, n, columns, args.fixtures)
             retracted = sum(line.preemptions for line in lines)
