@@ -430,9 +430,16 @@ class LoadReplay:
         return max(now, times[nxt]) if self.live else now
 
     def _launch(self, batch: Any, end: float) -> tuple[Any, GenerationBatchResult, float]:
-        """The faked forward of an overlapped batch: each request samples its next scripted
-        token past those its queued results hold; the batch (copied, as SGLang queues it),
-        its result and its end step."""
+        """The faked forward of an overlapped batch (:meth:`_sample`), its requests' results
+        queued: the batch (copied, as SGLang queues it), its result and its end step."""
+        result = self._sample(batch)
+        for req in batch.reqs:
+            self.queued[req.rid] = self.queued.get(req.rid, 0) + 1
+        return batch.copy(), result, end
+
+    def _sample(self, batch: Any) -> GenerationBatchResult:
+        """The faked forward: each request samples its next scripted token past those its
+        queued results hold (ignored for a middle prefill chunk)."""
         s = self.scheduler
         s.forward_ct += 1
         batch.forward_iter = s.forward_ct
@@ -441,9 +448,7 @@ class LoadReplay:
             script = self.outputs[int(req.rid)]
             n = len(req.output_ids) + self.queued.get(req.rid, 0)
             tokens.append(script[n] if n < len(script) else 0)
-            self.queued[req.rid] = self.queued.get(req.rid, 0) + 1
-        result = GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64))
-        return batch.copy(), result, end
+        return GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64))
 
     def _process_queued(self) -> bool:
         """The oldest queued result through SGLang's result processor (``pop_and_process``);
@@ -506,18 +511,9 @@ class LoadReplay:
                 line.hit_tokens, line.scheduled = line.last_hit, now
 
     def _run_batch(self, batch: Any, end: float) -> None:
-        """The faked forward: each request samples its next scripted token (ignored for a
-        middle prefill chunk); SGLang's result processor takes it; the batch ends at ``end``."""
-        s = self.scheduler
-        s.forward_ct += 1
-        batch.forward_iter = s.forward_ct
-        tokens = []
-        for req in batch.reqs:
-            script = self.outputs[int(req.rid)]
-            n = len(req.output_ids)
-            tokens.append(script[n] if n < len(script) else 0)
-        result = GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64))
-        self._process(batch, result, end)
+        """The faked forward (:meth:`_sample`); SGLang's result processor takes it; the batch
+        ends at ``end``."""
+        self._process(batch, self._sample(batch), end)
 
     def check_pool(self) -> None:
         """Nothing runs: every KV slot (and Mamba slot) is free or in the tree, nothing is
