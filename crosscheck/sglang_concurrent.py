@@ -38,15 +38,17 @@ pinned staging served by the host tensor): ``--size-gb`` split by ``--mamba-rati
 (``slots // 4`` with ``extra_buffer`` without the overlap scheduler) as
 ``resolve_max_num_reqs`` caps it.
 The loop is ``event_loop_normal`` (``--disable-overlap-schedule``: a result is processed before
-the next batch is scheduled). ``--overlap`` runs ``event_loop_overlap``'s order instead (SGLang's
-default): each batch is scheduled and launched before the last one's result is processed (unless
-``is_disable_overlap_for_batch``), with ``enable_skip_finishing_decode`` (a request whose queued
-result finishes it by length sits the next decode out); the faked forward samples a request's
-token at launch, counting its results still queued. simlab does not model this order yet:
-these cases (``*_overlap``) measure the gap and are not among the fixtures. Only what does not decide anything is a stand-in: metrics,
+the next batch is scheduled). Only what does not decide anything is a stand-in: metrics,
 publishers, the data-parallel adapter and the n-gram embedding pass (identities), no grammar, no
 LoRA, no speculative decoding, and the model, whose "forward" samples each request's next
 scripted output token.
+
+``--overlap`` runs ``event_loop_overlap``'s order instead (SGLang's default): each batch is
+scheduled and launched before the last one's result is processed (unless
+``is_disable_overlap_for_batch``), with ``enable_skip_finishing_decode`` (a request whose queued
+result finishes it by length sits the next decode out); the faked forward samples a request's
+token at launch, counting its results still queued. simlab does not model this order yet: these
+cases (``*_overlap``) measure the gap and are not among the fixtures.
 
 The clock and the arrivals are ``vllm_concurrent``'s: every batch takes one time unit; request
 ``i`` arrives at ``gap * i + 0.5 * frac(i * golden ratio)``; at time ``t`` the scheduler takes
