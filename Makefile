@@ -213,3 +213,25 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	done
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
 		--name sharegpt_nemotron_h_8b_r9 --size-gb 1 --mamba-ratio 9 --gap 1 4 --strategy extra_buffer
+	for mixed in "" --mixed; do \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --overlap $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --page-size 16 --overlap $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 4 --overlap $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 4 --page-size 16 --overlap $$mixed \
+		|| exit 1; \
+	done
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 2 8 --gap 1 4 --mixed --overlap
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --max-prefill-tokens 1024 --mixed --overlap
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 0.5 --gap 1 --chunked-prefill-size -1 \
+		--max-prefill-tokens 1024 --overlap
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 --chunked-prefill-size -1 --overlap
+	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --page-size 64 --overlap

@@ -46,9 +46,11 @@ scripted output token.
 ``--overlap`` runs ``event_loop_overlap``'s order instead (SGLang's default): each batch is
 scheduled and launched before the last one's result is processed (unless
 ``is_disable_overlap_for_batch``), with ``enable_skip_finishing_decode`` (a request whose queued
-result finishes it by length sits the next decode out); the faked forward samples a request's
-token at launch, counting its results still queued. simlab does not model this order yet: these
-cases (``*_overlap``) measure the gap and are not among the fixtures.
+result finishes it by length sits the next decode out), and the result processor built for
+overlap (it drops a retracted request's queued token); the faked forward samples a request's
+token at launch, past the tokens its queued results commit (a middle prefill chunk's commits
+none), and every finished request's outputs are checked against its script. The cases
+(``*_overlap``, ``"overlap": true`` in the manifest) check simlab's ``engine.overlap=true``.
 
 The clock and the arrivals are ``vllm_concurrent``'s: every batch takes one time unit; request
 ``i`` arrives at ``gap * i + 0.5 * frac(i * golden ratio)``; at time ``t`` the scheduler takes
@@ -70,7 +72,7 @@ import time
 import types
 from array import array
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -368,6 +370,8 @@ class LoadReplay:
         result; a batch's times are its own step's even when processed a step later."""
         s = self.scheduler
         s.enable_overlap = True
+        # the result processor then drops a retracted request's queued token
+        s.batch_result_processor = replace(s.batch_result_processor, enable_overlap=True)
         s.enable_skip_finishing_decode = True
         s.result_queue = deque()
         self._reset(requests, times)
@@ -431,13 +435,19 @@ class LoadReplay:
         self.scheduler.last_batch = None
         return max(now, times[nxt]) if self.live else now
 
-    def _launch(self, batch: Any, end: float) -> tuple[Any, GenerationBatchResult, float]:
+    def _launch(
+        self, batch: Any, end: float
+    ) -> tuple[Any, GenerationBatchResult, float, list[Any]]:
         """The faked forward of an overlapped batch (:meth:`_sample`), its requests' results
-        queued: the batch (copied, as SGLang queues it), its result and its end step."""
+        queued: the batch (copied, as SGLang queues it), its result, its end step and the
+        requests whose result commits a token (all but a middle prefill chunk's, SGLang's
+        ``chunked_req``: its result commits nothing, ``inflight_middle_chunks``)."""
         result = self._sample(batch)
-        for req in batch.reqs:
+        chunked = self.scheduler.chunked_req if batch.forward_mode.is_extend() else None
+        committing = [req for req in batch.reqs if req is not chunked]
+        for req in committing:
             self.queued[req.rid] = self.queued.get(req.rid, 0) + 1
-        return batch.copy(), result, end
+        return batch.copy(), result, end, committing
 
     def _sample(self, batch: Any) -> GenerationBatchResult:
         """The faked forward: each request samples its next scripted token past those its
@@ -457,8 +467,8 @@ class LoadReplay:
         False when none is queued."""
         if not self.scheduler.result_queue:
             return False
-        batch, result, end = self.scheduler.result_queue.popleft()
-        for req in batch.reqs:
+        batch, result, end, committing = self.scheduler.result_queue.popleft()
+        for req in committing:
             self.queued[req.rid] -= 1
         self._process(batch, result, end)
         return True
@@ -475,6 +485,9 @@ class LoadReplay:
             if req.output_ids and math.isnan(line.first_token):
                 line.first_token = end
             if req.finished() and req.rid in self.live:
+                script = self.outputs[int(req.rid)]
+                if list(req.output_ids) != list(script[: len(req.output_ids)]):
+                    raise RuntimeError(f"request {req.rid} sampled outputs off its script")
                 line.finished = end
                 self.active.discard(req.rid)
                 del self.live[req.rid]
@@ -639,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
                 "chunked_prefill_size": args.chunked_prefill_size,
                 "max_prefill_tokens": args.max_prefill_tokens,
                 "enable_mixed_chunk": args.mixed,
+                **({"overlap": True} if args.overlap else {}),
             }
             if hybrid:
                 case |= {"mamba_slots": slots, "ssm_gb": ssm_gb, "mamba_strategy": args.strategy}

@@ -141,6 +141,7 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
             f"engine.max_prefill_tokens={case['max_prefill_tokens']}",
             *SGLANG_ENGINE,
             f"engine.batching={'mixed' if case['enable_mixed_chunk'] else 'prefill_first'}",
+            f"engine.overlap={str(bool(case.get('overlap'))).lower()}",
             # the driver runs without the overlap scheduler: one track slot per request
             *(["policy.admission.tracking_slots=1"] if extra_buffer else []),
         ]

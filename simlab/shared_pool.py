@@ -55,6 +55,7 @@ class SharedPoolScheduling:
     _ratio: NewTokenRatio
     _retracted: bool
     _batch_full: bool
+    _decode_skipped: bool
     _passes: int
     _admission_passes: int
 
@@ -62,6 +63,7 @@ class SharedPoolScheduling:
 
         def _any_prefill(self) -> bool: ...
         def _decoders(self) -> list[Job]: ...
+        def _batch_members(self) -> list[Job]: ...
         def _note_queue(self) -> None: ...
         def _rank(self, index: int) -> tuple[int, int]: ...
         def _refill(self, job: Job) -> int: ...
@@ -174,7 +176,7 @@ class SharedPoolScheduling:
         if sglang and not self._sglang_pass_opens():
             return
         expected = self._expected_bytes() if sglang else 0.0
-        mixed = len(self._decoders()) if sglang and self.settings.batching == "mixed" else 0
+        mixed = len(self._batch_members()) if sglang and self.settings.batching == "mixed" else 0
         room = self._budget - mixed if sglang else math.inf
         spent, chunk_bytes, added, ask = (
             self._continue_prompts(expected, room) if sglang else (0, 0.0, 0.0, 0.0)
@@ -405,7 +407,7 @@ class SharedPoolScheduling:
         ``WAITING_QUEUE_PREFIX_MATCH_MAX`` queued prefixes, the head last, every
         ``WAITING_PREFIX_REFRESH_INTERVAL``-th time (``_touch_waiting_prefixes``, on by
         default with LRU and FCFS: ``SGLANG_ENABLE_WAITING_PREFIX_REFRESH``)."""
-        if not self._decoders():  # SGLang's running batch is empty
+        if not self._batch_members():  # SGLang's running batch is empty
             self._batch_full = False
         prefilling = self._any_prefill()
         if (self._batch_full or not self.waiting) and not prefilling:
@@ -470,7 +472,7 @@ class SharedPoolScheduling:
         evicted what it lacked (an engine allocates step by step and evicts only then)."""
         kv = self.model.kv_bytes_per_token
         sglang = self.settings.preemption == "sglang"
-        self._retracted = False
+        self._retracted = self._decode_skipped = False
         while True:
             decoders = self._decoders()
             if not decoders:
@@ -478,6 +480,11 @@ class SharedPoolScheduling:
             per_step = self._step_need(decoders)
             if self._evict_for(per_step) if sglang else self._make_room(per_step):
                 break
+            if self.settings.overlap and len(decoders) < len(self._batch_members()):
+                # a finishing request's queued result frees its KV at this step's end: the
+                # decode sits the step out rather than retract (``update_running_batch``)
+                self._decode_skipped, self._batch_full = True, False
+                return 0
             self._retracted = True
             if sglang and len(decoders) > 1:
                 self._retract(decoders)
@@ -558,12 +565,13 @@ class SharedPoolScheduling:
         one always kept; after each, cached entries are evicted toward
         ``RETRACT_DECODE_STEPS`` steps of the rest (``release_req``). Retracted requests free
         their KV uncached (``release_kv_cache(is_insert=False)``) and join the back of the
-        queue (``_add_request_to_queue`` under FCFS)."""
+        queue (``_add_request_to_queue`` under FCFS). The batch keeps the rest in the order
+        they were sorted in (``filter_batch(keep_indices=...)``): the most outputs first."""
         kv = self.model.kv_bytes_per_token
         order = sorted(
             sorted(decoders, key=lambda j: j.batch_rank),  # ties: the batch's order
-            key=lambda j: (
-                j.input_tokens - j.req.input_tokens + j.decoded + 1,
+            key=lambda j: (  # its outputs (``len(output_ids)``: the queued token not yet)
+                j.input_tokens - j.req.input_tokens + j.decoded + 1 - j.in_flight,
                 -j.req.input_tokens,
             ),
             reverse=True,
@@ -577,6 +585,8 @@ class SharedPoolScheduling:
             self._drop_progress(victim)
             self.waiting.append(victim)
             self._evict_for(len(order) * RETRACT_DECODE_STEPS * kv)  # ``release_req``
+        for index, job in enumerate(order):  # the batch keeps them in this order
+            job.batch_rank = self._rank(index)
 
     def _evict_for(self, need: float) -> bool:
         """Whether ``need`` bytes are free after evicting cached entries until they are or

@@ -418,7 +418,18 @@ class RequestStep:
         if plan.held_from is not None:  # the published prompt's slots are the tree's now
             started.plan = replace(plan, held_from=self._held_after_publish(started))
         if started.pins and end > 0:
-            self._move_pin(started, cache.deepest_cached(started.seq[:end]))
+            self._move_pin(
+                started, self._published_node(started.seq, end // self._page * self._page)
+            )
+
+    def _published_node(self, seq: np.ndarray, ids: int) -> Node | None:
+        """The deepest node on the cached prefix of ``seq[:ids]``, a cached edge running past
+        it split there first (SGLang's insertion splits where its key ends: another request
+        may have published a longer edge over the same ids meanwhile, e.g. a chunked prompt
+        stashed before this one's publish under the overlap scheduler)."""
+        cache, prefix = self.cache, seq[:ids]
+        cache.split_match(cache.lookup(prefix), ids)
+        return cache.deepest_cached(prefix)
 
     def _prefill_states(self, started: Started) -> list[int]:
         """States a prefill has published by its end: with ``tracking`` those its extends
@@ -522,9 +533,7 @@ class RequestStep:
             )
             published = started.published
             started.published = result if published is None else merged(published, result)
-        prefix = started.seq[:ids]
-        cache.split_match(cache.lookup(prefix), ids)  # a longer cached edge: its pin stops here
-        deepest = cache.deepest_cached(prefix)
+        deepest = self._published_node(started.seq, ids)
         if deepest is None:
             return 0
         if started.pins:

@@ -95,6 +95,9 @@ class TimedSettings:
     ignore_eos: bool = False  # request_admission=sglang: requests run to max_new_tokens
     # prefill_first: a step that prefills runs no decodes (SGLang's default)
     batching: str = "mixed"
+    #: SGLang's overlap scheduler (its default ``event_loop_overlap``): each batch is scheduled
+    #: before the last one's result is processed (request_admission=sglang only)
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         self._check_counts()
@@ -110,6 +113,7 @@ class TimedSettings:
             "shared_prefix_attention",
             "memory_check",
             "ignore_eos",
+            "overlap",
         ):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"engine.{key} must be true or false, got {getattr(self, key)!r}")
@@ -133,6 +137,12 @@ class TimedSettings:
                 f"engine.batching must be one of {'|'.join(BATCHINGS)}, got {self.batching!r}"
             )
         self._check_sglang_prefill_limits()
+        if self.overlap and not (shared and self.request_admission == "sglang"):
+            raise ValueError(
+                "engine.overlap is SGLang's overlap scheduler: it needs engine.kv_pool=shared "
+                f"and engine.request_admission=sglang, got {self.kv_pool!r} and "
+                f"{self.request_admission!r}"
+            )
 
     def _check_counts(self) -> None:
         """The token and request counts are integers >= 1 (the two SGLang limits may be
@@ -228,13 +238,20 @@ class TimedEngine(TimedSettings):
         object.__setattr__(self, "_terms", terms)
 
     def check_memory(self, model: ModelSpec, cache_gb: float) -> None:
-        """``tp`` splits ``model``'s heads evenly (:func:`simlab.costmodel.check_tp`), and the
-        prefix cache + memory for running sequences + weights must fit the GPUs' memory
-        (``hardware.mem_gb`` x ``tp``); ``engine.memory_check=false`` allows what-if studies."""
+        """``tp`` splits ``model``'s heads evenly (:func:`simlab.costmodel.check_tp`),
+        ``engine.overlap`` needs an attention-only model, and the prefix cache + memory for
+        running sequences + weights must fit the GPUs' memory (``hardware.mem_gb`` x ``tp``);
+        ``engine.memory_check=false`` allows what-if studies."""
         try:
             check_tp(model, self.tp)
         except ValueError as err:
             raise ConfigError(str(err)) from err
+        if self.overlap and model.is_hybrid:
+            raise ConfigError(
+                f"engine.overlap: SGLang's overlap scheduler is modelled for attention-only "
+                f"models (checked request by request); {model.name} is a hybrid, whose Mamba "
+                "state tracking under overlap is not modelled yet"
+            )
         if not self.memory_check or not math.isfinite(cache_gb):
             return
         weights = (model.layer_params + model.embedding_params) * model.dtype_bytes / 1e9
@@ -384,6 +401,8 @@ class TimedWorld(SharedPoolScheduling):
         self._passes = 0  # sglang: admission passes with requests queued (``calc_priority``)
         self._admission_passes = 0  # shared KV pool: passes run (``Job.batch_rank``)
         self._link_free = 0.0  # host tier: when the host<->GPU link finishes its last load
+        self._prompts_ended: list[Job] = []  # engine.overlap: the last batch's, to publish
+        self._decode_skipped = False  # engine.overlap: the last decode check skipped the step
         if self.shared:
             self._open_pool(requests)
         step.prepare(sorted(requests, key=lambda r: (r.arrival, r.session_id, r.turn)))
@@ -456,7 +475,10 @@ class TimedWorld(SharedPoolScheduling):
     # ------------------------------------------------------------------ GPU
     def _gpu(self) -> Generator[Any, Any, None]:
         env = self.env
+        overlap = self.settings.overlap
         while True:
+            if overlap:  # ``get_next_batch_to_run`` stashes first, the last result still queued
+                self._stash_chunked()
             self._schedule()
             if not self.running:
                 self._ratio.reset()  # SGLang's on_idle
@@ -467,10 +489,43 @@ class TimedWorld(SharedPoolScheduling):
                 continue
             if self._any_prefill():
                 yield from self._iteration()
+            elif overlap and not self._has_decoders():  # only finishing requests: no batch
+                self._process_results()
+                continue
             else:
                 yield from self._decode_span()
-            self._complete_finished()
-            self._stash_chunked()
+            if not overlap:
+                self._complete_finished()
+                self._stash_chunked()
+
+    def _results_pending(self) -> bool:
+        """``engine.overlap``: whether the last batch's result, still queued, ends a prompt or
+        finishes a request (it changes what the step after the next one schedules)."""
+        return self.settings.overlap and (
+            bool(self._prompts_ended) or len(self._decoders()) < len(self._batch_members())
+        )
+
+    def _has_decoders(self) -> bool:
+        return any(j.decoded < j.decode_end for j in self.running)
+
+    def _process_results(self) -> None:
+        """``engine.overlap``: the last batch's result is processed once the next batch is
+        planned (``event_loop_overlap``'s ``pop_and_process``): the prompts it ended are
+        published (unless retracted since), the requests it finished complete, and its
+        sampled tokens reach the requests' outputs."""
+        prompts, self._prompts_ended = self._prompts_ended, []
+        for job in prompts:
+            if not job.in_prefill and job in self.running:
+                self._prompt_done(job)
+        self._complete_finished()
+        for job in self.running:
+            job.in_flight = 0
+
+    def _batch_members(self) -> list[Job]:
+        """SGLang's running batch: the running requests past their prefill, those whose
+        finishing result the overlap scheduler has not processed yet included (without
+        ``engine.overlap`` there are none: the decoders, :meth:`_decoders`)."""
+        return [j for j in self.running if j.prefilled >= j.input_tokens]
 
     def _any_prefill(self) -> bool:
         """Whether a running request is still in its prefill (``Job.in_prefill``, inlined)."""
@@ -586,9 +641,14 @@ class TimedWorld(SharedPoolScheduling):
     def _iteration(self):
         """One iteration with prefill chunks: every decoder steps once beside them (mixed
         batching; prefill_first: only when no chunk is ready), the chunks fill the budget."""
-        had_decoders = self.settings.request_admission == "sglang" and bool(self._decoders())
+        had_decoders = self.settings.request_admission == "sglang" and bool(self._batch_members())
         decoders, chunks = self._iteration_work()
+        overlap = self.settings.overlap
+        if overlap:
+            self._process_results()
         if not chunks and not decoders:  # only host loads in flight: wait (or an arrival)
+            if self._decode_skipped:
+                return
             yield from self._await_loads()
             return
         self._track_chunks(chunks)
@@ -606,12 +666,25 @@ class TimedWorld(SharedPoolScheduling):
         for job, take in chunks:
             job.prefilled += take
             if not job.in_prefill:
-                if math.isnan(job.first_token):  # a recomputed request keeps its first token
-                    job.first_token = self.env.now
-                self._join_batch(job)
-                self._prompt_done(job)
+                self._prompt_ended(job)
+        if overlap:
+            for job in decoders:
+                job.in_flight = 1
         if self._chunk_by_chunk:  # SGLang stashes its chunked request at the next step
             self._chunked = [job for job, _ in chunks if job.in_prefill]
+
+    def _prompt_ended(self, job: Job) -> None:
+        """``job``'s last chunk ran: its first token is sampled (a recomputed request keeps its
+        first), it joins the running batch, and its prompt is published, with
+        ``engine.overlap`` once the next batch is planned (:meth:`_process_results`)."""
+        if math.isnan(job.first_token):
+            job.first_token = self.env.now
+        self._join_batch(job)
+        if self.settings.overlap:
+            job.in_flight = 1
+            self._prompts_ended.append(job)
+        else:
+            self._prompt_done(job)
 
     def _track_chunks(self, chunks: list[tuple[Job, int]]) -> None:
         """The state each chunk of a tracking job will track (:meth:`RequestStep.track_extend`),
@@ -648,7 +721,7 @@ class TimedWorld(SharedPoolScheduling):
             decoders = self._iteration_decoders()
             return decoders, self._prefill_chunks(self._budget - len(decoders))
         running = self._decoders()
-        chunks = self._prefill_chunks(self._budget - len(running))
+        chunks = self._prefill_chunks(self._budget - len(self._batch_members()))
         if chunks and not self._evict_for(self._step_need(running)):
             return [], chunks
         return self._iteration_decoders(), chunks
@@ -673,8 +746,8 @@ class TimedWorld(SharedPoolScheduling):
         """The decoders of a mixed iteration, their step's memory held (shared KV pool). The
         new token ratio does not decay: SGLang decays it in ``update_running_batch``, which a
         step that runs a prefill never calls."""
-        if self.shared:
-            self._reserve_decode(1)
+        if self.shared and not self._reserve_decode(1):
+            return []
         return self._decoders()
 
     def _prompt_done(self, job: Job) -> None:
@@ -786,8 +859,11 @@ class TimedWorld(SharedPoolScheduling):
         request that did not fit waits until a request leaves (``batch_is_full``), which
         ends the span, as an arrival does; after a retraction the queue is tried again at
         the next step, so the span is that one step."""
-        fit = self._span_fit = self._reserve_decode(None) if self.shared else 0
+        limit = 1 if self._results_pending() else None  # the result changes the next step
+        fit = self._span_fit = self._reserve_decode(limit) if self.shared else 0
         decoders = [j for j in self.running if j.decoded < j.decode_end]  # decode_left > 0
+        if self._decode_skipped:
+            return [], 0
         steps = min([j.decode_end - j.decoded for j in decoders])
         if not self.shared:
             return decoders, steps
@@ -822,6 +898,10 @@ class TimedWorld(SharedPoolScheduling):
     def _decode_span(self):
         """Decode-only stretch until the first request finishes or a new one arrives."""
         decoders, steps = self._span_plan()
+        if self.settings.overlap:
+            self._process_results()
+            if not steps:  # the decode sits this step out: its memory frees at the step's end
+                return
         # the contexts (input + decoded + 1 each) enter the cost model through their sum only
         context_sum = sum([j.input_tokens + j.decoded for j in decoders]) + len(decoders)
         shared = shared_prefix_reads(decoders) if self.settings.shared_prefix_attention else 0
@@ -839,6 +919,9 @@ class TimedWorld(SharedPoolScheduling):
         self.stats.iterations += done
         self._decoded(decoders, done)
         self._span_ran(decoders, done)
+        if self.settings.overlap:
+            for job in decoders:
+                job.in_flight = 1
 
     def preemption_column(self, records: Sequence[RequestRecord]) -> list[int]:
         """Per record (in ``records``' order): times its request was preempted."""

@@ -60,6 +60,9 @@ class Job:
     #: shared KV pool: its place in SGLang's running batch (a mixed step puts the requests
     #: it admits first, in admission order): (-admission pass, index in it), ascending
     batch_rank: tuple[int, int] = (0, 0)
+    #: ``engine.overlap``: output tokens it sampled in the last batch, whose result SGLang has
+    #: not processed yet (0 or 1): its ``output_ids`` lag its ``decoded`` by that many
+    in_flight: int = 0
     input_tokens: int = field(init=False)  # tokens its prefill computes (see ``resume``)
     output_len: int = field(init=False)
     decode_end: int = field(init=False)  # decode steps after its prefill (output_len - 1)
@@ -75,7 +78,8 @@ class Job:
         (``num_tokens - num_computed_tokens`` once ``num_computed_tokens`` is reset) and
         SGLang (a retracted request's ``fill_ids`` hold its outputs) do. Invariant:
         ``input_tokens + decode_end + 1 == req.input_tokens + output_len``."""
-        sampled = self.decoded + 1 if self.prefilled >= self.input_tokens else 0
+        sampled = self.decoded + 1 - self.in_flight if self.prefilled >= self.input_tokens else 0
+        self.in_flight = 0  # SGLang drops a retracted request's queued token
         self.input_tokens += sampled
         self.decode_end -= sampled
         self.prefilled = self.decoded = 0
@@ -88,7 +92,9 @@ class Job:
     def outputs_left(self) -> int:
         """Output tokens still to sample (SGLang's ``max_new_tokens - len(output_ids)``, its
         ``max_new_tokens`` being the output length); its first comes with the prefill."""
-        return self.decode_end - self.decoded + (self.prefilled < self.input_tokens)
+        return (
+            self.decode_end - self.decoded + (self.prefilled < self.input_tokens) + self.in_flight
+        )
 
     @property
     def decode_left(self) -> int:
@@ -152,6 +158,8 @@ class PoolStats:
             "pool_evicted_gb": self.evicted_bytes / 1e9,
             "peak_running_gb": self.peak_held / 1e9,
         }
+        if settings.overlap:  # SGLang's overlap scheduler's order (absent: the normal loop's)
+            out["overlap"] = True
         if self.ssm_budget is not None:
             out |= {
                 "ssm_pool_gb": self.ssm_budget / 1e9,

@@ -159,6 +159,20 @@ def test_a_shared_run_writes_the_preemption_column_and_summary(tmp_path):
     assert summary["kv_pool"] == "shared" and summary["preemptions"] == 0
 
 
+SGLANG_POOL = ["engine.kv_pool=shared", "engine.request_admission=sglang"]
+
+
+def test_an_overlap_run_says_so_in_its_summary_and_serves_every_request():
+    """``engine.overlap`` (SGLang's overlap scheduler) under load on a tiny pool: every
+    request completes, and the summary names the loop (absent: the normal one)."""
+    reqs = requests()
+    sglang = {"preemption": "sglang", "request_admission": "sglang"}
+    overlap = tiny(reqs, overlap=True, **sglang).run(reqs, build()())
+    normal = tiny(reqs, **sglang).run(reqs, build()())
+    assert len(overlap.records) == len(normal.records) == len(reqs)
+    assert overlap.extras["overlap"] is True and "overlap" not in normal.extras
+
+
 BAD_POOL = [
     (["engine.kv_pool=foo"], "engine.kv_pool must be one of separate|shared, got 'foo'"),
     (["engine.preemption=bar"], "engine.preemption must be one of lifo|fifo|sglang, got 'bar'"),
@@ -172,6 +186,16 @@ BAD_POOL = [
         "engine.batching must be one of mixed|prefill_first, got 'chunked'",
     ),
     (["engine.running_memory_gb=0"], "engine.running_memory_gb must be > 0, got 0"),
+    (["engine.overlap=maybe"], "engine.overlap must be true or false, got 'maybe'"),
+    (
+        ["engine.overlap=true", "engine.kv_pool=shared"],
+        "engine.overlap is SGLang's overlap scheduler: it needs engine.kv_pool=shared and "
+        "engine.request_admission=sglang, got 'shared' and 'whole'",
+    ),
+    (
+        ["engine.overlap=true", *SGLANG_POOL],  # marconi_7b, the default model, is a hybrid
+        "engine.overlap: SGLang's overlap scheduler is modelled for attention-only models",
+    ),
     (
         ["engine.kv_pool=shared", "engine.running_memory_gb=-1"],
         "engine.running_memory_gb must be >= 0 with kv_pool=shared, got -1",

@@ -268,6 +268,46 @@ def test_a_prompt_cut_into_chunks_is_published_chunk_by_chunk(batching):
     assert records[1].first_token == 9.0  # 24 tokens, then its last 76
 
 
+def test_with_overlap_a_finished_request_is_published_one_step_later():
+    """SGLang's overlap scheduler (``engine.overlap``) processes a batch's result after it
+    plans the next batch. A 100-token prompt with 3 outputs finishes at step 3 (its prefill,
+    then two decode steps); its next turn arrives then. Without overlap the finish is
+    processed first and the next turn hits the prompt and the 2 outputs with KV (102 tokens);
+    with it the next turn is admitted before the finish is inserted and hits the prompt,
+    published at the end of the prefill's result (100). Every time is the same."""
+    prompt = np.arange(100, dtype=np.int32)
+    outputs = np.arange(900, 903, dtype=np.int32)
+    follow = np.concatenate([prompt, outputs, np.arange(2000, 2010, dtype=np.int32)])
+    reqs = [
+        Request(0, 0, 0, 0.0, prompt, outputs, 3),
+        Request(1, 0, 1, 3.0, follow, np.zeros(0, np.int32), 2),
+    ]
+    normal = step_world(reqs, batching="prefill_first")
+    overlap = step_world(reqs, batching="prefill_first", overlap=True)
+    assert normal[0].finished == overlap[0].finished == 3.0
+    assert normal[1].scheduled == overlap[1].scheduled == 3.0
+    assert (normal[1].hit_tokens, overlap[1].hit_tokens) == (102, 100)
+
+
+def test_with_overlap_a_finishing_request_still_counts_in_the_running_batch():
+    """Under overlap the request whose queued result finishes it stays in SGLang's running
+    batch until that result is processed. ``max_running_requests`` 2: requests 0 (3 outputs)
+    and 1 (10 outputs) run, request 2 waits. Without overlap it is admitted as request 0
+    finishes (step 3); with it the step at 3 still counts request 0 and decodes request 1
+    alone, so request 2 starts at step 4. (Had nothing else been running, no batch would
+    run at 3, the result would be processed at once and request 2 start at 3.)"""
+    zeros = np.zeros(0, np.int32)
+    reqs = [
+        Request(0, 0, 0, 0.0, np.arange(50, dtype=np.int32), zeros, 3),
+        Request(1, 1, 0, 0.0, np.arange(100, 150, dtype=np.int32), zeros, 10),
+        Request(2, 2, 0, 1.5, np.arange(500, 550, dtype=np.int32), zeros, 2),
+    ]
+    normal = step_world(reqs, max_running=2)
+    overlap = step_world(reqs, max_running=2, overlap=True)
+    assert normal[0].finished == overlap[0].finished == 3.0
+    assert (normal[2].scheduled, overlap[2].scheduled) == (3.0, 4.0)
+
+
 def three_prompts(length: int) -> list[Request]:
     """Three ``length``-token prompts with nothing in common, arriving together."""
     zeros = np.zeros(0, np.int32)
