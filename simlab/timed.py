@@ -489,7 +489,7 @@ class TimedWorld(SharedPoolScheduling):
                 continue
             if self._any_prefill():
                 yield from self._iteration()
-            elif overlap and not self._has_decoders():  # only finishing requests: no batch
+            elif overlap and not self._decoders():  # only finishing requests: no batch
                 self._process_results()
                 continue
             else:
@@ -504,9 +504,6 @@ class TimedWorld(SharedPoolScheduling):
         return self.settings.overlap and (
             bool(self._prompts_ended) or len(self._decoders()) < len(self._batch_members())
         )
-
-    def _has_decoders(self) -> bool:
-        return any(j.decoded < j.decode_end for j in self.running)
 
     def _process_results(self) -> None:
         """``engine.overlap``: the last batch's result is processed once the next batch is
