@@ -229,7 +229,7 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
 		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --max-prefill-tokens 1024 --mixed --overlap
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
-		--name sharegpt_llama3_8b --size-gb 0.5 --gap 1 --chunked-prefill-size -1 \
+		--name sharegpt_llama3_8b --size-gb 0.5 --gap 1 4 --chunked-prefill-size -1 \
 		--max-prefill-tokens 1024 --overlap
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE) \
 		--name swebench10_llama3_8b --size-gb 8 --gap 1 --chunked-prefill-size -1 --overlap

@@ -211,7 +211,7 @@ class SharedPoolScheduling:
                 continue
             batch.append(job)
             ask += job_ask
-            if self._kv_page > 1 and not self._room_left(expected, batch, chunk_bytes):
+            if not self._room_left(expected, batch, chunk_bytes):
                 self._batch_full = True  # ``budget_state``: NO_TOKEN
                 break
         if sglang and self.pool.ssm_budget is not None:  # prepare_for_extend's alloc_req_slots
@@ -250,8 +250,10 @@ class SharedPoolScheduling:
     def _room_left(self, expected: float, batch: list[Job], chunks: float) -> bool:
         """Whether the pool still has room after this pass's admissions (SGLang's
         ``budget_state`` after ``add_one_req``: free and evictable tokens beyond what the pass
-        charged). On a paged pool a page-ceiled extend can spend what ``_sglang_need`` (its
-        raw extend) found; on one-token pages the room left is always positive."""
+        charged). The check found room for the request's raw extend and the outputs it has
+        left (:meth:`_sglang_need`); the pass charges its page-ceiled extend and, for a
+        retracted request, every output it may sample (:func:`clipped_max_new`), so the room
+        can run out with the last one admitted: SGLang's batch is then full."""
         pending = sum(j.reserved for j in batch) + chunks
         return self.cache.free_bytes + self._evictable() - pending - expected > 0
 

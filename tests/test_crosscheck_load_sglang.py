@@ -284,16 +284,16 @@ def test_prefill_limits_agree_with_sglangs_scheduler_on_every_column(case):
 
 
 def test_the_overlap_fixtures_cover_the_normal_loops_settings_and_retract():
-    assert len(OVERLAP) == 30
+    assert len(OVERLAP) == 31
     assert all(c["case"].split("-")[1].endswith("overlap") for c in OVERLAP)
     assert sum(c["enable_mixed_chunk"] for c in OVERLAP) == 16
     assert sum("trace=swebench" in c["overrides"] for c in OVERLAP) == 9
     assert {c["block_size"] for c in OVERLAP} == {1, 16, 64}
-    assert sum(c["chunked_prefill_size"] <= 0 for c in OVERLAP) == 2
-    assert sum(c["max_prefill_tokens"] != MAX_PREFILL_TOKENS for c in OVERLAP) == 3
+    assert sum(c["chunked_prefill_size"] <= 0 for c in OVERLAP) == 3
+    assert sum(c["max_prefill_tokens"] != MAX_PREFILL_TOKENS for c in OVERLAP) == 4
     assert not any("mamba_slots" in c for c in OVERLAP)  # hybrids: engine.overlap refuses them
     retracted = [pd.read_csv(SGLANG_FIXTURES / c["file"])["preemptions"].sum() for c in OVERLAP]
-    assert sum(r > 0 for r in retracted) == 28  # all but the two 8 GB ShareGPT cases
+    assert sum(r > 0 for r in retracted) == 29  # all but the two 8 GB ShareGPT cases
 
 
 @pytest.mark.parametrize("case", OVERLAP, ids=[c["case"] for c in OVERLAP])
