@@ -235,3 +235,18 @@ crosscheck: $(STAMP) $(XC_STAMP)
 		--name swebench10_llama3_8b --size-gb 8 --gap 1 --chunked-prefill-size -1 --overlap
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
 		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --page-size 64 --overlap
+	for mixed in "" --mixed; do \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b --size-gb 2 5 --gap 1 4 --strategy extra_buffer \
+		--overlap $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b_r19 --size-gb 1.2 1.5 --mamba-ratio 19 --gap 0.5 1 \
+		--strategy extra_buffer --overlap $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE_H) \
+		--name swebench10_nemotron_h_8b --size-gb 1.5 5 --gap 1 4 --strategy extra_buffer \
+		--overlap $$mixed && \
+	  $(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SWE_H) \
+		--name swebench10_nemotron_h_8b_r9 --size-gb 10 --mamba-ratio 9 --gap 1 \
+		--strategy extra_buffer --overlap $$mixed \
+		|| exit 1; \
+	done

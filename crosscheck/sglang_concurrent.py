@@ -35,8 +35,9 @@ or, with ``--strategy extra_buffer``, ``extra_buffer`` (``crosscheck.sglang_mamb
 ``prepare_for_extend``, ``prepare_for_decode`` and the result processor, the track mask's
 pinned staging served by the host tensor): ``--size-gb`` split by ``--mamba-ratio`` as
 ``crosscheck.sglang_mamba`` splits it, and ``max_running_requests`` capped at ``slots // 3``
-(``slots // 4`` with ``extra_buffer`` without the overlap scheduler) as
-``resolve_max_num_reqs`` caps it.
+(``slots // 4`` with ``extra_buffer`` without the overlap scheduler, ``slots // 5`` with it) as
+``resolve_max_num_reqs`` caps it, and ``extra_buffer``'s ping-pong buffer sized as the server
+sizes it (one track slot per request without the overlap scheduler, two with it).
 The loop is ``event_loop_normal`` (``--disable-overlap-schedule``: a result is processed before
 the next batch is scheduled). Only what does not decide anything is a stand-in: metrics,
 publishers, the data-parallel adapter and the n-gram embedding pass (identities), no grammar, no
@@ -49,8 +50,11 @@ scheduled and launched before the last one's result is processed (unless
 result finishes it by length sits the next decode out), and the result processor built for
 overlap (it drops a retracted request's queued token); the faked forward samples a request's
 token at launch, past the tokens its queued results commit (a middle prefill chunk's commits
-none), and every finished request's outputs are checked against its script. The cases
-(``*_overlap``, ``"overlap": true`` in the manifest) check simlab's ``engine.overlap=true``.
+none), and every finished request's outputs are checked against its script. A hybrid export
+needs ``--strategy extra_buffer`` (SGLang refuses ``no_buffer`` under overlap): its batches are
+built for overlap, so ``prepare_for_decode`` also stages the next step's track mask
+(``mamba_track_mask_next_cpu``). The cases (``*_overlap``, ``"overlap": true`` in the
+manifest) check simlab's ``engine.overlap=true``.
 
 The clock and the arrivals are ``vllm_concurrent``'s: every batch takes one time unit; request
 ``i`` arrives at ``gap * i + 0.5 * frac(i * golden ratio)``; at time ``t`` the scheduler takes
@@ -65,6 +69,7 @@ that first scheduled it; ``first_token``: the end of the batch that sampled its 
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import sys
@@ -211,15 +216,17 @@ def radix_tree(
     )
 
 
-def mamba_rows(slots: int, max_running: int, strategy: str = "no_buffer") -> int:
+def mamba_rows(
+    slots: int, max_running: int, strategy: str = "no_buffer", overlap: bool = False
+) -> int:
     """``max_running_requests`` of a hybrid server with ``slots`` Mamba slots and
     ``--max-running-requests max_running``: SGLang's ``resolve_max_num_reqs`` caps it at
     ``slots // 3`` with ``no_buffer`` (a request's own slot, its locked hit's state and the state
-    its prompt donates; ``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``), one more per request
-    with ``extra_buffer`` (its tracking slot; one without the overlap scheduler,
-    ``get_mamba_tracking_slots``)."""
-    ratio = MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO + (strategy == "extra_buffer")
-    return min(max_running, slots // ratio)
+    its prompt donates; ``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``), plus with
+    ``extra_buffer`` its tracking slots (``get_mamba_tracking_slots``: one without the overlap
+    scheduler, two with it)."""
+    tracking = (1 + overlap) if strategy == "extra_buffer" else 0
+    return min(max_running, slots // (MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO + tracking))
 
 
 def _pinned_on_the_cpu() -> None:
@@ -561,6 +568,19 @@ def _mode_and_cache(args: Any, hybrid: bool) -> tuple[str, str]:
     return mode, cache
 
 
+def _check_args(parser: argparse.ArgumentParser, args: Any, hybrid: bool) -> None:
+    """Settings SGLang itself refuses, or that the driver does not drive."""
+    if args.mixed and args.chunked_prefill_size <= 0:
+        parser.error("--mixed needs chunked prefill: SGLang mixes no step without it")
+    if hybrid and args.page_size > 1:
+        parser.error("--page-size > 1 is for attention-only exports")
+    if hybrid and args.overlap and args.strategy == "no_buffer":
+        parser.error(
+            "--overlap with a hybrid export needs --strategy extra_buffer (SGLang: "
+            "no_buffer do not support overlap schedule)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("python -m crosscheck.sglang_concurrent", __doc__)
     parser.set_defaults(fixtures=FIXTURES)
@@ -588,8 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--overlap",
         action="store_true",
-        help="event_loop_overlap's order (SGLang's default; attention-only exports; not a "
-        "fixture: simlab does not model it)",
+        help="event_loop_overlap's order (SGLang's default; a hybrid export needs "
+        "--strategy extra_buffer, whose ping-pong buffer then has two track slots)",
     )
     parser.add_argument(
         "--mamba-ratio",
@@ -605,16 +625,13 @@ def main(argv: list[str] | None = None) -> int:
     requests = list(export.requests())[:n]
     hybrid = export.ssm_state_bytes > 0
     page = args.page_size
-    if args.mixed and args.chunked_prefill_size <= 0:
-        parser.error("--mixed needs chunked prefill: SGLang mixes no step without it")
-    if hybrid and (page > 1 or args.overlap):
-        parser.error("--page-size > 1 and --overlap are for attention-only exports")
+    _check_args(parser, args, hybrid)
     for size_gb in args.size_gb:
         if hybrid:
             if math.isinf(size_gb):
                 parser.error("a hybrid export needs finite --size-gb (the Mamba pool's split)")
             capacity, slots, ssm_gb = capacities(size_gb, args.mamba_ratio, export)
-            max_running = mamba_rows(slots, args.max_running, args.strategy)
+            max_running = mamba_rows(slots, args.max_running, args.strategy, args.overlap)
         else:
             tokens = capacity_tokens(size_gb, export.kv_bytes_per_token, export)
             capacity = paged_capacity(tokens, page)
@@ -623,7 +640,12 @@ def main(argv: list[str] | None = None) -> int:
             if hybrid:
                 assert slots is not None
                 tree = build_cache(
-                    capacity, slots, export.max_sequence + 1, args.strategy, rows=max_running
+                    capacity,
+                    slots,
+                    export.max_sequence + 1,
+                    args.strategy,
+                    rows=max_running,
+                    overlap=args.overlap,
                 )
             else:
                 tree = radix_tree(capacity, max_running, export.max_sequence + page, page)

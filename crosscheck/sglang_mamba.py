@@ -84,11 +84,16 @@ def build_cache(
     max_context_len: int,
     strategy: str = "no_buffer",
     rows: int = 1,
+    overlap: bool = True,
 ):
     """A fresh FULL+MAMBA ``UnifiedRadixCache`` from SGLang's test builder, with Mamba strategy
     ``strategy`` (``extra_buffer``: the server's ``--mamba-radix-cache-strategy``, so that
     ``get_exec().mamba`` says so too, and the model's Mamba chunk of ``MAMBA_CHUNK`` tokens) and
-    ``rows`` request rows (``max_running_requests``)."""
+    ``rows`` request rows (``max_running_requests``). ``overlap``: whether the server runs the
+    overlap scheduler, which sizes ``extra_buffer``'s ping-pong track buffer as the server's
+    pool configurator does (``HybridReqToTokenPool(enable_overlap_schedule=...)``,
+    ``get_mamba_tracking_slots``: 2 slots per request with it, 1 without); the test builder
+    leaves it at its default, on."""
     extra = strategy == "extra_buffer"
     cfg = CacheConfig(
         page_size=1,
@@ -104,9 +109,11 @@ def build_cache(
         head_dim=1,
     )
     server_args = functools.partial(fixtures.ServerArgs, mamba_radix_cache_strategy=strategy)
+    pool = functools.partial(fixtures.HybridReqToTokenPool, enable_overlap_schedule=overlap)
     with (
         mock.patch.object(fixtures, "get_device", return_value="cpu"),
         mock.patch.object(fixtures, "ServerArgs", server_args),
+        mock.patch.object(fixtures, "HybridReqToTokenPool", pool),
     ):
         cache, _allocator, _req_to_token_pool = fixtures.build_fixture(
             cfg,

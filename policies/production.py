@@ -87,7 +87,7 @@ class SGLang(AdmissionPolicy):
     kv_page: int = 1
     checkpoint_grid: Tokens = 256  # lcm(max(mamba chunk size, page), page)
     mamba_track_interval: Tokens = 256
-    tracking_slots: int = 2  # extra_buffer's cap: 2 with the overlap scheduler, 1 without
+    tracking_slots: int = 2  # extra_buffer's track slots (held; the cap): 2 with overlap
 
     def __post_init__(self) -> None:
         if self.mamba not in SGLANG_MAMBA:
@@ -119,17 +119,16 @@ class SGLang(AdmissionPolicy):
 
     @property
     def running_state_slots(self) -> int:
-        """The request's Mamba slot, and with ``extra_buffer`` its two ping-pong track slots
-        (``HybridReqToTokenPool.alloc``, ``mamba_ping_pong_track_buffer``), with or without the
-        overlap scheduler."""
-        return 1 if self.mamba == "no_buffer" else 3
+        """The request's Mamba slot, and with ``extra_buffer`` its ping-pong track slots
+        (``HybridReqToTokenPool.alloc``, ``mamba_ping_pong_track_buffer``): as many as its
+        tracking slots (``get_mamba_tracking_slots``: 2 under the overlap scheduler, 1 with
+        ``--disable-overlap-schedule``; ``tracking_slots``)."""
+        return 1 if self.mamba == "no_buffer" else 1 + self.tracking_slots
 
     @property
     def slots_per_running_request(self) -> int:
         """SGLang's running cap divides the Mamba slots by 3, plus with ``extra_buffer`` its
-        tracking slots (``get_mamba_tracking_slots``: 2 under the overlap scheduler, its
-        default, 1 with ``--disable-overlap-schedule``; ``tracking_slots``), though a request
-        holds its two ping-pong slots either way."""
+        tracking slots (``resolve_max_num_reqs``; ``tracking_slots``)."""
         return 3 if self.mamba == "no_buffer" else 3 + self.tracking_slots
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:

@@ -142,8 +142,12 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
             *SGLANG_ENGINE,
             f"engine.batching={'mixed' if case['enable_mixed_chunk'] else 'prefill_first'}",
             f"engine.overlap={str(bool(case.get('overlap'))).lower()}",
-            # the driver runs without the overlap scheduler: one track slot per request
-            *(["policy.admission.tracking_slots=1"] if extra_buffer else []),
+            # without the overlap scheduler a request has one track slot (two with it)
+            *(
+                ["policy.admission.tracking_slots=1"]
+                if extra_buffer and not case.get("overlap")
+                else []
+            ),
         ]
         if sglang
         else [

@@ -76,6 +76,8 @@ class SharedPoolScheduling:
         engine sizes its token pool (SGLang's ``max_total_num_tokens``): a fraction of a token
         never admits a request."""
         cache, model = self.cache, self.model
+        if self.settings.overlap and model.is_hybrid:
+            self._check_overlap_tracking()
         if cache.ssm_capacity is not None:
             self._open_state_pool()
         if cache.host is not None:
@@ -110,6 +112,23 @@ class SharedPoolScheduling:
         """A running request's SSM state bytes in the KV budget: none with a separate SSM pool
         (its slots are held there, :meth:`_hold_slots`)."""
         return 0.0 if self.pool.ssm_budget is not None else self.model.ssm_state_bytes
+
+    def _check_overlap_tracking(self) -> None:
+        """A hybrid under ``engine.overlap``: SGLang runs its overlap scheduler only with
+        ``extra_buffer`` (``validate_mamba_no_buffer``: "no_buffer do not support overlap
+        schedule"), whose ping-pong buffer then has two track slots
+        (``get_mamba_tracking_slots``)."""
+        admission = self.step.admission
+        mamba = getattr(admission, "mamba", None)
+        tracking = getattr(admission, "tracking_slots", None)
+        if mamba != "extra_buffer" or tracking != 2:
+            extra = mamba == "extra_buffer"
+            got = f"policy.mamba={mamba!r}" + (f", tracking_slots={tracking}" if extra else "")
+            raise ConfigError(
+                "engine.overlap: SGLang runs a hybrid model under its overlap scheduler only "
+                "with policy.mamba=extra_buffer and its two tracking slots "
+                f"(policy.admission.tracking_slots=2); got {got}"
+            )
 
     def _open_state_pool(self) -> None:
         """``cache.ssm_gb`` beside the shared KV pool (SGLang's two pools): the Mamba pool holds

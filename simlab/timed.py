@@ -238,20 +238,13 @@ class TimedEngine(TimedSettings):
         object.__setattr__(self, "_terms", terms)
 
     def check_memory(self, model: ModelSpec, cache_gb: float) -> None:
-        """``tp`` splits ``model``'s heads evenly (:func:`simlab.costmodel.check_tp`),
-        ``engine.overlap`` needs an attention-only model, and the prefix cache + memory for
-        running sequences + weights must fit the GPUs' memory (``hardware.mem_gb`` x ``tp``);
-        ``engine.memory_check=false`` allows what-if studies."""
+        """``tp`` splits ``model``'s heads evenly (:func:`simlab.costmodel.check_tp`), and the
+        prefix cache + memory for running sequences + weights must fit the GPUs' memory
+        (``hardware.mem_gb`` x ``tp``); ``engine.memory_check=false`` allows what-if studies."""
         try:
             check_tp(model, self.tp)
         except ValueError as err:
             raise ConfigError(str(err)) from err
-        if self.overlap and model.is_hybrid:
-            raise ConfigError(
-                f"engine.overlap: SGLang's overlap scheduler is modelled for attention-only "
-                f"models (checked request by request); {model.name} is a hybrid, whose Mamba "
-                "state tracking under overlap is not modelled yet"
-            )
         if not self.memory_check or not math.isfinite(cache_gb):
             return
         weights = (model.layer_params + model.embedding_params) * model.dtype_bytes / 1e9

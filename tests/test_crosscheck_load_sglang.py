@@ -25,7 +25,8 @@ Llama-3-8B at 8 GB (4-6 retractions, one retracted request re-hitting into its o
 10 GB at ratio 9 (57 running over 61,035 KV tokens, 4-6 retractions).
 
 With ``extra_buffer`` (SGLang's choice for Nemotron-H; here without the overlap scheduler, so
-its running cap is ``slots // 4``, ``policy.admission.tracking_slots=1``) every request agrees
+its running cap is ``slots // 4`` and a request holds one track slot,
+``policy.admission.tracking_slots=1``) every request agrees
 on every column too, on ShareGPT and on the SWE-bench sessions (whose prompts are chunked over
 up to 19 steps), where the Mamba pool binds and where the KV pool binds too (3-4 retractions):
 a prefill tracks one state per extend, on the grid counted from the chunk's start, and each
@@ -48,8 +49,9 @@ the same step.
 
 Under SGLang's default overlap scheduler (``--overlap``: ``event_loop_overlap``, each batch
 planned before the last one's result is processed) the timed engine with
-``engine.overlap=true`` agrees on every column too, in 30 cases over the settings above
-(Llama-3-8B only: the option refuses hybrids)."""
+``engine.overlap=true`` agrees on every column too: in 31 Llama-3-8B cases over the settings
+above, and in 26 Nemotron-H cases over ``extra_buffer`` (SGLang runs no other hybrid strategy
+under overlap), whose requests then hold two track slots each."""
 
 from __future__ import annotations
 
@@ -63,8 +65,11 @@ MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
 
 CASES_ALL = load_cases(SGLANG_FIXTURES)
 #: SGLang's overlap scheduler (``event_loop_overlap``, ``*_overlap``): ``engine.overlap=true``
-OVERLAP = [c for c in CASES_ALL if c.get("overlap")]
-NORMAL = [c for c in CASES_ALL if c not in OVERLAP]
+OVERLAP_ALL = [c for c in CASES_ALL if c.get("overlap")]
+NORMAL = [c for c in CASES_ALL if c not in OVERLAP_ALL]
+#: Llama-3-8B over a RadixCache, and Nemotron-H over ``extra_buffer`` (two track slots)
+OVERLAP = [c for c in OVERLAP_ALL if "mamba_slots" not in c]
+OVERLAP_HYBRID = [c for c in OVERLAP_ALL if c not in OVERLAP]
 #: ``--max-prefill-tokens`` below the chunk budget, or chunked prefill off (``_mptN``,
 #: ``_unchunked``): ``engine.max_prefill_tokens``, ``engine.token_budget=null``
 LIMITS = [
@@ -204,7 +209,7 @@ def test_swebench_sessions_agree_with_sglangs_scheduler_on_every_column(case):
 
 def test_the_extra_buffer_fixtures_cap_the_running_requests_by_four_slots():
     assert len(EXTRA) == 36
-    parts = [CASES, HYBRID, RECOMPUTE, EXTRA, SWEBENCH, PAGED, LIMITS, OVERLAP]
+    parts = [CASES, HYBRID, RECOMPUTE, EXTRA, SWEBENCH, PAGED, LIMITS, OVERLAP, OVERLAP_HYBRID]
     assert len(CASES_ALL) == sum(len(part) for part in parts)
     assert sum(c["enable_mixed_chunk"] for c in EXTRA) == 17
     assert sum("trace=swebench" in c["overrides"] for c in EXTRA) == 10
@@ -217,7 +222,9 @@ def test_the_extra_buffer_fixtures_cap_the_running_requests_by_four_slots():
 
 @pytest.mark.parametrize("case", EXTRA, ids=[c["case"] for c in EXTRA])
 def test_extra_buffer_requests_agree_with_sglangs_scheduler_on_every_column(case):
-    """The running cap (``slots // (3 + tracking slots)``), each request's three Mamba slots,
+    """The running cap (``slots // (3 + tracking slots)``), each request's Mamba slots (its
+    own and its one track slot: the server without the overlap scheduler sizes the ping-pong
+    buffer so; with the two of the overlap scheduler 91.2% of the hits agreed at 2 GB),
     and where SGLang's tracking puts the states: per extend (a chunk's start plus whole grid
     steps, each chunk publishing its own), none for a decode step riding a prefill batch, only
     the last decode-tracked one at the finish; a publish whose state is cached already makes
@@ -291,7 +298,6 @@ def test_the_overlap_fixtures_cover_the_normal_loops_settings_and_retract():
     assert {c["block_size"] for c in OVERLAP} == {1, 16, 64}
     assert sum(c["chunked_prefill_size"] <= 0 for c in OVERLAP) == 3
     assert sum(c["max_prefill_tokens"] != MAX_PREFILL_TOKENS for c in OVERLAP) == 4
-    assert not any("mamba_slots" in c for c in OVERLAP)  # hybrids: engine.overlap refuses them
     retracted = [pd.read_csv(SGLANG_FIXTURES / c["file"])["preemptions"].sum() for c in OVERLAP]
     assert sum(r > 0 for r in retracted) == 29  # all but the two 8 GB ShareGPT cases
 
@@ -308,6 +314,35 @@ def test_requests_agree_with_sglangs_overlap_scheduler_on_every_column(case):
     splits it there and the lock moves to the upper half (a chunked prompt stashed before
     this one's publish), and a retraction leaves the batch in its sorted order. Before
     simlab modelled the overlap, 2.8-15% of the requests were scheduled at SGLang's step."""
+    result = compare(case, SGLANG_FIXTURES)
+    assert result.simlab_preemptions == result.engine_preemptions
+    assert result.first_difference is None
+    assert result.simlab_hit_rate == result.engine_hit_rate
+
+
+def test_the_hybrid_overlap_fixtures_cover_both_traces_and_retract():
+    """Nemotron-H over ``extra_buffer`` under the overlap scheduler: two track slots per
+    request, so the running cap is ``slots // 5``; ShareGPT (Mamba ratio 0.9 and 19) and the
+    SWE-bench slice (0.9 and 9), both batchings."""
+    assert len(OVERLAP_HYBRID) == 26
+    assert all(c["mamba_strategy"] == "extra_buffer" for c in OVERLAP_HYBRID)
+    assert all(c["max_running_requests"] == c["mamba_slots"] // 5 for c in OVERLAP_HYBRID)
+    assert sum(c["enable_mixed_chunk"] for c in OVERLAP_HYBRID) == 13
+    assert sum("trace=swebench" in c["overrides"] for c in OVERLAP_HYBRID) == 10
+    assert sum(mamba_ratio(c) > 10 for c in OVERLAP_HYBRID) == 8
+    retracted = [
+        pd.read_csv(SGLANG_FIXTURES / c["file"])["preemptions"].sum() for c in OVERLAP_HYBRID
+    ]
+    assert sum(r > 0 for r in retracted) == 10  # ratio 19 and 9
+
+
+@pytest.mark.parametrize("case", OVERLAP_HYBRID, ids=[c["case"] for c in OVERLAP_HYBRID])
+def test_hybrid_requests_agree_with_sglangs_overlap_scheduler_on_every_column(case):
+    """``engine.overlap=true`` on Nemotron-H with ``policy.mamba=extra_buffer``: the overlap
+    loop's rules and the ``extra_buffer`` tracking rules together, with each running request
+    holding its Mamba slot and two ping-pong track slots (``tracking_slots=2``, the default).
+    SGLang's own ``prepare_for_decode`` and result processor take their overlap paths in the
+    driver; simlab needed no rule beyond the two sets."""
     result = compare(case, SGLANG_FIXTURES)
     assert result.simlab_preemptions == result.engine_preemptions
     assert result.first_difference is None

@@ -194,7 +194,18 @@ BAD_POOL = [
     ),
     (
         ["engine.overlap=true", *SGLANG_POOL],  # marconi_7b, the default model, is a hybrid
-        "engine.overlap: SGLang's overlap scheduler is modelled for attention-only models",
+        "engine.overlap: SGLang runs a hybrid model under its overlap scheduler only with "
+        "policy.mamba=extra_buffer",
+    ),
+    (
+        [
+            "engine.overlap=true",
+            *SGLANG_POOL,
+            "+policy=sglang",
+            "policy.mamba=extra_buffer",
+            "policy.admission.tracking_slots=1",
+        ],
+        "got policy.mamba='extra_buffer', tracking_slots=1",
     ),
     (
         ["engine.kv_pool=shared", "engine.running_memory_gb=-1"],

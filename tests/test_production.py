@@ -471,14 +471,15 @@ def test_a_separate_ssm_pool_evicts_states_in_the_order_they_were_used():
     [
         ([], 1, 3),
         (["policy.mamba=extra_buffer"], 3, 5),
-        (["policy.mamba=extra_buffer", "policy.admission.tracking_slots=1"], 3, 4),
+        (["policy.mamba=extra_buffer", "policy.admission.tracking_slots=1"], 2, 4),
     ],
 )
 def test_sglang_running_requests_hold_and_are_capped_by_their_mamba_slots(overrides, holds, cap):
-    """A running request holds its own slot (and with ``extra_buffer`` two ping-pong track
-    slots, with or without the overlap scheduler), while SGLang's running cap divides the
-    slots by 3 plus the tracking slots (2 under overlap, 1 without): the real scheduler under
-    load holds 3 slots per request and caps 18 slots at 4 requests without overlap."""
+    """A running request holds its own slot and with ``extra_buffer`` its ping-pong track
+    slots, as many as its tracking slots (2 under the overlap scheduler, 1 without:
+    ``HybridReqToTokenPool(enable_overlap_schedule=...)``), while SGLang's running cap divides
+    the slots by 3 plus the tracking slots: without overlap the real scheduler under load
+    holds 2 slots per request and caps 18 slots at 4 requests."""
     admission, _ = policy_plugins("sglang", overrides)
     assert admission.running_state_slots == holds
     assert admission.slots_per_running_request == cap
