@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,88 @@ class LoadReplay(SchedulerReplay):
         self.check_pool()
         return self.lines
 
+    def run_async(
+        self, requests: list[tuple[list[int], list[int]]], times: list[float]
+    ) -> list[Timeline]:
+        """:meth:`run` in the order of vLLM's default engine loop, ``--async-scheduling``
+        (``EngineCore.step_with_batch_queue`` with two batches in flight): each step is
+        scheduled and launched before the last step's output is processed
+        (``update_from_output``); with nothing to schedule the oldest output is processed.
+        The faked model samples a request's token at launch, past those its queued outputs
+        hold (a prefill chunk samples none); an output queued before its request was
+        preempted still delivers its token (vLLM's stale share: it must not move the reset
+        counters). Every finished request's outputs are checked against its script. A step's
+        times are its own even when processed a step later."""
+        self.lines = [Timeline(arrival=a) for a in times]
+        self.outputs = [out for _, out in requests]
+        self.live = {}
+        self.active = set()
+        queue: deque[tuple[Any, set[str], float]] = deque()
+        nxt, now = 0, 0.0
+        while nxt < len(requests) or self.live:
+            if not self.live:
+                now = max(now, times[nxt])
+            while nxt < len(requests) and times[nxt] <= now:
+                req = self._request(str(nxt), *requests[nxt])
+                self.live[req.request_id] = req
+                self.scheduler.add_request(req)
+                nxt += 1
+            step = self.scheduler.schedule()
+            launched = bool(step.num_scheduled_tokens)
+            if launched:
+                self._note_starts(step, now)
+                now += 1.0
+                queue.append((step, self._launch(step, now), now))
+            if queue and (len(queue) == 2 or not launched):
+                self._process(*queue.popleft())
+            elif not launched:
+                if nxt >= len(requests):
+                    raise RuntimeError(f"t={now}: {len(self.live)} requests, nothing scheduled")
+                now = max(now, times[nxt])
+        self.check_pool()
+        return self.lines
+
+    def _launch(self, step: Any, end: float) -> set[str]:
+        """The requests of ``step`` that sample a token (all but prefill chunks)."""
+        sampling = set()
+        for rid in step.num_scheduled_tokens:
+            req, line = self.live[rid], self.lines[int(rid)]
+            if req.is_prefill_chunk:
+                continue
+            if math.isnan(line.first_token):
+                line.first_token = end
+            sampling.add(rid)
+        return sampling
+
+    def _process(self, step: Any, sampling: set[str], end: float) -> None:
+        """``update_from_output`` of a queued step: each sampling request's next scripted
+        token (outputs are processed in launch order); finished requests are checked."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        ids = list(step.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        for rid in ids:
+            req = self.scheduler.requests.get(rid)
+            if rid not in sampling or req is None:
+                sampled.append([])
+                continue
+            script = self.outputs[int(rid)]
+            n = len(req.output_token_ids)
+            sampled.append([script[n] if n < len(script) else 0])
+        output = ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={rid: k for k, rid in enumerate(ids)},
+            sampled_token_ids=sampled,
+        )
+        self.scheduler.update_from_output(step, output)
+        for rid in ids:
+            if rid in self.live and rid not in self.scheduler.requests:  # finished
+                req = self.live.pop(rid)
+                if list(req.output_token_ids) != list(self.outputs[int(rid)]):
+                    raise AssertionError(f"request {rid}: outputs differ from its script")
+                self.lines[int(rid)].finished = end
+                self.active.discard(rid)
+
     def _note_starts(self, step: Any, now: float) -> None:
         """Requests this step scheduled from the queue (their hit) or preempted."""
         from vllm.v1.request import RequestStatus
@@ -175,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--block-size", type=int, default=16, help="a Transformer: vLLM's --block-size"
     )
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="vLLM's default engine loop (AsyncScheduler, two steps in flight); not a "
+        "fixture: simlab models --no-async-scheduling",
+    )
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
     logging.getLogger("vllm").setLevel(logging.WARNING)
@@ -198,13 +287,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 total = export.total_tokens + export.max_sequence
                 scheduler, hash_block, per_block, specs = build_scheduler(
-                    config, size_gb, blocks_for_inf=total // 16 + 16 * len(export) + 1024
+                    config,
+                    size_gb,
+                    blocks_for_inf=total // 16 + 16 * len(export) + 1024,
+                    async_scheduling=args.async_scheduling,
                 )
                 check_model(export, specs, config.cache_config.block_size)
                 sched = config.scheduler_config
                 kind = "vllm_hybrid" if hybrid else "vllm_sched"
                 if not hybrid and args.block_size != 16:
                     kind += f"_b{args.block_size}"
+                if args.async_scheduling:
+                    kind += "_async"
                 cache = (
                     "Scheduler (HybridKVCacheCoordinator, mamba_cache_mode=align)"
                     if hybrid
@@ -225,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                     "max_num_batched_tokens": sched.max_num_batched_tokens,
                 }
                 start = time.perf_counter()
-                lines = LoadReplay(scheduler, hash_block, config).run(requests, arrivals(n, gap))
+                replay = LoadReplay(scheduler, hash_block, config)
+                run = replay.run_async if args.async_scheduling else replay.run
+                lines = run(requests, arrivals(n, gap))
                 columns = {c: [getattr(line, c) for line in lines] for c in COLUMNS}
                 entry = write_table(case, export, n, columns, args.fixtures)
                 preempted = sum(line.preemptions for line in lines)

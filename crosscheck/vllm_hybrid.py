@@ -213,9 +213,13 @@ def layer_specs(config: VllmConfig) -> dict:
     return specs
 
 
-def build_scheduler(config: VllmConfig, size_gb: float, blocks_for_inf: int):
+def build_scheduler(
+    config: VllmConfig, size_gb: float, blocks_for_inf: int, async_scheduling: bool = False
+):
     """The scheduler over a pool of ``size_gb`` (see the module docstring), with the hash block
-    size, the bytes of one block and the layers' KV-cache specs."""
+    size, the bytes of one block and the layers' KV-cache specs. ``async_scheduling``: vLLM's
+    ``AsyncScheduler`` (its default, ``--async-scheduling``: output placeholders for the tokens
+    of steps whose results are not processed yet)."""
     from vllm.platforms import current_platform
     from vllm.platforms.interface import Platform
     from vllm.v1.attention.backends.utils import (
@@ -228,6 +232,7 @@ def build_scheduler(config: VllmConfig, size_gb: float, blocks_for_inf: int):
         resolve_cache_hit_alignment_tokens,
         resolve_kv_cache_block_sizes,
     )
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
     from vllm.v1.worker.worker_base import get_current_attn_backends
@@ -258,7 +263,8 @@ def build_scheduler(config: VllmConfig, size_gb: float, blocks_for_inf: int):
     for c in (*configs, sched_config):
         c.hash_block_size = hash_block
         c.cache_hit_alignment_tokens = align
-    scheduler = Scheduler(
+    config.scheduler_config.async_scheduling = async_scheduling
+    scheduler = (AsyncScheduler if async_scheduling else Scheduler)(
         vllm_config=config,
         kv_cache_config=sched_config,
         structured_output_manager=StructuredOutputManager(config),
