@@ -18,6 +18,10 @@ step boundary (no ties to break). At time ``t`` the engine adds every request th
 tokens reach its tokens (its next scripted output token), ``update_from_output`` follows and
 the clock moves to ``t + 1``. With nothing to run, the clock jumps to the next arrival.
 
+``--async-scheduling`` runs vLLM's default loop instead (``AsyncScheduler``, two steps in
+flight: :meth:`LoadReplay.run_async`); its cases (``*_async``) measure what simlab's vLLM
+engine, which models the synchronous loop, does not, and are not fixtures.
+
 Per request (the fixture's columns): ``arrival``; ``hit_tokens``: its computed tokens when it
 was first scheduled (its hit, vLLM's ``num_cached_tokens``); ``last_hit``: those of its last
 scheduling (after a preemption, its hit on resuming, which may reach into the outputs it
