@@ -77,7 +77,8 @@ class SGLang(AdmissionPolicy):
     nothing (``components/mamba.py`` ``_select_finished_checkpoint``). The plan places them for
     one whole-prompt extend and undisturbed decoding (:class:`policies.base.Tracking`); a timed
     engine replaces them as its chunks and steps run. KV is published only up to a published
-    state, and a running request holds three Mamba slots (:attr:`running_state_slots`).
+    state, and a running request holds its Mamba slot and its track slots: three by default,
+    two with ``tracking_slots=1`` (:attr:`running_state_slots`).
     """
 
     splits_at_match = True

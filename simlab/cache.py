@@ -529,7 +529,7 @@ class PrefixCache:
         ``running_states``: with a separate SSM pool, the running request holds this many state
         slots of its own, outside the tree, from its allocation (made room for before its KV)
         on; at its finish one of them becomes its last state and the others are freed
-        (SGLang's request Mamba slot, and with ``extra_buffer`` its two ping-pong track slots;
+        (SGLang's request Mamba slot, and with ``extra_buffer`` its ping-pong track slots;
         ``cache_finished_req`` donates one), so the finish needs none.
         ``spare``: ids the engine's eviction makes room for beyond the running request's
         allocation (with ``held_from``; SGLang's paged allocator asks for a page more).
