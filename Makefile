@@ -121,28 +121,32 @@ crosscheck: $(STAMP) $(XC_STAMP)
 	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_MOON) --name mooncake_llama3_8b \
 		--block-size 512 --size-gb inf 30 70 275
 	rm -f $(XC_LOAD)/*.csv $(XC_LOAD)/manifest.json
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \
-		--name sharegpt_nemotron_h_8b --size-gb 1 2 5 --gap 1 4
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE_H) \
-		--name swebench10_nemotron_h_8b --size-gb 2 5 --gap 2 8
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \
-		--name sharegpt_nemotron_h_8b --size-gb 0.6 0.8 --gap 0.5 2
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE_H) \
-		--name swebench10_nemotron_h_8b --size-gb 1.5 --gap 1 4
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE) \
-		--name sharegpt_llama3_8b --size-gb 1 2 --gap 1 4
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE) \
-		--name swebench10_llama3_8b --size-gb 8 --gap 1 4
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE) \
-		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --block-size 32
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE) \
-		--name swebench10_llama3_8b --size-gb 8 --gap 1 4 --block-size 32
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_MOON_LOAD) \
-		--name mooncake2000_llama3_8b --size-gb 18 --gap 4 12 --block-size 512
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_MOON_LOAD) \
-		--name mooncake2000_llama3_8b --size-gb 20 --gap 1 --block-size 512
-	$(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_MOON_LOAD) \
-		--name mooncake2000_llama3_8b --size-gb 60 200 --gap 8 16 --block-size 512
+	# vLLM's synchronous loop, then its default AsyncScheduler (cases *_async)
+	for async in "" --async-scheduling; do \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b --size-gb 1 2 5 --gap 1 4 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE_H) \
+		--name swebench10_nemotron_h_8b --size-gb 2 5 --gap 2 8 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b --size-gb 0.6 0.8 --gap 0.5 2 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE_H) \
+		--name swebench10_nemotron_h_8b --size-gb 1.5 --gap 1 4 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 1 2 --gap 1 4 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 4 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE) \
+		--name sharegpt_llama3_8b --size-gb 1 --gap 1 4 --block-size 32 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE) \
+		--name swebench10_llama3_8b --size-gb 8 --gap 1 4 --block-size 32 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_MOON_LOAD) \
+		--name mooncake2000_llama3_8b --size-gb 18 --gap 4 12 --block-size 512 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_MOON_LOAD) \
+		--name mooncake2000_llama3_8b --size-gb 20 --gap 1 --block-size 512 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_MOON_LOAD) \
+		--name mooncake2000_llama3_8b --size-gb 60 200 --gap 8 16 --block-size 512 $$async \
+		|| exit 1; \
+	done
 	rm -f $(XC_LOAD_SGL)/*.csv $(XC_LOAD_SGL)/manifest.json
 	$(XC_BIN)/python -m crosscheck.sglang_concurrent --export $(XC_SHARE) \
 		--name sharegpt_llama3_8b --size-gb 0.5 1 --gap 1 4 --mixed

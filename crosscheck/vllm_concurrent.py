@@ -19,8 +19,8 @@ tokens reach its tokens (its next scripted output token), ``update_from_output``
 the clock moves to ``t + 1``. With nothing to run, the clock jumps to the next arrival.
 
 ``--async-scheduling`` runs vLLM's default loop instead (``AsyncScheduler``, two steps in
-flight: :meth:`LoadReplay.run_async`); its cases (``*_async``) measure what simlab's vLLM
-engine, which models the synchronous loop, does not, and are not fixtures.
+flight: :meth:`LoadReplay.run_async`); its cases (``*_async``, ``"async_scheduling": true`` in
+the manifest) are compared against simlab's ``engine.overlap=true``.
 
 Per request (the fixture's columns): ``arrival``; ``hit_tokens``: its computed tokens when it
 was first scheduled (its hit, vLLM's ``num_cached_tokens``); ``last_hit``: those of its last
@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--async-scheduling",
         action="store_true",
-        help="vLLM's default engine loop (AsyncScheduler, two steps in flight); not a "
-        "fixture: simlab models --no-async-scheduling",
+        help="vLLM's default engine loop (AsyncScheduler, two steps in flight; cases *_async, "
+        "simlab's engine.overlap=true)",
     )
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
@@ -321,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                     "gap": gap,
                     "max_num_seqs": sched.max_num_seqs,
                     "max_num_batched_tokens": sched.max_num_batched_tokens,
+                    **({"async_scheduling": True} if args.async_scheduling else {}),
                 }
                 start = time.perf_counter()
                 replay = LoadReplay(scheduler, hash_block, config)

@@ -444,7 +444,8 @@ class CostTerms:
     calibration's value, so a zero term leaves every time unchanged:
 
     * ``iteration_overhead_s`` per iteration and ``sequence_overhead_s`` per sequence in it
-      (scheduling, sampling, launch gaps): op ``engine_overhead``;
+      (scheduling, sampling, launch gaps): op ``engine_overhead``, which the engine's
+      overlapped loop (``CostModel.overlap``) runs beside the GPU;
     * ``moe_dispatch_s_per_token``: routing / permutation per token per MoE layer (``moe_dispatch``);
     * ``allreduce_latency_s``: the all-reduce's per-call latency, over the calibration's ``t0``
       and instead of its measured all-reduce (null: keep them);
@@ -533,9 +534,14 @@ PositionOps = tuple[tuple[TimedOp, ...], tuple[TimedOp, ...], tuple[TimedOp, ...
 POSITION_MEMO = 4096
 
 #: A decode batch's ops by their place around decode attention (:meth:`CostModel.decode_span_of`):
-#: the summed seconds of the ops before it, its constants (None: no decode attention), and the
-#: seconds of each op after it
-DecodeTemplate = tuple[float, tuple[float, float, float, float, float] | None, tuple[float, ...]]
+#: the summed seconds of the ops before it, its constants (None: no decode attention), the
+#: seconds of each op after it, and the engine overhead the overlapped loop hides (0: none)
+DecodeTemplate = tuple[
+    float, tuple[float, float, float, float, float] | None, tuple[float, ...], float
+]
+#: the op of the engine's CPU work per iteration (``engine.costs``: iteration and sequence
+#: overheads), which an overlapped loop runs beside the GPU's
+ENGINE_OVERHEAD = "engine_overhead"
 
 
 class CostModel:
@@ -548,6 +554,7 @@ class CostModel:
         calibration: Calibration | None = None,
         tp: int = 1,
         terms: CostTerms | None = None,
+        overlap: bool = False,
     ):
         if tp < 1:
             raise ValueError(f"tensor-parallel degree must be >= 1, got {tp}")
@@ -557,6 +564,10 @@ class CostModel:
         self.calibration = calibration or Calibration()
         self.tp = tp
         self.terms = terms or CostTerms()
+        #: the engine's overlapped loop (``engine.overlap``): its CPU work (op
+        #: ``engine_overhead``) runs while the GPU computes, so an iteration lasts the longer
+        #: of the two instead of their sum
+        self.overlap = overlap
         eff = {name: self.calibration.for_class(name, tp) for name in OP_CLASSES}
         ceiling = hardware.fp32_flops / hardware.peak_flops
         for name in CUDA_CORE_CLASSES:  # no efficiency makes CUDA cores beat their FP32 peak
@@ -610,10 +621,15 @@ class CostModel:
 
     def time(self, batch: BatchShape) -> float:
         """Seconds for one iteration computing ``batch`` (0 for an empty batch): the sum of
-        :meth:`op_time` over :meth:`ops`, in their order."""
+        :meth:`op_time` over :meth:`ops`, in their order; with :attr:`overlap` the larger of
+        the engine overhead and the sum of the other ops."""
         if not batch.prefill and not batch.decode:
             return 0.0
-        return sum([t for _, t in self._timed_ops(batch)])
+        timed = self._timed_ops(batch)
+        if not self.overlap:
+            return sum([t for _, t in timed])
+        gpu = sum([t for op, t in timed if op.name != ENGINE_OVERHEAD])
+        return max(gpu, sum([t for op, t in timed if op.name == ENGINE_OVERHEAD]))
 
     def _profile_of(self, op: Op) -> tuple[Profile, float] | None:
         """The measured :class:`Profile` that times ``op`` and its argument (an all-reduce's:
@@ -668,7 +684,7 @@ class CostModel:
             # ops read a decode batch's contexts through their sum only: any with that sum
             ctx = [context_sum - n + 1] + [1] * (n - 1) if n else []
             return self._decode_span_generic(ctx, steps, shared_kv_tokens)
-        head, var, tail = template
+        head, var, tail, hidden = template
         if var is None:
             total = np.full(steps, head)
         else:
@@ -681,7 +697,7 @@ class CostModel:
             total = head + ((np.maximum(flops / peak, moved / bw) + launch_s) * scale + fixed)
         for t in tail:
             total += t
-        return total
+        return np.maximum(total, hidden) if hidden else total
 
     def _decode_template(self, n: int) -> DecodeTemplate | None:
         """Per ``n``: the summed time of the ops before decode attention, decode attention's
@@ -693,18 +709,20 @@ class CostModel:
         other = self.ops(BatchShape(decode=[2] * n, shared_kv_tokens=1))
         template: DecodeTemplate | None = None
         if [op.name for op in ops] == [op.name for op in other]:
-            head, var, tail = 0.0, None, []
+            head, var, tail, hidden = 0.0, None, [], 0.0
             for op, op2 in zip(ops, other, strict=True):
                 if op.name == "attn_decode" and var is None:
                     var = self._op_constants(op)
                 elif op != op2:
                     break
+                elif self.overlap and op.name == ENGINE_OVERHEAD:
+                    hidden += self._span_term(op)
                 elif var is None:
                     head += self._span_term(op)
                 else:
                     tail.append(self._span_term(op))
             else:
-                template = (head, var, tuple(tail))
+                template = (head, var, tuple(tail), hidden)
         self._decode_templates[n] = template
         return template
 
@@ -729,8 +747,11 @@ class CostModel:
         ops0 = self.ops(BatchShape(decode=ctx, shared_kv_tokens=shared_kv_tokens))
         ops1 = self.ops(BatchShape(decode=[c + 1 for c in ctx], shared_kv_tokens=shared_kv_tokens))
         j = np.arange(steps, dtype=np.float64)
-        total = np.zeros(steps)
+        total, hidden = np.zeros(steps), 0.0
         for a, b in zip(ops0, ops1, strict=True):
+            if self.overlap and a.name == ENGINE_OVERHEAD:  # its seqs are the same every step
+                hidden += self.op_time(a)
+                continue
             if self.measured(a):  # its tokens (the decode count) are the same every step
                 total += self.op_time(a)
                 continue
@@ -739,7 +760,7 @@ class CostModel:
             moved = a.bytes + (b.bytes - a.bytes) * j
             scale = curve_scale(self._curve.get(a.op_class, ((), ())), a.tokens)  # same each step
             total += (np.maximum(flops / peak, moved / bw) + a.launches * t0) * scale + a.fixed_s
-        return total
+        return np.maximum(total, hidden) if hidden else total
 
     # ------------------------------------------------------------------ operations
     def ops(self, batch: BatchShape) -> list[Op]:
@@ -797,7 +818,7 @@ class CostModel:
         seqs = len(batch.prefill) + len(batch.decode)
         engine = terms.iteration_overhead_s + terms.sequence_overhead_s * seqs
         if engine > 0:
-            ops.append(Op("engine_overhead", "overhead", 0.0, 0.0, 0, seqs, engine))
+            ops.append(Op(ENGINE_OVERHEAD, "overhead", 0.0, 0.0, 0, seqs, engine))
         dispatch = terms.moe_dispatch_s_per_token * pos * self.model.n_moe_layers
         if dispatch > 0:
             ops.append(Op("moe_dispatch", "overhead", 0.0, 0.0, 0, pos, dispatch))

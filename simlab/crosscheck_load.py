@@ -153,6 +153,8 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
         else [
             f"engine.max_running={case['max_num_seqs']}",
             f"engine.token_budget={case['max_num_batched_tokens']}",
+            # vLLM's async scheduling (its AsyncScheduler loop)
+            f"engine.overlap={str(bool(case.get('async_scheduling'))).lower()}",
         ]
     )
     overrides = [*overrides_for(case, engine="timed"), *limits, "report=false"]

@@ -95,8 +95,10 @@ class TimedSettings:
     ignore_eos: bool = False  # request_admission=sglang: requests run to max_new_tokens
     # prefill_first: a step that prefills runs no decodes (SGLang's default)
     batching: str = "mixed"
-    #: SGLang's overlap scheduler (its default ``event_loop_overlap``): each batch is scheduled
-    #: before the last one's result is processed (request_admission=sglang only)
+    #: the engine's overlapped loop, each batch scheduled before the last one's result is
+    #: processed: SGLang's overlap scheduler (its default ``event_loop_overlap``) with
+    #: request_admission=sglang; vLLM's async scheduling (its default ``AsyncScheduler``) on
+    #: vLLM's block pool (:mod:`simlab.timed_pool`)
     overlap: bool = False
 
     def __post_init__(self) -> None:
@@ -137,11 +139,10 @@ class TimedSettings:
                 f"engine.batching must be one of {'|'.join(BATCHINGS)}, got {self.batching!r}"
             )
         self._check_sglang_prefill_limits()
-        if self.overlap and not (shared and self.request_admission == "sglang"):
+        if self.overlap and self.request_admission == "sglang" and not shared:
             raise ValueError(
-                "engine.overlap is SGLang's overlap scheduler: it needs engine.kv_pool=shared "
-                f"and engine.request_admission=sglang, got {self.kv_pool!r} and "
-                f"{self.request_admission!r}"
+                "engine.overlap with engine.request_admission=sglang is SGLang's overlap "
+                f"scheduler: it needs engine.kv_pool=shared, got {self.kv_pool!r}"
             )
 
     def _check_counts(self) -> None:
@@ -259,7 +260,9 @@ class TimedEngine(TimedSettings):
             )
 
     def cost_model(self, model: ModelSpec) -> CostModel:
-        return CostModel(model, self.hardware, self._calibration, self.tp, self._terms)
+        return CostModel(
+            model, self.hardware, self._calibration, self.tp, self._terms, self.overlap
+        )
 
     def world(
         self,
@@ -354,6 +357,9 @@ class SessionFeeder:
 class TimedWorld(SharedPoolScheduling):
     """One run of the timed world for one policy; see the module docstring."""
 
+    #: runs vLLM's block pool, where ``engine.overlap`` is vLLM's async scheduling
+    VLLM_POOL = False
+
     def __init__(
         self,
         requests: Sequence[Request],
@@ -396,6 +402,16 @@ class TimedWorld(SharedPoolScheduling):
         self._link_free = 0.0  # host tier: when the host<->GPU link finishes its last load
         self._prompts_ended: list[Job] = []  # engine.overlap: the last batch's, to publish
         self._decode_skipped = False  # engine.overlap: the last decode check skipped the step
+        #: SGLang's overlap scheduler: a request's token sampled in the last batch waits in
+        #: its queued result (``Job.in_flight``); vLLM delivers it even to a preempted request
+        self._queues_tokens = s.overlap and s.request_admission == "sglang"
+        if s.overlap and not (self._queues_tokens or self.VLLM_POOL):
+            raise ConfigError(
+                "engine.overlap: SGLang's overlap scheduler needs "
+                "engine.request_admission=sglang, vLLM's async scheduling runs on vLLM's block "
+                "pool (policy=vllm: a hybrid, or a Transformer with engine.kv_pool=shared); "
+                f"got engine.request_admission={s.request_admission!r} on the prefix tree"
+            )
         if self.shared:
             self._open_pool(requests)
         step.prepare(sorted(requests, key=lambda r: (r.arrival, r.session_id, r.turn)))
@@ -657,7 +673,7 @@ class TimedWorld(SharedPoolScheduling):
             job.prefilled += take
             if not job.in_prefill:
                 self._prompt_ended(job)
-        if overlap:
+        if self._queues_tokens:
             for job in decoders:
                 job.in_flight = 1
         if self._chunk_by_chunk:  # SGLang stashes its chunked request at the next step
@@ -671,7 +687,7 @@ class TimedWorld(SharedPoolScheduling):
             job.first_token = self.env.now
         self._join_batch(job)
         if self.settings.overlap:
-            job.in_flight = 1
+            job.in_flight = int(self._queues_tokens)
             self._prompts_ended.append(job)
         else:
             self._prompt_done(job)
@@ -909,7 +925,7 @@ class TimedWorld(SharedPoolScheduling):
         self.stats.iterations += done
         self._decoded(decoders, done)
         self._span_ran(decoders, done)
-        if self.settings.overlap:
+        if self._queues_tokens:
             for job in decoders:
                 job.in_flight = 1
 

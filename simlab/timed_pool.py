@@ -27,6 +27,21 @@ scheduler under load (``crosscheck/vllm_concurrent.py``).
 A decode-only span is cut before the first step in which a decoder crosses a block boundary,
 so every take happens at a span's first step, before its time passes; within a span only
 retirements and full KV blocks change the pool, applied step by step in the running order.
+
+``engine.overlap=true`` is vLLM's async scheduling, its default (``AsyncScheduler``: each step
+is scheduled before the last one's output is processed, ``step_with_batch_queue``):
+
+* a request whose last token is in flight is skipped, yet holds its blocks and its running
+  slot; its output is processed, and its blocks freed, once the next step is planned (with
+  nothing else to schedule, at once, and the step is planned again);
+* a step frees Mamba blocks behind the state its request's previous step started from
+  (``remove_skipped_blocks`` counts the computed tokens less those in flight), and keys KV
+  blocks up to the tokens whose values are known: a decode step's own token is the last
+  step's placeholder, so the block it fills is keyed by the next step, or at completion;
+* a preempted request's in-flight token is delivered (it resumes with it); a finishing
+  request preempted frees its blocks and completes when its last token arrives.
+
+``python -m simlab.crosscheck_load`` checks both loops (the ``*_async`` cases for this one).
 """
 
 from __future__ import annotations
@@ -58,6 +73,8 @@ log = logging.getLogger(__name__)
 
 class PoolWorld(TimedWorld):
     """A timed world whose memory is vLLM's hybrid pool (see the module docstring)."""
+
+    VLLM_POOL = True
 
     def __init__(
         self,
@@ -97,6 +114,14 @@ class PoolWorld(TimedWorld):
         self._planned: list[Job] = []  # this step's decoders
         self._preempted_now = False  # this step preempted a request (so scheduled none)
         self._first: dict[int, tuple[int, int]] = {}  # request id -> its first lookup
+        #: engine.overlap: vLLM's async scheduling (the module docstring)
+        self._async = s.overlap
+        #: async: request id -> start of its step in the last scheduler step (still in flight
+        #: while the next one is planned), and that map as the step under way found it
+        self._in_flight: dict[int, int] = {}
+        self._prev: dict[int, int] = {}
+        #: async: finishing requests preempted in this step (their last token is in flight)
+        self._dropped: list[Job] = []
         self.peaks = Peaks()  # cached bytes at each finish (the replay's peaks)
         self.pool.budget = shape.blocks * shape.block_bytes
         log.info("%s: vLLM's hybrid pool block by block, timed (%s)", step.policy, shape)
@@ -131,24 +156,41 @@ class PoolWorld(TimedWorld):
         preempted a request, queued requests are scheduled (:meth:`_admit`)."""
         preemptions = self.pool.preemptions
         self.hybrid.fresh.clear()
+        self._prev, self._in_flight = self._in_flight, {}
         decoders = self._decoders()
         budget = int(self._budget) - len(decoders)  # finite: vLLM always chunks
         self._chunks = []
         for job in list(self.running):
             run = job.pool_run
-            if run is None:  # preempted in this loop
+            if run is None:  # preempted in this loop (or, async, finishing)
                 continue
             if job.prefilled < job.input_tokens:
                 if budget > 0:
                     budget -= self._prefill_step(job, budget)
             elif job.decoded < job.decode_end:
                 n = job.input_tokens + job.decoded
-                if not run.idle(n + 1):
-                    self._step(job, n, n + 1)
+                known = n if self._async else None  # its token is still in flight
+                if not run.idle(n + 1, known):
+                    self._step(job, n, n + 1, known=known)
         self._planned = [j for j in decoders if j.pool_run is not None]
         self._preempted_now = self.pool.preemptions > preemptions
         if not self._preempted_now:
             self._admit(budget)
+        self._launch(self._prefill_chunks(0))
+
+    def _launch(self, chunks: list[tuple[Job, int]]) -> None:
+        """The planned step's ``chunks`` and decoders go in flight (async: their starts, for
+        the next step); a step with none is an error, unless (async) requests finishing
+        complete and the step is planned again."""
+        if self._async:
+            self._in_flight = {j.req.request_id: j.prefilled for j, _ in chunks}
+            for job in self._planned:
+                self._in_flight[job.req.request_id] = job.input_tokens + job.decoded
+        empty = self.running and not chunks and not self._planned
+        if empty and not (self._async and self._completions_due()):
+            raise RuntimeError(
+                f"vLLM's block pool: {len(self.running)} requests running, none scheduled"
+            )
 
     def _admit(self, budget: int) -> None:
         """FCFS: the queue's head is scheduled, and its first chunk's blocks taken, when
@@ -198,14 +240,19 @@ class PoolWorld(TimedWorld):
         self.running.append(job)
 
     # ------------------------------------------------------------------ steps
-    def _step(self, job: Job, start: int, end: int, checkpoint: int = 0) -> bool:
+    def _step(
+        self, job: Job, start: int, end: int, checkpoint: int = 0, known: int | None = None
+    ) -> bool:
         """``job``'s step takes its blocks, preempting the last running requests until the
-        free queue serves it. False when ``job`` itself was preempted."""
+        free queue serves it. False when ``job`` itself was preempted. Async: its step in
+        flight, if any, is not processed yet (:meth:`PoolRun.step`'s ``processed``), and only
+        the ``known`` tokens key blocks."""
         run = job.pool_run
         assert run is not None
+        processed = self._prev.get(job.req.request_id, start) if self._async else None
         while True:
             try:
-                run.step(start, end, checkpoint)
+                run.step(start, end, checkpoint, processed, known)
             except PoolFull:
                 if not self.running or self.running == [job]:
                     raise too_small(self.shape, job.req) from None
@@ -228,6 +275,28 @@ class PoolWorld(TimedWorld):
         assert victim.pool_run is not None
         victim.pool_run.finish()
         victim.pool_run = None
+
+    def _preempt(self) -> None:
+        """The last running request is preempted. Async: a finishing one (its last token in
+        flight, so no step scheduled it) frees its blocks, unkeyed ones uncached, and
+        completes when that token is processed: vLLM delivers a preempted request's stale
+        output, and its last token stops it in the queue."""
+        victim = self.running[-1]
+        if not (self._async and self._finishing(victim)):
+            super()._preempt()
+            return
+        self.running.pop()
+        assert victim.pool_run is not None
+        victim.pool_run.finish()
+        victim.preemptions += 1
+        self.pool.preemptions += 1
+        self.pool.preempted.add(victim.req.request_id)
+        self._dropped.append(victim)
+
+    @staticmethod
+    def _finishing(job: Job) -> bool:
+        """Whether ``job`` sampled its last token (async: in the step still in flight)."""
+        return job.decoded >= job.decode_end and job.prefilled >= job.input_tokens
 
     def _iteration_decoders(self) -> list[Job]:
         return self._planned
@@ -264,9 +333,16 @@ class PoolWorld(TimedWorld):
         firsts = [j.input_tokens + j.decoded for j in decoders]
         steps = min(j.decode_end - j.decoded for j in decoders)
         steps = min(steps, *(size - n % size for n in firsts))
-        if self.waiting and len(self.running) < self.settings.max_running:
-            steps = min(steps, *((1 - n) % size or size for n in firsts))
-            if not self.shape.state_groups:  # a Transformer: a filled block is a longer hit
+        if self.waiting and self._async and self._completions_due():
+            steps = 1  # they free blocks and slots before the next step is scheduled
+        elif self.waiting and len(self.running) < self.settings.max_running:
+            retire = 2 if self._async else 1  # async: a step behind (its basis is processed)
+            steps = min(steps, *((retire - n) % size or size for n in firsts))
+            if self._async and self.shape.state_groups and self._basis_jumps(decoders):
+                steps = 1
+            if not self.shape.state_groups and not self._async:
+                # a Transformer: a filled block is a longer hit (async: keyed once its last
+                # token is known, in the step that takes the next block: a span's first)
                 steps = min(steps, *((size - 1 - n) % size or size for n in firsts))
         if any(j.prefilled < j.input_tokens for j in self.running) or (
             self._preempted_now and self.waiting
@@ -274,32 +350,82 @@ class PoolWorld(TimedWorld):
             steps = 1
         return decoders, steps
 
+    def _completions_due(self) -> bool:
+        """Async: whether requests finished in the last step complete after this one was
+        planned (:meth:`_complete_finished`)."""
+        return bool(self._dropped) or any(self._finishing(j) for j in self.running)
+
+    def _basis_jumps(self, decoders: list[Job]) -> bool:
+        """Async: whether a decoder's processed tokens jump by more than one token at the
+        span's second step (the first step ran after a prefill chunk, not a decode step)."""
+        first = self._prev.get
+        return any(
+            first(j.req.request_id, n) < n - 1
+            for j, n in ((j, j.input_tokens + j.decoded) for j in decoders)
+        )
+
     def _span_ran(self, decoders: list[Job], done: int) -> None:
         """Steps 1 .. ``done - 1`` of the span, in order: those that retire a Mamba block or
         fill a KV block (the others change nothing; none takes a block)."""
-        size = self.shape.block
-        events = []
-        for rank, job in enumerate(decoders):
-            first = job.input_tokens + job.decoded - done
-            for k in range(1, done):
-                if (first + k) % size in (1, size - 1):
-                    events.append((k, rank, first + k))
-        for _, rank, n in sorted(events):
+        lag = self._async
+        for _, rank, n in sorted(self._span_events(decoders, done)):
             run = decoders[rank].pool_run
             assert run is not None
-            run.step(n, n + 1)
+            if lag:
+                run.step(n, n + 1, processed=n - 1, known=n)
+            else:
+                run.step(n, n + 1)
+        if lag:  # each decoder's last step is in flight
+            for job in decoders:
+                self._in_flight[job.req.request_id] = job.input_tokens + job.decoded - 1
+
+    def _span_events(self, decoders: list[Job], done: int) -> list[tuple[int, int, int]]:
+        """``(step, decoder rank, position)`` of the span's steps 1 .. ``done - 1`` that change
+        the pool: synchronously those retiring a Mamba block (position 1 past a boundary) or
+        filling a KV block; async those retiring one a step later (position 2), and a
+        decoder's second step when its first followed a prefill chunk (its processed tokens
+        jump); a Transformer's async steps here key nothing (its keys wait for a take)."""
+        size, events = self.shape.block, list[tuple[int, int, int]]()
+        if self._async and not self.shape.state_groups:
+            return events
+        for rank, job in enumerate(decoders):
+            first = job.input_tokens + job.decoded - done
+            if not self._async:
+                hits = [k for k in range(1, done) if (first + k) % size in (1, size - 1)]
+            else:
+                jump = self._prev.get(job.req.request_id, first) < first - 1
+                hits = [k for k in range(1, done) if (first + k) % size == 2 or (jump and k == 1)]
+            events += [(k, rank, first + k) for k in hits]
+        return events
 
     # ------------------------------------------------------------------ completion
+    def _complete_finished(self) -> None:
+        """The requests done complete in running order; async: then the finishing ones this
+        step preempted (the last in the step they finished in)."""
+        super()._complete_finished()
+        dropped, self._dropped = self._dropped, []
+        for job in reversed(dropped):
+            assert job.pool_run is not None
+            job.finished = self.env.now
+            self._record(job, job.pool_run)
+
     def _finish(self, job: Job) -> None:
         run = job.pool_run
         assert run is not None
         req = job.req
         job.finished = self.env.now
+        if self._async:  # its last step's tokens are known now (``update_from_output``)
+            run.key(job.input_tokens + job.decoded)
         for n in range(
             job.input_tokens + max(job.decoded, 0), committed_tokens(req, self.committed)
         ):
             self._step(job, n, n + 1)  # the last sampled token's KV (``committed`` off)
         run.finish()
+        self._record(job, run)
+
+    def _record(self, job: Job, run: PoolRun) -> None:
+        """``job`` completed, its blocks freed: its record."""
+        req = job.req
         del self._keys[req.request_id]
         self._preempted_counts[req.request_id] = job.preemptions
         matched, hit = self._first.pop(req.request_id)

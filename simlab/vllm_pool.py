@@ -303,7 +303,9 @@ class PoolRun:
         self.attn: list[int] = []
         self.tables: list[list[int | None]] = [[None] * self.hit for _ in range(groups)]
         self.retired = [0] * groups
-        self.checkpoint = (self.tokens - 1) // size * size
+        # the prompt's: a resumed request's outputs add no cached state (``replay_boundaries``
+        # of ``num_prompt_tokens``)
+        self.checkpoint = (self.prompt - 1) // size * size
         self.reachable = {self.checkpoint // size - 1}
         if self.junction:
             self.reachable.add(matched - 1)
@@ -379,21 +381,35 @@ class PoolRun:
         state = sum(2 if checkpoint else 1 for t in self.tables if need > len(t) or checkpoint)
         return state + max(0, need - attn_blocks)
 
-    def idle(self, end: int) -> bool:
-        """Whether a Transformer's step to ``end`` changes nothing (:meth:`step` would take no
-        block and key none): most decode steps."""
+    def idle(self, end: int, known: int | None = None) -> bool:
+        """Whether a Transformer's step to ``end`` (``known``: as :meth:`step`'s) changes
+        nothing (:meth:`step` would take no block and key none): most decode steps."""
         size = self.p.shape.block
+        upto = end if known is None else min(end, known)
         return (
             not self.tables
             and -(-end // size) <= len(self.attn)
-            and min(end // size, len(self.keys)) <= self.keyed
+            and min(upto // size, len(self.keys)) <= self.keyed
         )
 
-    def step(self, start: int, end: int, checkpoint: int = 0) -> None:
+    def step(
+        self,
+        start: int,
+        end: int,
+        checkpoint: int = 0,
+        processed: int | None = None,
+        known: int | None = None,
+    ) -> None:
         """One scheduler step computing tokens ``start..end``, writing the state at
         ``checkpoint`` (0: none) into a block of its own. :class:`PoolFull`, with nothing
-        taken, when the free queue is short."""
-        self._retire(start)
+        taken, when the free queue is short.
+
+        Under vLLM's async scheduling the step before may still be in flight: Mamba blocks
+        are freed up to the state at ``processed`` (``remove_skipped_blocks`` counts the
+        computed tokens less those in flight; default ``start``), and blocks are keyed only
+        up to the ``known`` tokens (``allocate_slots`` caches up to ``request.num_tokens``: a
+        token still in flight has no value yet; default ``end``)."""
+        self._retire(start if processed is None else processed)
         size, queue = self.p.shape.block, self.p.pool
         if queue.finite and self._takes(end, checkpoint, len(self.attn)) > len(queue.queue):
             raise PoolFull
@@ -408,18 +424,25 @@ class PoolRun:
         if need > len(self.attn):
             self.attn.extend(queue.take(need - len(self.attn)))
         self.evicted += queue.evicted - evicted
-        full = min(end // size, len(self.keys))
-        for i in range(self.keyed, full):  # the blocks below were keyed by an earlier step
-            self.kv_cached += queue.cache(self.attn[i], (self.p.attn, self.keys[i]))
-        self.keyed = max(self.keyed, full)
+        upto = end if known is None else min(end, known)
+        self.key(upto)
         new_states = 0
         for g, table in enumerate(self.tables):
             for i in self.reachable:
-                block = table[i] if 0 <= i < min(end // size, len(table)) else None
+                block = table[i] if 0 <= i < min(upto // size, len(table)) else None
                 if block is not None and queue.cache(block, (g, self.keys[i])):
                     new_states += 1
                     self.p.fresh.add((g, self.keys[i]))
         self.states_cached += new_states // len(self.tables) if self.tables else 0
+
+    def key(self, upto: int) -> None:
+        """Key the full KV blocks of the first ``upto`` tokens (those below were keyed by an
+        earlier step): they are cached from now on."""
+        queue = self.p.pool
+        full = min(upto // self.p.shape.block, len(self.keys))
+        for i in range(self.keyed, full):
+            self.kv_cached += queue.cache(self.attn[i], (self.p.attn, self.keys[i]))
+        self.keyed = max(self.keyed, full)
 
     def _retire(self, computed: int) -> None:
         """Free every Mamba block before the one holding the state at ``computed``."""

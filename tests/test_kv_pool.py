@@ -188,9 +188,15 @@ BAD_POOL = [
     (["engine.running_memory_gb=0"], "engine.running_memory_gb must be > 0, got 0"),
     (["engine.overlap=maybe"], "engine.overlap must be true or false, got 'maybe'"),
     (
-        ["engine.overlap=true", "engine.kv_pool=shared"],
-        "engine.overlap is SGLang's overlap scheduler: it needs engine.kv_pool=shared and "
-        "engine.request_admission=sglang, got 'shared' and 'whole'",
+        ["engine.overlap=true", "engine.kv_pool=shared"],  # marconi on the prefix tree
+        "vLLM's async scheduling runs on vLLM's block pool (policy=vllm: a hybrid, or a "
+        "Transformer with engine.kv_pool=shared); got engine.request_admission='whole' on the "
+        "prefix tree",
+    ),
+    (
+        ["engine.overlap=true", "engine.request_admission=sglang"],
+        "engine.overlap with engine.request_admission=sglang is SGLang's overlap scheduler: it "
+        "needs engine.kv_pool=shared, got 'separate'",
     ),
     (
         ["engine.overlap=true", *SGLANG_POOL],  # marconi_7b, the default model, is a hybrid

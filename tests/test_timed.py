@@ -266,6 +266,28 @@ def test_decode_span_equals_step_by_step_with_a_calibration_and_terms():
     assert np.allclose(span - plain, 1e-3 + 3 * 2e-4)  # every step: one iteration, 3 sequences
 
 
+@pytest.mark.parametrize("overhead", [1e-3, 0.2])  # below a decode step's GPU time, above it
+def test_an_overlapped_loop_hides_the_engine_overhead_behind_the_gpu(overhead):
+    """``engine.overlap``: the engine overhead runs beside the GPU, so an iteration lasts the
+    longer of the two (synchronously: their sum); the decode span agrees step by step, on its
+    closed form and on the generic path (taken when a decode batch's ops have another shape)."""
+    terms = CostTerms(iteration_overhead_s=overhead, sequence_overhead_s=2e-5)
+    ctx = np.array([1000, 3000, 7000])
+    cpu = overhead + 3 * 2e-5
+    spec = model("nemotron_h_8b")
+    plain = CostModel(spec, A100, tp=2)
+    hidden = CostModel(spec, A100, tp=2, terms=terms, overlap=True)
+    summed = CostModel(spec, A100, tp=2, terms=terms)
+    gpu = plain.decode_span(ctx, 4)
+    assert np.allclose(hidden.decode_span(ctx, 4), np.maximum(gpu, cpu))
+    assert np.allclose(hidden._decode_span_generic(ctx.tolist(), 4), np.maximum(gpu, cpu))
+    assert np.allclose(summed.decode_span(ctx, 4), gpu + cpu)
+    steps = [hidden.time(BatchShape(decode=[int(c) + j for c in ctx])) for j in range(4)]
+    assert np.allclose(hidden.decode_span(ctx, 4), steps)
+    batch = BatchShape(prefill=[(0, 4096)], decode=[500])
+    assert hidden.time(batch) == pytest.approx(max(plain.time(batch), overhead + 2 * 2e-5))
+
+
 def test_state_copies_are_charged_per_load_and_per_store():
     terms = CostTerms(state_load_s=1e-3, state_store_s=5e-3)
     with_terms = CostModel(HYBRID, A100, terms=terms)

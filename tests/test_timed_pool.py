@@ -91,18 +91,48 @@ def test_sglang_request_admission_is_refused_on_the_pool():
         world(two_requests(), blocks=12, request_admission="sglang")
 
 
+def test_under_async_scheduling_mamba_blocks_retire_a_step_later():
+    """vLLM's async scheduling (``engine.overlap``) frees Mamba blocks only up to the tokens
+    whose step was processed. 14 blocks: step 1 runs A's and B's prefills (6 blocks each, 2
+    left). Step 2 is A's first decode step (position 8: a KV block and a running block per
+    group, 3). Synchronously it first frees its checkpoint blocks (state at 4) and takes 3 of
+    the 4 free: nobody is preempted. Async, its prefill is still in flight, so nothing is
+    freed: 2 free, 3 needed, and B, the last running, is preempted (its first token, in
+    flight, is still delivered; it resumes on its state at 4). ``tests/fixtures/
+    crosscheck_load`` (``*_async``) checks these rules against vLLM's ``AsyncScheduler``."""
+    requests = two_requests()
+    w = world(requests, blocks=14)
+    a, b = w.run(SessionFeeder(requests))
+    assert w.preemption_column([a, b]) == [0, 0]
+    w = world(requests, blocks=14, overlap=True)
+    a, b = w.run(SessionFeeder(requests))
+    assert w.preemption_column([a, b]) == [0, 2] and w.resume_hits == {b.request_id: [4]}
+    assert a.first_token == b.first_token  # step 1 sampled both; B keeps its first token
+
+
+def test_async_scheduling_is_refused_on_the_prefix_tree():
+    admission, eviction = policy_plugins("vllm")
+    requests = two_requests()
+    step = RequestStep.build(model("llama3_8b"), 1e9, admission, eviction, "vllm")
+    engine = TimedEngine(hardware=A100, overlap=True)  # separate pools: the prefix tree
+    with pytest.raises(ConfigError, match=r"engine\.overlap.*vLLM's block pool"):
+        engine.world(requests, step)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("blocks", [260, 1000])
-def test_under_load_every_block_returns_and_reruns_are_identical(blocks):
+def test_under_load_every_block_returns_and_reruns_are_identical(blocks, overlap):
     """30 chat sessions at 5 sessions/s on a pool of blocks of 16 (the longest request
-    needs 194 + 4): requests are preempted, and once every request finished each block is
-    back in the free queue with no reference; a second run gives identical records."""
+    needs 194 + 4), with vLLM's synchronous and asynchronous scheduling: requests are
+    preempted, and once every request finished each block is back in the free queue with no
+    reference; a second run gives identical records."""
     trace = assign_arrivals(
         chat_trace(seed=6, sessions=30), session_rate=5.0, think_time_mean=2.0, seed=0
     )
     requests = list(trace.requests())
     runs = []
     for _ in range(2):
-        w = world(requests, blocks=blocks, block=16)
+        w = world(requests, blocks=blocks, block=16, overlap=overlap)
         records = w.run(SessionFeeder(requests))
         queue = w.hybrid.pool
         assert len(queue.queue) == blocks and not any(queue.refs.values())
