@@ -384,13 +384,13 @@ class PoolRun:
     def idle(self, end: int, known: int | None = None) -> bool:
         """Whether a Transformer's step to ``end`` (``known``: as :meth:`step`'s) changes
         nothing (:meth:`step` would take no block and key none): most decode steps."""
+        if self.tables:
+            return False
         size = self.p.shape.block
-        upto = end if known is None else min(end, known)
-        return (
-            not self.tables
-            and -(-end // size) <= len(self.attn)
-            and min(upto // size, len(self.keys)) <= self.keyed
-        )
+        if -(-end // size) > len(self.attn):
+            return False
+        upto = end if known is None or known > end else known
+        return upto // size <= self.keyed or len(self.keys) <= self.keyed
 
     def step(
         self,
