@@ -10,23 +10,31 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.costmodel_fastpath import HARDWARE, TERMS, check, load_hardware, model_specs
+from bench.costmodel_fastpath import (
+    HARDWARE,
+    TERMS,
+    VARIANTS,
+    check,
+    load_hardware,
+    model_specs,
+)
 from simlab.costmodel import CostModel
 
 SPECS = model_specs()
 
 
-@pytest.mark.parametrize("terms", list(TERMS))
+@pytest.mark.parametrize(("terms", "overlap"), VARIANTS, ids=["default", "charged", "overlap"])
 @pytest.mark.parametrize("tp", [1, 2, 8])
 @pytest.mark.parametrize("model", list(SPECS))
 @pytest.mark.parametrize("preset", HARDWARE)
-def test_fast_paths_are_the_plain_formulas_bit_for_bit(preset, model, tp, terms):
+def test_fast_paths_are_the_plain_formulas_bit_for_bit(preset, model, tp, terms, overlap):
     hardware, calibration = load_hardware(preset)
 
     def make() -> CostModel:
-        return CostModel(SPECS[model], hardware, calibration, tp, TERMS[terms])
+        return CostModel(SPECS[model], hardware, calibration, tp, TERMS[terms], overlap)
 
-    seed = [HARDWARE.index(preset), list(SPECS).index(model), tp, list(TERMS).index(terms)]
+    variant = VARIANTS.index((terms, overlap))
+    seed = [HARDWARE.index(preset), list(SPECS).index(model), tp, variant]
     assert check(make, 40, np.random.default_rng(seed)) is None
 
 
@@ -40,8 +48,8 @@ def test_a_template_slightly_off_is_caught(monkeypatch):
         template = exact(self, n)
         if template is None:
             return None
-        head, var, tail = template
-        return head * (1 + 1e-12), var, tail
+        head, var, tail, hidden = template
+        return head * (1 + 1e-12), var, tail, hidden
 
     monkeypatch.setattr(CostModel, "_decode_template", slightly_off)
 
