@@ -410,7 +410,8 @@ class TimedWorld(SharedPoolScheduling):
                 "engine.overlap: SGLang's overlap scheduler needs "
                 "engine.request_admission=sglang, vLLM's async scheduling runs on vLLM's block "
                 "pool (policy=vllm: a hybrid, or a Transformer with engine.kv_pool=shared); "
-                f"got engine.request_admission={s.request_admission!r} on the prefix tree"
+                f"got engine.request_admission={s.request_admission!r} on the prefix tree (where "
+                "a disaggregated cluster's replicas always run)"
             )
         if self.shared:
             self._open_pool(requests)

@@ -44,9 +44,9 @@ def single_run(requests, build):
     return records_frame(world.run(SessionFeeder(requests)))
 
 
-def cluster_run(requests, build, replicas, router, **settings):
+def cluster_run(requests, build, replicas, router, overlap=False, **settings):
     engine = ClusterEngine(
-        TimedEngine(hardware=A100), ClusterSettings(replicas, router, **settings)
+        TimedEngine(hardware=A100, overlap=overlap), ClusterSettings(replicas, router, **settings)
     )
     run = engine.run(requests, build(), build)
     return records_frame(run.records).assign(**run.columns), run
@@ -362,16 +362,17 @@ def pool_requests() -> list[Request]:
     return chat_requests(seed=6, sessions=24, rate=6.0, system_len=1200, msg_len=(100, 500))
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("router", ["round_robin", "hybrid_aware"])
-def test_a_one_replica_cluster_runs_vllms_hybrid_pool_as_the_timed_engine(router):
+def test_a_one_replica_cluster_runs_vllms_hybrid_pool_as_the_timed_engine(router, overlap):
     """A hybrid under ``policy=vllm`` runs on vLLM's pool in a cluster too (it ran on the
-    prefix tree): one replica gives the plain timed engine's records, preemptions and
-    peaks."""
+    prefix tree), with vLLM's synchronous or async scheduling: one replica gives the plain
+    timed engine's records, preemptions and peaks."""
     requests, build = pool_requests(), fresh_step("vllm", NEMOTRON, 0.4e9)
-    world = TimedEngine(hardware=A100).world(requests, build())
+    world = TimedEngine(hardware=A100, overlap=overlap).world(requests, build())
     assert type(world).__name__ == "PoolWorld"
     alone = records_frame(world.run(SessionFeeder(requests)))
-    together, run = cluster_run(requests, build, 1, router)
+    together, run = cluster_run(requests, build, 1, router, overlap=overlap)
     pd.testing.assert_frame_equal(together[RECORD_COLUMNS], alone, check_exact=True)
     assert run.extras["preemptions"] == world.pool.preemptions > 0
     assert run.columns["preemptions"] == world.preemption_column(world.collect())
