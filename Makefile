@@ -19,9 +19,13 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m simlab $(ARGS)
 
-## Test suite (what CI runs).
+## Test suite (what CI runs), spread over the machine's cores by pytest-xdist (TEST_WORKERS=0:
+## one process); rewriting the goldens (SIMLAB_UPDATE_GOLDENS=1) always runs in one process,
+## since every golden test rewrites its shared JSON file.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(if $(filter 1,$(SIMLAB_UPDATE_GOLDENS)),0,$(TEST_WORKERS)) \
+		$(PYTEST_ARGS)
 
 ## Replay and timed-engine speed per policy on the real traces, then the side-by-side runs against
 ## the peer simulators (bench-peers) and the Marconi reference code (when MARCONI_REFERENCE_DIR
