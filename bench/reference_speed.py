@@ -21,7 +21,13 @@ crosscheck) on an empty cache per capacity, with alpha tuning off:
     +policy.semantics.partial_descent=true``, which gives the reference's hit on every request
     (checked here, request by request: exit status 1 otherwise); the same work, so the fairest
     speed ratio;
-  - ``simlab``: ``+policy=marconi`` in simlab's own semantics (the hits differ).
+  - ``simlab``: ``+policy=marconi`` in simlab's own semantics (the hits differ), request by
+    request (``cache.compiled=false``);
+  - ``compiled``: the same replay compiled (``cache.compiled=true``, :mod:`simlab.radix_kernel`;
+    the same records), when numba is installed. Importing numba, loading the cached kernel and
+    making the trace's token pool (shared by every capacity, as by the policies and
+    capacities of one ``python -m simlab``) happen once, in an untimed warm-up run before the
+    rounds (``compiled_load_s``).
 
 Rounds alternate which side goes first (ABBA), ``--repeat`` of them; each figure is the median
 over rounds. Prints requests/s and simlab / reference per capacity, and writes
@@ -55,7 +61,9 @@ REFERENCE_ENV = "MARCONI_REFERENCE_DIR"
 #: simlab's two ways of running the Marconi policy (module docstring)
 SIMLAB_MODES = {
     "same hits": ["policy.compat=reference_fixed", "+policy.semantics.partial_descent=true"],
-    "simlab": [],
+    "simlab": ["cache.compiled=false"],
+    # the same replay compiled (simlab.radix_kernel; numba, the `fast` extra): skipped without it
+    "compiled": ["cache.compiled=true"],
 }
 #: the reference's FLOP-aware eviction (``evict_policy_version`` 1 is SGLang+'s LRU)
 MARCONI_VERSION = 2
@@ -90,8 +98,10 @@ def run_reference(args: argparse.Namespace, exports: Path) -> dict[str, dict[str
     return result
 
 
-def simlab_runner(trace: str, gb: float, alpha: float, mode: str):
-    """A function running simlab's Marconi replay once: (loop seconds, per-request hits)."""
+def simlab_runner(trace: str, gb: float, alpha: float, mode: str, shared: dict | None = None):
+    """A function running simlab's Marconi replay once: (loop seconds, per-request hits).
+    ``shared``: what the runs of one request list share (``run_policy``'s ``walks``: the
+    compiled replay's token pool, made by the first run)."""
     from simlab.simulate import plan_run, run_policy, trace_requests
     from tests.fixtures import compose
 
@@ -104,13 +114,32 @@ def simlab_runner(trace: str, gb: float, alpha: float, mode: str):
 
     def run() -> tuple[float, list[int]]:
         policy_run = run_policy(
-            name, pcfg, requests, plan.model, plan.settings, plan.engine, loaded.block_size
+            name, pcfg, requests, plan.model, plan.settings, plan.engine, loaded.block_size, shared
         )
         records = policy_run.records
         by_id = dict(zip(records["request_id"], records["hit_tokens"], strict=True))
         return float(policy_run.summary["wall_s"]), [int(by_id[r.request_id]) for r in requests]
 
     return run
+
+
+def simlab_modes() -> list[str]:
+    """The modes of :data:`SIMLAB_MODES` that can run here (``compiled`` needs numba)."""
+    from simlab.block_kernel import available
+
+    return [mode for mode in SIMLAB_MODES if mode != "compiled" or available()]
+
+
+def warm_up(runners: dict[tuple[str, float], Any]) -> float | None:
+    """Run one compiled point untimed (it imports numba, loads the cached kernel and makes the
+    token pool, once per process); returns how long that took (None without a compiled
+    mode)."""
+    compiled = [run for (mode, _gb), run in runners.items() if mode == "compiled"]
+    if not compiled:
+        return None
+    start = time.perf_counter()
+    compiled[0]()
+    return time.perf_counter() - start
 
 
 def median_rate(requests: int, seconds: list[float]) -> float:
@@ -122,11 +151,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="reference_speed_") as tmp:
         exports = Path(tmp)
         rows = export_requests(exports, {args.trace})[args.trace]
+        modes = simlab_modes()
+        shared: dict = {}  # the compiled runs' token pool, made in the warm-up
         runners = {
-            (mode, gb): simlab_runner(args.trace, gb, args.alpha, mode)
+            (mode, gb): simlab_runner(args.trace, gb, args.alpha, mode, shared)
             for gb in args.capacities
-            for mode in SIMLAB_MODES
+            for mode in modes
         }
+        load_s = warm_up(runners)
         ref_s: dict[float, list[float]] = {gb: [] for gb in args.capacities}
         sim_s: dict[tuple[str, float], list[float]] = {key: [] for key in runners}
         ref_hits: dict[float, list[int]] = {}
@@ -156,7 +188,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "same_hits_every_request": same[gb],
             "reference_runs_s": ref_s[gb],
         }
-        for mode in SIMLAB_MODES:
+        for mode in modes:
             rate = median_rate(n, sim_s[mode, gb])
             row[f"simlab_{mode}_requests_per_s"] = rate
             row[f"simlab_{mode}_over_reference"] = rate / ref_rate
@@ -169,23 +201,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.repeat,
         "reference_dir": str(Path(args.reference_dir).resolve()),
         "reference_python": args.reference_python,
+        "modes": modes,
+        "compiled_load_s": load_s,
         "rows": table,
     }
 
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"{result['trace']}: {result['requests']} requests, alpha {result['alpha']}")
-    head = f"{'GB':>5} {'reference':>10} {'same hits':>10} {'x':>6} {'simlab':>10} {'x':>6}  hits"
-    print(head + "  (requests/s; x = simlab / reference)")
+    modes = result["modes"]
+    head = f"{'GB':>5} {'reference':>10}" + "".join(f" {m:>10} {'x':>6}" for m in modes)
+    print(head + "  hits  (requests/s; x = simlab / reference)")
     for r in result["rows"]:
-        print(
-            f"{r['cache_gb']:>5g} {r['reference_requests_per_s']:>10,.0f} "
-            f"{r['simlab_same hits_requests_per_s']:>10,.0f} "
-            f"{r['simlab_same hits_over_reference']:>6.1f} "
-            f"{r['simlab_simlab_requests_per_s']:>10,.0f} "
-            f"{r['simlab_simlab_over_reference']:>6.1f}  "
-            f"{'identical' if r['same_hits_every_request'] else 'DIFFER'}"
+        cells = "".join(
+            f" {r[f'simlab_{m}_requests_per_s']:>10,.0f} {r[f'simlab_{m}_over_reference']:>6.1f}"
+            for m in modes
         )
+        same = "identical" if r["same_hits_every_request"] else "DIFFER"
+        print(f"{r['cache_gb']:>5g} {r['reference_requests_per_s']:>10,.0f}{cells}  {same}")
+    if result.get("compiled_load_s") is not None:
+        load = result["compiled_load_s"]
+        print(f"compiled: numba, the cached kernel and the token pool loaded in {load:.2f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

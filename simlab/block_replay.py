@@ -15,6 +15,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -123,9 +124,11 @@ class BlockRun:
     peak_kv_bytes: int
 
 
-#: walks of one request list by :func:`walk_scheme`: several policies' runs on the same
-#: requests share them (block ids depend on content alone)
-Walks = dict[tuple[int, bool, bool], Paths]
+#: what several runs (policies, capacities) of one request list share, keyed by what each
+#: depends on: its walks by :func:`walk_scheme` (:class:`simlab.block_walk.Paths`; block ids
+#: depend on content alone), and the compiled radix replay's token pool under
+#: :data:`simlab.radix_kernel.POOL`
+Walks = dict[object, Any]
 
 
 def walk_scheme(keys: BlockKeys, requests: Sequence[Request]) -> tuple[int, bool, bool]:
@@ -163,7 +166,7 @@ def block_replay(
     walks = {} if walks is None else walks
     scheme = walk_scheme(keys, requests)
     paths = walks.get(scheme)
-    if paths is None:
+    if not isinstance(paths, Paths):
         paths = walks[scheme] = block_paths(requests, keys)
     ranks = lru_ranks(paths) if order == LRU else None
     passes = input_passes(paths) if order == BELADY else None

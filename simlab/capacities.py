@@ -257,6 +257,7 @@ def run_policies(
                 settings,
                 point.plan.engine,
                 unit,
+                walks,
             )
             point.replay[name] = "back_to_back"
     return runs

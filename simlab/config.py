@@ -51,9 +51,10 @@ class CacheSettings:
     #: stack-distance pass, FIFO's and Belady's on block ids; False: request by request (a
     #: ``size_gb`` list back to back)
     one_pass: bool = True
-    #: FIFO's and Belady's block-id replays compiled with numba (:mod:`simlab.block_kernel`,
-    #: the same records): "auto" when numba is installed and the walk is large enough to repay
-    #: loading it, True always (numba must be installed), False never
+    #: replays compiled with numba, the same records: FIFO's and Belady's over block ids
+    #: (:mod:`simlab.block_kernel`), judicious admission with Marconi's or LRU eviction on the
+    #: token tree (:mod:`simlab.radix_kernel`); "auto" when numba is installed and the run is
+    #: large enough to repay loading it, True always (numba must be installed), False never
     compiled: bool | str = "auto"
 
     def __post_init__(self) -> None:

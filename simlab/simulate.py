@@ -29,6 +29,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from policies.base import AdmissionPolicy, EvictionPolicy, Semantics, in_units
+from simlab import radix_kernel
 from simlab.block_replay import Walks, block_replay, fast_path, one_pass_obstacle
 from simlab.bounds import infinite_cache_hits
 from simlab.cluster import ClusterEngine, ClusterSettings, with_cluster
@@ -404,8 +405,10 @@ def run_policy(
     over whole blocks on the replay engine (:func:`simlab.block_replay.one_pass_obstacle`) is
     computed on block ids unless ``cache.one_pass`` is false: the same records, occupancy and
     summary as the request-by-request replay (``tests/test_capacities.py``,
-    ``tests/test_block_heap.py``), several times faster; ``walks`` shares the walk of the
-    trace with the run's other policies."""
+    ``tests/test_block_heap.py``), several times faster; judicious admission with Marconi's
+    or LRU eviction on the token tree runs compiled per ``cache.compiled``
+    (:mod:`simlab.radix_kernel`, the same records). ``walks`` shares the walk of the trace (and
+    the compiled replay's token pool) with the run's other policies."""
     step = policy_step(name, pcfg, model, settings, unit_tokens)
     if settings.cache.one_pass and one_pass_obstacle(step, engine) is None:
         log.info("%s: %s (cache.one_pass)", name, fast_path(step.eviction))
@@ -413,6 +416,13 @@ def run_policy(
             name, requests, [step], [settings.metrics], walks, settings.cache.compiled
         )
         return stacked
+    compiled = settings.cache.compiled
+    if radix_kernel.use_compiled(compiled, requests):
+        why = radix_kernel.obstacle(step, engine, requests)
+        if why is None:
+            log.info("%s: the radix replay compiled (cache.compiled=%s)", name, compiled)
+            return compiled_run(name, requests, step, settings.metrics, walks)
+        log.debug("%s: request by request (%s)", name, why)
     start = time.perf_counter()
     with heap_frozen():
         if isinstance(engine, ClusterEngine):  # one fresh step per replica
@@ -426,6 +436,35 @@ def run_policy(
     summary = policy_summary(records, run, step, wall, settings.metrics)
     rate, speed = summary["token_hit_rate"], summary["requests_per_s"]
     log.info("%s: token hit rate %.4f, %.0f req/s", name, rate, speed)
+    return PolicyRun(records, summary, occupancy_columns(name, run, records))
+
+
+def compiled_run(
+    name: str,
+    requests: list[Request],
+    step: RequestStep,
+    metrics: MetricSettings,
+    walks: Walks | None = None,
+) -> PolicyRun:
+    """The replay of ``requests`` through ``step`` compiled (:func:`simlab.radix_kernel.
+    compiled_replay`; ``step`` passes its ``obstacle``): the request step's records, occupancy
+    and summary; ``walks``: the token pool shared with the run's other policies."""
+    start = time.perf_counter()
+    records, peaks = radix_kernel.compiled_replay(requests, step, walks)
+    wall = time.perf_counter() - start
+    extras = {
+        "peak_kv_gb": peaks.kv / 1e9,
+        "peak_ssm_gb": peaks.ssm / 1e9,
+        "peak_gb": peaks.total / 1e9,
+    }
+    run = EngineRun(records=[], extras=extras)
+    summary = policy_summary(records, run, step, wall, metrics)
+    log.info(
+        "%s: token hit rate %.4f, %.0f req/s",
+        name,
+        summary["token_hit_rate"],
+        summary["requests_per_s"],
+    )
     return PolicyRun(records, summary, occupancy_columns(name, run, records))
 
 

@@ -1,0 +1,323 @@
+"""Judicious admission (Marconi's, the paper's SGLang+) with FLOP-aware or LRU eviction on the
+token radix tree, compiled: :meth:`simlab.step.RequestStep.serve` over the whole trace as one
+numba kernel (:mod:`simlab.radix_kernel_jit`) over flat arrays, with the same records request
+for request.
+
+numba is an optional extra (``pip install simlab[fast]``, :func:`simlab.block_kernel.available`);
+``cache.compiled`` decides (:func:`use_compiled`), and without numba the request step runs,
+giving the same records. What the kernel covers is what :func:`obstacle` accepts: the replay
+engine, a token trace, simlab's own cache semantics (no reference-code flags), one shared
+budget (no SSM pool, no host tier), no pages, no controllers (``policy.tuning.enabled=false``),
+``Judicious(branch_on="input", page_size=1)`` and either ``FlopAware`` with its default terms
+(``memory: own``, ``recency: shifted``, no ``mlp_bug``, ties to the oldest node) or ``LRU``
+(ties to the oldest, an insertion refreshing nothing). Everything else runs request by request.
+
+The kernel is the cache's code path for these plug-ins, step for step (each function of
+:mod:`simlab.radix_kernel_jit` names the method it follows), with three changes that give the
+same results:
+
+* a node's tokens are not copied: it keeps the offset of a sequence through it in one pool of
+  every request's tokens (a node's path never changes its tokens, so neither a split nor a merge
+  needs new ones), and its children are an open-addressing hash table keyed by
+  ``(parent, first token)``;
+* a one-child node's child is the sum of its children's slots (its only one);
+* an eviction scans the live slots for the lowest-scored candidate instead of building arrays
+  (Marconi re-scores every candidate after every eviction either way; for LRU, whose scores do
+  not change during an eviction, the lowest-scored leaf of the moment is the one the cache's heap
+  pops next). Ties go to the smallest creation id, so slot numbers never matter.
+
+The floats are the cache's (IEEE doubles, the same operations in the same order: the kernel is
+compiled without fast-math, so nothing is fused or reassociated), and every byte count stays
+below 2**53, where int-to-float comparisons are exact as Python's are.
+``tests/test_radix_kernel.py`` checks every record column against the request step on the real
+traces and on random token tries.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from policies.base import Keys, Semantics
+from policies.flop_aware import FlopAware
+from policies.judicious import Judicious
+from policies.lru import LRU
+from simlab.block_kernel import available
+from simlab.records import RECORD_COLUMNS, Columns
+
+if TYPE_CHECKING:
+    from simlab.block_replay import Walks
+    from simlab.engine import Engine
+    from simlab.model import ModelSpec
+    from simlab.step import RequestStep
+    from traces.format import Request
+
+log = logging.getLogger(__name__)
+
+
+class Peaks(NamedTuple):
+    """The cache's peak bytes over a replay (``PrefixCache.peak_kv_bytes`` ...)."""
+
+    kv: int
+    ssm: int
+    total: int
+
+
+#: :func:`shared_pool`'s key in a run's shared arrays (:data:`simlab.block_replay.Walks`)
+POOL = "radix_kernel.TokenPool"
+#: ``cache.compiled=auto`` compiles from this many requests on: importing numba and loading the
+#: cached kernel takes about 0.3-0.5 s on a 2-core machine, the request step 50-60 us per request
+#: of ShareGPT (README, "Compiled radix replay")
+COMPILED_MIN_REQUESTS = 10_000
+#: the eviction kinds of :mod:`simlab.radix_kernel_jit`
+EVICTIONS = {FlopAware: 0, LRU: 1}
+#: nodes one request can add (a split at its match, two at its states, two new nodes)
+_NODES_PER_REQUEST = 5
+
+
+def _eviction_obstacle(step: RequestStep) -> str | None:
+    eviction = step.eviction
+    kind = type(eviction)
+    if kind not in EVICTIONS:
+        return f"eviction {kind.__qualname__} (FlopAware or LRU only)"
+    if eviction.ties != "oldest" or eviction.refreshes_insert_path or eviction.ticks_on_insert:
+        return "eviction ties or an insertion that refreshes or ticks"
+    if isinstance(eviction, FlopAware) and (
+        eviction.memory != "own"
+        or eviction.recency != "shifted"
+        or eviction.mlp_bug
+        or eviction.miscounts_freed_bytes
+        or not eviction.evicts_inner_nodes
+    ):
+        return "the reference code's FLOP-aware terms"
+    if isinstance(eviction, LRU) and eviction.evicts_inner_nodes:
+        return "an LRU of inner nodes"
+    return None
+
+
+def obstacle(step: RequestStep, engine: Engine, requests: Sequence[Request]) -> str | None:
+    """Why ``step`` run by ``engine`` on ``requests`` cannot run compiled (None: it can, with
+    the records of the request step; see the module docstring)."""
+    from simlab.replay import ReplayEngine
+
+    cache, admission = step.cache, step.admission
+    checks = (
+        (type(engine) is ReplayEngine, f"engine {engine.name} (only the replay engine)"),
+        (
+            type(admission) is Judicious
+            and admission.branch_on == "input"
+            and admission.page_size == 1
+            and admission.keys == Keys(),
+            f"admission {type(admission).__qualname__} (judicious on its input only)",
+        ),
+        (cache.semantics == Semantics(), "the reference code's semantics"),
+        (cache.host is None and cache.ssm_capacity is None, "a host tier or SSM pool"),
+        (not step.controllers, "controllers (alpha tuning)"),
+        (
+            step.page_size == 1 and cache.unit == 1 and not cache.block_keys,
+            "pages or ids of many tokens",
+        ),
+        (cache.kv_per_token > 0 and cache.ckpt_states == 1, "a model without attention KV"),
+        (cache.now == 0 and cache.used_bytes == 0, "a cache already in use"),
+        (
+            all(r.block_size == 1 and r.ref_input_tokens is None for r in requests),
+            "a hash-id trace",
+        ),
+    )
+    for ok, why in checks:
+        if not ok:
+            return why
+    return _eviction_obstacle(step)
+
+
+def use_compiled(compiled: bool | str, requests: Sequence[Request]) -> bool:
+    """Whether a run that passes :func:`obstacle` runs compiled: ``cache.compiled`` true, or
+    auto with numba installed and at least :data:`COMPILED_MIN_REQUESTS` requests."""
+    if compiled == "auto":
+        return len(requests) >= COMPILED_MIN_REQUESTS and available()
+    return compiled is True
+
+
+def _chained(requests: Sequence[Request], prev: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Which requests' inputs start with their session's last sequence (``prev``: that
+    request, -1 for none; ``lens``: input and output lengths). The inputs of a session chain
+    are views of one buffer (:mod:`traces.columnar`), so their shared starts are read off their
+    addresses (else compared), and the last request's output is compared with the tokens that
+    follow its input, all of them at once."""
+    n_in, n_out = lens
+    has = np.flatnonzero(prev >= 0)
+    p = prev[has]
+    fits = n_in[has] >= n_in[p] + n_out[p]
+    has, p = has[fits], p[fits]
+    addrs = np.fromiter(
+        (requests[i].input_ids.__array_interface__["data"][0] for i in has.tolist()),
+        np.int64,
+        has.size,
+    )
+    owners = np.fromiter(
+        (requests[i].input_ids.__array_interface__["data"][0] for i in p.tolist()),
+        np.int64,
+        p.size,
+    )
+    inputs = [requests[i].input_ids for i in has.tolist()]
+    before = [requests[i] for i in p.tolist()]
+    starts = [
+        a == b or np.array_equal(x[: q.input_ids.shape[0]], q.input_ids)
+        for a, b, x, q in zip(addrs.tolist(), owners.tolist(), inputs, before, strict=True)
+    ]
+    tails = [x[q.input_ids.shape[0] : q.input_ids.shape[0] + q.output_ids.shape[0]]
+             for x, q in zip(inputs, before, strict=True)]  # fmt: skip
+    outs = [q.output_ids for q in before]
+    if tails and np.array_equal(np.concatenate(tails), np.concatenate(outs)):
+        same = np.asarray(starts, dtype=bool)
+    else:  # some output differs from what follows: find which
+        same = np.array(
+            [a and np.array_equal(t, o) for a, t, o in zip(starts, tails, outs, strict=True)],
+            dtype=bool,
+        )
+    chained = np.zeros(len(requests), dtype=bool)
+    chained[has[same]] = True
+    return chained
+
+
+@dataclass(frozen=True)
+class TokenPool:
+    """Every request's sequence (input then output: :class:`simlab.keys.TokenKeys`, not
+    committed) in one array, request ``i``'s at ``tokens[offs[i]:offs[i] + seq_lens[i]]``, its
+    first ``in_lens[i]`` the input; and the record columns no policy changes
+    (:func:`simlab.block_replay.request_columns`). A session's requests share one region while
+    each input extends the session's last sequence (a conversation's history), so its history
+    is stored once and the kernel never compares a session's sequences with each other's copies
+    of it. Made once per request list (:func:`shared_pool`)."""
+
+    tokens: np.ndarray
+    offs: np.ndarray
+    in_lens: np.ndarray
+    seq_lens: np.ndarray
+    model: ModelSpec  # whose FLOPs ``fixed`` holds
+    fixed: dict[str, np.ndarray]
+
+
+def shared_pool(requests: Sequence[Request], step: RequestStep, shared: Walks | None) -> TokenPool:
+    """The :class:`TokenPool` of ``requests`` for ``step``'s model, taken from (or added to)
+    ``shared`` under :data:`POOL` (several runs of one request list: policies, capacities)."""
+    from simlab.block_replay import request_columns
+
+    pool = None if shared is None else shared.get(POOL)
+    model = step.cache.model
+    if not isinstance(pool, TokenPool):
+        tokens, offs, lens = token_pool(requests)
+        fixed = request_columns(requests, step)
+        pool = TokenPool(tokens, offs, lens[0], lens.sum(axis=0), model, fixed)
+    elif pool.model != model:
+        pool = replace(pool, model=model, fixed=request_columns(requests, step))
+    if shared is not None:
+        shared[POOL] = pool
+    return pool
+
+
+def token_pool(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:class:`TokenPool`'s ``tokens`` and ``offs``, and the input and output lengths (2 rows)."""
+    n = len(requests)
+    lens = np.array([(r.input_ids.shape[0], r.output_ids.shape[0]) for r in requests], np.int64)
+    lens = lens.reshape(n, 2).T
+    sessions = np.fromiter((r.session_id for r in requests), np.int64, n)
+    order = np.argsort(sessions, kind="stable")  # by session, in processing order within
+    prev = np.full(n, -1, dtype=np.int64)
+    follows = sessions[order[1:]] == sessions[order[:-1]]
+    prev[order[1:][follows]] = order[:-1][follows]
+    chained = _chained(requests, prev, lens)
+    skip = np.zeros(n, dtype=np.int64)  # input tokens already in the region
+    skip[chained] = lens[0][prev[chained]] + lens[1][prev[chained]]
+    added = (lens[0] - skip + lens[1])[order]
+    ends = np.cumsum(added)
+    starts = np.where(chained[order], 0, ends - added)  # a region starts at each unchained
+    offs = np.empty(n, dtype=np.int64)
+    offs[order] = np.maximum.accumulate(starts) if n else starts
+    parts = [
+        x
+        for i, k in zip(order.tolist(), skip[order].tolist(), strict=True)
+        for x in (requests[i].input_ids[k:], requests[i].output_ids)
+    ]
+    tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    if tokens.size and not (int(tokens.min()) >= 0 and int(tokens.max()) < 2**31):
+        raise ValueError("compiled radix replay: token ids must be in [0, 2**31)")
+    return tokens, offs, lens
+
+
+def _state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.ndarray, ...]:
+    """The kernel's ``st`` (:mod:`simlab.radix_kernel_jit`) for ``step``'s empty cache of
+    ``slots`` node slots (the root at slot 0)."""
+    from simlab import radix_kernel_jit as jit
+
+    cache, admission, model = step.cache, step.admission, step.cache.model
+    assert isinstance(admission, Judicious)
+    nodes = np.zeros((10, slots), dtype=np.int64)
+    nodes[jit.ALIVE, jit.ROOT] = 1
+    floats = np.zeros((3, slots), dtype=np.float64)
+    size = 1 << max(4, (4 * slots - 1).bit_length())  # at most a quarter of it live
+    table = np.zeros((2, size), dtype=np.int64)
+    table[0] = jit.EMPTY
+    ints = np.zeros(15, dtype=np.int64)
+    ints[jit.FREE], ints[jit.NEXT_NID], ints[jit.TOP] = slots - 1, 1, 1
+    ints[jit.KV_PER_TOKEN], ints[jit.CKPT_BYTES] = cache.kv_per_token, cache.ckpt_bytes
+    ints[jit.HYBRID], ints[jit.EVICTION] = cache.hybrid, EVICTIONS[type(step.eviction)]
+    ints[jit.ROUND_DOWN] = admission.alignment == "round_down"
+    ints[jit.CHUNK] = admission.chunk_size
+    alpha = getattr(step.eviction, "alpha", 0.0)
+    coefficients = (model._lin, model._attn_pq, model._attn_qq)
+    settings = np.array([0.0, cache.capacity, alpha, *coefficients], dtype=np.float64)
+    free = np.arange(slots - 1, -1, -1, dtype=np.int64)  # pops 1, 2, ...
+    return nodes, floats, table, ints, settings, free, tokens
+
+
+def compiled_replay(
+    requests: Sequence[Request], step: RequestStep, shared: Walks | None = None
+) -> tuple[Columns, Peaks]:
+    """The replay of ``requests`` through ``step`` (which passes :func:`obstacle`), compiled:
+    the records as :func:`simlab.records.record_columns` makes them, and the cache's peak KV,
+    SSM and total bytes. ``step`` itself is left untouched (its cache stays empty);
+    ``shared``: :func:`shared_pool`'s."""
+    from simlab import radix_kernel_jit as jit
+
+    pool = shared_pool(requests, step, shared)
+    slots = _NODES_PER_REQUEST * len(requests) + 8
+    st = _state(step, pool.tokens, slots)
+    path = np.zeros(slots + 4, dtype=np.int64)
+    out = np.zeros((10, len(requests)), dtype=np.int64)
+    jit.replay(st, pool.offs, pool.in_lens, pool.seq_lens, path, path.copy(), out)
+    ints = st[jit.INTS]
+    peaks = Peaks(int(ints[jit.PEAK_KV]), int(ints[jit.PEAK_SSM]), int(ints[jit.PEAK]))
+    return replay_columns(pool.fixed, step, out), peaks
+
+
+def replay_columns(fixed: dict[str, np.ndarray], step: RequestStep, out: np.ndarray) -> Columns:
+    """The records of the kernel's ``out`` rows (``fixed``: the request columns), column for
+    column as :func:`simlab.records.record_columns` makes them from the request step's records."""
+    n = out.shape[1]
+    matched, hit = out[0], out[1]
+    columns = {
+        "policy": np.full(n, step.policy, dtype=object),
+        **{k: fixed[k] for k in ("request_id", "session_id", "turn", "arrival")},
+        "input_tokens": fixed["input_tokens"],
+        "output_tokens": fixed["output_tokens"],
+        "matched_tokens": matched,
+        "hit_tokens": hit,
+        "prefill_flops": fixed["prefill_flops"],
+        "flops_saved": step.cache.model.prefill_flops_array(0, hit),
+        "kv_bytes_admitted": out[2],
+        "ssm_bytes_admitted": out[3],
+        "ckpts_admitted": out[4],
+        "bytes_evicted": out[5],
+        "nodes_evicted": out[6],
+        "admission_truncated": out[7].astype(bool),
+        "cache_kv_bytes": out[8],
+        "cache_ssm_bytes": out[9],
+    }
+    nan = np.full(n, math.nan)
+    return {name: columns[name] if name in columns else nan.copy() for name in RECORD_COLUMNS}

@@ -1,0 +1,632 @@
+"""The compiled kernel of :mod:`simlab.radix_kernel`: :func:`replay`, numba-compiled on first use
+and cached beside this file (``cache=True``), so later processes load it. It imports numba:
+import this module only when numba is installed and the compiled path is asked for.
+
+Each function is the :class:`simlab.cache.PrefixCache` / :mod:`simlab.evictor` method of the
+same name (or the step it names), over a few flat arrays held in one tuple ``st`` (:data:`NODES` ..
+:data:`TOKENS`; few, because numba counts references to every array a function takes out of a
+tuple, and those atomic counts cost more than the tree's work):
+
+* ``NODES`` (int64, one column per node slot; the root is slot 0): ``PARENT``, ``START``, ``END``,
+  ``REF`` (where in ``tokens`` a sequence through the node starts: ``tokens[ref + p]`` is the
+  token at position ``p`` of its path), ``NID``, ``PINS``, ``KIDS`` (children), ``KID_SUM`` (the
+  sum of the children's slots: a one-child node's only child), ``CKPT`` and ``ALIVE`` (0 / 1);
+* ``FLOATS`` (float64, per slot): ``LAST`` (last access), ``SIZE`` (``node_bytes``) and ``SAVED``
+  (``saved_flops``);
+* ``TABLE``: the children, an open-addressing hash table (row 0 keys, row 1 values) from
+  ``(parent slot, first token)`` to the child's slot;
+* ``INTS`` (int64): the counters :data:`FREE` .. :data:`TOP` and the settings :data:`KV_PER_TOKEN`
+  .. :data:`CHUNK`; ``SETTINGS`` (float64): :data:`NOW` .. :data:`QQ`; ``FREE_SLOTS``: the free slots
+  (a stack); ``TOKENS``: every sequence's tokens.
+"""
+
+# mypy: ignore-errors
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+njit = numba.njit(cache=True, nogil=True, error_model="numpy")
+
+ROOT = 0
+EMPTY = -1
+TOMB = -2
+# st
+NODES, FLOATS, TABLE, INTS, SETTINGS, FREE_SLOTS, TOKENS = range(7)
+# N rows
+PARENT, START, END, REF, NID, PINS, KIDS, KID_SUM, CKPT, ALIVE = range(10)
+# F rows
+LAST, SIZE, SAVED = range(3)
+# I: free slots, the next node id, KV bytes, SSM bytes, their peaks, table entries in use
+# (tombstones too), slots ever used; then KV bytes per token, checkpoint bytes, hybrid, the
+# eviction kind, round_down, the chunk
+FREE, NEXT_NID, KV, SSM, PEAK_KV, PEAK_SSM, PEAK, FILL, TOP = range(9)
+KV_PER_TOKEN, CKPT_BYTES, HYBRID, EVICTION, ROUND_DOWN, CHUNK = range(9, 15)
+# eviction kinds (radix_kernel.EVICTIONS)
+FLOP_AWARE, LRU = 0, 1
+# P: the clock, capacity, alpha, the prefill FLOPs' coefficients (ModelSpec._lin, _attn_pq,
+# _attn_qq)
+NOW, CAPACITY, ALPHA, LIN, PQ, QQ = range(6)
+# an admission's result (InsertResult): KV bytes, SSM bytes, states, bytes and nodes evicted,
+# truncated
+R_KV, R_SSM, R_CKPTS, R_FREED, R_EVICTED, R_TRUNCATED = range(6)
+
+
+# ---------------------------------------------------------------------------- children table
+@njit
+def _slot(key, mask):
+    """Where ``key``'s probe starts (splitmix64's finalizer: every bit of the key moves the
+    low bits)."""
+    h = np.uint64(key)
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    return np.int64(h & np.uint64(mask))
+
+
+@njit
+def child_key(parent, token):
+    return (np.int64(parent) << np.int64(32)) | np.int64(token)
+
+
+@njit
+def find(t, key):
+    """The child slot under ``key``, or -1."""
+    mask = t.shape[1] - 1
+    i = _slot(key, mask)
+    while t[0, i] != EMPTY:
+        if t[0, i] == key:
+            return t[1, i]
+        i = (i + 1) & mask
+    return -1
+
+
+@njit
+def put(t, ints, key, val):
+    """Map ``key`` to ``val`` (replacing its value if present)."""
+    mask = t.shape[1] - 1
+    i = _slot(key, mask)
+    spot = -1
+    while t[0, i] != EMPTY:
+        if t[0, i] == key:
+            t[1, i] = val
+            return
+        if t[0, i] == TOMB and spot < 0:
+            spot = i
+        i = (i + 1) & mask
+    if spot < 0:
+        spot = i
+        ints[FILL] += 1
+    t[0, spot], t[1, spot] = key, val
+
+
+@njit
+def drop(t, key):
+    mask = t.shape[1] - 1
+    i = _slot(key, mask)
+    while t[0, i] != EMPTY:
+        if t[0, i] == key:
+            t[0, i] = TOMB
+            return
+        i = (i + 1) & mask
+
+
+@njit
+def first_token(n, tokens, s):
+    return tokens[n[REF, s] + n[START, s]]
+
+
+@njit
+def tidy(st):
+    """The table afresh from the live nodes once tombstones fill half of it."""
+    n, t, ints, tokens = st[NODES], st[TABLE], st[INTS], st[TOKENS]
+    if 2 * ints[FILL] <= t.shape[1]:
+        return
+    t[0, :] = EMPTY
+    ints[FILL] = 0
+    for s in range(1, ints[TOP]):
+        if n[ALIVE, s]:
+            put(t, ints, child_key(n[PARENT, s], first_token(n, tokens, s)), s)
+
+
+# ---------------------------------------------------------------------------- nodes
+@njit
+def prefill_flops(p, prefix, new):
+    """:meth:`simlab.model.ModelSpec.prefill_flops`, the same float operations."""
+    return new * (p[LIN] + p[PQ] * prefix + p[QQ] * new)
+
+
+@njit
+def refresh(st, s):
+    """``_refresh_numbers``: a node's bytes and FLOPs saved beyond its parent."""
+    n, f, ints, p = st[NODES], st[FLOATS], st[INTS], st[SETTINGS]
+    length = n[END, s] - n[START, s]
+    held = ints[CKPT_BYTES] if n[CKPT, s] else 0
+    f[SIZE, s] = length * ints[KV_PER_TOKEN] + held
+    f[SAVED, s] = prefill_flops(p, n[START, s], length) if length else 0.0
+
+
+@njit
+def new_node(st, parent, a, b, ref, ckpt):
+    """``_new_node``: a node spanning ``[a, b)`` of the sequence at ``ref``, created now, with
+    no link to its parent yet."""
+    n, ints = st[NODES], st[INTS]
+    ints[FREE] -= 1
+    s = st[FREE_SLOTS][ints[FREE]]
+    ints[TOP] = max(ints[TOP], s + 1)
+    n[PARENT, s], n[START, s], n[END, s], n[REF, s] = parent, a, b, ref
+    n[NID, s] = ints[NEXT_NID]
+    ints[NEXT_NID] += 1
+    n[PINS, s], n[KIDS, s], n[KID_SUM, s], n[CKPT, s], n[ALIVE, s] = 0, 0, 0, ckpt, 1
+    st[FLOATS][LAST, s] = st[SETTINGS][NOW]
+    refresh(st, s)
+    return s
+
+
+@njit
+def adopt(st, parent, s):
+    """``_attach`` of a new child ``s``."""
+    n = st[NODES]
+    put(st[TABLE], st[INTS], child_key(parent, first_token(n, st[TOKENS], s)), s)
+    n[KIDS, parent] += 1
+    n[KID_SUM, parent] += s
+
+
+@njit
+def relink(st, parent, old, new):
+    """``_attach(parent, new)`` where ``new`` takes ``old``'s place under the same first token
+    (a split's upper half, a merge's child)."""
+    n = st[NODES]
+    put(st[TABLE], st[INTS], child_key(parent, first_token(n, st[TOKENS], new)), new)
+    n[PARENT, new] = parent
+    n[KID_SUM, parent] += new - old
+
+
+@njit
+def release(st, s):
+    ints = st[INTS]
+    st[NODES][ALIVE, s] = 0
+    st[FLOATS][SIZE, s] = 0.0
+    st[FREE_SLOTS][ints[FREE]] = s
+    ints[FREE] += 1
+
+
+@njit
+def split(st, s, pos):
+    """``_split``: a new upper node ``[start, pos)`` adopts ``s`` as its only child."""
+    n = st[NODES]
+    p = n[PARENT, s]
+    upper = new_node(st, p, n[START, s], pos, n[REF, s], 0)
+    n[START, s] = pos
+    relink(st, p, s, upper)
+    put(st[TABLE], st[INTS], child_key(upper, first_token(n, st[TOKENS], s)), s)
+    n[PARENT, s] = upper
+    n[KIDS, upper], n[KID_SUM, upper], n[PINS, upper] = 1, s, n[PINS, s]
+    refresh(st, s)
+    refresh(st, upper)
+    return upper
+
+
+@njit
+def pin(n, s, by):
+    """``pin`` (``by`` 1) / ``unpin`` (-1): ``s`` (-1: none) and its ancestors, root excluded."""
+    while s > ROOT:
+        n[PINS, s] += by
+        s = n[PARENT, s]
+
+
+# ---------------------------------------------------------------------------- matching
+@njit
+def common(tokens, a, b, span):
+    """How many of ``span`` tokens from ``a`` and from ``b`` agree before the first mismatch:
+    all of them when they are the same tokens (a session's sequences share its history), else
+    compared in blocks of 16 without a branch, then token by token."""
+    if a == b:
+        return span
+    k = 0
+    while k + 16 <= span:
+        diff = 0
+        for j in range(16):
+            diff |= tokens[a + k + j] ^ tokens[b + k + j]
+        if diff:
+            break
+        k += 16
+    while k < span and tokens[a + k] == tokens[b + k]:
+        k += 1
+    return k
+
+
+@njit
+def walk(st, off, size, path, depth, pos, partial):
+    """``_walk`` of ``tokens[off:off + size]``, going on from the walk of its first ``pos``
+    tokens (``path[:depth]``, ``partial``; 0, 0, -1 for a fresh walk), which ended there at the
+    end of its tokens: (nodes matched whole into ``path``, matched length, the node the match
+    stops inside or -1)."""
+    n, t, tokens = st[NODES], st[TABLE], st[TOKENS]
+    node = path[depth - 1] if depth else ROOT
+    if partial >= 0:  # the walk of the first pos tokens ran out inside this edge
+        length = n[END, partial] - pos
+        k = common(tokens, n[REF, partial] + pos, off + pos, min(length, size - pos))
+        if k < length:
+            return depth, pos + k, partial
+        path[depth] = node = partial
+        depth += 1
+        pos += k
+    while pos < size:
+        c = find(t, child_key(node, tokens[off + pos]))
+        if c < 0:
+            return depth, pos, -1
+        length = n[END, c] - n[START, c]
+        k = common(tokens, n[REF, c] + n[START, c], off + pos, min(length, size - pos))
+        if k < length:
+            return depth, pos + k, c
+        path[depth] = node = c
+        depth += 1
+        pos += length
+    return depth, pos, -1
+
+
+@njit
+def lookup(st, path, depth, matched, partial, n_in):
+    """``lookup``'s hit rule over the input's walk: (hit node or -1, hit length). A hybrid
+    reuses the deepest state on the path; a Transformer any prefix; at most ``n_in - 1``."""
+    n = st[NODES]
+    limit = n_in - 1
+    if st[INTS][HYBRID]:
+        for j in range(depth - 1, -1, -1):
+            s = path[j]
+            if n[CKPT, s] and n[END, s] <= limit:
+                return s, n[END, s]
+        return -1, 0
+    hit = min(matched, limit)
+    if hit <= 0:
+        return -1, 0
+    for j in range(depth):  # _node_covering
+        if n[END, path[j]] >= hit:
+            return path[j], hit
+    return partial, hit
+
+
+@njit
+def on_hit(st, path, depth, hit_node):
+    """The eviction policy's ``on_hit``: Marconi refreshes the hit node, LRU the whole path."""
+    f, now = st[FLOATS], st[SETTINGS][NOW]
+    if st[INTS][EVICTION] == LRU:
+        for j in range(depth):
+            f[LAST, path[j]] = now
+    elif hit_node >= 0:
+        f[LAST, hit_node] = now
+
+
+@njit
+def judicious(st, path, depth, matched, partial, size, ckpts):
+    """``Judicious.plan`` (``Lookup.branch_point``, ``aligned``): the states to take, in
+    ``ckpts``; returns how many (the branch point's, then the sequence's end)."""
+    n, ints = st[NODES], st[INTS]
+    branch = partial >= 0
+    if not branch and depth:
+        last = path[depth - 1]
+        branch = n[KIDS, last] > 0 and not n[CKPT, last]
+    count = 0
+    if branch:
+        chunk = ints[CHUNK]
+        at = (matched // chunk) * chunk if ints[ROUND_DOWN] else matched
+        if 0 < at < size:
+            ckpts[0] = at
+            count = 1
+    ckpts[count] = size
+    return count + 1
+
+
+# ---------------------------------------------------------------------------- eviction
+@njit
+def free_bytes(st):
+    ints = st[INTS]
+    return st[SETTINGS][CAPACITY] - ints[KV] - ints[SSM]
+
+
+@njit
+def evict_node(st, s):
+    """``_evict_node``: delete a leaf, or merge a one-child node into its child (its KV moves
+    down); returns the bytes freed."""
+    n, t, ints, tokens = st[NODES], st[TABLE], st[INTS], st[TOKENS]
+    p = n[PARENT, s]
+    ckpt_freed = ints[CKPT_BYTES] if n[CKPT, s] else 0
+    ints[SSM] -= ckpt_freed
+    if n[KIDS, s] == 0:  # _drop_leaf
+        drop(t, child_key(p, first_token(n, tokens, s)))
+        n[KIDS, p] -= 1
+        n[KID_SUM, p] -= s
+        kv = (n[END, s] - n[START, s]) * ints[KV_PER_TOKEN]
+        ints[KV] -= kv
+        release(st, s)
+        return kv + ckpt_freed
+    c = n[KID_SUM, s]
+    drop(t, child_key(s, first_token(n, tokens, c)))
+    n[START, c] = n[START, s]
+    f = st[FLOATS]
+    f[LAST, c] = max(f[LAST, c], f[LAST, s])
+    relink(st, p, s, c)
+    refresh(st, c)
+    release(st, s)
+    return ckpt_freed
+
+
+@njit
+def unit(value, lo, hi):
+    """``min_max`` of one value."""
+    return 1.0 if hi == lo else (value - lo) / (hi - lo)
+
+
+@njit
+def flop_aware_ranges(n, f, top, now):
+    """Min and max of the recency and of the FLOPs saved per byte over Marconi's candidates
+    (unpinned nodes with at most one child), and how many there are."""
+    r_lo, r_hi, e_lo, e_hi = np.inf, -np.inf, np.inf, -np.inf
+    count = 0
+    for s in range(1, top):
+        if n[ALIVE, s] and n[PINS, s] == 0 and n[KIDS, s] <= 1:
+            count += 1
+            r = 1.0 / (1.0 + (now - f[LAST, s]))
+            e = f[SAVED, s] / f[SIZE, s]
+            r_lo, r_hi = min(r_lo, r), max(r_hi, r)
+            e_lo, e_hi = min(e_lo, e), max(e_hi, e)
+    return count, r_lo, r_hi, e_lo, e_hi
+
+
+@njit
+def next_victim(st):
+    """``next_victim``: the lowest-scored candidate (ties: the oldest node), -1 if none.
+    Marconi's utility (``FlopAware.scores``) over unpinned nodes with at most one child:
+    recency ``1 / (1 + age)`` plus alpha times the FLOPs saved per byte, both min-max
+    normalised over the candidates (recency alone at alpha 0); LRU: the last access, over
+    unpinned leaves."""
+    n, f, ints, p = st[NODES], st[FLOATS], st[INTS], st[SETTINGS]
+    now, alpha, top = p[NOW], p[ALPHA], ints[TOP]
+    lru = ints[EVICTION] == LRU
+    most = 0 if lru else 1
+    r_lo = r_hi = e_lo = e_hi = 0.0
+    if not lru:
+        count, r_lo, r_hi, e_lo, e_hi = flop_aware_ranges(n, f, top, now)
+        if count == 0:
+            return -1
+    best, best_score = -1, 0.0
+    for s in range(1, top):
+        if not (n[ALIVE, s] and n[PINS, s] == 0 and n[KIDS, s] <= most):
+            continue
+        if lru:
+            score = f[LAST, s]
+        elif alpha == 0.0:
+            score = 1.0 / (1.0 + (now - f[LAST, s]))
+        else:
+            r = 1.0 / (1.0 + (now - f[LAST, s]))
+            e = f[SAVED, s] / f[SIZE, s]
+            score = unit(r, r_lo, r_hi) + alpha * unit(e, e_lo, e_hi)
+        if best < 0 or score < best_score or (score == best_score and n[NID, s] < n[NID, best]):
+            best, best_score = s, score
+    return best
+
+
+@njit
+def evict(st, need, result):
+    """``evict``: the lowest-scored candidates until ``need`` bytes are free or none is left."""
+    while need > free_bytes(st):
+        victim = next_victim(st)
+        if victim < 0:
+            return
+        result[R_FREED] += evict_node(st, victim)
+        result[R_EVICTED] += 1
+        tidy(st)
+
+
+# ---------------------------------------------------------------------------- admission
+@njit
+def plan(st, path, depth, matched, end, wanted, n_wanted, out):
+    """``plan_admission`` of ``wanted[:n_wanted]`` (sorted): the states on cached tokens not
+    held yet (``out[:n_old]``), then those on the new tail; returns (n_old, n_new, plan end)."""
+    if not st[INTS][HYBRID]:
+        return 0, 0, end
+    n = st[NODES]
+    n_old = cached = 0
+    while cached < n_wanted and wanted[cached] <= matched:
+        present = False
+        for j in range(depth):
+            s = path[j]
+            present = present or (n[CKPT, s] and n[END, s] == wanted[cached])
+        if not present:
+            out[n_old] = wanted[cached]
+            n_old += 1
+        cached += 1
+    n_new = n_wanted - cached
+    for k in range(n_new):
+        out[n_old + k] = wanted[cached + k]
+    return n_old, n_new, out[n_old + n_new - 1] if n_new else matched
+
+
+@njit
+def truncate(st, budget, matched, plan_end, ckpts, n_old, n_new):
+    """``truncate`` (one budget): the longest prefix of the plan that fits ``budget``, the states
+    kept moved to the front of ``ckpts``; returns (n_old, n_new, plan end)."""
+    ints = st[INTS]
+    kv, ckpt_bytes = ints[KV_PER_TOKEN], ints[CKPT_BYTES]
+    old = 0
+    while old < n_old and budget >= ckpt_bytes:
+        budget -= ckpt_bytes
+        old += 1
+    if not ints[HYBRID]:
+        return old, 0, min(plan_end, matched + np.int64(budget // kv))
+    end = matched
+    new = 0
+    for k in range(n_old, n_old + n_new):
+        cost = (ckpts[k] - end) * kv + ckpt_bytes
+        if cost > budget:
+            break
+        budget -= cost
+        end = ckpts[old + new] = ckpts[k]
+        new += 1
+    return old, new, end
+
+
+@njit
+def ending_at(st, along, n_along, pos):
+    """``_node_ending_at``: the node on ``along[:n_along]`` ending at ``pos``, split off an edge
+    holding ``pos`` inside (and inserted into ``along``); returns (node, new length)."""
+    n = st[NODES]
+    for i in range(n_along):
+        s = along[i]
+        if n[END, s] == pos:
+            return s, n_along
+        if n[START, s] < pos < n[END, s]:
+            upper = split(st, s, pos)
+            for j in range(n_along, i, -1):
+                along[j] = along[j - 1]
+            along[i] = upper
+            return upper, n_along + 1
+    raise AssertionError("position not on the matched path")
+
+
+@njit
+def set_ckpt(st, s, result):
+    """``_set_ckpt``: a state at the end of ``s``, admitted now."""
+    n, ints = st[NODES], st[INTS]
+    if n[CKPT, s]:
+        return
+    n[CKPT, s] = 1
+    refresh(st, s)
+    st[FLOATS][LAST, s] = st[SETTINGS][NOW]
+    ints[SSM] += ints[CKPT_BYTES]
+    result[R_SSM] += ints[CKPT_BYTES]
+    result[R_CKPTS] += 1
+
+
+@njit
+def append_chain(st, top, off, a, b, ckpts, first, count):
+    """``_append_chain``: ``[a, b)`` of the sequence at ``off`` under ``top``, as nodes cut after
+    each of ``ckpts[first:first + count]`` (sorted, distinct, in ``(a, b]``; the node ending
+    there holds it)."""
+    pos = a
+    k = first
+    while pos < b:
+        stop = b
+        if k < first + count and ckpts[k] < b:
+            stop = ckpts[k]
+            k += 1
+        held = 0
+        for j in range(first, first + count):
+            held |= ckpts[j] == stop
+        s = new_node(st, top, pos, stop, off, held)
+        adopt(st, top, s)
+        top, pos = s, stop
+
+
+@njit
+def apply(st, path, depth, partial, along, off, matched, plan_end, ckpts, n_old, n_new, result):
+    """``_apply``: the plan's states on cached tokens, then its new tail."""
+    for j in range(depth):
+        along[j] = path[j]
+    n_along = depth
+    if partial >= 0:
+        along[n_along] = partial
+        n_along += 1
+    for k in range(n_old):
+        s, n_along = ending_at(st, along, n_along, ckpts[k])
+        set_ckpt(st, s, result)
+    if plan_end <= matched:
+        return
+    top = ROOT
+    if matched:
+        top, n_along = ending_at(st, along, n_along, matched)
+    append_chain(st, top, off, matched, plan_end, ckpts, n_old, n_new)
+    ints = st[INTS]
+    kv = ints[KV_PER_TOKEN] * (plan_end - matched)
+    ssm = ints[CKPT_BYTES] * n_new
+    ints[KV] += kv
+    ints[SSM] += ssm
+    result[R_KV] += kv
+    result[R_SSM] += ssm
+    result[R_CKPTS] += n_new
+
+
+@njit
+def make_room(st, path, depth, matched, partial, need, result):
+    """``_insert``'s eviction: split the edge the match stops inside, so that only its matched
+    part stays pinned (``_pin_matched_part``), then evict; returns (depth, partial, the
+    deepest pinned node)."""
+    deepest = partial
+    if partial >= 0:
+        n = st[NODES]
+        pin(n, partial, -1)
+        deepest = split(st, partial, matched)
+        pin(n, deepest, 1)
+        path[depth] = deepest
+        depth += 1
+    elif depth:
+        deepest = path[depth - 1]
+    evict(st, need, result)
+    return depth, -1, deepest
+
+
+@njit
+def note_peaks(ints):
+    ints[PEAK_KV] = max(ints[PEAK_KV], ints[KV])
+    ints[PEAK_SSM] = max(ints[PEAK_SSM], ints[SSM])
+    ints[PEAK] = max(ints[PEAK], ints[KV] + ints[SSM])
+
+
+@njit
+def admit(st, off, size, ckpts, n_ckpts, path, along, walked, result):
+    """``_insert`` of the sequence ``tokens[off:off + size]`` with states at ``ckpts[:n_ckpts]``
+    (``ckpts[2:4]`` is the plan's room). ``walked``: the walk of its input, ``(input length,
+    depth, matched, partial)`` in ``path``, with no change of the tree since: the sequence's walk
+    is the same unless the input matched whole, and then goes on from there. ``result``:
+    :data:`R_KV` .. :data:`R_TRUNCATED`."""
+    n_in, depth, matched, partial = walked
+    if matched == n_in < size:
+        depth, matched, partial = walk(st, off, size, path, depth, matched, partial)
+    planned = ckpts[2:]
+    n_old, n_new, plan_end = plan(st, path, depth, matched, size, ckpts, n_ckpts, planned)
+    deepest = partial if partial >= 0 else (path[depth - 1] if depth else -1)
+    n, ints = st[NODES], st[INTS]
+    pin(n, deepest, 1)
+    need = max(0, plan_end - matched) * ints[KV_PER_TOKEN] + (n_old + n_new) * ints[CKPT_BYTES]
+    if need > free_bytes(st):
+        depth, partial, deepest = make_room(st, path, depth, matched, partial, need, result)
+    if need > free_bytes(st):
+        budget = free_bytes(st)
+        n_old, n_new, plan_end = truncate(st, budget, matched, plan_end, planned, n_old, n_new)
+        result[R_TRUNCATED] = 1
+    apply(st, path, depth, partial, along, off, matched, plan_end, planned, n_old, n_new, result)
+    pin(n, deepest, -1)
+    note_peaks(ints)
+    tidy(st)
+
+
+# ---------------------------------------------------------------------------- the replay
+@njit
+def serve(st, off, n_in, size, path, along, ckpts, result):
+    """``RequestStep.serve`` of one request: tick, match the input, note the hit, plan its
+    states (judicious admission), admit input + output; returns (matched, hit)."""
+    st[SETTINGS][NOW] += 1.0
+    depth, matched, partial = walk(st, off, n_in, path, 0, 0, -1)
+    hit_node, hit = lookup(st, path, depth, matched, partial, n_in)
+    on_hit(st, path, depth, hit_node)
+    n_ckpts = judicious(st, path, depth, matched, partial, size, ckpts)
+    for k in range(result.shape[0]):
+        result[k] = 0
+    admit(st, off, size, ckpts, n_ckpts, path, along, (n_in, depth, matched, partial), result)
+    return matched, hit
+
+
+@njit
+def replay(st, offs, in_lens, seq_lens, path, along, out):
+    """Every request through :func:`serve`. ``out`` rows: matched, hit, the admission's
+    :data:`R_KV` .. :data:`R_TRUNCATED`, the cache's KV and SSM bytes after."""
+    ckpts = np.zeros(4, dtype=np.int64)
+    result = np.zeros(6, dtype=np.int64)
+    ints = st[INTS]
+    for i in range(offs.shape[0]):
+        matched, hit = serve(st, offs[i], in_lens[i], seq_lens[i], path, along, ckpts, result)
+        out[0, i], out[1, i] = matched, hit
+        for k in range(6):
+            out[2 + k, i] = result[k]
+        out[8, i], out[9, i] = ints[KV], ints[SSM]

@@ -1,0 +1,380 @@
+"""Judicious admission with Marconi's FLOP-aware or LRU eviction on the token tree, compiled
+(simlab/radix_kernel.py, numba).
+
+The oracle is the request step (simlab/step.py over simlab/cache.py, itself checked against the
+Marconi reference code and SGLang's cache): the kernel must give every record column bit for
+bit, and the cache's peaks, on real traces (ShareGPT, the SWE-bench slice, LMSys; hybrids with
+Mamba2 and Mamba1 layers and a Transformer; capacities that truncate, evict and never evict)
+and on random token tries (hypothesis: sessions that extend or rewrite their history, shared
+prefixes, splits, merges). A run with ``cache.compiled=true`` writes what one with ``false``
+writes, and every run the kernel cannot take runs request by request."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from policies.flop_aware import FlopAware
+from policies.judicious import Judicious
+from policies.lru import LRU
+from simlab import block_kernel, radix_kernel
+from simlab.records import record_columns
+from simlab.replay import ReplayEngine, replay_step
+from simlab.simulate import plan_run, policy_step, trace_requests
+from simlab.step import RequestStep
+from simlab.timed import TimedEngine
+from tests.fixtures import compose, model
+from tests.test_capacities import results, run_list, run_scalar, without_timing
+from tests.test_compat import needs_data
+from traces.format import Request
+
+pytest.importorskip("numba", reason="the compiled path needs numba (pip install simlab[fast])")
+
+MARCONI = ["+policy=marconi", "policy.tuning.enabled=false"]
+
+
+def configured(overrides: list[str]) -> tuple[list[Request], RequestStep, object]:
+    """A configured run's requests, a fresh step of its one policy and its engine."""
+    cfg = compose(["engine=replay", *overrides])
+    plan = plan_run(cfg)
+    trace, requests = trace_requests(cfg, plan.settings)
+    ((name, pcfg),) = plan.settings.policies.items()
+    step = policy_step(name, pcfg, plan.model, plan.settings, trace.block_size)
+    return requests, step, plan.engine
+
+
+def assert_compiled_equals_step(requests: list[Request], step: RequestStep, oracle: RequestStep):
+    """``step`` (fresh) compiled gives the records and peaks the request step gives on
+    ``oracle`` (a fresh twin of it)."""
+    got, peaks = radix_kernel.compiled_replay(requests, step)
+    want = record_columns(replay_step(requests, oracle))
+    assert list(got) == list(want)
+    for name, column in want.items():
+        assert got[name].dtype == column.dtype, name
+        same = np.array_equal(got[name], column, equal_nan=column.dtype.kind == "f")
+        assert same, (name, int(np.flatnonzero(got[name] != column)[0]))
+    cache = oracle.cache
+    assert tuple(peaks) == (cache.peak_kv_bytes, cache.peak_ssm_bytes, cache.peak_bytes)
+    assert step.cache.used_bytes == 0  # the compiled run leaves the step's own cache alone
+    return got
+
+
+SHAREGPT = ["trace=sharegpt"]
+SWEBENCH = ["trace=swebench", "trace.limit=10"]
+TRACE_CASES = {
+    "sharegpt, marconi 7B, alpha 1, 1 GB": [*SHAREGPT, "model=marconi_7b", *MARCONI],
+    "sharegpt, Nemotron-H, alpha 0, 0.5 GB": [
+        *SHAREGPT,
+        "model=nemotron_h_8b",
+        *MARCONI,
+        "policy.alpha=0",
+        "cache.size_gb=0.5",
+    ],
+    "sharegpt, Nemotron-H, SGLang+ (LRU), 0.5 GB": [
+        *SHAREGPT,
+        "model=nemotron_h_8b",
+        "+policy=sglang_plus",
+        "cache.size_gb=0.5",
+    ],
+    "sharegpt, Jamba (Mamba1), alpha 0.5, states rounded down to 64-token chunks, 2 GB": [
+        *SHAREGPT,
+        "model=jamba_1_5_mini",
+        *MARCONI,
+        "policy.alpha=0.5",
+        "policy.admission.alignment=round_down",
+        "policy.admission.chunk_size=64",
+        "cache.size_gb=2",
+    ],
+    "sharegpt, marconi 7B, 0.06 GB (admissions truncated)": [
+        *SHAREGPT,
+        "model=marconi_7b",
+        *MARCONI,
+        "cache.size_gb=0.06",
+    ],
+    "sharegpt, Llama-3-8B, Marconi, 0.3 GB": [
+        *SHAREGPT,
+        "model=llama3_8b",
+        *MARCONI,
+        "cache.size_gb=0.3",
+    ],
+    "sharegpt, Llama-3-8B, SGLang+, 0.05 GB (admissions truncated)": [
+        *SHAREGPT,
+        "model=llama3_8b",
+        "+policy=sglang_plus",
+        "cache.size_gb=0.05",
+    ],
+    "sharegpt, marconi 7B, infinite cache": [
+        *SHAREGPT,
+        "model=marconi_7b",
+        *MARCONI,
+        "cache.size_gb=inf",
+    ],
+    "swebench slice, Nemotron-H, alpha 1, 1.5 GB": [
+        *SWEBENCH,
+        "model=nemotron_h_8b",
+        *MARCONI,
+        "cache.size_gb=1.5",
+    ],
+    "swebench slice, marconi 7B, SGLang+, 4 GB": [
+        *SWEBENCH,
+        "model=marconi_7b",
+        "+policy=sglang_plus",
+        "cache.size_gb=4",
+    ],
+    "lmsys, marconi 7B, alpha 2, 2 GB": [
+        "trace=lmsys",
+        "model=marconi_7b",
+        *MARCONI,
+        "policy.alpha=2",
+        "cache.size_gb=2",
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(TRACE_CASES))
+def test_the_kernel_gives_the_request_steps_records_on_real_traces(case):
+    overrides = TRACE_CASES[case]
+    needs_data(overrides[0].removeprefix("trace="))
+    requests, step, engine = configured(overrides)
+    assert radix_kernel.obstacle(step, engine, requests) is None
+    _, oracle, _ = configured(overrides)
+    got = assert_compiled_equals_step(requests, step, oracle)
+    if "truncated" in case:
+        assert got["admission_truncated"].any()
+    if "infinite" in case:
+        assert not got["nodes_evicted"].any()
+    else:
+        assert got["nodes_evicted"].sum() > 50  # the cache evicts on and on
+
+
+# ---------------------------------------------------------------------------- random tries
+@st.composite
+def sessions(draw):
+    """Requests of a few sessions over 3 tokens, interleaved: each turn's input is its
+    session's last sequence plus new tokens, or now and then a rewritten history (a new region
+    of the pool); outputs of 0-5 tokens. The inputs of a session chain may be views of one
+    buffer, as the trace codec gives them (:mod:`traces.columnar`), or copies."""
+    n_sessions = draw(st.integers(1, 5))
+    tokens = st.lists(st.integers(0, 2), min_size=1, max_size=12)
+    history: dict[int, np.ndarray] = {}
+    requests: list[Request] = []
+    for sid in draw(st.lists(st.integers(0, n_sessions - 1), min_size=1, max_size=30)):
+        last = history.get(sid)
+        new = np.asarray(draw(tokens), dtype=np.int32)
+        if last is None or draw(st.integers(0, 5)) == 0:
+            last = np.asarray(draw(tokens), dtype=np.int32)
+        prompt = np.concatenate((last, new))
+        output = np.asarray(draw(st.lists(st.integers(0, 2), max_size=5)), dtype=np.int32)
+        turn = sum(r.session_id == sid for r in requests)
+        requests.append(Request(len(requests), sid, turn, float(len(requests)), prompt, output, len(output)))  # fmt: skip
+        history[sid] = np.concatenate((prompt, output))
+    return as_views(requests) if draw(st.booleans()) else requests
+
+
+def as_views(requests: list[Request]) -> list[Request]:
+    """``requests`` with the inputs of each session chain (each a prefix of the next) made
+    views of the chain's longest input."""
+    owner: dict[int, np.ndarray] = {}  # session -> the longest input of its current chain
+    chains: list[list[int]] = []
+    chain_of: dict[int, int] = {}
+    for i, req in enumerate(requests):
+        longest = owner.get(req.session_id)
+        n = longest.shape[0] if longest is not None else 0
+        if longest is not None and np.array_equal(req.input_ids[:n], longest):
+            chains[chain_of[req.session_id]].append(i)
+        else:
+            chain_of[req.session_id] = len(chains)
+            chains.append([i])
+        owner[req.session_id] = req.input_ids
+    out = list(requests)
+    for chain in chains:
+        buffer = requests[chain[-1]].input_ids.copy()
+        for i in chain:
+            out[i] = dataclasses.replace(requests[i], input_ids=buffer[: requests[i].input_len])
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    requests=sessions(),
+    hybrid=st.booleans(),
+    lru=st.booleans(),
+    alpha=st.sampled_from([0.0, 0.5, 1.0, 3.0]),
+    round_down=st.booleans(),
+    chunk=st.integers(1, 6),
+    kv_tokens=st.integers(0, 40),
+    states=st.integers(0, 4),
+    spare=st.sampled_from([0.0, 0.5]),
+)
+def test_the_kernel_gives_the_request_steps_records_on_random_tries(
+    requests, hybrid, lru, alpha, round_down, chunk, kv_tokens, states, spare
+):
+    spec = model("marconi_7b" if hybrid else "llama3_8b")
+    capacity = kv_tokens * spec.kv_bytes_per_token + states * spec.ssm_state_bytes + spare
+    if capacity < spec.kv_bytes_per_token:
+        capacity = math.inf
+
+    def make() -> RequestStep:
+        admission = Judicious(alignment="round_down" if round_down else "exact", chunk_size=chunk)
+        eviction = LRU() if lru else FlopAware(alpha=alpha)
+        return RequestStep.build(spec, capacity, admission, eviction, "random")
+
+    assert_compiled_equals_step(requests, make(), make())
+
+
+def test_an_lru_hit_refreshes_its_whole_path():
+    """A request cached whole adds nothing, so only its hit's refresh keeps its prefix
+    younger than a leaf admitted after it: LRU refreshes every node on the path."""
+    spec = model("llama3_8b")
+    ids = [[1, 2, 3], [4, 5], [1, 2, 3], [6, 7, 8], [1, 2, 3, 9]]
+    requests = [
+        Request(i, i, 0, float(i), np.array(x, np.int32), np.zeros(0, np.int32), 0)
+        for i, x in enumerate(ids)
+    ]
+
+    def make() -> RequestStep:
+        return RequestStep.build(spec, 7.5 * spec.kv_bytes_per_token, Judicious(), LRU(), "lru")
+
+    got = assert_compiled_equals_step(requests, make(), make())
+    assert got["hit_tokens"].tolist() == [0, 0, 2, 0, 3]  # [4, 5] went, not [1, 2, 3]
+
+
+@settings(max_examples=300, deadline=None)
+@example(hybrid=True, matched=5, old=[2], new=[], keep=1, tokens=0, offset=0.0)
+@example(hybrid=True, matched=5, old=[2], new=[3], keep=2, tokens=0, offset=0.0)
+@given(
+    hybrid=st.booleans(),
+    matched=st.integers(0, 20),
+    old=st.lists(st.integers(1, 20), max_size=2, unique=True),
+    new=st.lists(st.integers(1, 30), max_size=2, unique=True),
+    keep=st.integers(0, 4),
+    tokens=st.integers(0, 30),
+    offset=st.sampled_from([-0.5, 0.0, 0.5]),
+)
+def test_the_kernels_truncation_is_the_caches(hybrid, matched, old, new, keep, tokens, offset):
+    """Budgets just below, at and above what a prefix of the plan costs (its first ``keep``
+    states; a Transformer: ``tokens`` of KV): the longest prefix of the plan that fits."""
+    from simlab import radix_kernel_jit as jit
+    from simlab.nodes import InsertPlan, truncate
+
+    spec = model("marconi_7b" if hybrid else "llama3_8b")
+    kv, ckpt = 7, 40 if hybrid else 0
+    shape = dataclasses.make_dataclass(
+        "Shape", ["hybrid", "page_size", "kv_per_token", "ckpt_bytes"]
+    )
+    old = sorted({matched - c for c in old if c < matched}) if hybrid else []  # cached tokens
+    new = sorted(c + matched for c in new) if hybrid else []
+    end = new[-1] if new else matched + 5
+    costs = [ckpt] * len(old) + [
+        (c - p) * kv + ckpt for p, c in itertools.pairwise([matched, *new])
+    ]
+    budget = max(0.0, (sum(costs[:keep]) if hybrid else tokens * kv) + offset)
+    want = truncate(shape(hybrid, 1, kv, ckpt), InsertPlan(matched, end, old, new), budget)
+    step = RequestStep.build(spec, 1e9, Judicious(), FlopAware(), "truncate")
+    state = radix_kernel._state(step, np.zeros(1, np.int32), 4)
+    state[jit.INTS][jit.KV_PER_TOKEN], state[jit.INTS][jit.CKPT_BYTES] = kv, ckpt
+    ckpts = np.array([*old, *new, 0, 0, 0, 0][:4], dtype=np.int64)
+    n_old, n_new, got_end = jit.truncate(state, budget, matched, end, ckpts, len(old), len(new))
+    assert ckpts[:n_old].tolist() == want.old_ckpts
+    assert ckpts[n_old : n_old + n_new].tolist() == want.new_ckpts
+    assert got_end == want.end
+
+
+# ---------------------------------------------------------------------------- the token pool
+@pytest.mark.parametrize("trace", [SHAREGPT, SWEBENCH])
+def test_the_pool_holds_each_sequence_and_a_sessions_history_once(trace):
+    needs_data(trace[0].removeprefix("trace="))
+    requests, _, _ = configured([*trace, "model=marconi_7b", *MARCONI])
+    tokens, offs, lens = radix_kernel.token_pool(requests)
+    for req, off, n in zip(requests, offs.tolist(), lens.sum(axis=0).tolist(), strict=True):
+        assert np.array_equal(tokens[off : off + n], req.full_sequence())
+    assert tokens.size < lens.sum() / 3  # each input repeats its session's history
+    by_session: dict[int, set[int]] = {}
+    for req, off in zip(requests, offs.tolist(), strict=True):
+        by_session.setdefault(req.session_id, set()).add(off)
+    assert sum(map(len, by_session.values())) == len(by_session)  # one region per session
+
+
+def test_a_rewritten_history_gets_a_region_of_its_own():
+    first = Request(0, 7, 0, 0.0, np.array([1, 2], np.int32), np.array([3], np.int32), 1)
+    extends = Request(1, 7, 1, 1.0, np.array([1, 2, 3, 4], np.int32), np.zeros(0, np.int32), 0)
+    rewrites = Request(2, 7, 2, 2.0, np.array([1, 2, 9, 4, 5], np.int32), np.zeros(0, np.int32), 0)
+    tokens, offs, _ = radix_kernel.token_pool([first, extends, rewrites])
+    assert offs.tolist() == [0, 0, 4]
+    assert tokens.tolist() == [1, 2, 3, 4, 1, 2, 9, 4, 5]
+
+
+# ---------------------------------------------------------------------------- runs
+def test_a_compiled_run_writes_what_a_request_by_request_run_writes(tmp_path, caplog):
+    base = [*SHAREGPT, "model=nemotron_h_8b", "engine=replay", "bounds.enabled=false"]
+    base += ["+policy=sglang_plus"]
+    caplog.set_level("INFO", logger="simlab.simulate")
+    run_scalar(base, "0.5", tmp_path / "compiled", "cache.compiled=true")
+    assert "the radix replay compiled (cache.compiled=True)" in caplog.text
+    caplog.clear()
+    run_scalar(base, "0.5", tmp_path / "python", "cache.compiled=false")
+    assert "the radix replay compiled" not in caplog.text
+    got, want = results(tmp_path / "compiled"), results(tmp_path / "python")
+    assert got[0].equals(want[0]) and got[1].equals(want[1])
+    assert without_timing(got[2]) == without_timing(want[2])
+
+
+def test_a_compiled_capacity_list_shares_one_token_pool(tmp_path, monkeypatch):
+    base = [*SHAREGPT, "model=marconi_7b", *MARCONI, "engine=replay", "bounds.enabled=false"]
+    pools = []
+    build = radix_kernel.token_pool
+    monkeypatch.setattr(radix_kernel, "token_pool", lambda r: pools.append(1) or build(r))
+    compiled = run_list(base, ["0.5", "2"], tmp_path / "compiled", "cache.compiled=true")
+    assert len(pools) == 1
+    python = run_list(base, ["0.5", "2"], tmp_path / "python", "cache.compiled=false")
+    for a, b in zip(compiled.points, python.points, strict=True):
+        got, want = results(a.out_dir), results(b.out_dir)
+        assert got[0].equals(want[0])
+        assert without_timing(got[2]) == without_timing(want[2])
+
+
+OBSTACLES = {
+    "controllers (alpha tuning)": ["+policy=marconi"],
+    "the reference code's semantics": [*MARCONI, "+policy.semantics.partial_descent=true"],
+    "a host tier or SSM pool": [*MARCONI, "cache.host_gb=2", "cache.host_bw_gbps=10"],
+    "pages or ids of many tokens": ["+policy=sglang_plus", "cache.page_size=16"],
+    "admission": ["+policy=vllm_plus"],
+    "eviction": ["+policy=gdsf"],
+    "the reference code's FLOP-aware terms": [*MARCONI, "policy.eviction.memory=path"],
+}
+
+
+@pytest.mark.parametrize("why", list(OBSTACLES))
+def test_what_the_kernel_does_not_cover_runs_request_by_request(why):
+    requests, step, engine = configured(["trace=lmsys", "model=marconi_7b", *OBSTACLES[why]])
+    assert why in (radix_kernel.obstacle(step, engine, requests) or "")
+
+
+def test_only_the_replay_engine_on_token_traces_runs_compiled():
+    requests, step, timed = configured(
+        ["trace=lmsys", "model=marconi_7b", *MARCONI, "engine=timed"]
+    )
+    assert isinstance(timed, TimedEngine)
+    assert "only the replay engine" in (radix_kernel.obstacle(step, timed, requests) or "")
+    hashed = [
+        Request(0, 0, 0, 0.0, np.array([5], np.int32), np.zeros(0, np.int32), 0, block_size=512)
+    ]
+    assert "a hash-id trace" in (radix_kernel.obstacle(step, ReplayEngine(), hashed) or "")
+
+
+def test_auto_compiles_from_enough_requests(monkeypatch):
+    requests = [object()] * 3
+    monkeypatch.setattr(radix_kernel, "COMPILED_MIN_REQUESTS", 3)
+    assert radix_kernel.use_compiled("auto", requests)  # type: ignore[arg-type]
+    assert not radix_kernel.use_compiled("auto", requests[:2])  # type: ignore[arg-type]
+    assert radix_kernel.use_compiled(True, requests[:1])  # type: ignore[arg-type]
+    assert not radix_kernel.use_compiled(False, requests)  # type: ignore[arg-type]
+    monkeypatch.setattr(radix_kernel, "available", lambda: False)
+    assert not radix_kernel.use_compiled("auto", requests)  # type: ignore[arg-type]
+    assert block_kernel.available  # the check itself imports nothing
