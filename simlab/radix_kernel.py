@@ -49,6 +49,7 @@ from policies.judicious import Judicious
 from policies.lru import LRU
 from simlab.block_kernel import available
 from simlab.records import RECORD_COLUMNS, Columns
+from simlab.tuning import AlphaTuner, Imaging, TuningSettings, WindowResult
 
 if TYPE_CHECKING:
     from simlab.block_replay import Walks
@@ -117,7 +118,10 @@ def obstacle(step: RequestStep, engine: Engine, requests: Sequence[Request]) -> 
         ),
         (cache.semantics == Semantics(), "the reference code's semantics"),
         (cache.host is None and cache.ssm_capacity is None, "a host tier or SSM pool"),
-        (not step.controllers, "controllers (alpha tuning)"),
+        (
+            all(type(c) is AlphaTuner for c in step.controllers) and len(step.controllers) <= 1,
+            "controllers other than the alpha tuner",
+        ),
         (
             step.page_size == 1 and cache.unit == 1 and not cache.block_keys,
             "pages or ids of many tokens",
@@ -135,11 +139,14 @@ def obstacle(step: RequestStep, engine: Engine, requests: Sequence[Request]) -> 
     return _eviction_obstacle(step)
 
 
-def use_compiled(compiled: bool | str, requests: Sequence[Request]) -> bool:
+def use_compiled(compiled: bool | str, requests: Sequence[Request], step: RequestStep) -> bool:
     """Whether a run that passes :func:`obstacle` runs compiled: ``cache.compiled`` true, or
-    auto with numba installed and at least :data:`COMPILED_MIN_REQUESTS` requests."""
+    auto with numba installed and at least :data:`COMPILED_MIN_REQUESTS` requests to serve
+    (with alpha tuning, each grid alpha replays about the whole trace again in windows)."""
     if compiled == "auto":
-        return len(requests) >= COMPILED_MIN_REQUESTS and available()
+        tuner = next(iter(step.controllers), None)
+        per_request = 1 + (len(tuner.settings.grid) if isinstance(tuner, AlphaTuner) else 0)
+        return len(requests) * per_request >= COMPILED_MIN_REQUESTS and available()
     return compiled is True
 
 
@@ -260,9 +267,7 @@ def _state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.ndarra
     nodes = np.zeros((10, slots), dtype=np.int64)
     nodes[jit.ALIVE, jit.ROOT] = 1
     floats = np.zeros((3, slots), dtype=np.float64)
-    size = 1 << max(4, (4 * slots - 1).bit_length())  # at most a quarter of it live
-    table = np.zeros((2, size), dtype=np.int64)
-    table[0] = jit.EMPTY
+    table = table_for(slots)
     ints = np.zeros(15, dtype=np.int64)
     ints[jit.FREE], ints[jit.NEXT_NID], ints[jit.TOP] = slots - 1, 1, 1
     ints[jit.KV_PER_TOKEN], ints[jit.CKPT_BYTES] = cache.kv_per_token, cache.ckpt_bytes
@@ -288,12 +293,144 @@ def compiled_replay(
     pool = shared_pool(requests, step, shared)
     slots = _NODES_PER_REQUEST * len(requests) + 8
     st = _state(step, pool.tokens, slots)
-    path = np.zeros(slots + 4, dtype=np.int64)
+    scratch = Scratch(np.zeros(slots + 4, dtype=np.int64), np.zeros(slots + 4, dtype=np.int64))
     out = np.zeros((10, len(requests)), dtype=np.int64)
-    jit.replay(st, pool.offs, pool.in_lens, pool.seq_lens, path, path.copy(), out)
+    tuner = next(iter(step.controllers), None)
+    if isinstance(tuner, AlphaTuner):
+        tuned_replay(requests, step, tuner, pool, st, scratch, out)
+    else:
+        jit.replay(
+            st, pool.offs, pool.in_lens, pool.seq_lens, *scratch, out, 0, len(requests), False
+        )
     ints = st[jit.INTS]
     peaks = Peaks(int(ints[jit.PEAK_KV]), int(ints[jit.PEAK_SSM]), int(ints[jit.PEAK]))
     return replay_columns(pool.fixed, step, out), peaks
+
+
+class Scratch(NamedTuple):
+    """The kernel's working arrays: a walk's path and the matched path as it is split."""
+
+    path: np.ndarray
+    along: np.ndarray
+
+
+def table_for(nodes: int) -> np.ndarray:
+    """An empty children table for up to ``nodes`` nodes (at most a quarter of it used)."""
+    from simlab import radix_kernel_jit as jit
+
+    table = np.zeros((2, 1 << max(4, (4 * nodes - 1).bit_length())), dtype=np.int64)
+    table[0] = jit.EMPTY
+    return table
+
+
+def copy_state(st: tuple[np.ndarray, ...], nodes: int | None = None) -> tuple[np.ndarray, ...]:
+    """A copy of the kernel's state: the node slots in use and the free ones (past them the
+    slots hold nothing yet: a new node writes every column), the token pool shared (the kernel
+    never writes it). ``nodes``: the copy gets a children table of its own for up to that many
+    nodes, filled afresh (a window's replay adds few nodes to a snapshot's)."""
+    from simlab import radix_kernel_jit as jit
+
+    top, free = int(st[jit.INTS][jit.TOP]), int(st[jit.INTS][jit.FREE])
+
+    def head(a: np.ndarray, k: int) -> np.ndarray:
+        out = np.empty_like(a)
+        out[..., :k] = a[..., :k]
+        return out
+
+    nodes_, floats, table, ints, settings, slots, tokens = st
+    table = table.copy() if nodes is None else table_for(nodes)
+    copy = (head(nodes_, top), head(floats, top), table, ints.copy(), settings.copy())
+    copy += (head(slots, free), tokens)
+    if nodes is not None:
+        jit.rehash(copy)
+    return copy
+
+
+def tuned_replay(
+    requests: Sequence[Request],
+    step: RequestStep,
+    tuner: AlphaTuner,
+    pool: TokenPool,
+    st: tuple[np.ndarray, ...],
+    scratch: Scratch,
+    out: np.ndarray,
+) -> None:
+    """The replay with Marconi's alpha tuning: the kernel serves the requests in stretches
+    that end where the tuner snapshots the cache or tunes (:meth:`AlphaTuner.next_event`; the
+    first eviction, before it is known), and the tuner is shown every admission in order, as
+    the request step's controller hook shows it, with the kernel's snapshots and grid search
+    (:class:`KernelSearch`): the same protocol, the same alphas."""
+    from simlab import radix_kernel_jit as jit
+
+    tuner.imaging = Imaging(
+        snapshot=copy_state,
+        empty=lambda _st: _state(step, pool.tokens, st[jit.FREE_SLOTS].shape[0]),
+        search=KernelSearch(pool, {id(r): i for i, r in enumerate(requests)}, scratch),
+        workers=False,
+    )
+    evicted = out[2 + jit.R_EVICTED]
+    i, n = 0, len(requests)
+    while i < n:
+        event = tuner.next_event()
+        stop = tuner.bootstrap_requests is None  # the first eviction schedules the tunings
+        hi = n if event is None else min(event, n)
+        j = jit.replay(st, pool.offs, pool.in_lens, pool.seq_lens, *scratch, out, i, hi, stop)
+        for k in range(i, j):
+            tuner.evicted = tuner.evicted or bool(evicted[k])
+            alpha = tuner.account(st, requests[k], step.admission)
+            if alpha is not None:
+                st[jit.SETTINGS][jit.ALPHA] = alpha
+                step.eviction.set_alpha(alpha)  # type: ignore[attr-defined]
+        i = j
+
+
+@dataclass(frozen=True)
+class KernelSearch:
+    """:func:`simlab.tuning.grid_results` on the kernel: each grid alpha replays the window on
+    a copy of the snapshot, and its scored requests are summed in order, as
+    :class:`~simlab.tuning.WindowResult` adds records."""
+
+    pool: TokenPool
+    index: dict[int, int]  # id of a request -> its position in the pool
+    scratch: Scratch
+
+    def __call__(
+        self,
+        image: tuple[np.ndarray, ...],
+        window: Sequence[Request],
+        admission: object,
+        template: object,
+        settings: TuningSettings,
+    ) -> dict[float, WindowResult]:
+        from simlab import radix_kernel_jit as jit
+
+        pool, n = self.pool, len(window)
+        idx = np.fromiter((self.index[id(r)] for r in window), np.int64, n)
+        offs, in_lens, seq_lens = pool.offs[idx], pool.in_lens[idx], pool.seq_lens[idx]
+        scored = idx[0 if settings.score_last is None else max(0, n - settings.score_last) :]
+        inputs = pool.fixed["input_tokens"][scored]
+        prefill = pool.fixed["prefill_flops"][scored].tolist()
+        live = int(image[jit.NODES][jit.ALIVE, : image[jit.INTS][jit.TOP]].sum())
+        results = {}
+        for alpha in settings.grid:
+            st = copy_state(image, live + _NODES_PER_REQUEST * n)
+            st[jit.SETTINGS][jit.ALPHA] = alpha
+            out = np.zeros((10, n), dtype=np.int64)
+            jit.replay(st, offs, in_lens, seq_lens, *self.scratch, out, 0, n, False)
+            hit = out[1][n - scored.size :]
+            saved = pool.model.prefill_flops_array(0, hit).tolist()
+            results[alpha] = WindowResult(
+                int(hit.sum()), int(inputs.sum()), running_sum(saved), running_sum(prefill)
+            )
+        return results
+
+
+def running_sum(values: list[float]) -> float:
+    """``values`` added one by one from 0.0 (``WindowResult.add``'s order and rounding)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
 
 
 def replay_columns(fixed: dict[str, np.ndarray], step: RequestStep, out: np.ndarray) -> Columns:

@@ -117,16 +117,21 @@ def first_token(n, tokens, s):
 
 
 @njit
-def tidy(st):
-    """The table afresh from the live nodes once tombstones fill half of it."""
+def rehash(st):
+    """The table afresh from the live nodes (it may be of another size than before)."""
     n, t, ints, tokens = st[NODES], st[TABLE], st[INTS], st[TOKENS]
-    if 2 * ints[FILL] <= t.shape[1]:
-        return
     t[0, :] = EMPTY
     ints[FILL] = 0
     for s in range(1, ints[TOP]):
         if n[ALIVE, s]:
             put(t, ints, child_key(n[PARENT, s], first_token(n, tokens, s)), s)
+
+
+@njit
+def tidy(st):
+    """:func:`rehash` once tombstones fill half of the table."""
+    if 2 * st[INTS][FILL] > st[TABLE].shape[1]:
+        rehash(st)
 
 
 # ---------------------------------------------------------------------------- nodes
@@ -618,15 +623,20 @@ def serve(st, off, n_in, size, path, along, ckpts, result):
 
 
 @njit
-def replay(st, offs, in_lens, seq_lens, path, along, out):
-    """Every request through :func:`serve`. ``out`` rows: matched, hit, the admission's
-    :data:`R_KV` .. :data:`R_TRUNCATED`, the cache's KV and SSM bytes after."""
+def replay(st, offs, in_lens, seq_lens, path, along, out, lo, hi, stop_at_eviction):
+    """Requests ``lo`` .. ``hi - 1`` through :func:`serve` (``out`` columns ``lo`` ..: matched,
+    hit, the admission's :data:`R_KV` .. :data:`R_TRUNCATED`, the cache's KV and SSM bytes
+    after); with ``stop_at_eviction``, stops after the first request whose admission evicted.
+    Returns the index after the last request served."""
     ckpts = np.zeros(4, dtype=np.int64)
     result = np.zeros(6, dtype=np.int64)
     ints = st[INTS]
-    for i in range(offs.shape[0]):
+    for i in range(lo, min(hi, offs.shape[0])):
         matched, hit = serve(st, offs[i], in_lens[i], seq_lens[i], path, along, ckpts, result)
         out[0, i], out[1, i] = matched, hit
         for k in range(6):
             out[2 + k, i] = result[k]
         out[8, i], out[9, i] = ints[KV], ints[SSM]
+        if stop_at_eviction and result[R_EVICTED]:
+            return i + 1
+    return min(hi, offs.shape[0])

@@ -417,7 +417,7 @@ def run_policy(
         )
         return stacked
     compiled = settings.cache.compiled
-    if radix_kernel.use_compiled(compiled, requests):
+    if radix_kernel.use_compiled(compiled, requests, step):
         why = radix_kernel.obstacle(step, engine, requests)
         if why is None:
             log.info("%s: the radix replay compiled (cache.compiled=%s)", name, compiled)

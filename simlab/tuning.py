@@ -69,7 +69,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -455,7 +455,30 @@ def choose_alpha(
 
 
 # ---------------------------------------------------------------------------------- tuner
-Image = tuple[CacheImage, Any]  # a snapshot and the admission policy as it was then
+Image = tuple[Any, Any]  # a snapshot (a CacheImage, or Imaging's) and the admission then
+#: the grid search: (snapshot, window, admission, template, settings) -> result per grid alpha
+Search = Callable[[Any, Sequence[Request], Any, Any, TuningSettings], dict[float, WindowResult]]
+
+
+def _empty_image(cache: PrefixCache) -> CacheImage:
+    return pack(empty_like(cache))
+
+
+@dataclass(frozen=True)
+class Imaging:
+    """How a tuner snapshots the cache it is shown and searches the grid from a snapshot: the
+    request step's :class:`~simlab.cache.PrefixCache` by default (:func:`simlab.snapshot.pack`,
+    :func:`grid_results` across ``policy.tuning.workers``); a compiled replay
+    (:mod:`simlab.radix_kernel`) gives its own, over its own state. ``workers``: whether the
+    search uses the grid search's worker processes (started at the first eviction)."""
+
+    snapshot: Callable[[Any], Any] = pack
+    empty: Callable[[Any], Any] = _empty_image
+    search: Search = grid_results
+    workers: bool = True
+
+
+CACHE_IMAGING = Imaging()
 
 
 @dataclass
@@ -485,6 +508,7 @@ class AlphaTuner:
     history: list[dict[str, Any]] = field(default_factory=lambda: [{"request": 0, "alpha": 0.0}])
     tuning_wall_s: float = 0.0
     snapshot_wall_s: float = 0.0
+    imaging: Imaging = CACHE_IMAGING
     _images: dict[int, Image] = field(default_factory=dict)  # by window start (admissions)
     _recent: deque[Request] = field(default_factory=deque)
 
@@ -519,12 +543,13 @@ class AlphaTuner:
         if alpha is not None:
             step.eviction.set_alpha(alpha)  # type: ignore[attr-defined]
 
-    def account(self, cache: PrefixCache, req: Request, admission: AdmissionPolicy) -> float | None:
-        """Account one admitted request; returns the new alpha when one is adopted."""
+    def account(self, cache: Any, req: Request, admission: AdmissionPolicy) -> float | None:
+        """Account one admitted request; returns the new alpha when one is adopted. ``cache``:
+        what :attr:`imaging` snapshots (the request step's cache by default)."""
         self.seen += 1
         from_start = self.settings.snapshot == "start"
         if self.seen == 1 and from_start:
-            self._images[0] = (pack(empty_like(cache)), _copy_admission(admission))
+            self._images[0] = (self.imaging.empty(cache), _copy_admission(admission))
         if self.bootstrap_requests is None:
             if from_start:
                 self._recent.append(req)
@@ -533,9 +558,9 @@ class AlphaTuner:
             self._start()
         else:
             self._recent.append(req)
-        if self._window_starts_now():
+        if self._window_starts_at(self.seen):
             start = time.perf_counter()
-            self._images[self.seen] = (pack(cache), _copy_admission(admission))
+            self._images[self.seen] = (self.imaging.snapshot(cache), _copy_admission(admission))
             self.snapshot_wall_s += time.perf_counter() - start
         return self._tune() if self._tunes_now() else None
 
@@ -552,7 +577,8 @@ class AlphaTuner:
         first_window = self.first_tune - self._origin
         self.window = s.window or first_window
         self._recent = deque(self._recent, maxlen=max(self.window, first_window))
-        warm_up(s)
+        if self.imaging.workers:
+            warm_up(s)
         log.info(
             "alpha tuning (%s): first eviction after %d requests; first window [%d, %d)",
             s.protocol,
@@ -580,17 +606,33 @@ class AlphaTuner:
         assert first is not None
         return t == first or (every is not None and t > first and (t - first) % every == 0)
 
-    def _window_starts_now(self) -> bool:
-        """Whether some tuning's window starts at ``seen`` (its snapshot is taken now)."""
+    def _window_starts_at(self, t: int) -> bool:
+        """Whether some tuning's window starts at admission count ``t`` (its snapshot is taken
+        then)."""
         assert self.bootstrap_requests is not None and self.window is not None
         n, every = self.bootstrap_requests, self.settings.retune_every
-        if self.seen == n:  # the first window after the first eviction, or a re-tune's
+        if t == n:  # the first window after the first eviction, or a re-tune's
             return self._origin == n or every is not None
-        later = self.seen + self.window  # a re-tune whose window is a full ``window`` long
-        return self.seen > n and later != self.first_tune and self._is_tune(later)
+        later = t + self.window  # a re-tune whose window is a full ``window`` long
+        return t > n and later != self.first_tune and self._is_tune(later)
 
     def _tunes_now(self) -> bool:
         return self.bootstrap_requests is not None and self._is_tune(self.seen)
+
+    def next_event(self) -> int | None:
+        """The next admission count, past ``seen``, at which :meth:`account` snapshots or tunes:
+        a replay that runs requests in stretches (:mod:`simlab.radix_kernel`) stops there.
+        None before the first eviction (it is not known yet) and once nothing is left."""
+        if self.bootstrap_requests is None:
+            return None
+        first, every = self.first_tune, self.settings.retune_every
+        assert first is not None
+        if every is None and self.seen >= first:
+            return None
+        t = self.seen + 1
+        while not (self._is_tune(t) or self._window_starts_at(t)):
+            t += 1  # at most ``retune_every`` steps, or up to the first tuning
+        return t
 
     # -- grid search
     def _tune(self) -> float:
@@ -602,7 +644,7 @@ class AlphaTuner:
             del self._images[key]  # no later window starts there
         window = list(self._recent)[len(self._recent) - (tune - start_at) :]
         start = time.perf_counter()
-        results = grid_results(image, window, admission, self.template, self.settings)
+        results = self.imaging.search(image, window, admission, self.template, self.settings)
         elapsed = time.perf_counter() - start
         self.tuning_wall_s += elapsed
         return self._adopt(tune, start_at, results, elapsed)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from policies.flop_aware import FlopAware
 from policies.judicious import Judicious
 from policies.lru import LRU
-from simlab import block_kernel, radix_kernel
+from simlab import radix_kernel
 from simlab.records import record_columns
 from simlab.replay import ReplayEngine, replay_step
 from simlab.simulate import plan_run, policy_step, trace_requests
@@ -286,6 +286,65 @@ def test_the_kernels_truncation_is_the_caches(hybrid, matched, old, new, keep, t
     assert got_end == want.end
 
 
+# ---------------------------------------------------------------------------- alpha tuning
+TUNED = ["+policy=marconi", "policy.tuning.workers=1"]
+TUNED_CASES = {
+    "sharegpt, marconi 7B, 1 GB (robust: re-tuned every 50 requests)": [
+        *SHAREGPT,
+        "model=marconi_7b",
+        "cache.size_gb=1",
+    ],
+    "sharegpt, Nemotron-H, 0.5 GB (paper: from the empty cache, FLOPs saved)": [
+        *SHAREGPT,
+        "model=nemotron_h_8b",
+        "cache.size_gb=0.5",
+        "policy.tuning.protocol=paper",
+    ],
+    "sharegpt, Jamba, 2 GB (robust, snapshots from the start, margin 0.01)": [
+        *SHAREGPT,
+        "model=jamba_1_5_mini",
+        "cache.size_gb=2",
+        "policy.tuning.snapshot=start",
+        "policy.tuning.margin=0.01",
+    ],
+    "swebench slice, Nemotron-H, 1.5 GB (robust)": [
+        *SWEBENCH,
+        "model=nemotron_h_8b",
+        "cache.size_gb=1.5",
+    ],
+}
+
+
+def run(overrides: list[str], compiled: bool):
+    from simlab.simulate import run_policy
+
+    cfg = compose(["engine=replay", *overrides, f"cache.compiled={str(compiled).lower()}"])
+    plan = plan_run(cfg)
+    trace, requests = trace_requests(cfg, plan.settings)
+    ((name, pcfg),) = plan.settings.policies.items()
+    args = (plan.model, plan.settings, plan.engine, trace.block_size)
+    return run_policy(name, pcfg, requests, *args)
+
+
+@pytest.mark.parametrize("case", list(TUNED_CASES))
+def test_a_tuned_compiled_run_tunes_as_the_request_step_does(case, caplog):
+    """The same records and the same tunings: every window, every grid alpha's score, every
+    adopted alpha (the alpha history), the bootstrap."""
+    overrides = [*TUNED_CASES[case], *TUNED]
+    needs_data(overrides[0].removeprefix("trace="))
+    caplog.set_level("INFO", logger="simlab.simulate")
+    got = run(overrides, compiled=True)
+    assert "the radix replay compiled" in caplog.text
+    want = run(overrides, compiled=False)
+    for name, column in want.records.items():
+        assert np.array_equal(got.records[name], column, equal_nan=column.dtype.kind == "f"), name
+    timing = ("wall_s", "requests_per_s", "tuning_wall_s", "snapshot_wall_s")
+    for key, value in want.summary.items():
+        if key not in timing:
+            assert got.summary[key] == value, key
+    assert want.summary["alpha_tunings"] >= 1
+
+
 # ---------------------------------------------------------------------------- the token pool
 @pytest.mark.parametrize("trace", [SHAREGPT, SWEBENCH])
 def test_the_pool_holds_each_sequence_and_a_sessions_history_once(trace):
@@ -340,7 +399,7 @@ def test_a_compiled_capacity_list_shares_one_token_pool(tmp_path, monkeypatch):
 
 
 OBSTACLES = {
-    "controllers (alpha tuning)": ["+policy=marconi"],
+    "eviction MarconiPlus": ["+policy=marconi_plus"],
     "the reference code's semantics": [*MARCONI, "+policy.semantics.partial_descent=true"],
     "a host tier or SSM pool": [*MARCONI, "cache.host_gb=2", "cache.host_bw_gbps=10"],
     "pages or ids of many tokens": ["+policy=sglang_plus", "cache.page_size=16"],
@@ -368,13 +427,18 @@ def test_only_the_replay_engine_on_token_traces_runs_compiled():
     assert "a hash-id trace" in (radix_kernel.obstacle(step, ReplayEngine(), hashed) or "")
 
 
-def test_auto_compiles_from_enough_requests(monkeypatch):
+def test_auto_compiles_from_enough_requests_to_serve(monkeypatch):
+    """A tuned run serves its requests once more per grid alpha (in windows)."""
     requests = [object()] * 3
+    _, fixed, _ = configured(["trace=lmsys", "model=marconi_7b", *MARCONI])
+    _, tuned, _ = configured(["trace=lmsys", "model=marconi_7b", "+policy=marconi"])
     monkeypatch.setattr(radix_kernel, "COMPILED_MIN_REQUESTS", 3)
-    assert radix_kernel.use_compiled("auto", requests)  # type: ignore[arg-type]
-    assert not radix_kernel.use_compiled("auto", requests[:2])  # type: ignore[arg-type]
-    assert radix_kernel.use_compiled(True, requests[:1])  # type: ignore[arg-type]
-    assert not radix_kernel.use_compiled(False, requests)  # type: ignore[arg-type]
+    assert radix_kernel.use_compiled("auto", requests, fixed)  # type: ignore[arg-type]
+    assert not radix_kernel.use_compiled("auto", requests[:2], fixed)  # type: ignore[arg-type]
+    monkeypatch.setattr(radix_kernel, "COMPILED_MIN_REQUESTS", 12)  # 11 grid alphas
+    assert radix_kernel.use_compiled("auto", requests[:1], tuned)  # type: ignore[arg-type]
+    assert not radix_kernel.use_compiled("auto", requests[:1], fixed)  # type: ignore[arg-type]
+    assert radix_kernel.use_compiled(True, requests[:1], fixed)  # type: ignore[arg-type]
+    assert not radix_kernel.use_compiled(False, requests, tuned)  # type: ignore[arg-type]
     monkeypatch.setattr(radix_kernel, "available", lambda: False)
-    assert not radix_kernel.use_compiled("auto", requests)  # type: ignore[arg-type]
-    assert block_kernel.available  # the check itself imports nothing
+    assert not radix_kernel.use_compiled("auto", requests, tuned)  # type: ignore[arg-type]
