@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from simlab.block_replay import Walks
     from simlab.engine import Engine
     from simlab.model import ModelSpec
+    from simlab.snapshot import CacheImage
     from simlab.step import RequestStep
     from traces.format import Request
 
@@ -106,9 +107,18 @@ def obstacle(step: RequestStep, engine: Engine, requests: Sequence[Request]) -> 
     the records of the request step; see the module docstring)."""
     from simlab.replay import ReplayEngine
 
+    if type(engine) is not ReplayEngine:
+        return f"engine {engine.name} (only the replay engine)"
+    if not (step.cache.now == 0 and step.cache.used_bytes == 0):
+        return "a cache already in use"
+    return step_obstacle(step, requests)
+
+
+def step_obstacle(step: RequestStep, requests: Sequence[Request]) -> str | None:
+    """Why the kernel cannot serve ``requests`` as ``step`` does, whatever the engine (None: it
+    can; the grid search of a tuned run on another engine replays its windows so)."""
     cache, admission = step.cache, step.admission
     checks = (
-        (type(engine) is ReplayEngine, f"engine {engine.name} (only the replay engine)"),
         (
             type(admission) is Judicious
             and admission.branch_on == "input"
@@ -127,7 +137,6 @@ def obstacle(step: RequestStep, engine: Engine, requests: Sequence[Request]) -> 
             "pages or ids of many tokens",
         ),
         (cache.kv_per_token > 0 and cache.ckpt_states == 1, "a model without attention KV"),
-        (cache.now == 0 and cache.used_bytes == 0, "a cache already in use"),
         (
             all(r.block_size == 1 and r.ref_input_tokens is None for r in requests),
             "a hash-id trace",
@@ -137,6 +146,24 @@ def obstacle(step: RequestStep, engine: Engine, requests: Sequence[Request]) -> 
         if not ok:
             return why
     return _eviction_obstacle(step)
+
+
+def with_compiled_search(
+    step: RequestStep, requests: Sequence[Request], compiled: bool | str
+) -> RequestStep:
+    """``step``, its alpha tuner's grid search replaying the windows on the kernel
+    (:class:`ImageSearch`) where it can (:func:`step_obstacle`, :func:`use_compiled`): a tuned
+    run on an engine the kernel does not serve (the timed engine, a cluster's replicas)."""
+    tuner = next(iter(step.controllers), None)
+    if not isinstance(tuner, AlphaTuner) or not use_compiled(compiled, requests, step):
+        return step
+    why = step_obstacle(step, requests)
+    if why is not None:
+        log.debug("%s: the grid search request by request (%s)", step.policy, why)
+        return step
+    log.info("%s: the alpha grid search compiled (cache.compiled=%s)", step.policy, compiled)
+    tuner.imaging = Imaging(search=ImageSearch(step), workers=False)
+    return step
 
 
 def use_compiled(compiled: bool | str, requests: Sequence[Request], step: RequestStep) -> bool:
@@ -339,8 +366,15 @@ def copy_state(st: tuple[np.ndarray, ...], nodes: int | None = None) -> tuple[np
 
     nodes_, floats, table, ints, settings, slots, tokens = st
     table = table.copy() if nodes is None else table_for(nodes)
-    copy = (head(nodes_, top), head(floats, top), table, ints.copy(), settings.copy())
-    copy += (head(slots, free), tokens)
+    copy = (
+        head(nodes_, top),
+        head(floats, top),
+        table,
+        ints.copy(),
+        settings.copy(),
+        head(slots, free),
+        tokens,
+    )
     if nodes is not None:
         jit.rehash(copy)
     return copy
@@ -423,6 +457,92 @@ class KernelSearch:
                 int(hit.sum()), int(inputs.sum()), running_sum(saved), running_sum(prefill)
             )
         return results
+
+
+@dataclass(frozen=True)
+class ImageSearch:
+    """:class:`KernelSearch` from a snapshot of the request step's cache (a
+    :class:`~simlab.snapshot.CacheImage`, as the tuner takes it on any engine): the snapshot
+    becomes kernel state (:func:`image_state`) beside the window's token pool."""
+
+    step: RequestStep
+
+    def __call__(
+        self,
+        image: CacheImage,
+        window: Sequence[Request],
+        admission: object,
+        template: object,
+        settings: TuningSettings,
+    ) -> dict[float, WindowResult]:
+        pool = shared_pool(window, self.step, None)
+        st = image_state(image, self.step, pool.tokens, _NODES_PER_REQUEST * len(window))
+        path = np.zeros(st[0].shape[1] + 4, dtype=np.int64)
+        index = {id(r): i for i, r in enumerate(window)}
+        search = KernelSearch(pool, index, Scratch(path, path.copy()))
+        return search(st, window, admission, template, settings)
+
+
+def image_state(
+    image: CacheImage, step: RequestStep, tokens: np.ndarray, room: int
+) -> tuple[np.ndarray, ...]:
+    """The kernel's state of the cache ``image`` holds, with ``room`` node slots more and
+    ``tokens`` (a token pool) at the head of its token pool. Each node refers to the path, from
+    the root, of a leaf below it, appended to the pool (a split or merge keeps a node's path,
+    so it holds every token a node of it will need); the numbers (recency, bytes, FLOPs, node
+    ids, the clock) are the image's own."""
+    from simlab import radix_kernel_jit as jit
+
+    rows, attrs, root = image.nodes, image.attrs, image.root
+    live = [i for i, row in enumerate(rows) if row is not None and i != root]
+    slot_of = {root: 0} | {py: k for k, py in enumerate(live, start=1)}
+    ref: dict[int, int] = {}
+    parts, size = [tokens], int(tokens.shape[0])
+    for py in live:
+        row = rows[py]
+        if row is None or row["children"]:
+            continue  # leaves only: each one's path from the root, once
+        chain = [py]
+        while (parent := rows[chain[-1]]["parent"]) != root:  # type: ignore[index]
+            chain.append(parent)
+        parts += [rows[q]["tokens"] for q in reversed(chain)]  # type: ignore[index]
+        for q in chain:
+            ref.setdefault(q, size)
+        size += int(row["end"])
+    slots = len(live) + 1 + room + 8
+    st = _state(step, np.concatenate(parts), slots)
+    _fill_nodes(st, image, live, slot_of, ref)
+    ints, top = st[jit.INTS], len(live) + 1
+    ints[jit.NEXT_NID], ints[jit.TOP], ints[jit.FREE] = attrs["_next_nid"], top, slots - top
+    ints[jit.KV], ints[jit.SSM] = attrs["kv_bytes"], attrs["ssm_bytes"]
+    st[jit.FREE_SLOTS][: slots - top] = np.arange(slots - 1, top - 1, -1)
+    st[jit.SETTINGS][jit.NOW] = attrs["now"]
+    jit.rehash(st)
+    return st
+
+
+def _fill_nodes(
+    st: tuple[np.ndarray, ...],
+    image: CacheImage,
+    live: list[int],
+    slot_of: dict[int, int],
+    ref: dict[int, int],
+) -> None:
+    """The node columns of ``image``'s ``live`` slots at their kernel slots (``slot_of``)."""
+    from simlab import radix_kernel_jit as jit
+
+    nodes, floats, attrs = st[jit.NODES], st[jit.FLOATS], image.attrs
+    for py in live:
+        row = image.nodes[py]
+        assert row is not None
+        k, kids = slot_of[py], [slot_of[c] for c in row["children"].values()]
+        nodes[:, k] = (slot_of[row["parent"]], row["start"], row["end"], ref[py], row["nid"],
+                       0, len(kids), sum(kids), row["ckpt"], 1)  # fmt: skip
+    py_slots = np.asarray(live, dtype=np.int64)
+    idx = np.arange(1, len(live) + 1)
+    floats[jit.LAST, idx] = attrs["last_access"][py_slots]
+    floats[jit.SIZE, idx] = attrs["node_bytes"][py_slots]
+    floats[jit.SAVED, idx] = attrs["saved_flops"][py_slots]
 
 
 def running_sum(values: list[float]) -> float:

@@ -423,14 +423,20 @@ def run_policy(
             log.info("%s: the radix replay compiled (cache.compiled=%s)", name, compiled)
             return compiled_run(name, requests, step, settings.metrics, walks)
         log.debug("%s: request by request (%s)", name, why)
+
+    def searching(step: RequestStep) -> RequestStep:  # a tuner's window replays compiled
+        return radix_kernel.with_compiled_search(step, requests, compiled)
+
     start = time.perf_counter()
     with heap_frozen():
         if isinstance(engine, ClusterEngine):  # one fresh step per replica
             run = engine.run(
-                requests, step, lambda: policy_step(name, pcfg, model, settings, unit_tokens)
+                requests,
+                searching(step),
+                lambda: searching(policy_step(name, pcfg, model, settings, unit_tokens)),
             )
         else:
-            run = engine.run(requests, step)
+            run = engine.run(requests, searching(step))
     wall = time.perf_counter() - start
     records = record_columns(run.records, run.columns)
     summary = policy_summary(records, run, step, wall, settings.metrics)

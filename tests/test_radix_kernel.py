@@ -312,6 +312,18 @@ TUNED_CASES = {
         "model=nemotron_h_8b",
         "cache.size_gb=1.5",
     ],
+    "sharegpt, marconi 7B, 2 GB, timed engine (its grid search on the kernel)": [
+        *SHAREGPT,
+        "model=marconi_7b",
+        "cache.size_gb=2",
+        "engine=timed",
+    ],
+    "swebench slice, Nemotron-H, 1.5 GB, timed engine (its grid search on the kernel)": [
+        *SWEBENCH,
+        "model=nemotron_h_8b",
+        "cache.size_gb=1.5",
+        "engine=timed",
+    ],
 }
 
 
@@ -332,9 +344,12 @@ def test_a_tuned_compiled_run_tunes_as_the_request_step_does(case, caplog):
     adopted alpha (the alpha history), the bootstrap."""
     overrides = [*TUNED_CASES[case], *TUNED]
     needs_data(overrides[0].removeprefix("trace="))
-    caplog.set_level("INFO", logger="simlab.simulate")
+    caplog.set_level("INFO", logger="simlab")
     got = run(overrides, compiled=True)
-    assert "the radix replay compiled" in caplog.text
+    timed = "engine=timed" in overrides
+    assert (
+        "the alpha grid search compiled" if timed else "the radix replay compiled"
+    ) in caplog.text
     want = run(overrides, compiled=False)
     for name, column in want.records.items():
         assert np.array_equal(got.records[name], column, equal_nan=column.dtype.kind == "f"), name
