@@ -44,9 +44,6 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from policies.base import Keys, Semantics
-from policies.flop_aware import FlopAware
-from policies.judicious import Judicious
-from policies.lru import LRU
 from simlab.block_kernel import available
 from simlab.records import RECORD_COLUMNS, Columns
 from simlab.tuning import AlphaTuner, Imaging, TuningSettings, WindowResult
@@ -76,29 +73,33 @@ POOL = "radix_kernel.TokenPool"
 #: cached kernel takes about 0.3-0.5 s on a 2-core machine, the request step 50-60 us per request
 #: of ShareGPT (README, "Compiled radix replay")
 COMPILED_MIN_REQUESTS = 10_000
-#: the eviction kinds of :mod:`simlab.radix_kernel_jit`
-EVICTIONS = {FlopAware: 0, LRU: 1}
+#: the plug-ins the kernel runs, by class (the simulator imports no policy but the contract,
+#: ``policies.base``) -> the eviction kinds of :mod:`simlab.radix_kernel_jit`
+JUDICIOUS = "policies.judicious.Judicious"
+FLOP_AWARE = "policies.flop_aware.FlopAware"
+EVICTIONS = {FLOP_AWARE: 0, "policies.lru.LRU": 1}
 #: nodes one request can add (a split at its match, two at its states, two new nodes)
 _NODES_PER_REQUEST = 5
 
 
+def qualname(plugin: object) -> str:
+    kind = type(plugin)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 def _eviction_obstacle(step: RequestStep) -> str | None:
     eviction = step.eviction
-    kind = type(eviction)
-    if kind not in EVICTIONS:
-        return f"eviction {kind.__qualname__} (FlopAware or LRU only)"
+    name = qualname(eviction)
+    if name not in EVICTIONS:
+        return f"eviction {type(eviction).__qualname__} (FlopAware or LRU only)"
     if eviction.ties != "oldest" or eviction.refreshes_insert_path or eviction.ticks_on_insert:
         return "eviction ties or an insertion that refreshes or ticks"
-    if isinstance(eviction, FlopAware) and (
-        eviction.memory != "own"
-        or eviction.recency != "shifted"
-        or eviction.mlp_bug
-        or eviction.miscounts_freed_bytes
-        or not eviction.evicts_inner_nodes
-    ):
+    terms = ("memory", "recency", "mlp_bug", "miscounts_freed_bytes")
+    flop_aware = (getattr(eviction, t) for t in terms)
+    if name == FLOP_AWARE and tuple(flop_aware) != ("own", "shifted", False, False):
         return "the reference code's FLOP-aware terms"
-    if isinstance(eviction, LRU) and eviction.evicts_inner_nodes:
-        return "an LRU of inner nodes"
+    if eviction.evicts_inner_nodes != (name == FLOP_AWARE):
+        return "an LRU of inner nodes, or a FLOP-aware eviction of leaves only"
     return None
 
 
@@ -120,8 +121,8 @@ def step_obstacle(step: RequestStep, requests: Sequence[Request]) -> str | None:
     cache, admission = step.cache, step.admission
     checks = (
         (
-            type(admission) is Judicious
-            and admission.branch_on == "input"
+            qualname(admission) == JUDICIOUS
+            and vars(admission)["branch_on"] == "input"
             and admission.page_size == 1
             and admission.keys == Keys(),
             f"admission {type(admission).__qualname__} (judicious on its input only)",
@@ -290,7 +291,6 @@ def _state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.ndarra
     from simlab import radix_kernel_jit as jit
 
     cache, admission, model = step.cache, step.admission, step.cache.model
-    assert isinstance(admission, Judicious)
     nodes = np.zeros((10, slots), dtype=np.int64)
     nodes[jit.ALIVE, jit.ROOT] = 1
     floats = np.zeros((3, slots), dtype=np.float64)
@@ -298,9 +298,10 @@ def _state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.ndarra
     ints = np.zeros(15, dtype=np.int64)
     ints[jit.FREE], ints[jit.NEXT_NID], ints[jit.TOP] = slots - 1, 1, 1
     ints[jit.KV_PER_TOKEN], ints[jit.CKPT_BYTES] = cache.kv_per_token, cache.ckpt_bytes
-    ints[jit.HYBRID], ints[jit.EVICTION] = cache.hybrid, EVICTIONS[type(step.eviction)]
-    ints[jit.ROUND_DOWN] = admission.alignment == "round_down"
-    ints[jit.CHUNK] = admission.chunk_size
+    ints[jit.HYBRID], ints[jit.EVICTION] = cache.hybrid, EVICTIONS[qualname(step.eviction)]
+    judicious = vars(admission)  # policies.judicious.Judicious's fields
+    ints[jit.ROUND_DOWN] = judicious["alignment"] == "round_down"
+    ints[jit.CHUNK] = judicious["chunk_size"]
     alpha = getattr(step.eviction, "alpha", 0.0)
     coefficients = (model._lin, model._attn_pq, model._attn_qq)
     settings = np.array([0.0, cache.capacity, alpha, *coefficients], dtype=np.float64)
