@@ -247,8 +247,10 @@ def write(
     data_dir: Path | None,
     cache_dir: Path | None = None,
     only: list[str] | None = None,
+    extra: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run every case (or those named in ``only``) into ``out_root``; returns the manifest."""
+    """Run every case (or those named in ``only``) into ``out_root``, with the ``extra``
+    overrides after each case's own (e.g. ``cache.compiled=true``); returns the manifest."""
     from traces.paths import DataFileMissingError
 
     manifest: dict[str, Any] = {
@@ -257,6 +259,7 @@ def write(
         "git_dirty": bool(git(["status", "--porcelain", "--untracked-files=no"])),
         "modules": code_origin(),
         "data_dir": str(data_dir),
+        "extra_overrides": list(extra or ()),
         "cases": {},
         "skipped": {},
     }
@@ -268,7 +271,7 @@ def write(
                 continue
             t0 = time.perf_counter()
             try:
-                run_case(overrides, out_root / name, data_dir)
+                run_case([*overrides, *(extra or ())], out_root / name, data_dir)
             except DataFileMissingError as err:
                 log.warning("%s skipped: data file missing (%s)", name, err)
                 manifest["skipped"][name] = str(err)
@@ -407,6 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     write_cmd.add_argument("--trace-cache", type=Path, default=None)
     write_cmd.add_argument("--only", nargs="*", help="run only these case names")
     write_cmd.add_argument("--overwrite", action="store_true", help="write into a non-empty OUTDIR")
+    write_cmd.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="an override added to every case (repeatable), e.g. cache.compiled=true",
+    )
     compare_cmd = commands.add_parser("compare", help="compare the cases of DIR_A with DIR_B")
     compare_cmd.add_argument("dir_a", type=Path)
     compare_cmd.add_argument("dir_b", type=Path)
@@ -418,7 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "list":
         return cmd_list()
     if args.command == "write":
-        return cmd_write(args.outdir, args.data_dir, args.trace_cache, args.only, args.overwrite)
+        return cmd_write(
+            args.outdir, args.data_dir, args.trace_cache, args.only, args.overwrite, args.override
+        )
     return cmd_compare(args.dir_a, args.dir_b)
 
 
@@ -429,7 +440,12 @@ def cmd_list() -> int:
 
 
 def cmd_write(
-    outdir: Path, data_dir: Path | None, cache: Path | None, only: list[str] | None, overwrite: bool
+    outdir: Path,
+    data_dir: Path | None,
+    cache: Path | None,
+    only: list[str] | None,
+    overwrite: bool,
+    extra: list[str] | None = None,
 ) -> int:
     unknown = sorted(set(only or ()) - {name for name, _ in CASES})
     if unknown:
@@ -440,7 +456,7 @@ def cmd_write(
         return 2
     data = data_dir.resolve() if data_dir else default_data_dir()
     try:
-        manifest = write(outdir.resolve(), data, cache, only)
+        manifest = write(outdir.resolve(), data, cache, only, extra)
     except ForeignCodeError as err:
         print(err)
         return 2
