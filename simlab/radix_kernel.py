@@ -1,13 +1,13 @@
 """Judicious admission (Marconi's, the paper's SGLang+) with FLOP-aware or LRU eviction on the
 token radix tree, compiled: :meth:`simlab.step.RequestStep.serve` over the whole trace as one
 numba kernel (:mod:`simlab.radix_kernel_jit`) over flat arrays, with the same records request
-for request.
+for request; with Marconi's alpha tuning too (:mod:`simlab.radix_tuning`).
 
 numba is an optional extra (``pip install simlab[fast]``, :func:`simlab.block_kernel.available`);
 ``cache.compiled`` decides (:func:`use_compiled`), and without numba the request step runs,
 giving the same records. What the kernel covers is what :func:`obstacle` accepts: the replay
 engine, a token trace, simlab's own cache semantics (no reference-code flags), one shared
-budget (no SSM pool, no host tier), no pages, no controllers (``policy.tuning.enabled=false``),
+budget (no SSM pool, no host tier), no pages, no controller but the alpha tuner,
 ``Judicious(branch_on="input", page_size=1)`` and either ``FlopAware`` with its default terms
 (``memory: own``, ``recency: shifted``, no ``mlp_bug``, ties to the oldest node) or ``LRU``
 (ties to the oldest, an insertion refreshing nothing). Everything else runs request by request.
@@ -17,9 +17,9 @@ The kernel is the cache's code path for these plug-ins, step for step (each func
 same results:
 
 * a node's tokens are not copied: it keeps the offset of a sequence through it in one pool of
-  every request's tokens (a node's path never changes its tokens, so neither a split nor a merge
-  needs new ones), and its children are an open-addressing hash table keyed by
-  ``(parent, first token)``;
+  every request's tokens (:class:`TokenPool`; a node's path never changes its tokens, so
+  neither a split nor a merge needs new ones), and its children are an open-addressing hash
+  table keyed by ``(parent, first token)``;
 * a one-child node's child is the sum of its children's slots (its only one);
 * an eviction scans the live slots for the lowest-scored candidate instead of building arrays
   (Marconi re-scores every candidate after every eviction either way; for LRU, whose scores do
@@ -46,13 +46,12 @@ import numpy as np
 from policies.base import Keys, Semantics
 from simlab.block_kernel import available
 from simlab.records import RECORD_COLUMNS, Columns
-from simlab.tuning import AlphaTuner, Imaging, TuningSettings, WindowResult
+from simlab.tuning import AlphaTuner
 
 if TYPE_CHECKING:
     from simlab.block_replay import Walks
     from simlab.engine import Engine
     from simlab.model import ModelSpec
-    from simlab.snapshot import CacheImage
     from simlab.step import RequestStep
     from traces.format import Request
 
@@ -79,7 +78,7 @@ JUDICIOUS = "policies.judicious.Judicious"
 FLOP_AWARE = "policies.flop_aware.FlopAware"
 EVICTIONS = {FLOP_AWARE: 0, "policies.lru.LRU": 1}
 #: nodes one request can add (a split at its match, two at its states, two new nodes)
-_NODES_PER_REQUEST = 5
+NODES_PER_REQUEST = 5
 
 
 def qualname(plugin: object) -> str:
@@ -149,24 +148,6 @@ def step_obstacle(step: RequestStep, requests: Sequence[Request]) -> str | None:
     return _eviction_obstacle(step)
 
 
-def with_compiled_search(
-    step: RequestStep, requests: Sequence[Request], compiled: bool | str
-) -> RequestStep:
-    """``step``, its alpha tuner's grid search replaying the windows on the kernel
-    (:class:`ImageSearch`) where it can (:func:`step_obstacle`, :func:`use_compiled`): a tuned
-    run on an engine the kernel does not serve (the timed engine, a cluster's replicas)."""
-    tuner = next(iter(step.controllers), None)
-    if not isinstance(tuner, AlphaTuner) or not use_compiled(compiled, requests, step):
-        return step
-    why = step_obstacle(step, requests)
-    if why is not None:
-        log.debug("%s: the grid search request by request (%s)", step.policy, why)
-        return step
-    log.info("%s: the alpha grid search compiled (cache.compiled=%s)", step.policy, compiled)
-    tuner.imaging = Imaging(search=ImageSearch(step), workers=False)
-    return step
-
-
 def use_compiled(compiled: bool | str, requests: Sequence[Request], step: RequestStep) -> bool:
     """Whether a run that passes :func:`obstacle` runs compiled: ``cache.compiled`` true, or
     auto with numba installed and at least :data:`COMPILED_MIN_REQUESTS` requests to serve
@@ -178,36 +159,34 @@ def use_compiled(compiled: bool | str, requests: Sequence[Request], step: Reques
     return compiled is True
 
 
+def _same_start(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two contiguous arrays of one element type start at the same address (so hold
+    the same leading elements)."""
+    x, y = a.__array_interface__, b.__array_interface__
+    contiguous = x["strides"] is None and y["strides"] is None
+    return contiguous and x["data"][0] == y["data"][0] and x["typestr"] == y["typestr"]
+
+
 def _chained(requests: Sequence[Request], prev: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Which requests' inputs start with their session's last sequence (``prev``: that
     request, -1 for none; ``lens``: input and output lengths). The inputs of a session chain
-    are views of one buffer (:mod:`traces.columnar`), so their shared starts are read off their
-    addresses (else compared), and the last request's output is compared with the tokens that
-    follow its input, all of them at once."""
+    are views of one buffer (:mod:`traces.columnar`), so their shared starts are read off where
+    their data start (else compared), and the last request's output is compared with the tokens
+    that follow its input, all of them at once."""
     n_in, n_out = lens
     has = np.flatnonzero(prev >= 0)
-    p = prev[has]
-    fits = n_in[has] >= n_in[p] + n_out[p]
-    has, p = has[fits], p[fits]
-    addrs = np.fromiter(
-        (requests[i].input_ids.__array_interface__["data"][0] for i in has.tolist()),
-        np.int64,
-        has.size,
-    )
-    owners = np.fromiter(
-        (requests[i].input_ids.__array_interface__["data"][0] for i in p.tolist()),
-        np.int64,
-        p.size,
-    )
-    inputs = [requests[i].input_ids for i in has.tolist()]
-    before = [requests[i] for i in p.tolist()]
-    starts = [
-        a == b or np.array_equal(x[: q.input_ids.shape[0]], q.input_ids)
-        for a, b, x, q in zip(addrs.tolist(), owners.tolist(), inputs, before, strict=True)
+    fits = n_in[has] >= n_in[prev[has]] + n_out[prev[has]]
+    has = has[fits]
+    pairs = [
+        (requests[i], requests[j]) for i, j in zip(has.tolist(), prev[has].tolist(), strict=True)
     ]
-    tails = [x[q.input_ids.shape[0] : q.input_ids.shape[0] + q.output_ids.shape[0]]
-             for x, q in zip(inputs, before, strict=True)]  # fmt: skip
-    outs = [q.output_ids for q in before]
+    starts = [
+        _same_start(r.input_ids, q.input_ids)
+        or np.array_equal(r.input_ids[: q.input_len], q.input_ids)
+        for r, q in pairs
+    ]
+    tails = [r.input_ids[q.input_len : q.input_len + q.output_ids.shape[0]] for r, q in pairs]
+    outs = [q.output_ids for _, q in pairs]
     if tails and np.array_equal(np.concatenate(tails), np.concatenate(outs)):
         same = np.asarray(starts, dtype=bool)
     else:  # some output differs from what follows: find which
@@ -282,10 +261,10 @@ def token_pool(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray, np.
     tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
     if tokens.size and not (int(tokens.min()) >= 0 and int(tokens.max()) < 2**31):
         raise ValueError("compiled radix replay: token ids must be in [0, 2**31)")
-    return tokens, offs, lens
+    return tokens.astype(np.int32, copy=False), offs, lens
 
 
-def _state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.ndarray, ...]:
+def empty_state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.ndarray, ...]:
     """The kernel's ``st`` (:mod:`simlab.radix_kernel_jit`) for ``step``'s empty cache of
     ``slots`` node slots (the root at slot 0)."""
     from simlab import radix_kernel_jit as jit
@@ -319,12 +298,14 @@ def compiled_replay(
     from simlab import radix_kernel_jit as jit
 
     pool = shared_pool(requests, step, shared)
-    slots = _NODES_PER_REQUEST * len(requests) + 8
-    st = _state(step, pool.tokens, slots)
+    slots = NODES_PER_REQUEST * len(requests) + 8
+    st = empty_state(step, pool.tokens, slots)
     scratch = Scratch(np.zeros(slots + 4, dtype=np.int64), np.zeros(slots + 4, dtype=np.int64))
     out = np.zeros((10, len(requests)), dtype=np.int64)
     tuner = next(iter(step.controllers), None)
     if isinstance(tuner, AlphaTuner):
+        from simlab.radix_tuning import tuned_replay
+
         tuned_replay(requests, step, tuner, pool, st, scratch, out)
     else:
         jit.replay(
@@ -379,179 +360,6 @@ def copy_state(st: tuple[np.ndarray, ...], nodes: int | None = None) -> tuple[np
     if nodes is not None:
         jit.rehash(copy)
     return copy
-
-
-def tuned_replay(
-    requests: Sequence[Request],
-    step: RequestStep,
-    tuner: AlphaTuner,
-    pool: TokenPool,
-    st: tuple[np.ndarray, ...],
-    scratch: Scratch,
-    out: np.ndarray,
-) -> None:
-    """The replay with Marconi's alpha tuning: the kernel serves the requests in stretches
-    that end where the tuner snapshots the cache or tunes (:meth:`AlphaTuner.next_event`; the
-    first eviction, before it is known), and the tuner is shown every admission in order, as
-    the request step's controller hook shows it, with the kernel's snapshots and grid search
-    (:class:`KernelSearch`): the same protocol, the same alphas."""
-    from simlab import radix_kernel_jit as jit
-
-    tuner.imaging = Imaging(
-        snapshot=copy_state,
-        empty=lambda _st: _state(step, pool.tokens, st[jit.FREE_SLOTS].shape[0]),
-        search=KernelSearch(pool, {id(r): i for i, r in enumerate(requests)}, scratch),
-        workers=False,
-    )
-    evicted = out[2 + jit.R_EVICTED]
-    i, n = 0, len(requests)
-    while i < n:
-        event = tuner.next_event()
-        stop = tuner.bootstrap_requests is None  # the first eviction schedules the tunings
-        hi = n if event is None else min(event, n)
-        j = jit.replay(st, pool.offs, pool.in_lens, pool.seq_lens, *scratch, out, i, hi, stop)
-        for k in range(i, j):
-            tuner.evicted = tuner.evicted or bool(evicted[k])
-            alpha = tuner.account(st, requests[k], step.admission)
-            if alpha is not None:
-                st[jit.SETTINGS][jit.ALPHA] = alpha
-                step.eviction.set_alpha(alpha)  # type: ignore[attr-defined]
-        i = j
-
-
-@dataclass(frozen=True)
-class KernelSearch:
-    """:func:`simlab.tuning.grid_results` on the kernel: each grid alpha replays the window on
-    a copy of the snapshot, and its scored requests are summed in order, as
-    :class:`~simlab.tuning.WindowResult` adds records."""
-
-    pool: TokenPool
-    index: dict[int, int]  # id of a request -> its position in the pool
-    scratch: Scratch
-
-    def __call__(
-        self,
-        image: tuple[np.ndarray, ...],
-        window: Sequence[Request],
-        admission: object,
-        template: object,
-        settings: TuningSettings,
-    ) -> dict[float, WindowResult]:
-        from simlab import radix_kernel_jit as jit
-
-        pool, n = self.pool, len(window)
-        idx = np.fromiter((self.index[id(r)] for r in window), np.int64, n)
-        offs, in_lens, seq_lens = pool.offs[idx], pool.in_lens[idx], pool.seq_lens[idx]
-        scored = idx[0 if settings.score_last is None else max(0, n - settings.score_last) :]
-        inputs = pool.fixed["input_tokens"][scored]
-        prefill = pool.fixed["prefill_flops"][scored].tolist()
-        live = int(image[jit.NODES][jit.ALIVE, : image[jit.INTS][jit.TOP]].sum())
-        results = {}
-        for alpha in settings.grid:
-            st = copy_state(image, live + _NODES_PER_REQUEST * n)
-            st[jit.SETTINGS][jit.ALPHA] = alpha
-            out = np.zeros((10, n), dtype=np.int64)
-            jit.replay(st, offs, in_lens, seq_lens, *self.scratch, out, 0, n, False)
-            hit = out[1][n - scored.size :]
-            saved = pool.model.prefill_flops_array(0, hit).tolist()
-            results[alpha] = WindowResult(
-                int(hit.sum()), int(inputs.sum()), running_sum(saved), running_sum(prefill)
-            )
-        return results
-
-
-@dataclass(frozen=True)
-class ImageSearch:
-    """:class:`KernelSearch` from a snapshot of the request step's cache (a
-    :class:`~simlab.snapshot.CacheImage`, as the tuner takes it on any engine): the snapshot
-    becomes kernel state (:func:`image_state`) beside the window's token pool."""
-
-    step: RequestStep
-
-    def __call__(
-        self,
-        image: CacheImage,
-        window: Sequence[Request],
-        admission: object,
-        template: object,
-        settings: TuningSettings,
-    ) -> dict[float, WindowResult]:
-        pool = shared_pool(window, self.step, None)
-        st = image_state(image, self.step, pool.tokens, _NODES_PER_REQUEST * len(window))
-        path = np.zeros(st[0].shape[1] + 4, dtype=np.int64)
-        index = {id(r): i for i, r in enumerate(window)}
-        search = KernelSearch(pool, index, Scratch(path, path.copy()))
-        return search(st, window, admission, template, settings)
-
-
-def image_state(
-    image: CacheImage, step: RequestStep, tokens: np.ndarray, room: int
-) -> tuple[np.ndarray, ...]:
-    """The kernel's state of the cache ``image`` holds, with ``room`` node slots more and
-    ``tokens`` (a token pool) at the head of its token pool. Each node refers to the path, from
-    the root, of a leaf below it, appended to the pool (a split or merge keeps a node's path,
-    so it holds every token a node of it will need); the numbers (recency, bytes, FLOPs, node
-    ids, the clock) are the image's own."""
-    from simlab import radix_kernel_jit as jit
-
-    rows, attrs, root = image.nodes, image.attrs, image.root
-    live = [i for i, row in enumerate(rows) if row is not None and i != root]
-    slot_of = {root: 0} | {py: k for k, py in enumerate(live, start=1)}
-    ref: dict[int, int] = {}
-    parts, size = [tokens], int(tokens.shape[0])
-    for py in live:
-        row = rows[py]
-        if row is None or row["children"]:
-            continue  # leaves only: each one's path from the root, once
-        chain = [py]
-        while (parent := rows[chain[-1]]["parent"]) != root:  # type: ignore[index]
-            chain.append(parent)
-        parts += [rows[q]["tokens"] for q in reversed(chain)]  # type: ignore[index]
-        for q in chain:
-            ref.setdefault(q, size)
-        size += int(row["end"])
-    slots = len(live) + 1 + room + 8
-    st = _state(step, np.concatenate(parts), slots)
-    _fill_nodes(st, image, live, slot_of, ref)
-    ints, top = st[jit.INTS], len(live) + 1
-    ints[jit.NEXT_NID], ints[jit.TOP], ints[jit.FREE] = attrs["_next_nid"], top, slots - top
-    ints[jit.KV], ints[jit.SSM] = attrs["kv_bytes"], attrs["ssm_bytes"]
-    st[jit.FREE_SLOTS][: slots - top] = np.arange(slots - 1, top - 1, -1)
-    st[jit.SETTINGS][jit.NOW] = attrs["now"]
-    jit.rehash(st)
-    return st
-
-
-def _fill_nodes(
-    st: tuple[np.ndarray, ...],
-    image: CacheImage,
-    live: list[int],
-    slot_of: dict[int, int],
-    ref: dict[int, int],
-) -> None:
-    """The node columns of ``image``'s ``live`` slots at their kernel slots (``slot_of``)."""
-    from simlab import radix_kernel_jit as jit
-
-    nodes, floats, attrs = st[jit.NODES], st[jit.FLOATS], image.attrs
-    for py in live:
-        row = image.nodes[py]
-        assert row is not None
-        k, kids = slot_of[py], [slot_of[c] for c in row["children"].values()]
-        nodes[:, k] = (slot_of[row["parent"]], row["start"], row["end"], ref[py], row["nid"],
-                       0, len(kids), sum(kids), row["ckpt"], 1)  # fmt: skip
-    py_slots = np.asarray(live, dtype=np.int64)
-    idx = np.arange(1, len(live) + 1)
-    floats[jit.LAST, idx] = attrs["last_access"][py_slots]
-    floats[jit.SIZE, idx] = attrs["node_bytes"][py_slots]
-    floats[jit.SAVED, idx] = attrs["saved_flops"][py_slots]
-
-
-def running_sum(values: list[float]) -> float:
-    """``values`` added one by one from 0.0 (``WindowResult.add``'s order and rounding)."""
-    total = 0.0
-    for value in values:
-        total += value
-    return total
 
 
 def replay_columns(fixed: dict[str, np.ndarray], step: RequestStep, out: np.ndarray) -> Columns:

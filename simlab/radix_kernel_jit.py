@@ -3,21 +3,25 @@ and cached beside this file (``cache=True``), so later processes load it. It imp
 import this module only when numba is installed and the compiled path is asked for.
 
 Each function is the :class:`simlab.cache.PrefixCache` / :mod:`simlab.evictor` method of the
-same name (or the step it names), over a few flat arrays held in one tuple ``st`` (:data:`NODES` ..
-:data:`TOKENS`; few, because numba counts references to every array a function takes out of a
-tuple, and those atomic counts cost more than the tree's work):
+same name (or the step it names), over a few flat arrays held in one tuple ``st``
+(:data:`NODES` .. :data:`TOKENS`; few, because numba counts references to every array a function
+takes out of a tuple, and those atomic counts cost more than the tree's work):
 
-* ``NODES`` (int64, one column per node slot; the root is slot 0): ``PARENT``, ``START``, ``END``,
-  ``REF`` (where in ``tokens`` a sequence through the node starts: ``tokens[ref + p]`` is the
-  token at position ``p`` of its path), ``NID``, ``PINS``, ``KIDS`` (children), ``KID_SUM`` (the
-  sum of the children's slots: a one-child node's only child), ``CKPT`` and ``ALIVE`` (0 / 1);
-* ``FLOATS`` (float64, per slot): ``LAST`` (last access), ``SIZE`` (``node_bytes``) and ``SAVED``
-  (``saved_flops``);
+* ``NODES`` (int64, one column per node slot; the root is slot 0): ``PARENT``, ``START``,
+  ``END``, ``REF`` (where in ``tokens`` a sequence through the node starts: ``tokens[ref + p]``
+  is the token at position ``p`` of its path), ``NID``, ``PINS``, ``KIDS`` (children),
+  ``KID_SUM`` (the sum of the children's slots: a one-child node's only child), ``CKPT`` and
+  ``ALIVE`` (0 / 1);
+* ``FLOATS`` (float64, per slot): ``LAST`` (last access), ``SIZE`` (``node_bytes``) and
+  ``SAVED`` (``saved_flops``);
 * ``TABLE``: the children, an open-addressing hash table (row 0 keys, row 1 values) from
   ``(parent slot, first token)`` to the child's slot;
-* ``INTS`` (int64): the counters :data:`FREE` .. :data:`TOP` and the settings :data:`KV_PER_TOKEN`
-  .. :data:`CHUNK`; ``SETTINGS`` (float64): :data:`NOW` .. :data:`QQ`; ``FREE_SLOTS``: the free slots
-  (a stack); ``TOKENS``: every sequence's tokens.
+* ``INTS`` (int64): the counters :data:`FREE` .. :data:`TOP` and the settings
+  :data:`KV_PER_TOKEN` .. :data:`CHUNK`; ``SETTINGS`` (float64): :data:`NOW` .. :data:`QQ`;
+  ``FREE_SLOTS``: the free slots (a stack); ``TOKENS``: every sequence's tokens.
+
+Slots past ``TOP`` hold nothing (a copy leaves them uninitialised: a new node writes every
+column), and no loop reads them.
 """
 
 # mypy: ignore-errors
@@ -33,18 +37,18 @@ EMPTY = -1
 TOMB = -2
 # st
 NODES, FLOATS, TABLE, INTS, SETTINGS, FREE_SLOTS, TOKENS = range(7)
-# N rows
+# NODES rows
 PARENT, START, END, REF, NID, PINS, KIDS, KID_SUM, CKPT, ALIVE = range(10)
-# F rows
+# FLOATS rows
 LAST, SIZE, SAVED = range(3)
-# I: free slots, the next node id, KV bytes, SSM bytes, their peaks, table entries in use
+# INTS: free slots, the next node id, KV bytes, SSM bytes, their peaks, table entries in use
 # (tombstones too), slots ever used; then KV bytes per token, checkpoint bytes, hybrid, the
 # eviction kind, round_down, the chunk
 FREE, NEXT_NID, KV, SSM, PEAK_KV, PEAK_SSM, PEAK, FILL, TOP = range(9)
 KV_PER_TOKEN, CKPT_BYTES, HYBRID, EVICTION, ROUND_DOWN, CHUNK = range(9, 15)
 # eviction kinds (radix_kernel.EVICTIONS)
 FLOP_AWARE, LRU = 0, 1
-# P: the clock, capacity, alpha, the prefill FLOPs' coefficients (ModelSpec._lin, _attn_pq,
+# SETTINGS: the clock, capacity, alpha, the prefill FLOPs' coefficients (ModelSpec._lin, _attn_pq,
 # _attn_qq)
 NOW, CAPACITY, ALPHA, LIN, PQ, QQ = range(6)
 # an admission's result (InsertResult): KV bytes, SSM bytes, states, bytes and nodes evicted,

@@ -29,7 +29,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from policies.base import AdmissionPolicy, EvictionPolicy, Semantics, in_units
-from simlab import radix_kernel
+from simlab import radix_kernel, radix_tuning
 from simlab.block_replay import Walks, block_replay, fast_path, one_pass_obstacle
 from simlab.bounds import infinite_cache_hits
 from simlab.cluster import ClusterEngine, ClusterSettings, with_cluster
@@ -425,7 +425,7 @@ def run_policy(
         log.debug("%s: request by request (%s)", name, why)
 
     def searching(step: RequestStep) -> RequestStep:  # a tuner's window replays compiled
-        return radix_kernel.with_compiled_search(step, requests, compiled)
+        return radix_tuning.with_compiled_search(step, requests, compiled)
 
     start = time.perf_counter()
     with heap_frozen():

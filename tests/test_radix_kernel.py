@@ -277,7 +277,7 @@ def test_the_kernels_truncation_is_the_caches(hybrid, matched, old, new, keep, t
     budget = max(0.0, (sum(costs[:keep]) if hybrid else tokens * kv) + offset)
     want = truncate(shape(hybrid, 1, kv, ckpt), InsertPlan(matched, end, old, new), budget)
     step = RequestStep.build(spec, 1e9, Judicious(), FlopAware(), "truncate")
-    state = radix_kernel._state(step, np.zeros(1, np.int32), 4)
+    state = radix_kernel.empty_state(step, np.zeros(1, np.int32), 4)
     state[jit.INTS][jit.KV_PER_TOKEN], state[jit.INTS][jit.CKPT_BYTES] = kv, ckpt
     ckpts = np.array([*old, *new, 0, 0, 0, 0][:4], dtype=np.int64)
     n_old, n_new, got_end = jit.truncate(state, budget, matched, end, ckpts, len(old), len(new))
