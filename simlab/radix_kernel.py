@@ -75,6 +75,8 @@ COMPILED_MIN_REQUESTS = 10_000
 #: the plug-ins the kernel runs, by class (the simulator imports no policy but the contract,
 #: ``policies.base``) -> the eviction kinds of :mod:`simlab.radix_kernel_jit`
 JUDICIOUS = "policies.judicious.Judicious"
+FINE_GRAINED = "policies.fine_grained.FineGrained"
+ADMISSIONS = {JUDICIOUS: 0, FINE_GRAINED: 1}
 FLOP_AWARE = "policies.flop_aware.FlopAware"
 EVICTIONS = {FLOP_AWARE: 0, "policies.lru.LRU": 1}
 #: nodes one request can add (a split at its match, two at its states, two new nodes)
@@ -118,13 +120,18 @@ def step_obstacle(step: RequestStep, requests: Sequence[Request]) -> str | None:
     """Why the kernel cannot serve ``requests`` as ``step`` does, whatever the engine (None: it
     can; the grid search of a tuned run on another engine replays its windows so)."""
     cache, admission = step.cache, step.admission
+    kind = qualname(admission)
     checks = (
         (
-            qualname(admission) == JUDICIOUS
-            and vars(admission)["branch_on"] == "input"
-            and admission.page_size == 1
-            and admission.keys == Keys(),
-            f"admission {type(admission).__qualname__} (judicious on its input only)",
+            kind in ADMISSIONS
+            and admission.keys == Keys()
+            and (kind != JUDICIOUS or vars(admission)["branch_on"] == "input")
+            and (kind != JUDICIOUS or admission.page_size == 1),
+            f"admission {type(admission).__qualname__} (judicious on its input, fine-grained)",
+        ),
+        (
+            kind != FINE_GRAINED or not step.controllers,
+            "alpha tuning with a fine-grained admission",
         ),
         (cache.semantics == Semantics(), "the reference code's semantics"),
         (cache.host is None and cache.ssm_capacity is None, "a host tier or SSM pool"),
@@ -133,7 +140,7 @@ def step_obstacle(step: RequestStep, requests: Sequence[Request]) -> str | None:
             "controllers other than the alpha tuner",
         ),
         (
-            step.page_size == 1 and cache.unit == 1 and not cache.block_keys,
+            cache.page_size == 1 and cache.unit == 1 and not cache.block_keys,
             "pages or ids of many tokens",
         ),
         (cache.kv_per_token > 0 and cache.ckpt_states == 1, "a model without attention KV"),
@@ -274,13 +281,14 @@ def empty_state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.n
     nodes[jit.ALIVE, jit.ROOT] = 1
     floats = np.zeros((3, slots), dtype=np.float64)
     table = table_for(slots)
-    ints = np.zeros(15, dtype=np.int64)
+    ints = np.zeros(jit.N_INTS, dtype=np.int64)
     ints[jit.FREE], ints[jit.NEXT_NID], ints[jit.TOP] = slots - 1, 1, 1
     ints[jit.KV_PER_TOKEN], ints[jit.CKPT_BYTES] = cache.kv_per_token, cache.ckpt_bytes
     ints[jit.HYBRID], ints[jit.EVICTION] = cache.hybrid, EVICTIONS[qualname(step.eviction)]
-    judicious = vars(admission)  # policies.judicious.Judicious's fields
-    ints[jit.ROUND_DOWN] = judicious["alignment"] == "round_down"
-    ints[jit.CHUNK] = judicious["chunk_size"]
+    ints[jit.ADMISSION], ints[jit.PAGE] = ADMISSIONS[qualname(admission)], step.page_size
+    fields = vars(admission)  # Judicious's or FineGrained's
+    ints[jit.ROUND_DOWN] = fields.get("alignment") == "round_down"
+    ints[jit.CHUNK], ints[jit.BLOCK] = fields.get("chunk_size", 1), fields.get("block_size", 1)
     alpha = getattr(step.eviction, "alpha", 0.0)
     coefficients = (model._lin, model._attn_pq, model._attn_qq)
     settings = np.array([0.0, cache.capacity, alpha, *coefficients], dtype=np.float64)
@@ -298,29 +306,88 @@ def compiled_replay(
     from simlab import radix_kernel_jit as jit
 
     pool = shared_pool(requests, step, shared)
-    slots = NODES_PER_REQUEST * len(requests) + 8
-    st = empty_state(step, pool.tokens, slots)
-    scratch = Scratch(np.zeros(slots + 4, dtype=np.int64), np.zeros(slots + 4, dtype=np.int64))
+    states = plan_states(step, pool)
+    st = empty_state(step, pool.tokens, NODES_PER_REQUEST * len(requests) + 2 * states + 8)
+    kernel = Kernel.of(st, states)
     out = np.zeros((10, len(requests)), dtype=np.int64)
     tuner = next(iter(step.controllers), None)
     if isinstance(tuner, AlphaTuner):
         from simlab.radix_tuning import tuned_replay
 
-        tuned_replay(requests, step, tuner, pool, st, scratch, out)
+        tuned_replay(requests, step, tuner, pool, kernel, out)
     else:
-        jit.replay(
-            st, pool.offs, pool.in_lens, pool.seq_lens, *scratch, out, 0, len(requests), False
-        )
-    ints = st[jit.INTS]
+        kernel.serve(pool.offs, pool.in_lens, pool.seq_lens, out, 0, len(requests))
+    ints = kernel.st[jit.INTS]
     peaks = Peaks(int(ints[jit.PEAK_KV]), int(ints[jit.PEAK_SSM]), int(ints[jit.PEAK]))
     return replay_columns(pool.fixed, step, out), peaks
 
 
-class Scratch(NamedTuple):
-    """The kernel's working arrays: a walk's path and the matched path as it is split."""
+def plan_states(step: RequestStep, pool: TokenPool) -> int:
+    """The most states one of the pool's requests may plan: 2 (judicious), or its longest
+    sequence's blocks (fine-grained)."""
+    if qualname(step.admission) != FINE_GRAINED or not pool.seq_lens.size:
+        return 2
+    return int(pool.seq_lens.max()) // int(vars(step.admission)["block_size"])
 
+
+@dataclass
+class Kernel:
+    """The kernel's state ``st`` and its working arrays: a walk's path, the matched path as it
+    is split, and room for a plan's states twice. :meth:`serve` grows them when a request may
+    need more than they have (a fine-grained admission's chains)."""
+
+    st: tuple[np.ndarray, ...]
     path: np.ndarray
     along: np.ndarray
+    work: np.ndarray
+
+    @classmethod
+    def of(cls, st: tuple[np.ndarray, ...], states: int) -> Kernel:
+        slots = st[0].shape[1]
+        work = np.zeros(2 * (states + 2), dtype=np.int64)
+        return cls(st, np.zeros(slots + 8, np.int64), np.zeros(slots + 8, np.int64), work)
+
+    def serve(
+        self,
+        offs: np.ndarray,
+        in_lens: np.ndarray,
+        seq_lens: np.ndarray,
+        out: np.ndarray,
+        lo: int,
+        hi: int,
+        stop_at_eviction: bool = False,
+    ) -> int:
+        """The requests ``lo`` .. ``hi - 1`` (of these sequences) through the kernel's
+        ``replay``; returns the index after the last one served (before ``hi`` only when
+        ``stop_at_eviction`` stopped it)."""
+        from simlab import radix_kernel_jit as jit
+
+        while True:
+            args = (offs, in_lens, seq_lens, self.path, self.along, self.work, out)
+            lo, why = jit.replay(self.st, *args, lo, hi, stop_at_eviction)
+            if why != jit.ROOM:
+                return int(lo)
+            self.grow()
+
+    def grow(self) -> None:
+        """Twice the node slots (the live ones and the free ones kept, the table afresh) and
+        a path as long."""
+        from simlab import radix_kernel_jit as jit
+
+        nodes, floats, _table, ints, settings, free, tokens = self.st
+        slots, top, n_free = nodes.shape[1], int(ints[jit.TOP]), int(ints[jit.FREE])
+        bigger = (np.zeros((10, 2 * slots), np.int64), np.zeros((3, 2 * slots), np.float64))
+        bigger[0][:, :top], bigger[1][:, :top] = nodes[:, :top], floats[:, :top]
+        stack = np.zeros(2 * slots, np.int64)  # room for every slot: releases push on it
+        stack[: slots + n_free] = np.concatenate(
+            (np.arange(2 * slots - 1, slots - 1, -1), free[:n_free])
+        )
+        ints = ints.copy()
+        ints[jit.FREE] = slots + n_free
+        self.st = (*bigger, table_for(2 * slots), ints, settings, stack, tokens)
+        jit.rehash(self.st)
+        self.path = np.zeros(2 * slots + 8, np.int64)
+        self.along = np.zeros(2 * slots + 8, np.int64)
 
 
 def table_for(nodes: int) -> np.ndarray:

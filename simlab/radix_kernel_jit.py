@@ -31,6 +31,9 @@ import numba
 import numpy as np
 
 njit = numba.njit(cache=True, nogil=True, error_model="numpy")
+#: the per-node and per-edge helpers, inlined into their callers (numba's IR inlining): a call
+#: that is not inlined counts references to the arrays it is passed
+leaf = numba.njit(inline="always", error_model="numpy")
 
 ROOT = 0
 EMPTY = -1
@@ -46,8 +49,16 @@ LAST, SIZE, SAVED = range(3)
 # eviction kind, round_down, the chunk
 FREE, NEXT_NID, KV, SSM, PEAK_KV, PEAK_SSM, PEAK, FILL, TOP = range(9)
 KV_PER_TOKEN, CKPT_BYTES, HYBRID, EVICTION, ROUND_DOWN, CHUNK = range(9, 15)
+# ... the admission kind, a fine-grained admission's block, the page a Transformer's hit rounds
+# down to
+ADMISSION, BLOCK, PAGE = range(15, 18)
+N_INTS = 18
 # eviction kinds (radix_kernel.EVICTIONS)
 FLOP_AWARE, LRU = 0, 1
+# admission kinds (radix_kernel.ADMISSIONS)
+JUDICIOUS, FINE_GRAINED = 0, 1
+# why replay stopped: all served, after the first eviction, no room for the next request's nodes
+DONE, EVICTED, ROOM = 0, 1, 2
 # SETTINGS: the clock, capacity, alpha, the prefill FLOPs' coefficients (ModelSpec._lin, _attn_pq,
 # _attn_qq)
 NOW, CAPACITY, ALPHA, LIN, PQ, QQ = range(6)
@@ -57,7 +68,7 @@ R_KV, R_SSM, R_CKPTS, R_FREED, R_EVICTED, R_TRUNCATED = range(6)
 
 
 # ---------------------------------------------------------------------------- children table
-@njit
+@leaf
 def _slot(key, mask):
     """Where ``key``'s probe starts (splitmix64's finalizer: every bit of the key moves the
     low bits)."""
@@ -68,12 +79,12 @@ def _slot(key, mask):
     return np.int64(h & np.uint64(mask))
 
 
-@njit
+@leaf
 def child_key(parent, token):
     return (np.int64(parent) << np.int64(32)) | np.int64(token)
 
 
-@njit
+@leaf
 def find(t, key):
     """The child slot under ``key``, or -1."""
     mask = t.shape[1] - 1
@@ -85,7 +96,7 @@ def find(t, key):
     return -1
 
 
-@njit
+@leaf
 def put(t, ints, key, val):
     """Map ``key`` to ``val`` (replacing its value if present)."""
     mask = t.shape[1] - 1
@@ -104,7 +115,7 @@ def put(t, ints, key, val):
     t[0, spot], t[1, spot] = key, val
 
 
-@njit
+@leaf
 def drop(t, key):
     mask = t.shape[1] - 1
     i = _slot(key, mask)
@@ -115,7 +126,7 @@ def drop(t, key):
         i = (i + 1) & mask
 
 
-@njit
+@leaf
 def first_token(n, tokens, s):
     return tokens[n[REF, s] + n[START, s]]
 
@@ -139,7 +150,7 @@ def tidy(st):
 
 
 # ---------------------------------------------------------------------------- nodes
-@njit
+@leaf
 def prefill_flops(p, prefix, new):
     """:meth:`simlab.model.ModelSpec.prefill_flops`, the same float operations."""
     return new * (p[LIN] + p[PQ] * prefix + p[QQ] * new)
@@ -148,75 +159,77 @@ def prefill_flops(p, prefix, new):
 @njit
 def refresh(st, s):
     """``_refresh_numbers``: a node's bytes and FLOPs saved beyond its parent."""
-    n, f, ints, p = st[NODES], st[FLOATS], st[INTS], st[SETTINGS]
+    numbers(st[NODES], st[FLOATS], st[INTS], st[SETTINGS], s)
+
+
+@leaf
+def numbers(n, f, ints, p, s):
+    """:func:`refresh` over the arrays themselves (the per-node helpers take them so: each
+    array taken out of ``st`` costs two atomic reference counts)."""
     length = n[END, s] - n[START, s]
     held = ints[CKPT_BYTES] if n[CKPT, s] else 0
     f[SIZE, s] = length * ints[KV_PER_TOKEN] + held
     f[SAVED, s] = prefill_flops(p, n[START, s], length) if length else 0.0
 
 
-@njit
-def new_node(st, parent, a, b, ref, ckpt):
+@leaf
+def new_node(n, f, ints, p, free, parent, a, b, ref, ckpt):
     """``_new_node``: a node spanning ``[a, b)`` of the sequence at ``ref``, created now, with
     no link to its parent yet."""
-    n, ints = st[NODES], st[INTS]
     ints[FREE] -= 1
-    s = st[FREE_SLOTS][ints[FREE]]
+    s = free[ints[FREE]]
     ints[TOP] = max(ints[TOP], s + 1)
     n[PARENT, s], n[START, s], n[END, s], n[REF, s] = parent, a, b, ref
     n[NID, s] = ints[NEXT_NID]
     ints[NEXT_NID] += 1
     n[PINS, s], n[KIDS, s], n[KID_SUM, s], n[CKPT, s], n[ALIVE, s] = 0, 0, 0, ckpt, 1
-    st[FLOATS][LAST, s] = st[SETTINGS][NOW]
-    refresh(st, s)
+    f[LAST, s] = p[NOW]
+    numbers(n, f, ints, p, s)
     return s
 
 
-@njit
-def adopt(st, parent, s):
+@leaf
+def adopt(n, t, ints, tokens, parent, s):
     """``_attach`` of a new child ``s``."""
-    n = st[NODES]
-    put(st[TABLE], st[INTS], child_key(parent, first_token(n, st[TOKENS], s)), s)
+    put(t, ints, child_key(parent, first_token(n, tokens, s)), s)
     n[KIDS, parent] += 1
     n[KID_SUM, parent] += s
 
 
-@njit
-def relink(st, parent, old, new):
+@leaf
+def relink(n, t, ints, tokens, parent, old, new):
     """``_attach(parent, new)`` where ``new`` takes ``old``'s place under the same first token
     (a split's upper half, a merge's child)."""
-    n = st[NODES]
-    put(st[TABLE], st[INTS], child_key(parent, first_token(n, st[TOKENS], new)), new)
+    put(t, ints, child_key(parent, first_token(n, tokens, new)), new)
     n[PARENT, new] = parent
     n[KID_SUM, parent] += new - old
 
 
-@njit
-def release(st, s):
-    ints = st[INTS]
-    st[NODES][ALIVE, s] = 0
-    st[FLOATS][SIZE, s] = 0.0
-    st[FREE_SLOTS][ints[FREE]] = s
+@leaf
+def release(n, f, ints, free, s):
+    n[ALIVE, s] = 0
+    f[SIZE, s] = 0.0
+    free[ints[FREE]] = s
     ints[FREE] += 1
 
 
 @njit
 def split(st, s, pos):
     """``_split``: a new upper node ``[start, pos)`` adopts ``s`` as its only child."""
-    n = st[NODES]
-    p = n[PARENT, s]
-    upper = new_node(st, p, n[START, s], pos, n[REF, s], 0)
+    n, f, t, ints, p, free, tokens = st
+    parent = n[PARENT, s]
+    upper = new_node(n, f, ints, p, free, parent, n[START, s], pos, n[REF, s], 0)
     n[START, s] = pos
-    relink(st, p, s, upper)
-    put(st[TABLE], st[INTS], child_key(upper, first_token(n, st[TOKENS], s)), s)
+    relink(n, t, ints, tokens, parent, s, upper)
+    put(t, ints, child_key(upper, first_token(n, tokens, s)), s)
     n[PARENT, s] = upper
     n[KIDS, upper], n[KID_SUM, upper], n[PINS, upper] = 1, s, n[PINS, s]
-    refresh(st, s)
-    refresh(st, upper)
+    numbers(n, f, ints, p, s)
+    numbers(n, f, ints, p, upper)
     return upper
 
 
-@njit
+@leaf
 def pin(n, s, by):
     """``pin`` (``by`` 1) / ``unpin`` (-1): ``s`` (-1: none) and its ancestors, root excluded."""
     while s > ROOT:
@@ -225,7 +238,7 @@ def pin(n, s, by):
 
 
 # ---------------------------------------------------------------------------- matching
-@njit
+@leaf
 def common(tokens, a, b, span):
     """How many of ``span`` tokens from ``a`` and from ``b`` agree before the first mismatch:
     all of them when they are the same tokens (a session's sequences share its history), else
@@ -278,7 +291,8 @@ def walk(st, off, size, path, depth, pos, partial):
 @njit
 def lookup(st, path, depth, matched, partial, n_in):
     """``lookup``'s hit rule over the input's walk: (hit node or -1, hit length). A hybrid
-    reuses the deepest state on the path; a Transformer any prefix; at most ``n_in - 1``."""
+    reuses the deepest state on the path; a Transformer any prefix, in whole pages; at most
+    ``n_in - 1``."""
     n = st[NODES]
     limit = n_in - 1
     if st[INTS][HYBRID]:
@@ -287,7 +301,8 @@ def lookup(st, path, depth, matched, partial, n_in):
             if n[CKPT, s] and n[END, s] <= limit:
                 return s, n[END, s]
         return -1, 0
-    hit = min(matched, limit)
+    page = st[INTS][PAGE]
+    hit = (min(matched, limit) // page) * page
     if hit <= 0:
         return -1, 0
     for j in range(depth):  # _node_covering
@@ -327,6 +342,18 @@ def judicious(st, path, depth, matched, partial, size, ckpts):
     return count + 1
 
 
+@njit
+def fine_grained(st, size, ckpts):
+    """``FineGrained.plan``: a state every block up to the sequence's last whole block, which
+    is where its admission ends; returns (how many, the end)."""
+    block = st[INTS][BLOCK]
+    end = (size // block) * block
+    count = end // block
+    for k in range(count):
+        ckpts[k] = (k + 1) * block
+    return count, end
+
+
 # ---------------------------------------------------------------------------- eviction
 @njit
 def free_bytes(st):
@@ -334,30 +361,28 @@ def free_bytes(st):
     return st[SETTINGS][CAPACITY] - ints[KV] - ints[SSM]
 
 
-@njit
-def evict_node(st, s):
-    """``_evict_node``: delete a leaf, or merge a one-child node into its child (its KV moves
-    down); returns the bytes freed."""
-    n, t, ints, tokens = st[NODES], st[TABLE], st[INTS], st[TOKENS]
-    p = n[PARENT, s]
+@leaf
+def evict_node(n, f, t, ints, p, free, tokens, s):
+    """``_evict_node`` (over ``st``'s arrays): delete a leaf, or merge a one-child node into
+    its child (its KV moves down); returns the bytes freed."""
+    parent = n[PARENT, s]
     ckpt_freed = ints[CKPT_BYTES] if n[CKPT, s] else 0
     ints[SSM] -= ckpt_freed
     if n[KIDS, s] == 0:  # _drop_leaf
-        drop(t, child_key(p, first_token(n, tokens, s)))
-        n[KIDS, p] -= 1
-        n[KID_SUM, p] -= s
+        drop(t, child_key(parent, first_token(n, tokens, s)))
+        n[KIDS, parent] -= 1
+        n[KID_SUM, parent] -= s
         kv = (n[END, s] - n[START, s]) * ints[KV_PER_TOKEN]
         ints[KV] -= kv
-        release(st, s)
+        release(n, f, ints, free, s)
         return kv + ckpt_freed
     c = n[KID_SUM, s]
     drop(t, child_key(s, first_token(n, tokens, c)))
     n[START, c] = n[START, s]
-    f = st[FLOATS]
     f[LAST, c] = max(f[LAST, c], f[LAST, s])
-    relink(st, p, s, c)
-    refresh(st, c)
-    release(st, s)
+    relink(n, t, ints, tokens, parent, s, c)
+    numbers(n, f, ints, p, c)
+    release(n, f, ints, free, s)
     return ckpt_freed
 
 
@@ -418,14 +443,82 @@ def next_victim(st):
 
 @njit
 def evict(st, need, result):
-    """``evict``: the lowest-scored candidates until ``need`` bytes are free or none is left."""
-    while need > free_bytes(st):
-        victim = next_victim(st)
-        if victim < 0:
+    """``evict``: the lowest-scored candidates until ``need`` bytes are free or none is left
+    (Marconi's re-scored after every eviction, ``_evict_rescoring``; LRU's from a heap)."""
+    if st[INTS][EVICTION] == LRU:
+        evict_lru(st, need, result)
+    else:
+        n, f, t, ints, p, free, tokens = st
+        while need > p[CAPACITY] - ints[KV] - ints[SSM]:  # free_bytes
+            victim = next_victim(st)
+            if victim < 0:
+                break
+            result[R_FREED] += evict_node(n, f, t, ints, p, free, tokens, victim)
+            result[R_EVICTED] += 1
+    tidy(st)  # an eviction adds no entry to the table: its drops leave tombstones
+
+
+@leaf
+def below(keys, nids, a, b):
+    """Entry ``a`` of the heap (last access, node id) is lower than entry ``b``."""
+    return keys[a] < keys[b] or (keys[a] == keys[b] and nids[a] < nids[b])
+
+
+@leaf
+def swap(keys, nids, slots, a, b):
+    keys[a], keys[b] = keys[b], keys[a]
+    nids[a], nids[b] = nids[b], nids[a]
+    slots[a], slots[b] = slots[b], slots[a]
+
+
+@leaf
+def sift_down(keys, nids, slots, at, size):
+    while True:
+        child = 2 * at + 1
+        if child >= size:
             return
-        result[R_FREED] += evict_node(st, victim)
+        if child + 1 < size and below(keys, nids, child + 1, child):
+            child += 1
+        if not below(keys, nids, child, at):
+            return
+        swap(keys, nids, slots, at, child)
+        at = child
+
+
+@leaf
+def sift_up(keys, nids, slots, at):
+    while at and below(keys, nids, at, (at - 1) >> 1):
+        swap(keys, nids, slots, at, (at - 1) >> 1)
+        at = (at - 1) >> 1
+
+
+@njit
+def evict_lru(st, need, result):
+    """``_evict_heap`` for LRU: the unpinned leaves of the moment in a heap by (last access,
+    node id), the lowest evicted until ``need`` bytes are free; a parent left a leaf joins it
+    (the scores do not change during an eviction, so this is ``_evict_up``'s order)."""
+    n, f, t, ints, p, free, tokens = st
+    top = ints[TOP]
+    keys, nids, slots = np.empty(top, np.float64), np.empty(top, np.int64), np.empty(top, np.int64)
+    size = 0
+    for s in range(1, top):
+        if n[ALIVE, s] and n[PINS, s] == 0 and n[KIDS, s] == 0:
+            keys[size], nids[size], slots[size] = f[LAST, s], n[NID, s], s
+            size += 1
+    for at in range(size // 2 - 1, -1, -1):
+        sift_down(keys, nids, slots, at, size)
+    while size and need > p[CAPACITY] - ints[KV] - ints[SSM]:  # free_bytes
+        s = slots[0]
+        size -= 1
+        swap(keys, nids, slots, 0, size)
+        sift_down(keys, nids, slots, 0, size)
+        up = n[PARENT, s]
+        result[R_FREED] += evict_node(n, f, t, ints, p, free, tokens, s)
         result[R_EVICTED] += 1
-        tidy(st)
+        if up != ROOT and n[KIDS, up] == 0 and n[PINS, up] == 0:
+            keys[size], nids[size], slots[size] = f[LAST, up], n[NID, up], up
+            size += 1
+            sift_up(keys, nids, slots, size - 1)
 
 
 # ---------------------------------------------------------------------------- admission
@@ -436,14 +529,13 @@ def plan(st, path, depth, matched, end, wanted, n_wanted, out):
     if not st[INTS][HYBRID]:
         return 0, 0, end
     n = st[NODES]
-    n_old = cached = 0
+    n_old = cached = j = 0
     while cached < n_wanted and wanted[cached] <= matched:
-        present = False
-        for j in range(depth):
-            s = path[j]
-            present = present or (n[CKPT, s] and n[END, s] == wanted[cached])
-        if not present:
-            out[n_old] = wanted[cached]
+        c = wanted[cached]
+        while j < depth and n[END, path[j]] < c:  # path ends and wanted ascend: one merge
+            j += 1
+        if not (j < depth and n[END, path[j]] == c and n[CKPT, path[j]]):
+            out[n_old] = c
             n_old += 1
         cached += 1
     n_new = n_wanted - cached
@@ -477,20 +569,21 @@ def truncate(st, budget, matched, plan_end, ckpts, n_old, n_new):
 
 
 @njit
-def ending_at(st, along, n_along, pos):
-    """``_node_ending_at``: the node on ``along[:n_along]`` ending at ``pos``, split off an edge
-    holding ``pos`` inside (and inserted into ``along``); returns (node, new length)."""
+def ending_at(st, along, n_along, pos, first):
+    """``_node_ending_at``: the node on ``along[first:n_along]`` ending at ``pos``, split off
+    an edge holding ``pos`` inside (and inserted into ``along``); returns (node, its index, new
+    length). Positions asked for in ascending order are found from the last one's index."""
     n = st[NODES]
-    for i in range(n_along):
+    for i in range(first, n_along):
         s = along[i]
         if n[END, s] == pos:
-            return s, n_along
+            return s, i, n_along
         if n[START, s] < pos < n[END, s]:
             upper = split(st, s, pos)
             for j in range(n_along, i, -1):
                 along[j] = along[j - 1]
             along[i] = upper
-            return upper, n_along + 1
+            return upper, i, n_along + 1
     raise AssertionError("position not on the matched path")
 
 
@@ -513,18 +606,17 @@ def append_chain(st, top, off, a, b, ckpts, first, count):
     """``_append_chain``: ``[a, b)`` of the sequence at ``off`` under ``top``, as nodes cut after
     each of ``ckpts[first:first + count]`` (sorted, distinct, in ``(a, b]``; the node ending
     there holds it)."""
+    n, f, t, ints, p, free, tokens = st
     pos = a
-    k = first
+    k, last = first, first + count
     while pos < b:
-        stop = b
-        if k < first + count and ckpts[k] < b:
-            stop = ckpts[k]
+        if k < last and ckpts[k] < b:  # a node ending at each state, then the rest
+            stop, held = ckpts[k], 1
             k += 1
-        held = 0
-        for j in range(first, first + count):
-            held |= ckpts[j] == stop
-        s = new_node(st, top, pos, stop, off, held)
-        adopt(st, top, s)
+        else:
+            stop, held = b, k < last and ckpts[k] == b
+        s = new_node(n, f, ints, p, free, top, pos, stop, off, held)
+        adopt(n, t, ints, tokens, top, s)
         top, pos = s, stop
 
 
@@ -537,14 +629,15 @@ def apply(st, path, depth, partial, along, off, matched, plan_end, ckpts, n_old,
     if partial >= 0:
         along[n_along] = partial
         n_along += 1
+    at = 0
     for k in range(n_old):
-        s, n_along = ending_at(st, along, n_along, ckpts[k])
+        s, at, n_along = ending_at(st, along, n_along, ckpts[k], at)
         set_ckpt(st, s, result)
     if plan_end <= matched:
         return
     top = ROOT
     if matched:
-        top, n_along = ending_at(st, along, n_along, matched)
+        top, at, n_along = ending_at(st, along, n_along, matched, at)
     append_chain(st, top, off, matched, plan_end, ckpts, n_old, n_new)
     ints = st[INTS]
     kv = ints[KV_PER_TOKEN] * (plan_end - matched)
@@ -583,17 +676,34 @@ def note_peaks(ints):
 
 
 @njit
-def admit(st, off, size, ckpts, n_ckpts, path, along, walked, result):
-    """``_insert`` of the sequence ``tokens[off:off + size]`` with states at ``ckpts[:n_ckpts]``
-    (``ckpts[2:4]`` is the plan's room). ``walked``: the walk of its input, ``(input length,
-    depth, matched, partial)`` in ``path``, with no change of the tree since: the sequence's walk
-    is the same unless the input matched whole, and then goes on from there. ``result``:
-    :data:`R_KV` .. :data:`R_TRUNCATED`."""
+def cut_walk(st, path, depth, matched, partial, end):
+    """A walk of ``end`` tokens from the walk of more of the same tokens that matched past
+    them: the nodes up to ``end``, and the one holding it inside, if any."""
+    n = st[NODES]
+    if end <= 0:
+        return 0, 0, -1
+    for j in range(depth):
+        s = path[j]
+        if n[END, s] == end:
+            return j + 1, end, -1
+        if n[END, s] > end:
+            return j, end, s
+    return depth, end, partial
+
+
+@njit
+def admit(st, off, end, ckpts, n_ckpts, path, along, walked, planned, result):
+    """``_insert`` of ``tokens[off:off + end]`` (the admission's end) with states at
+    ``ckpts[:n_ckpts]`` (``planned``: the plan's room). ``walked``: the walk of the input,
+    ``(input length, depth, matched, partial)`` in ``path``, with no change of the tree since:
+    the admission's walk is the same, cut at ``end`` when it matched past it, and goes on from
+    there when the input matched whole. ``result``: :data:`R_KV` .. :data:`R_TRUNCATED`."""
     n_in, depth, matched, partial = walked
-    if matched == n_in < size:
-        depth, matched, partial = walk(st, off, size, path, depth, matched, partial)
-    planned = ckpts[2:]
-    n_old, n_new, plan_end = plan(st, path, depth, matched, size, ckpts, n_ckpts, planned)
+    if matched > end:
+        depth, matched, partial = cut_walk(st, path, depth, matched, partial, end)
+    elif matched == n_in < end:
+        depth, matched, partial = walk(st, off, end, path, depth, matched, partial)
+    n_old, n_new, plan_end = plan(st, path, depth, matched, end, ckpts, n_ckpts, planned)
     deepest = partial if partial >= 0 else (path[depth - 1] if depth else -1)
     n, ints = st[NODES], st[INTS]
     pin(n, deepest, 1)
@@ -612,35 +722,56 @@ def admit(st, off, size, ckpts, n_ckpts, path, along, walked, result):
 
 # ---------------------------------------------------------------------------- the replay
 @njit
-def serve(st, off, n_in, size, path, along, ckpts, result):
+def serve(st, off, n_in, size, path, along, work, result):
     """``RequestStep.serve`` of one request: tick, match the input, note the hit, plan its
-    states (judicious admission), admit input + output; returns (matched, hit)."""
+    states (judicious or fine-grained admission), admit input + output (``work``: room for the
+    plan's states twice); returns (matched, hit)."""
     st[SETTINGS][NOW] += 1.0
     depth, matched, partial = walk(st, off, n_in, path, 0, 0, -1)
     hit_node, hit = lookup(st, path, depth, matched, partial, n_in)
     on_hit(st, path, depth, hit_node)
-    n_ckpts = judicious(st, path, depth, matched, partial, size, ckpts)
+    half = work.shape[0] // 2
+    ckpts, planned = work[:half], work[half:]
+    if st[INTS][ADMISSION] == FINE_GRAINED:
+        n_ckpts, end = fine_grained(st, size, ckpts)
+    else:
+        n_ckpts, end = judicious(st, path, depth, matched, partial, size, ckpts), size
     for k in range(result.shape[0]):
         result[k] = 0
-    admit(st, off, size, ckpts, n_ckpts, path, along, (n_in, depth, matched, partial), result)
+    walked = (n_in, depth, matched, partial)
+    admit(st, off, end, ckpts, n_ckpts, path, along, walked, planned, result)
     return matched, hit
 
 
 @njit
-def replay(st, offs, in_lens, seq_lens, path, along, out, lo, hi, stop_at_eviction):
+def room(st, size):
+    """Node slots one request's admission may take: a split at its match, one per state on
+    cached tokens and one per new state, and one more."""
+    ints = st[INTS]
+    states = size // ints[BLOCK] if ints[ADMISSION] == FINE_GRAINED else 2
+    return 2 * states + 4
+
+
+@njit
+def replay(st, offs, in_lens, seq_lens, path, along, work, out, lo, hi, stop_at_eviction):
     """Requests ``lo`` .. ``hi - 1`` through :func:`serve` (``out`` columns ``lo`` ..: matched,
     hit, the admission's :data:`R_KV` .. :data:`R_TRUNCATED`, the cache's KV and SSM bytes
     after); with ``stop_at_eviction``, stops after the first request whose admission evicted.
-    Returns the index after the last request served."""
-    ckpts = np.zeros(4, dtype=np.int64)
+    Returns the index after the last request served and why it stopped (:data:`DONE`,
+    :data:`EVICTED`, or :data:`ROOM`: the next request may need more node slots than are free,
+    or its path a longer ``path``)."""
     result = np.zeros(6, dtype=np.int64)
     ints = st[INTS]
-    for i in range(lo, min(hi, offs.shape[0])):
-        matched, hit = serve(st, offs[i], in_lens[i], seq_lens[i], path, along, ckpts, result)
+    hi = min(hi, offs.shape[0])
+    for i in range(lo, hi):
+        need = room(st, seq_lens[i])
+        if ints[FREE] < need or ints[TOP] + need + 4 > path.shape[0]:
+            return i, ROOM
+        matched, hit = serve(st, offs[i], in_lens[i], seq_lens[i], path, along, work, result)
         out[0, i], out[1, i] = matched, hit
         for k in range(6):
             out[2 + k, i] = result[k]
         out[8, i], out[9, i] = ints[KV], ints[SSM]
         if stop_at_eviction and result[R_EVICTED]:
-            return i + 1
-    return min(hi, offs.shape[0])
+            return i + 1, EVICTED
+    return hi, DONE

@@ -26,7 +26,7 @@ import numpy as np
 
 from simlab.radix_kernel import (
     NODES_PER_REQUEST,
-    Scratch,
+    Kernel,
     TokenPool,
     copy_state,
     empty_state,
@@ -67,8 +67,7 @@ def tuned_replay(
     step: RequestStep,
     tuner: AlphaTuner,
     pool: TokenPool,
-    st: tuple[np.ndarray, ...],
-    scratch: Scratch,
+    kernel: Kernel,
     out: np.ndarray,
 ) -> None:
     """The replay with Marconi's alpha tuning: the kernel serves the requests in stretches
@@ -78,10 +77,11 @@ def tuned_replay(
     (:class:`KernelSearch`): the same protocol, the same alphas."""
     from simlab import radix_kernel_jit as jit
 
+    slots = kernel.st[jit.NODES].shape[1]
     tuner.imaging = Imaging(
         snapshot=copy_state,
-        empty=lambda _st: empty_state(step, pool.tokens, st[jit.FREE_SLOTS].shape[0]),
-        search=KernelSearch(pool, {id(r): i for i, r in enumerate(requests)}, scratch),
+        empty=lambda _st: empty_state(step, pool.tokens, slots),
+        search=KernelSearch(pool, {id(r): i for i, r in enumerate(requests)}, kernel),
         workers=False,
     )
     evicted = out[2 + jit.R_EVICTED]
@@ -90,12 +90,12 @@ def tuned_replay(
         event = tuner.next_event()
         stop = tuner.bootstrap_requests is None  # the first eviction schedules the tunings
         hi = n if event is None else min(event, n)
-        j = jit.replay(st, pool.offs, pool.in_lens, pool.seq_lens, *scratch, out, i, hi, stop)
+        j = kernel.serve(pool.offs, pool.in_lens, pool.seq_lens, out, i, hi, stop)
         for k in range(i, j):
             tuner.evicted = tuner.evicted or bool(evicted[k])
-            alpha = tuner.account(st, requests[k], step.admission)
+            alpha = tuner.account(kernel.st, requests[k], step.admission)
             if alpha is not None:
-                st[jit.SETTINGS][jit.ALPHA] = alpha
+                kernel.st[jit.SETTINGS][jit.ALPHA] = alpha
                 step.eviction.set_alpha(alpha)  # type: ignore[attr-defined]
         i = j
 
@@ -103,12 +103,12 @@ def tuned_replay(
 @dataclass(frozen=True)
 class KernelSearch:
     """:func:`simlab.tuning.grid_results` on the kernel: each grid alpha replays the window on
-    a copy of the snapshot, and its scored requests are summed in order, as
-    :class:`~simlab.tuning.WindowResult` adds records."""
+    a copy of the snapshot (with ``kernel``'s working arrays), and its scored requests are
+    summed in order, as :class:`~simlab.tuning.WindowResult` adds records."""
 
     pool: TokenPool
     index: dict[int, int]  # id of a request -> its position in the pool
-    scratch: Scratch
+    kernel: Kernel
 
     def __call__(
         self,
@@ -132,7 +132,8 @@ class KernelSearch:
             st = copy_state(image, live + NODES_PER_REQUEST * n)
             st[jit.SETTINGS][jit.ALPHA] = alpha
             out = np.zeros((10, n), dtype=np.int64)
-            jit.replay(st, offs, in_lens, seq_lens, *self.scratch, out, 0, n, False)
+            kernel = Kernel(st, self.kernel.path, self.kernel.along, self.kernel.work)
+            kernel.serve(offs, in_lens, seq_lens, out, 0, n)
             hit = out[1][n - scored.size :]
             saved = pool.model.prefill_flops_array(0, hit).tolist()
             results[alpha] = WindowResult(
@@ -159,9 +160,8 @@ class ImageSearch:
     ) -> dict[float, WindowResult]:
         pool = shared_pool(window, self.step, None)
         st = image_state(image, self.step, pool.tokens, NODES_PER_REQUEST * len(window))
-        path = np.zeros(st[0].shape[1] + 4, dtype=np.int64)
         index = {id(r): i for i, r in enumerate(window)}
-        search = KernelSearch(pool, index, Scratch(path, path.copy()))
+        search = KernelSearch(pool, index, Kernel.of(st, 2))
         return search(st, window, admission, template, settings)
 
 

@@ -20,6 +20,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from policies.base import AdmissionPolicy
+from policies.fine_grained import FineGrained
 from policies.flop_aware import FlopAware
 from policies.judicious import Judicious
 from policies.lru import LRU
@@ -127,6 +129,32 @@ TRACE_CASES = {
         "+policy=sglang_plus",
         "cache.size_gb=4",
     ],
+    "sharegpt, marconi 7B, vLLM+ (a state every 32 tokens, LRU), 2 GB": [
+        *SHAREGPT,
+        "model=marconi_7b",
+        "+policy=vllm_plus",
+        "cache.size_gb=2",
+    ],
+    "sharegpt, Llama-3-8B, vLLM+ (32-token pages), 0.3 GB": [
+        *SHAREGPT,
+        "model=llama3_8b",
+        "+policy=vllm_plus",
+        "cache.size_gb=0.3",
+    ],
+    "swebench slice, Nemotron-H, vLLM+ with 64-token blocks, 20 GB": [
+        *SWEBENCH,
+        "model=nemotron_h_8b",
+        "+policy=vllm_plus",
+        "policy.admission.block_size=64",
+        "cache.size_gb=20",
+    ],
+    "sharegpt, marconi 7B, fine-grained states with Marconi's eviction, 1 GB": [
+        *SHAREGPT,
+        "model=marconi_7b",
+        "+policy=vllm_plus",
+        "eviction@policy.eviction=flop_aware",
+        "cache.size_gb=1",
+    ],
     "lmsys, marconi 7B, alpha 2, 2 GB": [
         "trace=lmsys",
         "model=marconi_7b",
@@ -211,21 +239,69 @@ def as_views(requests: list[Request]) -> list[Request]:
     kv_tokens=st.integers(0, 40),
     states=st.integers(0, 4),
     spare=st.sampled_from([0.0, 0.5]),
+    block=st.integers(0, 3),
 )
 def test_the_kernel_gives_the_request_steps_records_on_random_tries(
-    requests, hybrid, lru, alpha, round_down, chunk, kv_tokens, states, spare
+    requests, hybrid, lru, alpha, round_down, chunk, kv_tokens, states, spare, block
 ):
+    """``block`` 0: judicious admission; else fine-grained, a state every ``block`` tokens."""
     spec = model("marconi_7b" if hybrid else "llama3_8b")
     capacity = kv_tokens * spec.kv_bytes_per_token + states * spec.ssm_state_bytes + spare
     if capacity < spec.kv_bytes_per_token:
         capacity = math.inf
 
     def make() -> RequestStep:
-        admission = Judicious(alignment="round_down" if round_down else "exact", chunk_size=chunk)
+        alignment = "round_down" if round_down else "exact"
+        admission: AdmissionPolicy = Judicious(alignment=alignment, chunk_size=chunk)
+        if block:
+            admission = FineGrained(block_size=block)
         eviction = LRU() if lru else FlopAware(alpha=alpha)
         return RequestStep.build(spec, capacity, admission, eviction, "random")
 
     assert_compiled_equals_step(requests, make(), make())
+
+
+@pytest.mark.parametrize("policy", ["+policy=vllm_plus", "+policy=sglang_plus"])
+def test_the_kernel_grows_its_state_as_it_needs(policy, monkeypatch):
+    """Started with room for a handful of nodes, the kernel doubles its node slots, table and
+    path as requests need them (a fine-grained admission's chains of hundreds of nodes): the
+    same records."""
+    monkeypatch.setattr(radix_kernel, "NODES_PER_REQUEST", 0)
+    grown = []
+    grow = radix_kernel.Kernel.grow
+    monkeypatch.setattr(radix_kernel.Kernel, "grow", lambda k: grown.append(1) or grow(k))
+    overrides = [*SHAREGPT, "model=nemotron_h_8b", policy, "cache.size_gb=1"]
+    requests, step, _ = configured(overrides)
+    _, oracle, _ = configured(overrides)
+    assert_compiled_equals_step(requests, step, oracle)
+    assert grown
+
+
+@pytest.mark.parametrize("lru", [True, False])
+def test_equally_scored_victims_go_oldest_first(lru):
+    """Two leaves last touched at the same tick: the older node (smaller creation id) goes."""
+    from simlab import radix_kernel_jit as jit
+
+    spec = model("llama3_8b")
+    ids = [[1, 2, 3], [4, 5, 6]]
+    requests = [
+        Request(i, i, 0, float(i), np.array(x, np.int32), np.zeros(0, np.int32), 0)
+        for i, x in enumerate(ids)
+    ]
+    eviction = LRU() if lru else FlopAware(alpha=0.0)
+    step = RequestStep.build(spec, math.inf, Judicious(), eviction, "ties")
+    pool = radix_kernel.shared_pool(requests, step, None)
+    kernel = radix_kernel.Kernel.of(radix_kernel.empty_state(step, pool.tokens, 16), 2)
+    out = np.zeros((10, 2), dtype=np.int64)
+    kernel.serve(pool.offs, pool.in_lens, pool.seq_lens, out, 0, 2)
+    nodes, floats = kernel.st[jit.NODES], kernel.st[jit.FLOATS]
+    leaves = [s for s in range(1, 3) if nodes[jit.ALIVE, s] and not nodes[jit.KIDS, s]]
+    assert len(leaves) == 2
+    floats[jit.LAST, leaves] = 7.0
+    kernel.st[jit.SETTINGS][jit.CAPACITY] = 4 * spec.kv_bytes_per_token  # 6 tokens held
+    jit.evict(kernel.st, 0, np.zeros(6, dtype=np.int64))
+    older = min(leaves, key=lambda s: nodes[jit.NID, s])
+    assert not nodes[jit.ALIVE, older] and nodes[jit.ALIVE, max(leaves) + min(leaves) - older]
 
 
 def test_an_lru_hit_refreshes_its_whole_path():
@@ -418,7 +494,12 @@ OBSTACLES = {
     "the reference code's semantics": [*MARCONI, "+policy.semantics.partial_descent=true"],
     "a host tier or SSM pool": [*MARCONI, "cache.host_gb=2", "cache.host_bw_gbps=10"],
     "pages or ids of many tokens": ["+policy=sglang_plus", "cache.page_size=16"],
-    "admission": ["+policy=vllm_plus"],
+    "admission": ["+policy=sglang"],
+    "alpha tuning with a fine-grained admission": [
+        "+policy=vllm_plus",
+        "eviction@policy.eviction=flop_aware",
+        "+policy.tuning.enabled=true",
+    ],
     "eviction": ["+policy=gdsf"],
     "the reference code's FLOP-aware terms": [*MARCONI, "policy.eviction.memory=path"],
 }
