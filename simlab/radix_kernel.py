@@ -68,10 +68,14 @@ class Peaks(NamedTuple):
 
 #: :func:`shared_pool`'s key in a run's shared arrays (:data:`simlab.block_replay.Walks`)
 POOL = "radix_kernel.TokenPool"
-#: ``cache.compiled=auto`` compiles from this many requests on: importing numba and loading the
-#: cached kernel takes about 0.3-0.5 s on a 2-core machine, the request step 50-60 us per request
-#: of ShareGPT (README, "Compiled radix replay")
-COMPILED_MIN_REQUESTS = 10_000
+#: ``cache.compiled=auto`` compiles a run the request step would take this long to serve
+#: (:func:`step_seconds`): importing numba and loading the cached kernel take about 0.4 s on a
+#: 2-core machine (README, "Compiled radix replay")
+COMPILED_MIN_SECONDS = 0.5
+#: the request step's time per request served (ShareGPT and SWE-bench: 50-80 us) and per node
+#: of a fine-grained admission's chains (1.8-2.3 us)
+STEP_S_PER_REQUEST = 60e-6
+STEP_S_PER_BLOCK = 2e-6
 #: the plug-ins the kernel runs, by class (the simulator imports no policy but the contract,
 #: ``policies.base``) -> the eviction kinds of :mod:`simlab.radix_kernel_jit`
 JUDICIOUS = "policies.judicious.Judicious"
@@ -157,13 +161,26 @@ def step_obstacle(step: RequestStep, requests: Sequence[Request]) -> str | None:
 
 def use_compiled(compiled: bool | str, requests: Sequence[Request], step: RequestStep) -> bool:
     """Whether a run that passes :func:`obstacle` runs compiled: ``cache.compiled`` true, or
-    auto with numba installed and at least :data:`COMPILED_MIN_REQUESTS` requests to serve
-    (with alpha tuning, each grid alpha replays about the whole trace again in windows)."""
+    auto with numba installed and at least :data:`COMPILED_MIN_SECONDS` of the request step's
+    work (:func:`step_seconds`)."""
     if compiled == "auto":
-        tuner = next(iter(step.controllers), None)
-        per_request = 1 + (len(tuner.settings.grid) if isinstance(tuner, AlphaTuner) else 0)
-        return len(requests) * per_request >= COMPILED_MIN_REQUESTS and available()
+        return step_seconds(requests, step) >= COMPILED_MIN_SECONDS and available()
     return compiled is True
+
+
+def step_seconds(requests: Sequence[Request], step: RequestStep) -> float:
+    """About how long the request step would take to serve ``requests``: per request served
+    (with alpha tuning, each grid alpha replays about the whole trace again in windows), and
+    per node a fine-grained admission chains (one a block)."""
+    tuner = next(iter(step.controllers), None)
+    serves = len(requests) * (
+        1 + (len(tuner.settings.grid) if isinstance(tuner, AlphaTuner) else 0)
+    )
+    seconds = serves * STEP_S_PER_REQUEST
+    if qualname(step.admission) == FINE_GRAINED:
+        tokens = sum(r.input_ids.shape[0] + r.output_ids.shape[0] for r in requests)
+        seconds += tokens / int(vars(step.admission)["block_size"]) * STEP_S_PER_BLOCK
+    return seconds
 
 
 def _same_start(a: np.ndarray, b: np.ndarray) -> bool:

@@ -523,18 +523,21 @@ def test_only_the_replay_engine_on_token_traces_runs_compiled():
     assert "a hash-id trace" in (radix_kernel.obstacle(step, ReplayEngine(), hashed) or "")
 
 
-def test_auto_compiles_from_enough_requests_to_serve(monkeypatch):
-    """A tuned run serves its requests once more per grid alpha (in windows)."""
-    requests = [object()] * 3
-    _, fixed, _ = configured(["trace=lmsys", "model=marconi_7b", *MARCONI])
+def test_auto_compiles_runs_that_would_take_the_request_step_long_enough(monkeypatch):
+    """Half a second of the request step's work: a tuned run serves its requests once more per
+    grid alpha (in windows), a fine-grained admission chains a node a block."""
+    requests, fixed, _ = configured(["trace=lmsys", "model=marconi_7b", *MARCONI])
     _, tuned, _ = configured(["trace=lmsys", "model=marconi_7b", "+policy=marconi"])
-    monkeypatch.setattr(radix_kernel, "COMPILED_MIN_REQUESTS", 3)
-    assert radix_kernel.use_compiled("auto", requests, fixed)  # type: ignore[arg-type]
-    assert not radix_kernel.use_compiled("auto", requests[:2], fixed)  # type: ignore[arg-type]
-    monkeypatch.setattr(radix_kernel, "COMPILED_MIN_REQUESTS", 12)  # 11 grid alphas
-    assert radix_kernel.use_compiled("auto", requests[:1], tuned)  # type: ignore[arg-type]
-    assert not radix_kernel.use_compiled("auto", requests[:1], fixed)  # type: ignore[arg-type]
-    assert radix_kernel.use_compiled(True, requests[:1], fixed)  # type: ignore[arg-type]
-    assert not radix_kernel.use_compiled(False, requests, tuned)  # type: ignore[arg-type]
+    _, fine, _ = configured(["trace=lmsys", "model=marconi_7b", "+policy=vllm_plus"])
+    n, tokens = len(requests), sum(r.full_sequence().shape[0] for r in requests)
+    assert radix_kernel.step_seconds(requests, fixed) == pytest.approx(n * 60e-6)
+    assert radix_kernel.step_seconds(requests, tuned) == pytest.approx(12 * n * 60e-6)
+    blocks = tokens / 32 * 2e-6
+    assert radix_kernel.step_seconds(requests, fine) == pytest.approx(n * 60e-6 + blocks)
+    monkeypatch.setattr(radix_kernel, "COMPILED_MIN_SECONDS", 2 * n * 60e-6)
+    assert radix_kernel.use_compiled("auto", requests, tuned)
+    assert not radix_kernel.use_compiled("auto", requests, fixed)
+    assert radix_kernel.use_compiled(True, requests, fixed)
+    assert not radix_kernel.use_compiled(False, requests, tuned)
     monkeypatch.setattr(radix_kernel, "available", lambda: False)
-    assert not radix_kernel.use_compiled("auto", requests, tuned)  # type: ignore[arg-type]
+    assert not radix_kernel.use_compiled("auto", requests, tuned)
