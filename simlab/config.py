@@ -52,9 +52,10 @@ class CacheSettings:
     #: ``size_gb`` list back to back)
     one_pass: bool = True
     #: replays compiled with numba, the same records: FIFO's and Belady's over block ids
-    #: (:mod:`simlab.block_kernel`), judicious admission with Marconi's or LRU eviction on the
-    #: token tree (:mod:`simlab.radix_kernel`); "auto" when numba is installed and the run is
-    #: large enough to repay loading it, True always (numba must be installed), False never
+    #: (:mod:`simlab.block_kernel`), judicious or fine-grained admission with Marconi's or LRU
+    #: eviction on the token tree (:mod:`simlab.radix_kernel`); "auto" when numba is installed
+    #: and the run is large enough to repay loading it, True always (numba must be installed),
+    #: False never
     compiled: bool | str = "auto"
 
     def __post_init__(self) -> None:

@@ -1,16 +1,18 @@
-"""Judicious admission (Marconi's, the paper's SGLang+) with FLOP-aware or LRU eviction on the
-token radix tree, compiled: :meth:`simlab.step.RequestStep.serve` over the whole trace as one
-numba kernel (:mod:`simlab.radix_kernel_jit`) over flat arrays, with the same records request
-for request; with Marconi's alpha tuning too (:mod:`simlab.radix_tuning`).
+"""Judicious admission (Marconi's, the paper's SGLang+) or fine-grained admission (the paper's
+vLLM+) with FLOP-aware or LRU eviction on the token radix tree, compiled:
+:meth:`simlab.step.RequestStep.serve` over the whole trace as one numba kernel
+(:mod:`simlab.radix_kernel_jit`) over flat arrays, with the same records request for request;
+with Marconi's alpha tuning too (:mod:`simlab.radix_tuning`).
 
 numba is an optional extra (``pip install simlab[fast]``, :func:`simlab.block_kernel.available`);
 ``cache.compiled`` decides (:func:`use_compiled`), and without numba the request step runs,
 giving the same records. What the kernel covers is what :func:`obstacle` accepts: the replay
 engine, a token trace, simlab's own cache semantics (no reference-code flags), one shared
-budget (no SSM pool, no host tier), no pages, no controller but the alpha tuner,
-``Judicious(branch_on="input", page_size=1)`` and either ``FlopAware`` with its default terms
-(``memory: own``, ``recency: shifted``, no ``mlp_bug``, ties to the oldest node) or ``LRU``
-(ties to the oldest, an insertion refreshing nothing). Everything else runs request by request.
+budget (no SSM pool, no host tier), no ``cache.page_size``, no controller but the alpha tuner
+(with judicious admission), ``Judicious(branch_on="input", page_size=1)`` or ``FineGrained``,
+and either ``FlopAware`` with its default terms (``memory: own``, ``recency: shifted``, no
+``mlp_bug``, ties to the oldest node) or ``LRU`` (ties to the oldest, an insertion refreshing
+nothing). Everything else runs request by request.
 
 The kernel is the cache's code path for these plug-ins, step for step (each function of
 :mod:`simlab.radix_kernel_jit` names the method it follows), with three changes that give the
@@ -21,16 +23,17 @@ same results:
   neither a split nor a merge needs new ones), and its children are an open-addressing hash
   table keyed by ``(parent, first token)``;
 * a one-child node's child is the sum of its children's slots (its only one);
-* an eviction scans the live slots for the lowest-scored candidate instead of building arrays
-  (Marconi re-scores every candidate after every eviction either way; for LRU, whose scores do
-  not change during an eviction, the lowest-scored leaf of the moment is the one the cache's heap
-  pops next). Ties go to the smallest creation id, so slot numbers never matter.
+* an eviction finds the lowest-scored candidate of the moment: Marconi's re-scored over a scan
+  of the live slots after every eviction, as the cache re-scores them; LRU's from a heap of the
+  leaves, a parent pushed once it is a leaf (its scores do not change during an eviction, so
+  this is the cache's heap's order). Ties go to the smallest creation id, so slot numbers never
+  matter.
 
 The floats are the cache's (IEEE doubles, the same operations in the same order: the kernel is
 compiled without fast-math, so nothing is fused or reassociated), and every byte count stays
-below 2**53, where int-to-float comparisons are exact as Python's are.
-``tests/test_radix_kernel.py`` checks every record column against the request step on the real
-traces and on random token tries.
+below 2**53, where int-to-float comparisons are exact as Python's are. The kernel's node slots
+grow as requests need them (:class:`Kernel`). ``tests/test_radix_kernel.py`` checks every record
+column against the request step on the real traces and on random token tries.
 """
 
 from __future__ import annotations

@@ -405,9 +405,10 @@ def run_policy(
     over whole blocks on the replay engine (:func:`simlab.block_replay.one_pass_obstacle`) is
     computed on block ids unless ``cache.one_pass`` is false: the same records, occupancy and
     summary as the request-by-request replay (``tests/test_capacities.py``,
-    ``tests/test_block_heap.py``), several times faster; judicious admission with Marconi's
-    or LRU eviction on the token tree runs compiled per ``cache.compiled``
-    (:mod:`simlab.radix_kernel`, the same records). ``walks`` shares the walk of the trace (and
+    ``tests/test_block_heap.py``), several times faster; judicious or fine-grained admission
+    with Marconi's or LRU eviction on the token tree runs compiled per ``cache.compiled``
+    (:mod:`simlab.radix_kernel`, the same records; a tuned run on another engine, its grid
+    search: :mod:`simlab.radix_tuning`). ``walks`` shares the walk of the trace (and
     the compiled replay's token pool) with the run's other policies."""
     step = policy_step(name, pcfg, model, settings, unit_tokens)
     if settings.cache.one_pass and one_pass_obstacle(step, engine) is None:

@@ -59,7 +59,8 @@ def test_hits_are_paired_request_by_request(tmp_path, capsys):
     assert row["same_hits_every_request"]
     assert row["reference_token_hit_rate"] == pytest.approx(0.2225, abs=5e-5)  # the fixture's
     assert result["requests"] == 1235
-    for mode in reference_speed.SIMLAB_MODES:
+    assert result["modes"] == reference_speed.simlab_modes()
+    for mode in result["modes"]:
         ratio = row[f"simlab_{mode}_over_reference"]
         assert ratio == pytest.approx(
             row[f"simlab_{mode}_requests_per_s"] / row["reference_requests_per_s"]
