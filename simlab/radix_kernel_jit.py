@@ -85,15 +85,22 @@ def child_key(parent, token):
 
 
 @leaf
-def find(t, key):
-    """The child slot under ``key``, or -1."""
+def probe(t, key):
+    """Where ``key`` sits in the table, or -1."""
     mask = t.shape[1] - 1
     i = _slot(key, mask)
     while t[0, i] != EMPTY:
         if t[0, i] == key:
-            return t[1, i]
+            return i
         i = (i + 1) & mask
     return -1
+
+
+@leaf
+def find(t, key):
+    """The child slot under ``key``, or -1."""
+    i = probe(t, key)
+    return t[1, i] if i >= 0 else -1
 
 
 @leaf
@@ -117,13 +124,9 @@ def put(t, ints, key, val):
 
 @leaf
 def drop(t, key):
-    mask = t.shape[1] - 1
-    i = _slot(key, mask)
-    while t[0, i] != EMPTY:
-        if t[0, i] == key:
-            t[0, i] = TOMB
-            return
-        i = (i + 1) & mask
+    i = probe(t, key)
+    if i >= 0:
+        t[0, i] = TOMB
 
 
 @leaf
