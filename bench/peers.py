@@ -62,6 +62,11 @@ agree within 0.1 point (exit status 1 otherwise):
   running requests and cache together (``engine.kv_pool=shared engine.running_memory_gb=0``),
   where a decode's full reply blocks are cached too, as in DynoSim.
 
+Start-up floor (:func:`start_up_floor`): the process time of ``python -c "import numpy,
+pyarrow.parquet, hydra.main"`` and of ``python -m simlab ... --cfg job`` (simlab's imports and its
+config composed by Hydra, nothing simulated), printed beside each peer's one-capacity process: the
+share of a simlab process that no simulation speed-up removes.
+
 Writes ``bench/results/peers.json`` (atomically) and prints the table.
 """
 
@@ -454,6 +459,63 @@ def run_dynosim(setup: Setup, mode: str, blocks: int) -> Run:
     return Run(elapsed, payload["sim_s"], {point_key("vllm", blocks): hits["last_half"]}, extra)
 
 
+# ---------------------------------------------------------------------------- start-up floor
+#: what every ``python -m simlab`` process loads before it reads a trace: numpy, pyarrow's parquet
+#: (the trace cache, the records) and Hydra
+STACK_IMPORTS = "import numpy, pyarrow.parquet, hydra.main"
+
+
+def floor_commands(setup: Setup) -> dict[str, list[str]]:
+    """The two start-up floors of a simlab process, simulating nothing: the stack's imports
+    alone, and ``python -m simlab`` with the one-capacity case's overrides under Hydra's
+    ``--cfg job`` (simlab's imports and the config composed, printed, then exit)."""
+    overrides = [*_SIMLAB_BASE, f"trace.path={setup.trace}", "engine=replay"]
+    overrides += [*SIMLAB_POLICY["lru"], f"cache.size_gb={blocks_to_size_gb(ONE_CAPACITY)!r}"]
+    return {
+        "python + numpy, pyarrow.parquet, hydra imports": [sys.executable, "-c", STACK_IMPORTS],
+        "python -m simlab ... --cfg job (no simulation)": [
+            sys.executable,
+            "-m",
+            "simlab",
+            *overrides,
+            "--cfg",
+            "job",
+        ],
+    }
+
+
+def start_up_floor(setup: Setup, repeat: int) -> dict[str, dict[str, Any]]:
+    """Median process seconds of each :func:`floor_commands` over ``repeat`` alternating rounds
+    (after one untimed round): the part of a simlab process that no simulation speed-up
+    shortens, beside the peers' whole processes."""
+    commands = floor_commands(setup)
+    names = list(commands)
+    for name in names:
+        timed(commands[name])
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(repeat):
+        for name in names if index % 2 == 0 else reversed(names):
+            runs[name].append(timed(commands[name])[0])
+    return {name: {"process_s": statistics.median(r), "runs_s": r} for name, r in runs.items()}
+
+
+def format_floor(floor: dict[str, dict[str, Any]], results: list[dict[str, Any]]) -> str:
+    """The floor's lines, each beside every peer's one-capacity process time (its ratio)."""
+    peers = {
+        row["tool"]: row["process_s"]
+        for result in results
+        if result["case"] == f"LRU, {ONE_CAPACITY} blocks"
+        for row in result["rows"][1:]
+    }
+    lines = ["", "== start-up floor: simlab processes that simulate nothing"]
+    for name, entry in floor.items():
+        ratios = "".join(
+            f"  {entry['process_s'] / s:.2f}x {peer}" for peer, s in peers.items() if s
+        )
+        lines.append(f"{name:50s} {entry['process_s']:6.2f} s{ratios}")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- cases
 Runner = Callable[[Setup], Run]
 
@@ -740,7 +802,9 @@ def main(argv: list[str] | None = None) -> int:
             if "12 processes" not in next(iter(case.tools)):
                 run_case(case, setup, 1)
         results = [summarize(case, run_case(case, setup, args.repeat)) for case in cases]
+        floor = start_up_floor(setup, args.repeat)
     print(format_table(results))
+    print(format_floor(floor, results))
     report = {
         "trace": str(trace),
         "repeat": args.repeat,
@@ -755,6 +819,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "skipped": skipped,
         "cases": results,
+        "start_up_floor": floor,
     }
     from simlab.records import write_json_atomic
 

@@ -221,3 +221,34 @@ def test_one_call_compare_set_is_the_three_peer_policies():
 def test_size_list_holds_exactly_the_blocks():
     arg = peers.size_list([256, peers.INF_BLOCKS])
     assert arg == f"cache.size_gb=[{peers.blocks_to_size_gb(256)!r},inf]"
+
+
+def test_start_up_floor_runs_the_one_capacity_command_without_simulating(tmp_path):
+    """The floor's ``--cfg job`` process composes the one-capacity case's config (its trace and
+    its exact capacity) and exits without simulating: no output directory is written."""
+    trace = tmp_path / "trace.jsonl"
+    setup = peers.Setup(trace, tmp_path / "work", {})
+    commands = peers.floor_commands(setup)
+    (stack, simlab) = commands.values()
+    assert subprocess.run(stack, check=False).returncode == 0
+    done = subprocess.run(simlab, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"path: {trace}" in done.stdout
+    assert f"size_gb: {peers.blocks_to_size_gb(peers.ONE_CAPACITY)!r}" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # no outputs/ run directory
+
+
+def test_format_floor_divides_by_each_peers_one_capacity_process():
+    floor = {"stack": {"process_s": 0.2, "runs_s": [0.2]}}
+    results = [
+        {
+            "case": f"LRU, {peers.ONE_CAPACITY} blocks",
+            "rows": [
+                {"tool": "simlab replay (vllm LRU)", "process_s": 0.7},
+                {"tool": "kvcache-simulator cpp", "process_s": 0.1},
+            ],
+        }
+    ]
+    text = peers.format_floor(floor, results)
+    assert "0.20 s  2.00x kvcache-simulator cpp" in text
+    assert "simlab replay" not in text
