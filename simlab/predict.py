@@ -27,10 +27,17 @@ for the default efficiencies) with its held-back error;
 breakdown holds the ``engine.costs`` terms when charged (``engine_overhead``, ``moe_dispatch``).
 The timed engine times its iterations with exactly this model
 (:class:`simlab.costmodel.CostModel`).
+
+``measured.path=FILE`` checks the model against measured prefill times (a TTFT table; columns
+and units in :mod:`simlab.measured`): each row is predicted as ``prefill=[its new tokens]
+prefix=[its cached prefix] engine.tp=[its degree]`` predicts it, and ``prediction.json``'s
+``measured`` holds the rows and the error (MAPE, median and P90 ``|predicted / measured - 1|``,
+the median ratio), over all rows and per band of prompt length, which the command prints too.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -40,9 +47,11 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from simlab import measured as measured_table
 from simlab.__main__ import reported_as_one_line
 from simlab.config import ConfigError
 from simlab.costmodel import BatchShape, CostModel, check_tp
@@ -213,10 +222,11 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
             f"batch: {batch} requests exceed engine.max_running={engine.max_running} (the "
             "others would wait for outputs simlab.predict does not model)"
         )
+    rows = measured_table.load(cfg, prefix, engine.tp)  # checked before any prediction
     scheduling = Scheduling.of(engine)
     runs = [prefill_iterations(prefix, n, batch, scheduling, cost.model.is_hybrid) for n in prefill]
     breakdowns = [summed(cost.breakdown(shape) for shape in run) for run in runs]
-    totals = [sum(cost.time(shape) for shape in run) for run in runs]
+    totals = [prefill_seconds(cost, run) for run in runs]
     measured = [
         sum(cost.measured_share(shape) * cost.time(shape) for shape in run) / total
         for run, total in zip(runs, totals, strict=True)
@@ -255,7 +265,47 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         },
         # per length: the share of the predicted time that comes from measurements
         "measured_share": measured,
+        # measured.path: the rows predicted and their error (simlab.measured.compare)
+        "measured": None if rows is None else checked(cfg, rows, batch, (engine, cost)),
     }
+
+
+def prefill_seconds(cost: CostModel, run: list[BatchShape]) -> float:
+    """The predicted time of a prefill's iterations (:func:`prefill_iterations`)."""
+    return sum(cost.time(shape) for shape in run)
+
+
+def checked(
+    cfg: DictConfig,
+    table: measured_table.MeasuredTable,
+    batch: int,
+    configured: tuple[TimedEngine, CostModel],
+) -> dict[str, Any]:
+    """Every row of ``table`` predicted as ``prefill=[its new tokens]`` with its prefix and
+    tensor-parallel degree (each distinct row once), compared with its measured time."""
+    models = {configured[0].tp: configured}
+    for i, tp in enumerate(table.tp.tolist()):
+        if tp not in models:
+            models[tp] = _at_tp(cfg, tp, f"measured.tp: row {i + 1} of {table.path}")
+    keys = list(zip(table.tp.tolist(), table.prefix.tolist(), table.new.tolist(), strict=True))
+    seconds = {}
+    for tp, prefix, new in dict.fromkeys(keys):
+        engine, cost = models[tp]
+        run = prefill_iterations(prefix, new, batch, Scheduling.of(engine), cost.model.is_hybrid)
+        seconds[tp, prefix, new] = prefill_seconds(cost, run)
+    return measured_table.compare(np.array([seconds[key] for key in keys]), table)
+
+
+def _at_tp(cfg: DictConfig, tp: int, where: str) -> tuple[TimedEngine, CostModel]:
+    """The timed engine and cost model of ``cfg`` at tensor-parallel degree ``tp``."""
+    at_tp = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(at_tp, False)
+    with open_dict(at_tp):
+        at_tp.engine.tp = tp
+    try:
+        return timed_engine(at_tp)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from err
 
 
 def summed(breakdowns: Iterable[dict[str, float]]) -> dict[str, float]:
@@ -305,6 +355,8 @@ def table(prediction: dict[str, Any]) -> str:
         chunks = prediction["iterations"][i]
         chunked = f"; {iterations(chunks, prediction)}" if chunks > 1 else ""
         lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms{measured_part}{chunked})")
+    if prediction.get("measured") is not None:
+        lines += measured_table.lines(prediction["measured"])
     return "\n".join(lines)
 
 

@@ -1,0 +1,178 @@
+"""``python -m simlab.predict measured.path=FILE``: the prediction checked against a table of
+measured prefill times, row by row (:mod:`simlab.measured`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from simlab.config import ConfigError
+from simlab.measured import BANDS
+from simlab.predict import predict
+from tests.fixtures import CONFIGS, ROOT
+
+
+def config(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name="predict", overrides=overrides)
+
+
+def write(path: Path, rows: dict[str, list]) -> Path:
+    frame = pd.DataFrame(rows)
+    if path.suffix == ".csv":
+        frame.to_csv(path, index=False)
+    elif path.suffix == ".jsonl":
+        frame.to_json(path, orient="records", lines=True, double_precision=15)
+    else:
+        frame.to_parquet(path)
+    return path
+
+
+def predicted_ms(overrides: list[str]) -> list[float]:
+    return predict(config(overrides))["prefill_ms"]
+
+
+def test_rows_predicted_as_prefill_would_predict_them(tmp_path):
+    """Each row is predicted exactly as ``prefill=[tokens - prefix] prefix=... engine.tp=...``
+    predicts it: measured times equal to those predictions have no error, at several prefixes
+    and tensor-parallel degrees in one table."""
+    base = ["model=nemotron_h_8b", "hardware=h100_sxm"]
+    cases = [(1, 0, [300, 5000]), (2, 0, [300, 20000]), (2, 4000, [500])]
+    tokens, prefixes, tps, times = [], [], [], []
+    for tp, prefix, news in cases:
+        ms = predicted_ms([*base, f"engine.tp={tp}", f"prefix={prefix}", f"prefill={news}"])
+        tokens += [prefix + n for n in news]
+        prefixes += [prefix] * len(news)
+        tps += [tp] * len(news)
+        times += ms
+    table = write(
+        tmp_path / "ttft.csv",
+        {"prompt_tokens": tokens, "cached": prefixes, "gpus": tps, "ttft_ms": times},
+    )
+    out = predict(
+        config([*base, f"measured.path={table}", "measured.prefix=cached", "measured.tp=gpus"])
+    )["measured"]
+    assert out["predicted_ms"] == times  # bit for bit
+    assert out["measured_ms"] == pytest.approx(times, rel=1e-14)  # through the CSV's text
+    assert out["error"]["mape"] < 1e-14 and out["error"]["median_ratio"] == pytest.approx(1.0)
+    assert out["tp"] == tps and out["prefix_tokens"] == prefixes and out["rows"] == 5
+    # the same rows at the configured prefix and degree are other predictions
+    plain = predict(config([*base, f"measured.path={table}"]))["measured"]
+    assert plain["error"]["mape"] > 0.01
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
+def test_the_error_is_predicted_over_measured_per_length_band(tmp_path, suffix):
+    """Measured twice the prediction: every ratio 0.5, MAPE 50%, a signed error of -50%; a
+    band's edge is inclusive (64 and 65 tokens fall in two bands)."""
+    lengths = [64, 65, 3000, 40000]
+    ms = predicted_ms([f"prefill={lengths}"])
+    table = write(tmp_path / f"ttft{suffix}", {"n": lengths, "secs": [2 * t / 1000 for t in ms]})
+    out = predict(
+        config(
+            [
+                f"prefill={lengths}",
+                f"measured.path={table}",
+                "measured.tokens=n",
+                "measured.time=secs",
+                "measured.unit=s",
+            ]
+        )
+    )["measured"]
+    assert out["error"]["median_ratio"] == pytest.approx(0.5, rel=1e-12)
+    assert out["error"]["mape"] == pytest.approx(0.5, rel=1e-12)
+    assert out["error"]["mean_signed"] == pytest.approx(-0.5, rel=1e-12)
+    assert out["measured_ms"] == pytest.approx([2 * t for t in ms], rel=1e-12)
+    bands = {b["prompt_tokens"]: b["rows"] for b in out["by_length"]}
+    assert bands == {"1-64": 1, "65-512": 1, "2,049-8,192": 1, f"> {BANDS[-1]:,}": 1}
+
+
+def test_errors_of_mixed_rows(tmp_path):
+    """Ratios 0.8, 1.0 and 1.5: MAPE (0.2 + 0 + 0.5) / 3, median |error| 0.2, median ratio 1."""
+    lengths = [1000, 2000, 4000]
+    ms = predicted_ms([f"prefill={lengths}"])
+    measured = [ms[0] / 0.8, ms[1], ms[2] / 1.5]
+    table = write(tmp_path / "t.csv", {"prompt_tokens": lengths, "ttft_ms": measured})
+    error = predict(config([f"measured.path={table}"]))["measured"]["error"]
+    assert error["mape"] == pytest.approx(0.7 / 3)
+    assert error["median_abs"] == pytest.approx(0.2)
+    assert error["median_ratio"] == pytest.approx(1.0)
+    assert error["p90_abs"] == pytest.approx(0.2 + 0.8 * 0.3)  # linear between 0.2 and 0.5
+
+
+@pytest.mark.parametrize(
+    ("rows", "overrides", "message"),
+    [
+        (None, [], "measured.path: no such file"),
+        ({"prompt_tokens": [100], "ttft_ms": [1.0]}, ["measured.unit=us"], "measured.unit"),
+        ({"tokens": [100], "ttft_ms": [1.0]}, [], "measured.tokens: column 'prompt_tokens'"),
+        ({"prompt_tokens": [100], "ms": [1.0]}, [], "measured.time: column 'ttft_ms'"),
+        ({"prompt_tokens": [100, 200], "ttft_ms": [1.0, 0.0]}, [], "measured.time: row 2"),
+        ({"prompt_tokens": [100, 200], "ttft_ms": [1.0, None]}, [], "measured.time: row 2"),
+        ({"prompt_tokens": [100.5], "ttft_ms": [1.0]}, [], "measured.tokens: row 1"),
+        ({"prompt_tokens": [0], "ttft_ms": [1.0]}, [], "measured.tokens: row 1"),
+        (
+            {"prompt_tokens": [100, 200], "p": [10, 200], "ttft_ms": [1.0, 2.0]},
+            ["measured.prefix=p"],
+            "measured.prefix: row 2 of .* caches 200 of its 200",
+        ),
+        ({"prompt_tokens": [100], "ttft_ms": [1.0]}, ["measured.prefix=p"], "measured.prefix"),
+        (
+            {"prompt_tokens": [100, 200], "tp": [1, 3], "ttft_ms": [1.0, 2.0]},
+            ["measured.tp=tp"],
+            "measured.tp: row 2 of .*: engine.tp: 3 does not divide",
+        ),
+        ({"prompt_tokens": [100], "ttft_ms": [1.0]}, ["+measured.ttft=x"], "measured.ttft"),
+        ({"prompt_tokens": [], "ttft_ms": []}, [], "has no rows"),
+    ],
+)
+def test_bad_tables_are_one_line_errors_naming_the_key_and_file(tmp_path, rows, overrides, message):
+    path = tmp_path / "ttft.csv"
+    if rows is not None:
+        write(path, rows)
+    with pytest.raises(ConfigError, match=message) as err:
+        predict(config([f"measured.path={path}", *overrides]))
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_formats_and_unreadable_files_are_named(tmp_path):
+    other = tmp_path / "ttft.xlsx"
+    other.write_text("x")
+    with pytest.raises(ConfigError, match="unknown table format"):
+        predict(config([f"measured.path={other}"]))
+    broken = tmp_path / "ttft.parquet"
+    broken.write_bytes(b"PAR1 not parquet")
+    with pytest.raises(ConfigError, match=f"measured.path: {broken} cannot be read as parquet"):
+        predict(config([f"measured.path={broken}"]))
+
+
+def test_the_command_prints_the_comparison_and_writes_it(tmp_path):
+    ms = predicted_ms(["prefill=[1000,8000]"])
+    table = write(
+        tmp_path / "ttft.csv", {"prompt_tokens": [1000, 8000], "ttft_ms": [2 * t for t in ms]}
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simlab.predict",
+            "prefill=[1000]",
+            f"measured.path={table}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"measured: {table}, 2 rows (prompts of 1,000-8,000 tokens): MAPE 50.0%" in proc.stdout
+    saved = json.loads((tmp_path / "run" / "prediction.json").read_text())
+    assert saved["measured"]["rows"] == 2 and saved["prefill_tokens"] == [1000]
+    assert predict(config([]))["measured"] is None
