@@ -11,7 +11,9 @@ the calibrated model are in-sample (the fit saw those records), so the report al
 out of sample.
 
 Writes ``report.md`` (tables), ``predictions.csv`` (one row per record), ``summary.json`` and
-``pred_vs_meas.png`` into the output directory.
+``pred_vs_meas.png`` into the output directory, and with composed-stack prefills
+``stack_prefill.csv`` (:func:`write_stack_table`): those measurements as the table that
+``python -m simlab.predict measured.path=...`` checks its prediction against.
 """
 
 from __future__ import annotations
@@ -139,10 +141,32 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     summary = _summarise(rows, cv_by_class, cal_data, records)
     _write_csv(out / "predictions.csv", rows)
+    write_stack_table(out / "stack_prefill.csv", records)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     (out / "report.md").write_text(_markdown(summary, cal_data))
     _plot(out / "pred_vs_meas.png", rows, hw.name)
     return summary
+
+
+def write_stack_table(path: Path, records: list[dict[str, Any]]) -> int:
+    """The composed stack's prefill records as a measured-prefill table (:mod:`simlab.measured`:
+    ``prompt_tokens``, ``prefix_tokens``, ``ttft_ms``, the median of the repetitions), one row
+    per record, for ``python -m simlab.predict model=<the run's> hardware=<its GPU>
+    engine.token_budget=<the longest prompt> measured.path=PATH measured.prefix=prefix_tokens``
+    (each record is one iteration of the whole model at TP 1, so the budget must not chunk it).
+    Returns the rows; writes no file without any."""
+    rows = [
+        {
+            "prompt_tokens": r["params"]["len"],
+            "prefix_tokens": r["params"]["prefix"],
+            "ttft_ms": 1000 * r["median_s"],
+        }
+        for r in timed(records, ("stack",))
+        if r["params"].get("mode") == "prefill"
+    ]
+    if rows:
+        _write_csv(path, rows)
+    return len(rows)
 
 
 def _group(rows: list[dict], key: str) -> dict[str, list[dict]]:
