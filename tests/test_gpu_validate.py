@@ -3,14 +3,12 @@ on the CPU with torch (skipped where torch is not installed); fla and CUDA check
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 
 from gpu_validate.__main__ import main
 from gpu_validate.cases import (
@@ -42,8 +40,6 @@ from simlab.costmodel import (
     CostModel,
     Efficiency,
 )
-from simlab.predict import predict as predict_prefill
-from tests.fixtures import CONFIGS
 
 
 @pytest.fixture(scope="module")
@@ -281,37 +277,6 @@ def test_report_compares_uncalibrated_and_calibrated(synth_dir, synth_fit, tmp_p
     assert summary["by_class"]["gemm"]["cv_median"] < 0.05
     text = (tmp_path / "report.md").read_text()
     assert "Composed hybrid stack" in text and "Synthetic records" in text
-
-
-def test_the_stack_table_is_what_simlab_predict_checks(synth_dir, synth_fit, tmp_path):
-    """``stack_prefill.csv``, checked by ``python -m simlab.predict`` with the run's model, GPU
-    and calibration, one iteration per prompt: every row predicted bit for bit as the report
-    predicts its record (two paths to the same cost model: the record's ops, and the batch
-    simlab.predict builds), and the error is the report's."""
-    calibration = synth_dir / "calibration.json"
-    build_report([synth_dir], calibration, tmp_path)
-    table = tmp_path / "stack_prefill.csv"
-    rows = list(csv.DictReader(table.open()))
-    assert [(int(r["prompt_tokens"]), int(r["prefix_tokens"])) for r in rows] == [
-        (n, round(n * hit)) for n in FULL.stack_len for hit in FULL.stack_hits
-    ]
-    report = [r for r in csv.DictReader((tmp_path / "predictions.csv").open())]
-    stack = [r for r in report if r["label"].startswith("stack_prefill")]
-    overrides = [
-        "model=nemotron_h_8b",
-        "hardware=h100_sxm",
-        f"engine.calibration={calibration}",
-        f"engine.token_budget={max(FULL.stack_len)}",
-        f"measured.path={table}",
-        "measured.prefix=prefix_tokens",
-    ]
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        measured = predict_prefill(compose(config_name="predict", overrides=overrides))["measured"]
-    assert measured["predicted_ms"] == [1000 * float(r["cal_s"]) for r in stack]
-    assert measured["measured_ms"] == pytest.approx([1000 * float(r["measured_s"]) for r in stack])
-    assert measured["error"]["median_abs"] == pytest.approx(
-        np.median([abs(float(r["cal_err"])) for r in stack])
-    )
 
 
 def test_cli_synth_fit_report(tmp_path, capsys):

@@ -8,10 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
+from gpu_validate.cases import FULL, load_hardware, load_model
+from gpu_validate.fit import run_fit
+from gpu_validate.report import build_report
+from gpu_validate.synth import synthetic_records, write_synthetic
 from simlab.config import ConfigError
 from simlab.measured import BANDS
 from simlab.predict import predict
@@ -176,3 +181,42 @@ def test_the_command_prints_the_comparison_and_writes_it(tmp_path):
     saved = json.loads((tmp_path / "run" / "prediction.json").read_text())
     assert saved["measured"]["rows"] == 2 and saved["prefill_tokens"] == [1000]
     assert predict(config([]))["measured"] is None
+
+
+def test_gpu_validates_stack_table_is_predicted_as_the_report_predicts_it(tmp_path):
+    """``gpu_validate report``'s ``stack_prefill.csv`` (the composed stack's measured prefills,
+    here synthetic records), checked with the run's model, GPU and calibration, one iteration
+    per prompt: every row predicted bit for bit as the report predicts its record (two paths to
+    one cost model: the ops the record carries, and the batch simlab.predict builds), so the
+    error is the report's. (Not in ``test_gpu_validate.py``: that one runs on the GPU image,
+    which has no Hydra.)"""
+    runs = tmp_path / "run"
+    records = synthetic_records(
+        load_model("nemotron_h_8b"), load_hardware("h100_sxm"), "h100_sxm", noise=0.03, seed=1
+    )
+    write_synthetic(runs, records)
+    calibration = tmp_path / "calibration.json"
+    run_fit([runs], calibration)
+    build_report([runs], calibration, tmp_path / "report")
+    table = tmp_path / "report" / "stack_prefill.csv"
+    rows = pd.read_csv(table)
+    assert list(zip(rows.prompt_tokens, rows.prefix_tokens, strict=True)) == [
+        (n, round(n * hit)) for n in FULL.stack_len for hit in FULL.stack_hits
+    ]
+    report = pd.read_csv(tmp_path / "report" / "predictions.csv")
+    stack = report[report.label.str.startswith("stack_prefill")]
+    out = predict(
+        config(
+            [
+                "model=nemotron_h_8b",
+                "hardware=h100_sxm",
+                f"engine.calibration={calibration}",
+                f"engine.token_budget={max(FULL.stack_len)}",
+                f"measured.path={table}",
+                "measured.prefix=prefix_tokens",
+            ]
+        )
+    )["measured"]
+    assert out["predicted_ms"] == (1000 * stack.cal_s).tolist()
+    assert out["measured_ms"] == pytest.approx((1000 * stack.measured_s).tolist())
+    assert out["error"]["median_abs"] == pytest.approx(np.median(np.abs(stack.cal_err)))
