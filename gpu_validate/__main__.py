@@ -125,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         summary = build_report(args.records, args.calibration, args.out)
         _say(format_summary(summary))
-        _say(f"wrote {args.out}/report.md, predictions.csv, summary.json, pred_vs_meas.png")
+        stack = ", stack_prefill.csv" if summary["stack_prefill"] else ""
+        _say(f"wrote {args.out}/report.md, predictions.csv, summary.json, pred_vs_meas.png{stack}")
         return 0
     from gpu_validate.cases import load_hardware, load_model
     from gpu_validate.synth import synthetic_records, write_synthetic

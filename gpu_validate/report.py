@@ -154,7 +154,7 @@ def write_stack_table(path: Path, records: list[dict[str, Any]]) -> int:
     per record, for ``python -m simlab.predict model=<the run's> hardware=<its GPU>
     engine.token_budget=<the longest prompt> measured.path=PATH measured.prefix=prefix_tokens``
     (each record is one iteration of the whole model at TP 1, so the budget must not chunk it).
-    Returns the rows; writes no file without any."""
+    Returns the rows; without any, no file (an earlier report's is removed)."""
     rows = [
         {
             "prompt_tokens": r["params"]["len"],
@@ -166,6 +166,8 @@ def write_stack_table(path: Path, records: list[dict[str, Any]]) -> int:
     ]
     if rows:
         _write_csv(path, rows)
+    else:
+        path.unlink(missing_ok=True)
     return len(rows)
 
 

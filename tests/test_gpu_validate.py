@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -521,6 +525,44 @@ def test_tiny_run_end_to_end(tmp_path, nemotron):
     assert main(["--budget", "0", "--out", str(empty), "--tiny", "--device", "cpu", "-q"]) == 0
     recs = read_records([empty])
     assert [r["kind"] for r in recs] == ["header", "end"] and recs[-1]["reason"] == "budget"
+
+
+def test_the_device_script_rehearses_on_the_cpu(tmp_path):
+    """``gpu_validate/device.sh`` as a GPU machine runs it, on the CPU with tiny shapes: the
+    carried wheels install offline into their own folder, and the files it promises land in
+    ``OUT`` (all but ``pytest.log``: the GPU tests run on a GPU only)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "DEVICE": "cpu",
+        "TINY": "1",
+        "BUDGET": "30",
+        "SITE": str(tmp_path / "site"),
+        "PYTHON": sys.executable,
+    }
+    proc = subprocess.run(
+        ["bash", "gpu_validate/device.sh"],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
+    assert files == [
+        "calibration.json",
+        "report/pred_vs_meas.png",
+        "report/predictions.csv",
+        "report/report.md",
+        "report/stack_prefill.csv",
+        "report/summary.json",
+        "run/records.jsonl",
+    ]
+    assert (tmp_path / "site" / "fla").is_dir()  # fla-core from gpu_validate/wheels
+    assert read_records([out / "run"])[-1]["reason"] == "complete"
 
 
 # ---------------------------------------------------------------------------- GPU only
