@@ -223,6 +223,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
             "others would wait for outputs simlab.predict does not model)"
         )
     rows = measured_table.load(cfg, prefix, engine.tp)  # checked before any prediction
+    models = None if rows is None else models_by_tp(cfg, rows, (engine, cost))
     scheduling = Scheduling.of(engine)
     runs = [prefill_iterations(prefix, n, batch, scheduling, cost.model.is_hybrid) for n in prefill]
     breakdowns = [summed(cost.breakdown(shape) for shape in run) for run in runs]
@@ -266,7 +267,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         # per length: the share of the predicted time that comes from measurements
         "measured_share": measured,
         # measured.path: the rows predicted and their error (simlab.measured.compare)
-        "measured": None if rows is None else checked(cfg, rows, batch, (engine, cost)),
+        "measured": None if rows is None or models is None else checked(rows, batch, models),
     }
 
 
@@ -275,18 +276,27 @@ def prefill_seconds(cost: CostModel, run: list[BatchShape]) -> float:
     return sum(cost.time(shape) for shape in run)
 
 
-def checked(
+def models_by_tp(
     cfg: DictConfig,
     table: measured_table.MeasuredTable,
-    batch: int,
     configured: tuple[TimedEngine, CostModel],
-) -> dict[str, Any]:
-    """Every row of ``table`` predicted as ``prefill=[its new tokens]`` with its prefix and
-    tensor-parallel degree (each distinct row once), compared with its measured time."""
+) -> dict[int, tuple[TimedEngine, CostModel]]:
+    """The timed engine and cost model at each tensor-parallel degree of ``table`` (a degree
+    that does not split the model is a :class:`ConfigError` naming its row)."""
     models = {configured[0].tp: configured}
     for i, tp in enumerate(table.tp.tolist()):
         if tp not in models:
             models[tp] = _at_tp(cfg, tp, f"measured.tp: row {i + 1} of {table.path}")
+    return models
+
+
+def checked(
+    table: measured_table.MeasuredTable,
+    batch: int,
+    models: dict[int, tuple[TimedEngine, CostModel]],
+) -> dict[str, Any]:
+    """Every row of ``table`` predicted as ``prefill=[its new tokens]`` with its prefix and
+    tensor-parallel degree (each distinct row once), compared with its measured time."""
     keys = list(zip(table.tp.tolist(), table.prefix.tolist(), table.new.tolist(), strict=True))
     seconds = {}
     for tp, prefix, new in dict.fromkeys(keys):
