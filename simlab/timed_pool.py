@@ -160,6 +160,7 @@ class PoolWorld(TimedWorld):
         decoders = self._decoders()
         budget = int(self._budget) - len(decoders)  # finite: vLLM always chunks
         self._chunks = []
+        asynchronous = self._async
         for job in list(self.running):
             run = job.pool_run
             if run is None:  # preempted in this loop (or, async, finishing)
@@ -169,9 +170,9 @@ class PoolWorld(TimedWorld):
                     budget -= self._prefill_step(job, budget)
             elif job.decoded < job.decode_end:
                 n = job.input_tokens + job.decoded
-                known = n if self._async else None  # its token is still in flight
-                if not run.idle(n + 1, known):
-                    self._step(job, n, n + 1, known=known)
+                # ``not run.idle(n + 1, known)``, inlined: async, its token (n) is in flight
+                if n >= run.idle_end or (n if asynchronous else n + 1) > run.idle_upto:
+                    self._step(job, n, n + 1, known=n if asynchronous else None)
         self._planned = [j for j in decoders if j.pool_run is not None]
         self._preempted_now = self.pool.preemptions > preemptions
         if not self._preempted_now:

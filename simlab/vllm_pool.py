@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,13 +117,15 @@ class FreeQueue:
         """``n`` blocks from the head; a cached one loses its content."""
         if n > len(self.queue) and self.finite:
             raise PoolFull
-        out = []
-        for _ in range(n):
-            if self.finite:
-                block, _ = self.queue.popitem(last=False)
-            else:
-                block, self.made = self.made, self.made + 1
-            key = self.key.pop(block, None)
+        if self.finite:
+            popitem = self.queue.popitem
+            out = [popitem(last=False)[0] for _ in range(n)]
+        else:
+            out = list(range(self.made, self.made + n))
+            self.made += n
+        keys, refs = self.key, self.refs
+        for block in out:
+            key = keys.pop(block, None)
             if key is not None:
                 self.per_group[key[0]] -= 1
                 owners = self.cached[key]
@@ -130,8 +133,7 @@ class FreeQueue:
                 if not owners:
                     del self.cached[key]
                 self.evicted += 1
-            self.refs[block] = 1
-            out.append(block)
+            refs[block] = 1
         return out
 
     def get(self, key: _Key) -> int | None:
@@ -311,6 +313,8 @@ class PoolRun:
             self.reachable.add(matched - 1)
         self.kv_cached = self.states_cached = self.evicted = 0
         self.keyed = 0  # attention blocks below this have their keys (cached or hit)
+        self.idle_end = self.idle_upto = 0
+        self._bound_idle()
 
     @property
     def hit_tokens(self) -> int:
@@ -374,6 +378,7 @@ class PoolRun:
         self.attn = blocks[: self.hit]
         for table, block in zip(self.tables, blocks[self.hit :], strict=False):
             table[self.hit - 1] = block
+        self._bound_idle()
 
     def _takes(self, end: int, checkpoint: int, attn_blocks: int) -> int:
         """Blocks a step to ``end`` takes (writing ``checkpoint``; 0: none)."""
@@ -383,14 +388,22 @@ class PoolRun:
 
     def idle(self, end: int, known: int | None = None) -> bool:
         """Whether a Transformer's step to ``end`` (``known``: as :meth:`step`'s) changes
-        nothing (:meth:`step` would take no block and key none): most decode steps."""
-        if self.tables:
-            return False
-        size = self.p.shape.block
-        if -(-end // size) > len(self.attn):
-            return False
+        nothing (:meth:`step` would take no block and key none): most decode steps. The
+        scheduler's running pass inlines it (``PoolWorld._plan_step``)."""
         upto = end if known is None or known > end else known
-        return upto // size <= self.keyed or len(self.keys) <= self.keyed
+        return end <= self.idle_end and upto <= self.idle_upto
+
+    def _bound_idle(self) -> None:
+        """Recompute the bounds :meth:`idle` reads, after the blocks or keys changed.
+
+        Invariant: a step to ``end`` keying the first ``upto`` tokens takes no block and keys
+        none exactly when ``end <= idle_end`` (its blocks are all held: ``ceil(end / block) <=
+        len(attn)``; -1 with Mamba groups, whose steps always change something) and ``upto <=
+        idle_upto`` (no block beyond ``keyed`` is full: ``upto // block <= keyed``, or every
+        key is used)."""
+        size = self.p.shape.block
+        self.idle_end = -1 if self.tables else len(self.attn) * size
+        self.idle_upto = (self.keyed + 1) * size - 1 if len(self.keys) > self.keyed else sys.maxsize
 
     def step(
         self,
@@ -409,6 +422,9 @@ class PoolRun:
         computed tokens less those in flight; default ``start``), and blocks are keyed only
         up to the ``known`` tokens (``allocate_slots`` caches up to ``request.num_tokens``: a
         token still in flight has no value yet; default ``end``)."""
+        if not self.tables:
+            self._step_kv(end, end if known is None else min(end, known))
+            return
         self._retire(start if processed is None else processed)
         size, queue = self.p.shape.block, self.p.pool
         if queue.finite and self._takes(end, checkpoint, len(self.attn)) > len(queue.queue):
@@ -435,14 +451,29 @@ class PoolRun:
                     self.p.fresh.add((g, self.keys[i]))
         self.states_cached += new_states // len(self.tables) if self.tables else 0
 
+    def _step_kv(self, end: int, upto: int) -> None:
+        """:meth:`step` of a Transformer (no Mamba group: nothing to retire or checkpoint):
+        the KV blocks up to ``end`` taken (:class:`PoolFull`, nothing taken, when the free
+        queue is short), the first ``upto`` tokens keyed."""
+        attn, queue = self.attn, self.p.pool
+        need = -(-end // self.p.shape.block) - len(attn)
+        if need > 0:
+            evicted = queue.evicted
+            attn.extend(queue.take(need))
+            self.evicted += queue.evicted - evicted
+        self.key(upto)
+
     def key(self, upto: int) -> None:
         """Key the full KV blocks of the first ``upto`` tokens (those below were keyed by an
         earlier step): they are cached from now on."""
         queue = self.p.pool
         full = min(upto // self.p.shape.block, len(self.keys))
-        for i in range(self.keyed, full):
-            self.kv_cached += queue.cache(self.attn[i], (self.p.attn, self.keys[i]))
-        self.keyed = max(self.keyed, full)
+        if full > self.keyed:
+            group, attn, keys = self.p.attn, self.attn, self.keys
+            for i in range(self.keyed, full):
+                self.kv_cached += queue.cache(attn[i], (group, keys[i]))
+            self.keyed = full
+        self._bound_idle()
 
     def _retire(self, computed: int) -> None:
         """Free every Mamba block before the one holding the state at ``computed``."""
@@ -467,6 +498,7 @@ class PoolRun:
             queue.free([b for b in reversed(table) if b is not None])
         queue.free(self.attn[::-1])
         self.attn, self.tables = [], [[] for _ in self.tables]
+        self._bound_idle()
 
 
 def pool_records(
@@ -516,7 +548,11 @@ def request_keys(req: Request, size: int, committed: int) -> list[int]:
         return token_keys(req.full_sequence().tolist(), size, committed)
     ids, unit, prompt = req.input_ids.tolist(), req.block_size, req.input_tokens
     keys, chain = [], 0
-    for i in range(committed // size):
+    whole = min(committed, prompt) // size if unit == size else 0
+    for value in ids[:whole]:  # a block of one id: its one run (the loop below gives it too)
+        chain = hash((chain, ((value, size),)))
+        keys.append(chain)
+    for i in range(whole, committed // size):
         runs: list[tuple[int, int]] = []
         pos, end = i * size, (i + 1) * size
         while pos < end:

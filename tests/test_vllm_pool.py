@@ -17,6 +17,7 @@ from simlab.vllm_pool import (
     REPLY_TOKEN,
     HybridPool,
     PoolFull,
+    PoolRun,
     PoolShape,
     committed_tokens,
     pool_records,
@@ -148,3 +149,26 @@ def test_a_hash_id_requests_block_keys_match_where_its_spelled_out_tokens_do(blo
     same_theirs = [[a == b for b in theirs] for a in theirs]
     assert same_ours == same_theirs
     assert sum(map(sum, same_ours)) > len(ours)  # some blocks are shared
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_decode_step_is_idle_exactly_when_it_takes_no_block_and_keys_none(asynchronous):
+    """``PoolRun.idle`` (which the timed scheduler's running pass inlines) against what the
+    step does: at every decode position of a Transformer's request, past the prompt and past
+    its last key (the committed tokens end inside a block), under vLLM's sync and async
+    scheduling (async: the token in flight keys nothing)."""
+    p = HybridPool(PoolShape(block=B, state_groups=0, block_bytes=1, blocks=64))
+    prompt, total = list(range(10)), 30
+    keys = token_keys(prompt + [1000 + i for i in range(total)], B, total - 1)
+    run = PoolRun(p, keys, len(prompt))
+    run.acquire()
+    run.step(0, len(prompt))
+    seen = []
+    for n in range(len(prompt), total):
+        known = n if asynchronous else None
+        before = (list(run.attn), run.keyed, run.kv_cached, list(p.pool.queue))
+        idle = run.idle(n + 1, known)
+        run.step(n, n + 1, known=known)
+        assert idle == (before == (list(run.attn), run.keyed, run.kv_cached, list(p.pool.queue)))
+        seen.append(idle)
+    assert True in seen and False in seen
