@@ -43,6 +43,7 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
+from policies.base import EvictionPolicy, overrides
 from simlab import vllm_pool
 from simlab.config import ConfigError
 from simlab.costmodel import (
@@ -286,6 +287,12 @@ class TimedEngine(TimedSettings):
         return TimedWorld(requests, step, cost, self, env)
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
+        if overrides(step.eviction, "prepare", EvictionPolicy):
+            log.warning(
+                "%s: its eviction ranks by next use in arrival order, which requests in flight "
+                "change: on the timed engine it is a heuristic, not a bound",
+                step.policy,
+            )
         world = self.world(requests, step)
         records = world.run(SessionFeeder(requests, self.typing_wpm))
         extras = world.stats.summary(len(records)) | saturation(world.stats, records)
@@ -315,7 +322,8 @@ def saturation(stats: EngineStats, records: Sequence[RequestRecord]) -> dict[str
     last = sum(delays[-quarter:]) / quarter if quarter else 0.0
     reasons = []
     if busy > SATURATED_BUSY:
-        reasons.append(f"GPU busy {busy:.2f} > {SATURATED_BUSY}")
+        shown = f"{busy:.2f}" if round(busy, 2) > SATURATED_BUSY else f"{busy:.4f}"  # not "0.95"
+        reasons.append(f"GPU busy {shown} > {SATURATED_BUSY}")
     if quarter and last > max(1.0, 2 * first):
         reasons.append(f"queue delay grows from {first:.2f} s to {last:.2f} s")
     return {"saturated": bool(reasons), "saturation": "; ".join(reasons)}

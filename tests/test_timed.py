@@ -241,6 +241,28 @@ def test_a_saturated_run_is_flagged_and_a_light_one_is_not():
     )
 
 
+@pytest.mark.parametrize("policy", ["clairvoyant", "sglang_plus"])
+def test_a_clairvoyant_eviction_on_the_timed_engine_is_logged_as_no_bound(policy, caplog):
+    """Its future is the arrival order, which requests in flight change (README)."""
+    trace = assign_arrivals(
+        chat_trace(seed=6, sessions=4), session_rate=1.0, think_time_mean=2.0, seed=0
+    )
+    admission, eviction = policy_plugins(policy)
+    step = RequestStep.build(HYBRID, 12 * CKPT, admission, eviction, policy)
+    with caplog.at_level("WARNING", logger="simlab.timed"):
+        TimedEngine(hardware=A100).run(list(trace.requests()), step)
+    warned = [r for r in caplog.records if "not a bound" in r.getMessage()]
+    assert len(warned) == (policy == "clairvoyant")
+
+
+def test_a_busy_fraction_just_over_the_threshold_is_not_printed_as_the_threshold():
+    """0.9502 rounds to 0.95: the reason shows four digits, not "GPU busy 0.95 > 0.95"."""
+    stats = EngineStats(busy=95.02, first_arrival=0.0, last_departure=100.0)
+    assert saturation(stats, [])["saturation"] == "GPU busy 0.9502 > 0.95"
+    stats = EngineStats(busy=99.0, first_arrival=0.0, last_departure=100.0)
+    assert saturation(stats, [])["saturation"] == "GPU busy 0.99 > 0.95"
+
+
 def test_a_queue_that_grows_to_the_end_is_saturation():
     _, records, _ = timed_run("sglang_plus", chat_trace(seed=7), 30 * CKPT, session_rate=1e-3)
     records = sorted(records, key=lambda r: r.arrival)
