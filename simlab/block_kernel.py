@@ -23,6 +23,7 @@ and truncate and an infinite one.
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import numpy as np
 
@@ -32,6 +33,11 @@ from simlab.block_walk import CapacityColumns, Paths
 def available() -> bool:
     """Whether numba is installed (the compiled path can run); imports nothing."""
     return importlib.util.find_spec("numba") is not None
+
+
+def loaded() -> bool:
+    """Whether this process has loaded the kernel already (numba's import is paid)."""
+    return "simlab.block_kernel_jit" in sys.modules
 
 
 def flat(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -139,11 +139,15 @@ def walk_scheme(keys: BlockKeys, requests: Sequence[Request]) -> tuple[int, bool
     return keys.block_size, trims, keys.whole_last_id
 
 
-def use_compiled(compiled: bool | str, paths: Paths, capacities: int) -> bool:
+def use_compiled(compiled: bool | str, paths: Paths, capacities: int, heap_runs: int = 1) -> bool:
     """Whether FIFO's and Belady's heaps run compiled: ``cache.compiled`` true, or auto with
-    numba installed and at least :data:`COMPILED_MIN_VISITS` block visits to make."""
+    numba installed and at least :data:`COMPILED_MIN_VISITS` block visits to make in the
+    ``heap_runs`` heap policies of the run (they share one load of numba), or with the kernel
+    loaded already (its load is paid)."""
     if compiled == "auto":
-        visits = sum(map(len, paths.nodes)) * capacities
+        if block_kernel.loaded():
+            return True
+        visits = sum(map(len, paths.nodes)) * capacities * heap_runs
         return visits >= COMPILED_MIN_VISITS and block_kernel.available()
     return compiled is True
 
@@ -153,12 +157,13 @@ def block_replay(
     steps: Sequence[RequestStep],
     walks: Walks | None = None,
     compiled: bool | str = "auto",
+    heap_runs: int = 1,
 ) -> list[BlockRun]:
     """The records the replay engine would give for each of ``steps`` (one policy's steps at
     several capacities, each passing :func:`one_pass_obstacle`), from one walk of the trace
     (taken from, or added to, ``walks`` of these ``requests``): an LRU's capacities from one
     stack-distance pass, FIFO's and Belady's each from a heap, compiled per ``compiled``
-    (``cache.compiled``: :func:`use_compiled`)."""
+    (``cache.compiled``: :func:`use_compiled`, ``heap_runs``: the run's heap policies)."""
     first = steps[0]
     keys = step_keys(first)
     assert isinstance(keys, BlockKeys)
@@ -171,7 +176,7 @@ def block_replay(
     ranks = lru_ranks(paths) if order == LRU else None
     passes = input_passes(paths) if order == BELADY else None
     flat = None
-    if ranks is None and use_compiled(compiled, paths, len(steps)):
+    if ranks is None and use_compiled(compiled, paths, len(steps), heap_runs):
         log.info("%s: the heap compiled (cache.compiled=%s)", first.policy, compiled)
         flat = block_kernel.FlatPaths(paths, passes)
     fixed = request_columns(requests, first)

@@ -230,6 +230,7 @@ def run_policies(
     runs: dict[int, dict[str, PolicyRun]] = {id(p): {} for p in points}
     first = points[0].plan.settings
     walks: Walks = {}  # block walks of the requests, shared by the policies
+    plans = []
     for name in first.policies:
         steps = [
             policy_step(name, p.plan.settings.policies[name], p.plan.model, p.plan.settings, unit)
@@ -238,10 +239,13 @@ def run_policies(
         obstacle = one_pass_obstacle(steps[0], points[0].plan.engine)
         if obstacle is None and not first.cache.one_pass:
             obstacle = "cache.one_pass=false"
+        plans.append((name, steps, obstacle))
+    heap_runs = sum(o is None and eviction_order(s[0].eviction) != LRU for _, s, o in plans)
+    for name, steps, obstacle in plans:
         if obstacle is None:
             replay = fast_replay(name, steps[0], len(points))
             for point, run in zip(
-                points, one_pass(name, points, steps, requests, walks), strict=True
+                points, one_pass(name, points, steps, requests, walks, heap_runs), strict=True
             ):
                 runs[id(point)][name] = run
                 point.replay[name] = replay
@@ -275,13 +279,19 @@ def fast_replay(name: str, step: Any, n_points: int) -> str:
 
 
 def one_pass(
-    name: str, points: list[Point], steps: list[Any], requests: list[Request], walks: Walks
+    name: str,
+    points: list[Point],
+    steps: list[Any],
+    requests: list[Request],
+    walks: Walks,
+    heap_runs: int = 1,
 ) -> list[PolicyRun]:
     """The policy's runs at every point from one walk of the trace (shared in ``walks`` with
-    the other policies: :func:`simlab.block_replay.block_replay`)."""
+    the other policies: :func:`simlab.block_replay.block_replay`; ``heap_runs``: the run's
+    policies on a heap, which share one numba load)."""
     metrics = [point.plan.settings.metrics for point in points]
     compiled = points[0].plan.settings.cache.compiled
-    runs = stacked_runs(name, requests, steps, metrics, walks, compiled)
+    runs = stacked_runs(name, requests, steps, metrics, walks, compiled, heap_runs)
     for point, run in zip(points, runs, strict=True):
         rate = run.summary["token_hit_rate"]
         log.info("%s at %s GB: token hit rate %.4f", name, point.size, rate)

@@ -482,14 +482,16 @@ def stacked_runs(
     metrics: list[MetricSettings],
     walks: Walks | None = None,
     compiled: bool | str = "auto",
+    heap_runs: int = 1,
 ) -> list[PolicyRun]:
     """The policy's run at each step's capacity from one walk of the trace
     (:func:`simlab.block_replay.block_replay`; every step passes
     :func:`simlab.block_replay.one_pass_obstacle`): the replay engine's records, occupancy and
     summary, the whole computation's wall time shared equally. ``walks``: the block walks of
-    ``requests`` other policies took (shared); ``compiled``: ``cache.compiled``."""
+    ``requests`` other policies took (shared); ``compiled``: ``cache.compiled``;
+    ``heap_runs``: the run's policies on a heap (FIFO, Belady), which share one numba load."""
     start = time.perf_counter()
-    stacked = block_replay(requests, steps, walks, compiled)
+    stacked = block_replay(requests, steps, walks, compiled, heap_runs)
     wall = (time.perf_counter() - start) / len(steps)
     runs = []
     for step, run, point_metrics in zip(steps, stacked, metrics, strict=True):

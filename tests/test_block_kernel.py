@@ -128,12 +128,33 @@ def test_a_compiled_run_writes_what_the_pure_python_heap_writes(tmp_path, caplog
 def test_auto_compiles_only_walks_large_enough_to_repay_numba(monkeypatch):
     paths = Paths(nodes=[[1, 2], [1, 3]], parent=[0, 0, 1, 1])  # 4 block visits per capacity
     monkeypatch.setattr(block_replay, "COMPILED_MIN_VISITS", 8)
+    monkeypatch.setattr(block_kernel, "loaded", lambda: False)
     assert not block_replay.use_compiled("auto", paths, 1)
     assert block_replay.use_compiled("auto", paths, 2)
+    assert block_replay.use_compiled("auto", paths, 1, heap_runs=2)  # they share one load
     assert block_replay.use_compiled(True, paths, 1)
     assert not block_replay.use_compiled(False, paths, 2)
+    monkeypatch.setattr(block_kernel, "loaded", lambda: True)  # paid for: any walk
+    assert block_replay.use_compiled("auto", paths, 1)
+    assert not block_replay.use_compiled(False, paths, 1)
+    monkeypatch.setattr(block_kernel, "loaded", lambda: False)
     monkeypatch.setattr(block_kernel, "available", lambda: False)
-    assert not block_replay.use_compiled("auto", paths, 2)
+    assert not block_replay.use_compiled("auto", paths, 2, heap_runs=2)
+
+
+def test_a_capacity_list_counts_its_heap_policies_for_the_numba_load(tmp_path, monkeypatch):
+    """FIFO and Belady beside an LRU (``bench/peers.py``'s compare set): both heaps are counted
+    (the LRU's stack distances are not), whichever policy asks first."""
+    from bench.peers import compare_overrides
+
+    if not MOONCAKE.is_file():
+        pytest.skip(f"no trace at {MOONCAKE}")
+    asked = []
+    decide = block_replay.use_compiled
+    monkeypatch.setattr(block_replay, "use_compiled", lambda *a: asked.append(a[3]) or decide(*a))
+    trace = [o for o in MOONCAKE_BLOCKS if not o.startswith("policy.")]
+    run_list([*trace, *compare_overrides(["fifo", "lru", "optimal"])], ["0.3", "20"], tmp_path)
+    assert asked == [2, 2]
 
 
 @pytest.mark.parametrize("value", ["maybe", "1", "0"])
