@@ -130,7 +130,7 @@ class BlockKeys:
     #: key only the blocks after those a request shares with its session's last view
     #: (:meth:`session_blocks`); False keys every block (the same ids)
     share_prefixes: bool = True
-    _ids: dict[bytes, int] = field(default_factory=dict, repr=False)
+    _ids: dict[int | bytes, int] = field(default_factory=dict, repr=False)
     _latest: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _partial: itertools.count = field(default_factory=lambda: itertools.count(-1, -1), repr=False)
 
@@ -169,16 +169,14 @@ class BlockKeys:
         gets ``len(ids)``, an id no node holds, so the match stops there as it would.
         ``refill``: a recomputed request's input followed by its first ``refill`` outputs (its
         fill ids; a trace of tokens)."""
-        width = self.block_size * _ID_BYTES
         ids, n = req.input_ids, req.input_len
         n_full = self.input_blocks(req)
         if refill > 0:
             ids = np.concatenate((ids, req.output_ids[:refill]))
             n += refill
             n_full = n // self.block_size
-        buf = np.ascontiguousarray(ids[: n_full * self.block_size], TOKEN_DTYPE).tobytes()
         fresh, get = len(self._ids), self._ids.get
-        out = [get(buf[i : i + width], fresh) for i in range(0, len(buf), width)]
+        out = [get(block, fresh) for block in self._contents(ids[: n_full * self.block_size])]
         if n > n_full * self.block_size:
             out.append(fresh)
         return np.asarray(out, dtype=TOKEN_DTYPE)
@@ -205,15 +203,19 @@ class BlockKeys:
                 del self._latest[next(iter(self._latest))]
         return full
 
+    def _contents(self, ids: np.ndarray) -> list[int] | list[bytes]:
+        """The content of each block of ``ids`` (whole blocks): the id itself for blocks of one
+        id (a hash-id trace in blocks of its ids), else the block's bytes as one ``bytes``
+        object (a void view: no per-block slicing). The keys of :attr:`_ids`."""
+        if self.block_size == 1:
+            return ids.tolist()
+        contiguous = np.ascontiguousarray(ids, dtype=TOKEN_DTYPE)
+        return contiguous.view(f"V{self.block_size * _ID_BYTES}").tolist()
+
     def _full_blocks(self, seq: np.ndarray) -> np.ndarray:
         """One id per full block of ``seq``; a new content gets the next id."""
         n_full = seq.shape[0] // self.block_size
-        # each full block's bytes as one ``bytes`` object (a void view: no per-block slicing)
-        blocks = (
-            np.ascontiguousarray(seq[: n_full * self.block_size], dtype=TOKEN_DTYPE)
-            .view(f"V{self.block_size * _ID_BYTES}")
-            .tolist()
-        )
+        blocks = self._contents(seq[: n_full * self.block_size])
         ids = self._ids
         out = list(map(ids.get, blocks))  # known contents (all, when seen by ``prepare``)
         if None in out:  # a new content gets the next id, in order of first appearance
