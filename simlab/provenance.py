@@ -14,6 +14,7 @@ log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
+@functools.cache
 def project_version() -> str:
     try:
         return importlib.metadata.version("simlab")
@@ -29,8 +30,10 @@ def _git(root: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+@functools.cache
 def git_commit(root: Path = PROJECT_ROOT) -> str:
-    """``HEAD`` of the checkout simlab runs from, ``+dirty`` with uncommitted changes; or why not."""
+    """``HEAD`` of the checkout simlab runs from, ``+dirty`` with uncommitted changes; or why not.
+    Asked once per process, as :func:`code_version` is (a capacity list's points share it)."""
     try:
         head = _git(root, "rev-parse", "HEAD")
         dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
