@@ -359,13 +359,18 @@ def evaluate(
     alphas: Sequence[float],
     score_last: int | None = None,
 ) -> list[WindowResult]:
-    """Each alpha's result: the window replayed on a fresh copy of the snapshot."""
+    """Each alpha's result: the window replayed on a fresh copy of the snapshot (dismantled
+    once replayed: :meth:`simlab.cache.PrefixCache.dismantle`)."""
     if isinstance(window, WindowImage):
         window = window.requests()
-    return [
-        replay_window(unpack(image), window, admission, with_alpha(template, a), score_last)
-        for a in alphas
-    ]
+    results = []
+    for alpha in alphas:
+        cache = unpack(image)
+        results.append(
+            replay_window(cache, window, admission, with_alpha(template, alpha), score_last)
+        )
+        cache.dismantle()
+    return results
 
 
 def grid_results(
