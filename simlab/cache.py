@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, cast
@@ -720,13 +721,15 @@ class PrefixCache:
 
     @staticmethod
     def _wanted(ckpts: Sequence[int], end: int, matched: int, branch: bool) -> list[int]:
-        """The checkpoint positions to take: ``ckpts`` within ``1..end``, plus ``matched`` when
-        the sequence branches off there inside an edge and ``branch`` asks for its state."""
-        if ckpts and min(ckpts) > 0 and max(ckpts) <= end:  # the usual case, without a loop
-            wanted = set(ckpts)
-        else:
-            wanted = {c for c in ckpts if 0 < c <= end}
-        if branch and matched > 0:
+        """The checkpoint positions to take, sorted and distinct: ``ckpts`` within ``1..end``,
+        plus ``matched`` when the sequence branches off there inside an edge and ``branch``
+        asks for its state."""
+        extra = branch and matched > 0
+        usual = not extra and ckpts and ckpts[0] > 0 and ckpts[-1] <= end
+        if usual and all(map(operator.lt, ckpts, ckpts[1:])):  # sorted, distinct: as they are
+            return list(ckpts)
+        wanted = {c for c in ckpts if 0 < c <= end}
+        if extra:
             wanted.add(matched)
         return sorted(wanted)
 

@@ -353,3 +353,27 @@ def test_depth_first_ties_are_the_first_in_a_full_depth_first_listing(
     assert cache.next_victim(policy) is order[int(np.argmin(scores))]
     assert evictor._last_dfs_candidate(cache, inner) is order[-1]
     cache.check_invariants()
+
+
+@given(
+    ckpts=st.one_of(
+        st.lists(st.integers(-3, 60), max_size=12),
+        st.builds(
+            lambda a, n, k: list(range(a, a + n * k, k)),
+            st.integers(-1, 5),
+            st.integers(0, 12),
+            st.integers(1, 6),
+        ),
+    ),
+    end=st.integers(0, 60),
+    matched=st.integers(0, 60),
+    branch=st.booleans(),
+)
+def test_the_checkpoints_to_take_are_those_in_range_sorted_and_distinct(
+    ckpts, end, matched, branch
+):
+    """``_wanted`` (its shortcut for checkpoints already sorted, distinct and in range
+    included) is its definition: ``ckpts`` in ``1..end``, plus a branch's match, sorted, each once."""
+    extra = {matched} if branch and matched > 0 else set()
+    expected = sorted({c for c in ckpts if 0 < c <= end} | extra)
+    assert PrefixCache._wanted(ckpts, end, matched, branch) == expected
