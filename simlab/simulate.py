@@ -10,7 +10,6 @@ directory.
 
 from __future__ import annotations
 
-import gc
 import inspect
 import logging
 import tempfile
@@ -33,6 +32,7 @@ from simlab import radix_kernel, radix_tuning
 from simlab.block_replay import Walks, block_replay, fast_path, one_pass_obstacle
 from simlab.bounds import infinite_cache_hits
 from simlab.cluster import ClusterEngine, ClusterSettings, with_cluster
+from simlab.collector import collector_paused
 from simlab.compat import semantics_for, with_compat
 from simlab.config import CacheSettings, ConfigError, MetricSettings, RunSettings, run_settings
 from simlab.engine import Engine, EngineRun
@@ -377,27 +377,6 @@ def in_units_semantics(semantics: Semantics, unit_tokens: int) -> Semantics:
     if unit_tokens == 1 or not semantics.block_estimate:
         return semantics
     return replace(semantics, block_estimate=max(1, round(semantics.block_estimate / unit_tokens)))
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Run the body without the cyclic garbage collector's passes: the objects alive on entry
-    (modules, configs, the trace) are frozen out of its reach (``gc.freeze``) and it does not
-    run (``gc.disable``) until exit, when it is back as it was. A simulation allocates
-    millions of tree nodes, and each pass would walk every node still cached again (SWE-bench,
-    vLLM+ on the timed engine: 1,974 passes, 0.41 s of 4.3 s). Pausing frees nothing late:
-    invariant, the engines make no reference cycles while they run, so reference counting
-    frees whatever they drop (``tests/test_collector.py``); a world's own cycles (the tree's
-    parent and child links, SimPy's processes) wait for the collector once the body is done."""
-    enabled = gc.isenabled()
-    gc.freeze()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-        gc.unfreeze()
 
 
 def run_policy(

@@ -78,6 +78,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from policies.base import AdmissionPolicy, EvictionPolicy, Tunable
 from simlab.cache import PrefixCache
+from simlab.collector import collector_paused
 from simlab.config import ConfigError
 from simlab.nodes import InsertResult
 from simlab.records import RequestRecord
@@ -364,12 +365,12 @@ def evaluate(
     if isinstance(window, WindowImage):
         window = window.requests()
     results = []
-    for alpha in alphas:
-        cache = unpack(image)
-        results.append(
-            replay_window(cache, window, admission, with_alpha(template, alpha), score_last)
-        )
-        cache.dismantle()
+    with collector_paused():  # in a worker process too
+        for alpha in alphas:
+            cache = unpack(image)
+            policy = with_alpha(template, alpha)
+            results.append(replay_window(cache, window, admission, policy, score_last))
+            cache.dismantle()
     return results
 
 
