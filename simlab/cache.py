@@ -1049,7 +1049,7 @@ class PrefixCache:
     def dismantle(self) -> None:
         """Unlink the tree of a cache that is done with (it is unusable after): with no
         parent-child cycle left, dropping it frees every node by reference counting, without
-        the cyclic garbage collector, which :func:`simlab.simulate.collector_paused` holds
+        the cyclic garbage collector, which :func:`simlab.collector.collector_paused` holds
         back while a run goes on (a tuner drops a copy of the tree per alpha per window)."""
         for node in self._by_slot:
             if node is not None:

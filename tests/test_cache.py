@@ -373,7 +373,8 @@ def test_the_checkpoints_to_take_are_those_in_range_sorted_and_distinct(
     ckpts, end, matched, branch
 ):
     """``_wanted`` (its shortcut for checkpoints already sorted, distinct and in range
-    included) is its definition: ``ckpts`` in ``1..end``, plus a branch's match, sorted, each once."""
+    included) is its definition: ``ckpts`` in ``1..end`` and a branch's match, sorted, once
+    each."""
     extra = {matched} if branch and matched > 0 else set()
     expected = sorted({c for c in ckpts if 0 < c <= end} | extra)
     assert PrefixCache._wanted(ckpts, end, matched, branch) == expected
