@@ -12,8 +12,11 @@ creation ids and nodes (three arrays, an entry compared as the tuple ``(key, nid
 # mypy: ignore-errors
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from simlab.numba_import import import_numba
+
+numba = import_numba()
 
 njit = numba.njit(cache=True, nogil=True)
 inline = numba.njit(inline="always")

@@ -27,8 +27,11 @@ column), and no loop reads them.
 # mypy: ignore-errors
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from simlab.numba_import import import_numba
+
+numba = import_numba()
 
 njit = numba.njit(cache=True, nogil=True, error_model="numpy")
 #: the per-node and per-edge helpers, inlined into their callers (numba's IR inlining): a call

@@ -1,0 +1,38 @@
+"""numba for the compiled kernels (:mod:`simlab.block_kernel_jit`, :mod:`simlab.radix_kernel_jit`),
+imported without its BLAS probe.
+
+The first compiled call of a process loads numba's numpy implementations
+(``numba.core.cpu.CPUContext.load_additional_registries``). One of them,
+``numba.np.arraymath``, asks at import whether a BLAS is there by importing
+``scipy.linalg.cython_blas``, which imports all of ``scipy.linalg``: 0.2-0.4 s on a 2-core machine,
+the largest single part of numba's start-up, for a kernel that calls no BLAS.
+
+:func:`import_numba` imports that module first with the probe answered "no BLAS" (the import of
+``scipy.linalg.cython_blas`` fails at once). The answer changes one thing: numba's
+``np.convolve`` and ``np.correlate`` compute their inner products with a plain loop instead of
+``np.dot``. ``np.dot``, ``@`` and ``np.linalg`` still work: each imports ``scipy.linalg`` itself
+when a function using it is compiled. When ``scipy.linalg`` is loaded already the probe is free,
+and numba is imported as it is.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+_PROBE = "scipy.linalg.cython_blas"
+_PROBED = "numba.np.arraymath"
+
+
+def import_numba() -> ModuleType:
+    """numba, with ``numba.np.arraymath`` imported without the BLAS probe (module docstring);
+    ``sys.modules`` holds no trace of the probe afterwards."""
+    if _PROBED not in sys.modules and _PROBE not in sys.modules:
+        sys.modules[_PROBE] = None  # type: ignore[assignment]  # its import fails at once
+        try:
+            import numba.np.arraymath
+        finally:
+            sys.modules.pop(_PROBE, None)  # nothing can import it while it is None
+    import numba
+
+    return numba
