@@ -40,7 +40,7 @@ _BELADY = "policies.clairvoyant.Clairvoyant"
 _BLOCK_TARGETS = ("policies.production.VLLM", "policies.production.BlockPool")
 LRU = "lru"
 #: ``cache.compiled=auto`` compiles FIFO's and Belady's heaps from this many block visits (path
-#: blocks x capacities) on: loading numba and its cached kernel takes 0.34-0.36 s on a 2-core
+#: blocks x capacities) on: loading numba and its cached kernel takes 0.29-0.31 s on a 2-core
 #: machine, the pure-Python heap about 1 us per visit, the kernel 0.03-0.07 us; at 0.97 M visits
 #: both take as long (README, "Compiled heaps")
 COMPILED_MIN_VISITS = 2_000_000

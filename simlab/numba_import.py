@@ -4,8 +4,9 @@ imported without its BLAS probe.
 The first compiled call of a process loads numba's numpy implementations
 (``numba.core.cpu.CPUContext.load_additional_registries``). One of them,
 ``numba.np.arraymath``, asks at import whether a BLAS is there by importing
-``scipy.linalg.cython_blas``, which imports all of ``scipy.linalg``: 0.12-0.13 s on a 2-core
-machine, a quarter of loading a kernel, for kernels that call no BLAS.
+``scipy.linalg.cython_blas``, which imports all of ``scipy.linalg``: 0.09-0.13 s on a 2-core
+machine, a fifth to a quarter of loading a kernel (``python -m bench.numba_load``), for kernels
+that call no BLAS.
 
 :func:`import_numba` imports that module first with the probe answered "no BLAS" (the import of
 ``scipy.linalg.cython_blas`` fails at once). The answer changes one thing: numba's

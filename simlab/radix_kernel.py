@@ -72,7 +72,7 @@ class Peaks(NamedTuple):
 #: :func:`shared_pool`'s key in a run's shared arrays (:data:`simlab.block_replay.Walks`)
 POOL = "radix_kernel.TokenPool"
 #: ``cache.compiled=auto`` compiles a run the request step would take this long to serve
-#: (:func:`step_seconds`): importing numba and loading the cached kernel take 0.38-0.40 s on a
+#: (:func:`step_seconds`): importing numba and loading the cached kernel take 0.31-0.35 s on a
 #: 2-core machine (README, "Compiled radix replay")
 COMPILED_MIN_SECONDS = 0.5
 #: the request step's time per request served (ShareGPT and SWE-bench: 50-80 us) and per node
