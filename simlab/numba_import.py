@@ -12,9 +12,9 @@ that call no BLAS.
 ``scipy.linalg.cython_blas`` fails at once). The answer changes one thing: numba's
 ``np.convolve`` and ``np.correlate`` compute their inner products with a plain loop instead of
 ``np.dot``. ``np.dot``, ``@`` and ``np.linalg`` still work: each imports ``scipy.linalg`` itself
-when a function using it is compiled. When ``scipy.linalg`` is loaded already the probe is free,
-and numba is imported as it is; so it is if that module fails to import this way (a later numba
-without it): numba's own first call then imports it as usual.
+when a function using it is compiled. When ``scipy.linalg.cython_blas`` is loaded already the
+probe costs nothing and numba is imported as it is. If ``numba.np.arraymath`` fails to import this
+way (a numba that moved it), numba's own first call imports it as usual.
 """
 
 from __future__ import annotations
