@@ -25,6 +25,7 @@ overrides the no-op hook, so the hot path pays nothing otherwise).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -60,9 +61,10 @@ def evict(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int,
     if need <= cache.free_bytes:
         return 0, 0
     if policy.ties == "heap":
-        return _evict_heap_order(cache, need, policy)
+        return _evict_in_turn(cache, need, heap_victims(cache, policy), policy)
     if policy.scores_depend_on_candidates or policy.ties == "dfs":
-        return _evict_rescoring(cache, need, policy)
+        victims = iter(functools.partial(next_victim, cache, policy), None)
+        return _evict_in_turn(cache, need, victims, policy)
     return _evict_heap(cache, need, policy)
 
 
@@ -232,26 +234,15 @@ def next_victim(cache: PrefixCache, policy: EvictionPolicy) -> Node | None:
     return _lowest_scored(cache, policy, cand) if cand.size else None
 
 
-def _evict_heap_order(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
+def _evict_in_turn(
+    cache: PrefixCache, need: float, victims: Iterator[Node], policy: EvictionPolicy
+) -> tuple[int, int]:
+    """Evict ``victims`` (each drawn after the one before is gone) until ``need`` bytes are
+    free or they run out."""
     freed = count = 0
     notify = eviction_listener(policy)
-    victims = heap_victims(cache, policy)
     while need > cache.free_bytes:
         victim = next(victims, None)
-        if victim is None:
-            break
-        freed += cache._evict_node(victim)
-        count += 1
-        if notify is not None:
-            notify(cache, [victim])
-    return freed, count
-
-
-def _evict_rescoring(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tuple[int, int]:
-    freed = count = 0
-    notify = eviction_listener(policy)
-    while need > cache.free_bytes:
-        victim = next_victim(cache, policy)
         if victim is None:
             break
         freed += cache._evict_node(victim)
