@@ -21,7 +21,7 @@ from traces.arrival_modes import assign, tiled_starts
 from traces.azure import UNIQUE_BASE, azure_path, load_azure, load_azure_arrivals
 from traces.cache import cached_trace
 from traces.describe import ideal_reuse
-from traces.format import Trace, make_frame
+from traces.format import Trace, TraceFormatError, make_frame, request_row
 from traces.lmsys import load_lmsys
 from traces.mooncake import load_mooncake
 from traces.paths import DataFileMissingError, TraceFileError, resolve_data_dir
@@ -301,6 +301,47 @@ def test_block_size_travels_with_frames_and_parquet(tmp_path: Path) -> None:
     )
     plain = Trace(name="p", frame=make_frame(rows))
     assert plain.block_size == 1 and next(plain.requests()).input_tokens == 2
+
+
+def _rows(n: int) -> list[dict]:
+    """``n`` one-turn sessions with an input of ids 1..3 and an output of 2 ids."""
+    return [request_row(i, 0, [1, 2, 3], [4, 5]) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("row", "change", "fault"),
+    [
+        (0, {"input_ids": []}, "empty input at row 0"),
+        (2, {"output_ids": [4]}, r"output_len != len\(output_ids\) at row 2"),
+        (3, {"output_len": -1, "output_ids": []}, "negative length or token id at row 3"),
+        (1, {"input_ids": [1, -2, 3]}, "negative length or token id at row 1"),
+        # two faults in one row: the first in the check's order; two rows: the first row
+        (1, {"input_ids": [], "output_ids": [4]}, "empty input at row 1"),
+        (2, {"output_ids": [4], "output_len": -1}, r"output_len != len\(output_ids\) at row 2"),
+    ],
+)
+def test_a_faulty_row_is_named(row: int, change: dict, fault: str) -> None:
+    rows = _rows(5)
+    rows[row] = {**rows[row], **change}
+    rows[4] = {**rows[4], "input_ids": []}  # a later faulty row is not the one named
+    with pytest.raises(TraceFormatError, match=f"trace 'bad': {fault}$"):
+        Trace(name="bad", frame=make_frame(rows))
+
+
+def test_with_arrivals_copies_on_both_storages(tmp_path: Path) -> None:
+    """The frame-backed and the arrow-backed trace give the same copy: the new arrivals, the
+    same block size, columns and tokens, and the original left as it was."""
+    trace = Trace(name="t", frame=make_frame(_rows(3)), block_size=16)
+    trace.to_parquet(tmp_path / "t.parquet")
+    arrow = Trace.read_parquet(tmp_path / "t.parquet", "t")
+    arrival = np.array([2.0, 0.5, 1.0])
+    for original in (trace, arrow):
+        copy = original.with_arrivals(arrival)
+        assert copy.name == "t" and copy.block_size == 16 and copy.columns == original.columns
+        assert copy.column("arrival").tolist() == [2.0, 0.5, 1.0]
+        assert np.isnan(original.column("arrival")).all()
+        assert [r.request_id for r in copy.requests()] == [1, 2, 0]  # arrival order
+        assert [r.input_ids.tolist() for r in copy.requests()] == [[1, 2, 3]] * 3
 
 
 # --- Azure -----------------------------------------------------------------------------------

@@ -183,16 +183,23 @@ class Trace:
         return to_numpy(self._scalars.column(name))
 
     def with_arrivals(self, arrival: np.ndarray) -> Trace:
-        """A copy with the ``arrival`` column replaced (same name, block size and columns)."""
+        """A copy with the ``arrival`` column replaced (same name, block size and columns).
+        Not validated again: no invariant of :func:`validate_columns` reads arrivals."""
+        copy = Trace(self.name)
+        copy.block_size, copy._tokens, copy._order = (
+            self.block_size,
+            self._tokens,
+            list(self._order),
+        )
         if self._frame is not None:
-            frame = self._frame.copy()
-            frame["arrival"] = arrival
-            return Trace(name=self.name, frame=frame, block_size=self.block_size)
+            copy._frame = self._frame.copy()
+            copy._frame["arrival"] = arrival
+            return copy
         assert self._scalars is not None
         index = self._scalars.schema.get_field_index("arrival")
         values = from_numpy(np.asarray(arrival, dtype=np.float64))
-        scalars = self._scalars.set_column(index, "arrival", values)
-        return Trace.from_columns(self.name, scalars, self._tokens, self._order, self.block_size)
+        copy._scalars = self._scalars.set_column(index, "arrival", values)
+        return copy
 
     def __len__(self) -> int:
         if self._frame is not None:
@@ -322,15 +329,33 @@ def validate_columns(
     if bad.any():
         session = s[starts[np.flatnonzero(bad)[0]]]
         raise TraceFormatError(f"trace {name!r}: session {session} turns are not 0..n-1")
-    for pos, (inp, out, out_len) in enumerate(
-        zip(column("input_ids"), column("output_ids"), column("output_len"), strict=True)
-    ):
-        if len(inp) == 0:
-            raise TraceFormatError(f"trace {name!r}: empty input at row {pos}")
-        if len(out) and len(out) != out_len:
-            raise TraceFormatError(f"trace {name!r}: output_len != len(output_ids) at row {pos}")
-        if out_len < 0 or (len(inp) and int(np.min(inp)) < 0):
-            raise TraceFormatError(f"trace {name!r}: negative length or token id at row {pos}")
+    _check_rows(name, column("input_ids"), column("output_ids"), column("output_len"))
+
+
+def _check_rows(
+    name: str, inputs: np.ndarray, outputs: np.ndarray, output_lens: np.ndarray
+) -> None:
+    """Every row's input is not empty, its output ids (when given) are ``output_len`` long,
+    and no length or input id is negative. The error names the first offending row and, of
+    its faults, the first in that order."""
+    n = len(inputs)
+    input_lens = np.fromiter(map(len, inputs), dtype=np.int64, count=n)
+    got = np.fromiter(map(len, outputs), dtype=np.int64, count=n)
+    lowest = np.fromiter(
+        (np.minimum.reduce(ids) if len(ids) else 0 for ids in inputs), dtype=np.int64, count=n
+    )
+    output_lens = np.asarray(output_lens)
+    empty = input_lens == 0
+    mismatch = (got != 0) & (got != output_lens)
+    bad = empty | mismatch | (output_lens < 0) | (lowest < 0)
+    if not bad.any():
+        return
+    pos = int(np.argmax(bad))
+    if empty[pos]:
+        raise TraceFormatError(f"trace {name!r}: empty input at row {pos}")
+    if mismatch[pos]:
+        raise TraceFormatError(f"trace {name!r}: output_len != len(output_ids) at row {pos}")
+    raise TraceFormatError(f"trace {name!r}: negative length or token id at row {pos}")
 
 
 def write_frame_atomic(
