@@ -186,11 +186,8 @@ class Trace:
         """A copy with the ``arrival`` column replaced (same name, block size and columns).
         Not validated again: no invariant of :func:`validate_columns` reads arrivals."""
         copy = Trace(self.name)
-        copy.block_size, copy._tokens, copy._order = (
-            self.block_size,
-            self._tokens,
-            list(self._order),
-        )
+        copy.block_size = self.block_size
+        copy._tokens, copy._order = self._tokens, list(self._order)
         if self._frame is not None:
             copy._frame = self._frame.copy()
             copy._frame["arrival"] = arrival
