@@ -313,3 +313,100 @@ def run_settings(cfg: DictConfig) -> RunSettings:
             )
         ),
     )
+
+
+#: ``cluster.router`` (:mod:`simlab.cluster`)
+ROUTERS = (
+    "round_robin",
+    "least_loaded",
+    "random",
+    "prefix_aware",
+    "hybrid_aware",
+    "session_affinity",
+)
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """``cluster.*``, validated (each error names its key)."""
+
+    replicas: int = 1
+    router: str = "round_robin"
+    load_weight: float = 1.0
+    router_lag_s: float = 0.0
+    seed: int | None = None
+    disaggregated: bool = False
+    prefill_replicas: int | None = None  # null: half the replicas (at least one)
+    link_bw_gbps: float | None = None  # prefill -> decode KV transfer (GB/s; inf: free)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+            raise ConfigError(f"cluster.replicas: must be an integer >= 1 (got {self.replicas!r})")
+        if self.replicas < 1:
+            raise ConfigError(f"cluster.replicas: must be an integer >= 1 (got {self.replicas!r})")
+        if self.router not in ROUTERS:
+            raise ConfigError(
+                f"cluster.router: must be one of {'|'.join(ROUTERS)} (got {self.router!r})"
+            )
+        _non_negative("cluster.load_weight", self.load_weight)
+        _non_negative("cluster.router_lag_s", self.router_lag_s)
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ConfigError(
+                f"cluster.seed: must be a non-negative integer or null (got {seed!r})"
+            )
+        self._check_disaggregation()
+
+    def _check_disaggregation(self) -> None:
+        if not isinstance(self.disaggregated, bool):
+            raise ConfigError(
+                f"cluster.disaggregated: must be true or false (got {self.disaggregated!r})"
+            )
+        if not self.disaggregated:
+            for key in ("prefill_replicas", "link_bw_gbps"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"cluster.{key}: only with cluster.disaggregated=true")
+            return
+        if self.replicas < 2:
+            raise ConfigError(
+                "cluster.disaggregated: needs cluster.replicas >= 2 (prefill and decode "
+                f"replicas), got {self.replicas}"
+            )
+        p = self.prefill_replicas
+        if p is not None and (
+            isinstance(p, bool) or not isinstance(p, int) or not 1 <= p < self.replicas
+        ):
+            raise ConfigError(
+                f"cluster.prefill_replicas: must be an integer from 1 to cluster.replicas - 1 "
+                f"= {self.replicas - 1} (got {p!r})"
+            )
+        bw = self.link_bw_gbps
+        if bw is None:
+            raise ConfigError(
+                "cluster.link_bw_gbps: a disaggregated cluster moves each request's KV from its "
+                "prefill to its decode replica; give the link bandwidth in GB/s (inf: free)"
+            )
+        if isinstance(bw, bool) or not isinstance(bw, int | float) or not bw > 0:
+            raise ConfigError(f"cluster.link_bw_gbps: must be a number > 0 or inf (got {bw!r})")
+
+    @property
+    def n_prefill(self) -> int:
+        """Prefill replicas of a disaggregated cluster (the first ones; the rest decode)."""
+        return self.prefill_replicas or max(1, self.replicas // 2)
+
+    @classmethod
+    def from_config(cls, section: Any) -> ClusterSettings:
+        """From the ``cluster`` mapping (None: the defaults); an unknown key is an error."""
+        values = dict(section or {})
+        known = {f.name for f in fields(cls)}
+        for key in values:
+            if key not in known:
+                raise ConfigError(f"cluster.{key}: unknown key (known: {', '.join(sorted(known))})")
+        return cls(**values)
+
+
+def _non_negative(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}: must be a number >= 0 (got {value!r})")
+    if not 0 <= value < math.inf:
+        raise ConfigError(f"{key}: must be a finite number >= 0 (got {value!r})")

@@ -8,11 +8,12 @@ with :meth:`Engine.run` and one YAML.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from simlab.model import ModelSpec
     from simlab.records import RequestRecord
     from simlab.step import RequestStep
     from traces.format import Request
@@ -43,3 +44,27 @@ class Engine(Protocol):
     def name(self) -> str: ...
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun: ...
+
+
+@runtime_checkable
+class MemoryChecked(Protocol):
+    """An engine that checks, before any work, that the model and the cache fit its GPU (the
+    timed engines; :class:`ConfigError` naming the key otherwise)."""
+
+    def check_memory(self, model: ModelSpec, cache_gb: float) -> None: ...
+
+
+@runtime_checkable
+class Replicated(Protocol):
+    """An engine of several replicas (:class:`simlab.cluster.ClusterEngine`): ``step`` serves
+    the first and ``fresh_step()`` builds each other replica's step."""
+
+    @property
+    def replicas(self) -> int: ...
+
+    def run(
+        self,
+        requests: Sequence[Request],
+        step: RequestStep,
+        fresh_step: Callable[[], RequestStep] | None = None,
+    ) -> EngineRun: ...

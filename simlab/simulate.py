@@ -31,11 +31,17 @@ from policies.base import AdmissionPolicy, EvictionPolicy, Semantics, in_units
 from simlab import radix_kernel, radix_tuning
 from simlab.block_replay import Walks, block_replay, fast_path, one_pass_obstacle
 from simlab.bounds import infinite_cache_hits
-from simlab.cluster import ClusterEngine, ClusterSettings, with_cluster
 from simlab.collector import collector_paused
 from simlab.compat import semantics_for, with_compat
-from simlab.config import CacheSettings, ConfigError, MetricSettings, RunSettings, run_settings
-from simlab.engine import Engine, EngineRun
+from simlab.config import (
+    CacheSettings,
+    ClusterSettings,
+    ConfigError,
+    MetricSettings,
+    RunSettings,
+    run_settings,
+)
+from simlab.engine import Engine, EngineRun, MemoryChecked, Replicated
 from simlab.model import ModelSpec
 from simlab.provenance import code_version
 from simlab.records import (
@@ -51,7 +57,6 @@ from simlab.replay import ReplayEngine
 from simlab.step import Controller, RequestStep
 from simlab.summary import Summary, add_bound_ratios, trace_stats
 from simlab.sweep import check_no_overwrite, finished_summary, is_multirun
-from simlab.timed import TimedEngine
 from simlab.tuning import AlphaTuner
 from traces.arrival_modes import assign as assign_arrival_times
 from traces.arrivals import GapsError
@@ -93,7 +98,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         policy_step(name, pcfg, model, settings)
     check_bound_policy(cfg, model, settings)
     engine = build_engine(cfg)
-    if isinstance(engine, TimedEngine | ClusterEngine):
+    if isinstance(engine, MemoryChecked):
         engine.check_memory(model, settings.cache.size_gb)
     check_writable(output_dir(cfg))
     return RunPlan(settings, model, engine)
@@ -326,6 +331,10 @@ def build_engine(cfg: DictConfig) -> Engine:
         if isinstance(err.__cause__, ConfigError):  # the engine named the key itself
             raise err.__cause__ from err
         raise ConfigError(f"engine: {err.__cause__ or err}") from err
+    if cluster.replicas == 1:
+        return engine
+    from simlab.cluster import with_cluster  # SimPy and the timed engine: replicas only
+
     return with_cluster(engine, cluster, cfg.get("seed", 0))
 
 
@@ -418,7 +427,7 @@ def run_policy(
 
     start = time.perf_counter()
     with collector_paused():
-        if isinstance(engine, ClusterEngine):  # one fresh step per replica
+        if isinstance(engine, Replicated):  # one fresh step per replica
             run = engine.run(
                 requests,
                 searching(step),

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from simlab.__main__ import USER_ERRORS
 from simlab.bounds import infinite_cache_hits
-from simlab.cluster import ROUTE_COLUMNS, ROUTERS, ClusterEngine, ClusterSettings
-from simlab.config import ConfigError
+from simlab.cluster import ROUTE_COLUMNS, ClusterEngine
+from simlab.config import ROUTERS, ClusterSettings, ConfigError
 from simlab.costmodel import Hardware
 from simlab.records import RECORD_COLUMNS, records_frame
 from simlab.simulate import build_engine, simulate

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from simlab.__main__ import USER_ERRORS
-from simlab.cluster import ClusterEngine, ClusterSettings, prompt_only
+from simlab.cluster import ClusterEngine, prompt_only
+from simlab.config import ClusterSettings
 from simlab.records import records_frame
 from simlab.simulate import simulate
 from simlab.timed import TimedEngine

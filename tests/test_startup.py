@@ -1,5 +1,6 @@
 """Start-up: a replay of a cached trace never imports pandas (``python -m simlab``'s quarter of a
-second), and its results are those of the run that built the cache, DataFrame for DataFrame."""
+second) nor the timed engine and SimPy (0.02 s), and its results are those of the run that built
+the cache, DataFrame for DataFrame."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def simlab(
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
 
 
-def test_a_replay_of_a_cached_trace_never_imports_pandas(tmp_path):
+def test_a_replay_of_a_cached_trace_imports_neither_pandas_nor_the_timed_engine(tmp_path):
     cache = tmp_path / "cache"
     simlab(tmp_path / "built", cache)  # a cache miss builds the trace (with pandas)
     again = simlab(tmp_path / "cached", cache, "-X", "importtime")
@@ -50,6 +51,7 @@ def test_a_replay_of_a_cached_trace_never_imports_pandas(tmp_path):
     imported = {line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines()}
     assert "pyarrow.parquet" in imported  # the check sees what is imported
     assert not {m for m in imported if m.split(".")[0] == "pandas"}
+    assert not imported & {"simpy", "simlab.timed", "simlab.cluster", "simlab.costmodel"}
     for name in ("records.parquet", "occupancy.parquet"):
         built = pd.read_parquet(tmp_path / "built" / name)
         assert_frame_equal(pd.read_parquet(tmp_path / "cached" / name), built)

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from simlab.__main__ import USER_ERRORS
-from simlab.cluster import ClusterEngine, ClusterSettings
+from simlab.cluster import ClusterEngine
+from simlab.config import ClusterSettings
 from simlab.records import records_frame
 from simlab.simulate import simulate
 from simlab.step import RequestStep
