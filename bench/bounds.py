@@ -14,12 +14,12 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from simlab.bounds import infinite_cache_hits
 from simlab.config import run_settings
-from simlab.model import ModelSpec
-from simlab.records import write_json_atomic
-from simlab.replay import ReplayEngine
-from simlab.simulate import load_trace, run_policy
+from simlab.engines.records import write_json_atomic
+from simlab.engines.replay import ReplayEngine
+from simlab.model.spec import ModelSpec
+from simlab.run.bounds import infinite_cache_hits
+from simlab.run.simulate import load_trace, run_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = [

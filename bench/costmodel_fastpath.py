@@ -1,8 +1,8 @@
 """Differential check of the cost model's fast paths against their plain definitions, bit for bit.
 
 The timed engine times its iterations through memoised and templated paths
-(:meth:`simlab.costmodel.CostModel.time` with the per-position-count memo,
-:meth:`~simlab.costmodel.CostModel.decode_span_of` with the per-batch-size template). Records
+(:meth:`simlab.cost.model.CostModel.time` with the per-position-count memo,
+:meth:`~simlab.cost.model.CostModel.decode_span_of` with the per-batch-size template). Records
 stay byte-identical only if those give exactly the floats of the plain formulas; this harness
 compares them on random batches for every model preset, several tensor-parallel degrees and
 cost terms, with ``==`` (no tolerance):
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from simlab.costmodel import (
+from simlab.cost.model import (
     ENGINE_OVERHEAD,
     BatchShape,
     Calibration,
@@ -40,7 +40,7 @@ from simlab.costmodel import (
     Hardware,
     resolve_calibration,
 )
-from simlab.model import ModelSpec
+from simlab.model.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

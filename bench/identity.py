@@ -1,7 +1,7 @@
 """Byte-identity harness: prove a refactor leaves every simulation output unchanged.
 
 ``write OUTDIR`` runs a fixed matrix of small simulations (:data:`CASES`) through the public
-entry point only (``simlab.simulate.simulate`` on a config composed with Hydra's compose API from
+entry point only (``simlab.run.simulate.simulate`` on a config composed with Hydra's compose API from
 this checkout's ``configs/``), each into ``OUTDIR/<case name>`` (``records.parquet``,
 ``occupancy.parquet``, ``summary.json``), plus ``OUTDIR/manifest.json`` saying which code ran.
 ``compare DIR_A DIR_B`` checks, for every case written in ``DIR_A``, that both parquet files are
@@ -128,7 +128,7 @@ FIXED_CASES: list[Case] = [
     ("vllm-whole_input-llama3_8b-sharegpt-replay",
      ["+policy=vllm", "+policy.semantics.whole_input_hit=true", "model=llama3_8b",
       "engine=replay", *SHAREGPT_1GB]),
-    # FIFO and Belady over whole blocks: computed on block ids (simlab/block_heap.py), so their
+    # FIFO and Belady over whole blocks: computed on block ids (simlab/fastpaths/blocks/heap.py), so their
     # records must stay the request-by-request replay's
     ("vllm_fifo-llama3_8b-mooncake-replay",
      ["+policy=vllm", "eviction@policy.eviction=fifo", "policy.block_size=512",
@@ -145,14 +145,14 @@ FIXED_CASES: list[Case] = [
      ["+policy=marconi", "policy.admission.alignment=round_down", "trace=mooncake",
       "arrivals.mode=timestamps", "engine=replay", "cache.size_gb=5"]),
     # SGLang's two pools under load: running requests hold Mamba slots in the SSM pool, capped
-    # at slots // 5 with extra_buffer (simlab/shared_pool.py _open_state_pool)
+    # at slots // 5 with extra_buffer (simlab/engines/timed/kv_pool.py _open_state_pool)
     ("sglang_extra_buffer-shared_ssm_pool-chat-timed",
      ["+policy=sglang", "policy.admission.mamba=extra_buffer", "model=nemotron_h_8b",
       "trace=chat", "trace.n_sessions=30", "arrivals.session_rate=1", "engine=timed",
       "cache.size_gb=4", "cache.ssm_gb=2", "engine.running_memory_gb=1",
       "engine.kv_pool=shared"]),
     # SGLang's scheduler on the shared pool under a saturating load: its admission (the new
-    # token ratio, simlab/new_token_ratio.py) and its retraction
+    # token ratio, simlab/engines/timed/new_token_ratio.py) and its retraction
     ("sglang_plus-sglang_scheduler-chat-timed",
      ["+policy=sglang_plus", "model=llama3_8b", "trace=chat", "trace.n_sessions=60",
       "arrivals.session_rate=4", "engine=timed", "cache.size_gb=0.5",
@@ -229,7 +229,7 @@ def run_case(overrides: list[str], out_dir: Path, data_dir: Path | None) -> None
     over results of other code)."""
     from hydra import compose, initialize_config_dir
 
-    from simlab.simulate import simulate
+    from simlab.run.simulate import simulate
 
     shutil.rmtree(out_dir, ignore_errors=True)
 

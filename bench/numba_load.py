@@ -1,7 +1,7 @@
 """What a compiled kernel costs a fresh process before its work: numba's import and the kernel's
 first call (its cached machine code loaded), with and without numba's BLAS probe.
 
-The kernels import numba through :func:`simlab.numba_import.import_numba`, which skips the probe
+The kernels import numba through :func:`simlab.util.numba_import.import_numba`, which skips the probe
 (an import of ``scipy.linalg.cython_blas``, loading all of ``scipy.linalg``). "with the probe"
 imports ``scipy.linalg.cython_blas`` inside the timed window, which is the probe's work. Each round
 starts one fresh interpreter per kernel and mode, alternating. The inputs (60 ShareGPT requests:
@@ -30,9 +30,12 @@ MODES = ("skipped", "with the probe")
 CHILD = """
 import json, sys, time
 from hydra import compose, initialize_config_dir
-from simlab import block_kernel, block_replay, radix_kernel
-from simlab.block_walk import block_paths
-from simlab.simulate import plan_run, policy_step, trace_requests
+from simlab.fastpaths.blocks import kernel as block_kernel
+from simlab.fastpaths.blocks import replay as block_replay
+from simlab.fastpaths.radix import kernel as radix_kernel
+from simlab.fastpaths.radix import replay as radix_replay
+from simlab.fastpaths.blocks.walk import block_paths
+from simlab.run.simulate import plan_run, policy_step, trace_requests
 
 kernel, probe = sys.argv[1], sys.argv[2] == "with the probe"
 policy = ["+policy=vllm", "eviction@policy.eviction=fifo", "policy.block_size=16"]
@@ -53,7 +56,7 @@ if probe:
 if kernel == "block":
     block_kernel.compiled_heap_replay(flat, 1e12, step.cache.kv_per_token, 0)
 else:
-    radix_kernel.compiled_replay(requests, step, None)
+    radix_replay.compiled_replay(requests, step, None)
 print(json.dumps({"s": time.perf_counter() - start, "linalg": "scipy.linalg" in sys.modules}))
 """
 

@@ -30,8 +30,8 @@ token, 64 MiB per block, so 1 GiB = 16 blocks exactly); simlab runs ``model=llam
 Four capacities x three policies in one call: kvcache-simulator's one ``run_sweep`` call beside one
 ``python -m simlab`` call with ``cache.size_gb`` a list of the four capacities and the three
 policies as the ``compare`` set (:func:`compare_overrides`): on the block pool's fast paths (one
-walk of the trace shared by the policies; LRU in one stack-distance pass, ``simlab/stack.py``;
-FIFO and optimal on block ids, ``simlab/block_heap.py``), and again with ``cache.one_pass=false``
+walk of the trace shared by the policies; LRU in one stack-distance pass, ``simlab/fastpaths/stack.py``;
+FIFO and optimal on block ids, ``simlab/fastpaths/blocks/heap.py``), and again with ``cache.one_pass=false``
 (every capacity and policy replayed request by request). ``--case TEXT`` runs only the matching
 cases.
 
@@ -185,7 +185,7 @@ def simlab_block_bytes() -> int:
     """KV bytes of one trace block in simlab's ``model=llama3_8b`` (checks :data:`BLOCK_BYTES`)."""
     from omegaconf import OmegaConf
 
-    from simlab.model import ModelSpec
+    from simlab.model.spec import ModelSpec
 
     cfg = OmegaConf.load(ROOT / "configs" / "model" / f"{SIMLAB_MODEL}.yaml")
     values = OmegaConf.to_container(cfg, resolve=True)
@@ -821,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": results,
         "start_up_floor": floor,
     }
-    from simlab.records import write_json_atomic
+    from simlab.engines.records import write_json_atomic
 
     write_json_atomic(report, args.out)
     differ = [r["tool"] for c in results for r in c["rows"] if r["hits_agree"] is False]

@@ -23,7 +23,7 @@ crosscheck) on an empty cache per capacity, with alpha tuning off:
     speed ratio;
   - ``simlab``: ``+policy=marconi`` in simlab's own semantics (the hits differ), request by
     request (``cache.compiled=false``);
-  - ``compiled``: the same replay compiled (``cache.compiled=true``, :mod:`simlab.radix_kernel`;
+  - ``compiled``: the same replay compiled (``cache.compiled=true``, :mod:`simlab.fastpaths.radix.kernel`;
     the same records), when numba is installed. Importing numba, loading the cached kernel and
     making the trace's token pool (shared by every capacity, as by the policies and
     capacities of one ``python -m simlab``) happen once, in an untimed warm-up run before the
@@ -62,7 +62,7 @@ REFERENCE_ENV = "MARCONI_REFERENCE_DIR"
 SIMLAB_MODES = {
     "same hits": ["policy.compat=reference_fixed", "+policy.semantics.partial_descent=true"],
     "simlab": ["cache.compiled=false"],
-    # the same replay compiled (simlab.radix_kernel; numba, the `fast` extra): skipped without it
+    # the same replay compiled (simlab.fastpaths.radix.kernel; numba, the `fast` extra): skipped without it
     "compiled": ["cache.compiled=true"],
 }
 #: the reference's FLOP-aware eviction (``evict_policy_version`` 1 is SGLang+'s LRU)
@@ -102,7 +102,7 @@ def simlab_runner(trace: str, gb: float, alpha: float, mode: str, shared: dict |
     """A function running simlab's Marconi replay once: (loop seconds, per-request hits).
     ``shared``: what the runs of one request list share (``run_policy``'s ``walks``: the
     compiled replay's token pool, made by the first run)."""
-    from simlab.simulate import plan_run, run_policy, trace_requests
+    from simlab.run.simulate import plan_run, run_policy, trace_requests
     from tests.fixtures import compose
 
     overrides = [f"trace={trace}", "model=marconi_7b", "engine=replay", "+policy=marconi"]
@@ -125,7 +125,7 @@ def simlab_runner(trace: str, gb: float, alpha: float, mode: str, shared: dict |
 
 def simlab_modes() -> list[str]:
     """The modes of :data:`SIMLAB_MODES` that can run here (``compiled`` needs numba)."""
-    from simlab.block_kernel import available
+    from simlab.fastpaths.blocks.kernel import available
 
     return [mode for mode in SIMLAB_MODES if mode != "compiled" or available()]
 
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (Path(args.reference_dir) / "radix_cache_hybrid.py").is_file():
         raise SystemExit(f"no radix_cache_hybrid.py in {args.reference_dir}")
-    from simlab.records import write_json_atomic
+    from simlab.engines.records import write_json_atomic
 
     result = measure(args)
     print_table(result)

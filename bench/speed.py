@@ -17,8 +17,8 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from simlab.records import write_json_atomic
-from simlab.simulate import load_trace, plan_run, run_policy
+from simlab.engines.records import write_json_atomic
+from simlab.run.simulate import load_trace, plan_run, run_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {"sharegpt": ["cache.size_gb=2"], "swebench": ["cache.size_gb=60"]}

@@ -3,7 +3,7 @@
     .venv/bin/python -m crosscheck.export --out .crosscheck/sharegpt.npz trace=sharegpt model=llama3_8b
 
 Composes simlab's Hydra config from ``OVERRIDES`` exactly as ``python -m simlab`` does, loads the
-trace with its arrival times (:func:`simlab.simulate.load_trace`) and writes the requests in
+trace with its arrival times (:func:`simlab.run.simulate.load_trace`) and writes the requests in
 simlab's replay order (:meth:`traces.format.Trace.requests`) to one ``.npz``:
 
 * ``request_id``, ``input_len``, ``output_len``: one row per request, in replay order;
@@ -36,8 +36,8 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 
 from simlab.config import run_settings
-from simlab.model import ModelSpec
-from simlab.simulate import load_trace
+from simlab.model.spec import ModelSpec
+from simlab.run.simulate import load_trace
 from traces.format import Request
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ into this repository; this file only drives it. The fixtures in
 Two processes:
 
 * the parent (simlab's venv) exports simlab's request sequence of each trace, in replay order
-  (``tests.fixtures.compose`` + ``simlab.simulate.load_trace``), to JSON lines in a temporary
+  (``tests.fixtures.compose`` + ``simlab.run.simulate.load_trace``), to JSON lines in a temporary
   directory, then runs this same file with ``--child`` under ``--reference-python``;
 * the child never imports simlab. It writes small stand-ins for the modules the reference
   imports besides itself (:data:`SHIMS`, placed before ``--reference-dir`` on ``sys.path`` so a
@@ -251,7 +251,7 @@ def export_requests(folder: Path, traces: set[str]) -> dict[str, list[dict]]:
     """Each trace's request sequence in simlab's replay order, to ``folder/<trace>.jsonl``."""
     sys.path.insert(0, str(ROOT))
     from simlab.config import run_settings
-    from simlab.simulate import load_trace
+    from simlab.run.simulate import load_trace
     from tests.fixtures import compose
 
     out = {}

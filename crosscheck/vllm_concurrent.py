@@ -9,7 +9,7 @@ computed and preempt each other.
 The scheduler, its pool and its config are ``vllm_hybrid.py``'s (real vLLM 0.33.0 code; only the
 platform's two CUDA answers and the model runner are stand-ins). The clock counts scheduler
 steps: every step takes one time unit, whatever it computes, so the timings measure scheduling
-alone and simlab's timed engine can be run on the same clock (``simlab.crosscheck_load``).
+alone and simlab's timed engine can be run on the same clock (``simlab.experiments.crosscheck_load``).
 
 Arrivals are open loop: request ``i`` (replay order) arrives at
 ``gap * i + 0.5 * frac(i * golden ratio)``; the fractional offsets keep every arrival off every

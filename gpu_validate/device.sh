@@ -12,7 +12,7 @@
 # no install of simlab. Rehearse it on a CPU with DEVICE=cpu TINY=1 BUDGET=40.
 # Afterwards, on any machine: commit run/records.jsonl as gpu_validate/records/<gpu>_<date>.jsonl
 # and calibration.json as gpu_validate/calibration/<preset>.json, and check the composed stack
-# against simlab.predict with report/stack_prefill.csv (gpu_validate/README.md, "Fit and report").
+# against simlab.experiments.predict with report/stack_prefill.csv (gpu_validate/README.md, "Fit and report").
 set -euo pipefail
 : "${OUT:?set OUT to the directory the results go to}"
 budget=${BUDGET:-360}

@@ -1,5 +1,5 @@
 """The layers the harness times, in plain PyTorch (plus fla's SSD kernels on a GPU), with their
-shapes taken from a :class:`simlab.model.ModelSpec`.
+shapes taken from a :class:`simlab.model.spec.ModelSpec`.
 
 Each layer's weights are random (scaled by ``1/sqrt(fan_in)`` so activations stay O(1); never
 zeros, which can run faster than real data). Every op the cost model names has a method here
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from gpu_validate import ssd
-from simlab.model import ModelSpec
+from simlab.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ import numpy as np
 
 from gpu_validate.fit import fit_records, hardware_from_json, select
 from gpu_validate.records import headers, key_of, read_records, timed
-from simlab.costmodel import Calibration, CostModel, Efficiency, Op
-from simlab.model import ModelSpec
+from simlab.cost.model import Calibration, CostModel, Efficiency, Op
+from simlab.model.spec import ModelSpec
 
 _DUMMY = ModelSpec(d_model=8, n_attn_layers=1, n_ssm_layers=0, n_heads=1)  # op_time ignores it
 
@@ -149,7 +149,7 @@ def build_report(
 
 
 def write_stack_table(path: Path, records: list[dict[str, Any]]) -> int:
-    """The composed stack's prefill records as a measured-prefill table (:mod:`simlab.measured`:
+    """The composed stack's prefill records as a measured-prefill table (:mod:`simlab.experiments.measured`:
     ``prompt_tokens``, ``prefix_tokens``, ``ttft_ms``, the median of the repetitions), one row
     per record, for ``python -m simlab.predict model=<the run's> hardware=<its GPU>
     engine.token_budget=<the longest prompt> measured.path=PATH measured.prefix=prefix_tokens``

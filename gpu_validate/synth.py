@@ -15,8 +15,8 @@ import numpy as np
 
 from gpu_validate.cases import FULL, Scale, plan, spec_dict
 from gpu_validate.records import RECORDS_FILE, RecordWriter, record_for
-from simlab.costmodel import Calibration, CostModel, Efficiency, Hardware
-from simlab.model import ModelSpec
+from simlab.cost.model import Calibration, CostModel, Efficiency, Hardware
+from simlab.model.spec import ModelSpec
 
 #: "True" efficiencies of the synthetic device: deliberately not the cost model's defaults.
 TRUE_EFFICIENCY = {

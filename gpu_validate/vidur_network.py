@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from simlab.costmodel import ALLREDUCE, ETA_MAX, Efficiency, Hardware
+from simlab.cost.model import ALLREDUCE, ETA_MAX, Efficiency, Hardware
 from traces.paths import resolve_data_dir
 
 ELEMENT_BYTES = 2  # Vidur's ``size`` counts fp16 elements

@@ -52,11 +52,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from policies.base import CacheView, EvictionPolicy, Tokens
+from simlab.cache.contract import CacheView, EvictionPolicy, Tokens
 from traces.trie import BatchTrie, as_inputs
 
 if TYPE_CHECKING:
-    from simlab.nodes import Lookup, Node
+    from simlab.cache.nodes import Lookup, Node
 
 INF = math.inf
 Location = tuple[int, int] | None

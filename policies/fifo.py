@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import CacheView, EvictionPolicy
+from simlab.cache.contract import CacheView, EvictionPolicy
 
 if TYPE_CHECKING:
-    from simlab.cache import Node
+    from simlab.cache.prefix import Node
 
 
 def _deepest_first(node: Node) -> int:

@@ -14,7 +14,7 @@ candidates; the lowest utility is evicted first (ties: oldest node).
 
 ``alpha = 0`` ranks exactly like recency (LRU over the extended candidate set).
 
-Reference-code switches (``policy.compat=reference`` sets them all; :mod:`simlab.compat`):
+Reference-code switches (``policy.compat=reference`` sets them all; :mod:`simlab.run.compat`):
 
 * ``memory: path`` divides by one SSM state plus the KV of the node's *whole path* (prefix
   included), as ``radix_cache_hybrid.py`` (FLOP-efficiency block, line 528) does; ``own`` (the
@@ -24,10 +24,10 @@ Reference-code switches (``policy.compat=reference`` sets them all; :mod:`simlab
 * ``mlp_bug``: the MLP term subtracts the parent's *attention* FLOPs per MLP layer instead of
   its MLP FLOPs (``28 * (mlp(T) - attn(P))``, line 526), which inflates short prefixes and goes
   negative past about 10K tokens;
-* ``ties: dfs`` and ``miscounts_freed_bytes`` (:class:`policies.base.EvictionPolicy`).
+* ``ties: dfs`` and ``miscounts_freed_bytes`` (:class:`simlab.cache.contract.EvictionPolicy`).
 
-``alpha`` is :class:`policies.base.Tunable`: with ``policy.tuning.enabled`` the paper's
-retrospective tuning (``simlab.tuning``) starts it at 0 and sets it through :meth:`set_alpha`.
+``alpha`` is :class:`simlab.cache.contract.Tunable`: with ``policy.tuning.enabled`` the paper's
+retrospective tuning (``simlab.engines.tuner``) starts it at 0 and sets it through :meth:`set_alpha`.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import CacheView, EvictionPolicy, min_max
+from simlab.cache.contract import CacheView, EvictionPolicy, min_max
 
 if TYPE_CHECKING:
-    from simlab.model import ModelSpec
-    from simlab.nodes import Lookup
+    from simlab.cache.nodes import Lookup
+    from simlab.model.spec import ModelSpec
 
 
 MEMORY_TERMS = ("own", "path")

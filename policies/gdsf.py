@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import CacheView, EvictionPolicy
 from policies.lfu import HitCounts, reused_nodes
+from simlab.cache.contract import CacheView, EvictionPolicy
 
 if TYPE_CHECKING:
-    from simlab.nodes import Lookup
+    from simlab.cache.nodes import Lookup
 
 
 @dataclass

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from policies.base import Admission, AdmissionPolicy, Tokens
 from policies.judicious import ALIGNMENTS, aligned
+from simlab.cache.contract import Admission, AdmissionPolicy, Tokens
 
 if TYPE_CHECKING:
-    from simlab.nodes import Lookup
+    from simlab.cache.nodes import Lookup
 
 
 @dataclass

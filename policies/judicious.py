@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from policies.base import Admission, AdmissionPolicy, Tokens
+from simlab.cache.contract import Admission, AdmissionPolicy, Tokens
 
 if TYPE_CHECKING:
-    from simlab.nodes import Lookup
+    from simlab.cache.nodes import Lookup
 
 ALIGNMENTS = ("exact", "round_down")
 BRANCH_ON = ("input", "sequence")

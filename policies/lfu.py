@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import CacheView, EvictionPolicy
+from simlab.cache.contract import CacheView, EvictionPolicy
 
 if TYPE_CHECKING:
-    from simlab.nodes import Lookup, Node
+    from simlab.cache.nodes import Lookup, Node
 
 
 def reused_nodes(lookup: Lookup) -> list[Node]:

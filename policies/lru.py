@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import CacheView, EvictionPolicy
+from simlab.cache.contract import CacheView, EvictionPolicy
 
 if TYPE_CHECKING:
-    from simlab.nodes import Lookup
+    from simlab.cache.nodes import Lookup
 
 
 LRU_TIE_ORDERS = ("oldest", "heap")

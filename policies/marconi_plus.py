@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import CacheView, EvictionPolicy, min_max
 from policies.flop_aware import checked_alpha
 from policies.lfu import HitCounts, reused_nodes
+from simlab.cache.contract import CacheView, EvictionPolicy, min_max
 
 if TYPE_CHECKING:
-    from simlab.nodes import Lookup
+    from simlab.cache.nodes import Lookup
 
 RECENCY = ("linear", "inverse")
 

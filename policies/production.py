@@ -7,7 +7,7 @@ follow the engines' code (``crosscheck/README.md`` drives the real cache manager
 Both engines
     * Committed length: a request leaves ``input + output - 1`` tokens; the last sampled token
       is never fed back (SGLang ``kv_committed_len``, vLLM's last decode step), so its KV and
-      state are never computed (:class:`policies.base.Keys` ``committed``).
+      state are never computed (:class:`simlab.cache.contract.Keys` ``committed``).
     * The running request allocates everything past its hit (``held_from``): eviction makes
       room for all of it, duplicates of cached tokens included (SGLang frees them at insert,
       vLLM keeps the duplicate block).
@@ -21,7 +21,7 @@ SGLang (``mem_cache/radix_cache.py``, ``unified_cache``)
       included, before splitting it (:class:`RadixLRU`); on a hybrid the match refreshes the
       path up to its hit only. Eviction: LRU over leaves.
     * The running request's allocation evicts with only its hit locked: KV it matched past its
-      hit may go (``held_from``, :meth:`simlab.cache.PrefixCache.insert`).
+      hit may go (``held_from``, :meth:`simlab.cache.prefix.PrefixCache.insert`).
     * Hybrid, ``no_buffer``: Mamba states are published at the prompt end (after prefill) and
       at the committed end, never at branch points; a hit is the deepest matched node holding a
       state within ``len(input) - 1`` (the cache's hybrid hit rule).
@@ -29,7 +29,7 @@ SGLang (``mem_cache/radix_cache.py``, ``unified_cache``)
 vLLM (``v1/core/block_pool.py``, ``kv_cache_manager.py``)
     * Blocks of ``block_size`` tokens identified by the hash chain; only full blocks are cached
       and shared, a branch inside a block duplicates it, memory is counted in whole blocks
-      (:class:`policies.base.Keys` ``block_size``: one tree node per block).
+      (:class:`simlab.cache.contract.Keys` ``block_size``: one tree node per block).
     * A hit is the longest chain of cached full blocks within ``len(input) - 1`` tokens.
     * Eviction pops one block at a time from an LRU free queue to which a finished request's
       blocks return tail first (:class:`BlockLRU`: leaves only, so a request's deepest block
@@ -42,12 +42,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from policies.base import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
 from policies.lru import LRU
+from simlab.cache.contract import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
 
 if TYPE_CHECKING:
-    from simlab.model import ModelSpec
-    from simlab.nodes import Lookup
+    from simlab.cache.nodes import Lookup
+    from simlab.model.spec import ModelSpec
 
 #: SGLang's Mamba radix-cache strategies (``--mamba-radix-cache-strategy``).
 SGLANG_MAMBA = ("no_buffer", "extra_buffer")
@@ -75,7 +75,7 @@ class SGLang(AdmissionPolicy):
     it (each chunk of a chunked prompt its own); decode-only steps track one every
     ``lcm(grid, mamba_track_interval)`` tokens and the finish publishes the last one, or
     nothing (``components/mamba.py`` ``_select_finished_checkpoint``). The plan places them for
-    one whole-prompt extend and undisturbed decoding (:class:`policies.base.Tracking`); a timed
+    one whole-prompt extend and undisturbed decoding (:class:`simlab.cache.contract.Tracking`); a timed
     engine replaces them as its chunks and steps run. KV is published only up to a published
     state, and a running request holds its Mamba slot and its track slots: three by default,
     two with ``tracking_slots=1`` (:attr:`running_state_slots`).
@@ -167,7 +167,7 @@ class BlockPool(AdmissionPolicy):
 
     block_size: Tokens = 16
     committed: bool = False
-    whole_last_id: bool = False  # hash-id traces: :class:`policies.base.Keys`
+    whole_last_id: bool = False  # hash-id traces: :class:`simlab.cache.contract.Keys`
 
     def __post_init__(self) -> None:
         positive_int(self.block_size, "policy.block_size")
@@ -221,10 +221,10 @@ class VLLM(BlockPool):
     version: str = "0.33.0"
     junction: bool = True
     #: tokens one scheduler step prefills (0.33.0's ``max_num_batched_tokens`` default): a
-    #: hybrid's longer prompt is prefilled in block-aligned chunks (:mod:`simlab.vllm_pool`)
+    #: hybrid's longer prompt is prefilled in block-aligned chunks (:mod:`simlab.engines.block_pool`)
     max_num_batched_tokens: int = 2048
     #: hybrids on the replay and timed engines: vLLM's pool block by block
-    #: (:mod:`simlab.vllm_pool`, :mod:`simlab.timed_pool`; checked request for request); false:
+    #: (:mod:`simlab.engines.block_pool`, :mod:`simlab.engines.timed.vllm_world`; checked request for request); false:
     #: the prefix tree, as the cluster and offline engines
     block_pool: bool = True
 

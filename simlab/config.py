@@ -3,7 +3,7 @@
 Hydra composes the YAML tree (``configs/``); these dataclasses are what the engine reads, so a
 bad value (a zero cache, a negative rate) fails here with a message naming the key, before a
 trace is loaded or a policy run. The engine and the plug-ins validate their own parameters when
-they are instantiated (``simlab.simulate.build_engine`` / ``build_policy``), also before any work.
+they are instantiated (``simlab.run.simulate.build_engine`` / ``build_policy``), also before any work.
 """
 
 from __future__ import annotations
@@ -40,20 +40,20 @@ class CacheSettings:
     SSM states get a pool of their own of that size (SGLang's Mamba slot pool) and KV the rest
     (SGLang's default ``--mamba-full-memory-ratio 0.9`` is ``ssm_gb = size_gb * 0.9 / 1.9``).
     ``host_gb`` / ``host_bw_gbps``: a host-memory tier below the GPU cache and its bandwidth
-    (:mod:`simlab.tiers`); it does not count against the GPU memory check."""
+    (:mod:`simlab.cache.host_tier`); it does not count against the GPU memory check."""
 
     size_gb: float
     page_size: int = 1
     ssm_gb: float | None = None
-    host_gb: float | None = None  # a host-memory tier (simlab.tiers); None: none
+    host_gb: float | None = None  # a host-memory tier (simlab.cache.host_tier); None: none
     host_bw_gbps: float | None = None  # host <-> GPU bandwidth, GB/s (inf: free loads)
-    #: a block pool's fast paths (:mod:`simlab.block_replay`): an LRU's capacities from one
+    #: a block pool's fast paths (:mod:`simlab.fastpaths.blocks.replay`): an LRU's capacities from one
     #: stack-distance pass, FIFO's and Belady's on block ids; False: request by request (a
     #: ``size_gb`` list back to back)
     one_pass: bool = True
     #: replays compiled with numba, the same records: FIFO's and Belady's over block ids
-    #: (:mod:`simlab.block_kernel`), judicious or fine-grained admission with Marconi's or LRU
-    #: eviction on the token tree (:mod:`simlab.radix_kernel`); "auto" when numba is installed
+    #: (:mod:`simlab.fastpaths.blocks.kernel`), judicious or fine-grained admission with Marconi's or LRU
+    #: eviction on the token tree (:mod:`simlab.fastpaths.radix.kernel`); "auto" when numba is installed
     #: and the run is large enough to repay loading it, True always (numba must be installed),
     #: False never
     compiled: bool | str = "auto"
@@ -85,7 +85,7 @@ class CacheSettings:
             raise ConfigError(
                 f"cache.compiled: must be auto, true or false (got {self.compiled!r})"
             )
-        from simlab.block_kernel import available  # finds numba without importing it
+        from simlab.util.numba_import import available  # finds numba without importing it
 
         if self.compiled is True and not available():
             raise ConfigError(
@@ -315,7 +315,7 @@ def run_settings(cfg: DictConfig) -> RunSettings:
     )
 
 
-#: ``cluster.router`` (:mod:`simlab.cluster`)
+#: ``cluster.router`` (:mod:`simlab.engines.cluster`)
 ROUTERS = (
     "round_robin",
     "least_loaded",

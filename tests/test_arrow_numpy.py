@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pandas.testing import assert_frame_equal
 
-from simlab.records import as_frame, latency_summary, record_columns
+from simlab.engines.records import as_frame, latency_summary, record_columns
 from traces.arrival_modes import compensated_cumsum_within, running_max_within
 from traces.arrow_numpy import from_numpy, from_optional, list_views, to_numpy
 from traces.format import Trace, make_frame, request_row
@@ -107,7 +107,7 @@ def test_a_trace_read_back_is_the_frame_it_was_written_from(tmp_path):
 
 
 def test_records_columns_give_the_frame_and_the_summary_pandas_would():
-    from simlab.records import RECORD_COLUMNS, RequestRecord
+    from simlab.engines.records import RECORD_COLUMNS, RequestRecord
 
     records = [
         RequestRecord(

@@ -43,7 +43,7 @@ def test_written_files_follow_the_umask(tmp_path, umask_022):
 
 
 def test_a_run_writes_results_colleagues_can_read(tmp_path, umask_022):
-    from simlab.simulate import simulate
+    from simlab.run.simulate import simulate
 
     out = tmp_path / "run"
     overrides = ["+policy=sglang_plus", "engine=replay", "trace=chat", "trace.n_sessions=3"]

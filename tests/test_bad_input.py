@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from simlab.__main__ import USER_ERRORS
-from simlab.simulate import simulate
+from simlab.run.simulate import simulate
 from tests.fixtures import ROOT, compose
 
 #: (overrides, what the one-line error must say)

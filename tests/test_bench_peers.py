@@ -188,10 +188,10 @@ def test_one_call_compare_set_is_the_three_peer_policies():
     """The one-call case's ``compare`` set: kvcache-simulator's names, 512-token blocks, LRU
     computed in one stack-distance pass, FIFO and optimal on block ids (no request-by-request
     replay)."""
-    from simlab.block_replay import eviction_order, one_pass_obstacle
     from simlab.config import run_settings
-    from simlab.model import ModelSpec
-    from simlab.simulate import build_engine, policy_step
+    from simlab.fastpaths.blocks.replay import eviction_order, one_pass_obstacle
+    from simlab.model.spec import ModelSpec
+    from simlab.run.simulate import build_engine, policy_step
     from tests.fixtures import compose
 
     cfg = compose(

@@ -1,4 +1,4 @@
-"""FIFO and Belady over whole blocks on block ids (simlab/block_heap.py).
+"""FIFO and Belady over whole blocks on block ids (simlab/fastpaths/blocks/heap.py).
 
 The oracle is simlab's own request-by-request replay (``cache.one_pass=false``: the prefix tree,
 the evictor, ``policies.fifo`` and ``policies.clairvoyant``): every capacity of a list, and a
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from simlab import block_replay
-from simlab.block_heap import LeafHeap, input_passes
-from simlab.block_walk import Paths
-from simlab.capacities import point_dir_name
+from simlab.fastpaths.blocks import replay as block_replay
+from simlab.fastpaths.blocks.heap import LeafHeap, input_passes
+from simlab.fastpaths.blocks.walk import Paths
+from simlab.run.capacities import point_dir_name
 from tests.test_capacities import (
     MOONCAKE,
     QUIET,
@@ -141,7 +141,7 @@ def test_policies_keyed_differently_do_not_share_a_walk(tmp_path):
 @pytest.mark.parametrize(("policy", "logged"), [(FIFO, "FIFO"), (BELADY, "Belady")])
 def test_a_scalar_run_takes_the_block_heap(policy, logged, tmp_path, caplog):
     base = [*policy, *SHAREGPT_BLOCKS, "policy.block_size=16"]
-    caplog.set_level("INFO", logger="simlab.simulate")
+    caplog.set_level("INFO", logger="simlab.run.simulate")
     run_scalar(base, "0.01", tmp_path / "heap")
     assert f"{logged} over whole blocks, on block ids (cache.one_pass)" in caplog.text
     caplog.clear()

@@ -1,6 +1,6 @@
-"""FIFO and Belady over whole blocks, compiled (simlab/block_kernel.py, numba).
+"""FIFO and Belady over whole blocks, compiled (simlab/fastpaths/blocks/kernel.py, numba).
 
-The oracle is the pure-Python heap (simlab/block_heap.py), itself checked against the
+The oracle is the pure-Python heap (simlab/fastpaths/blocks/heap.py), itself checked against the
 request-by-request replay (tests/test_block_heap.py): the kernel must give its columns request
 for request, on the walks of real trace slices (Mooncake hash ids, ShareGPT tokens in 16-token
 blocks) at capacities that evict and truncate and an infinite one, and on random tries
@@ -15,11 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simlab import block_kernel, block_replay
-from simlab.block_heap import heap_replay, input_passes
-from simlab.block_walk import Paths, block_paths
 from simlab.config import ConfigError
-from simlab.simulate import plan_run, policy_step, trace_requests
+from simlab.fastpaths.blocks import kernel as block_kernel
+from simlab.fastpaths.blocks import replay as block_replay
+from simlab.fastpaths.blocks.heap import heap_replay, input_passes
+from simlab.fastpaths.blocks.walk import Paths, block_paths
+from simlab.run.simulate import plan_run, policy_step, trace_requests
 from tests.fixtures import compose
 from tests.test_block_heap import BELADY, FIFO, MOONCAKE_BLOCKS, SHAREGPT_BLOCKS, WHOLE
 from tests.test_capacities import MOONCAKE, results, run_list, without_timing
@@ -112,7 +113,7 @@ def test_a_compiled_run_writes_what_the_pure_python_heap_writes(tmp_path, caplog
     if not MOONCAKE.is_file():
         pytest.skip(f"no trace at {MOONCAKE}")
     base = [*BELADY, *MOONCAKE_BLOCKS, "trace.limit=400"]
-    caplog.set_level("INFO", logger="simlab.block_replay")
+    caplog.set_level("INFO", logger="simlab.fastpaths.blocks.replay")
     compiled = run_list(base, ["0.5", "5"], tmp_path / "compiled", "cache.compiled=true")
     assert "the heap compiled (cache.compiled=True)" in caplog.text
     caplog.clear()

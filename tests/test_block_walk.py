@@ -1,5 +1,5 @@
 """Block keys and the walk of a trace over whole blocks sharing a session's context
-(simlab/keys.py ``BlockKeys.session_blocks``, simlab/block_walk.py ``block_paths``).
+(simlab/cache/keys.py ``BlockKeys.session_blocks``, simlab/fastpaths/blocks/walk.py ``block_paths``).
 
 The oracle is keying every block of every request (``BlockKeys(share_prefixes=False)``): the
 views and the walk that take a session's shared context from its previous request must give
@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simlab.block_replay import step_keys
-from simlab.block_walk import block_paths
-from simlab.keys import BlockKeys, shared_prefix
-from simlab.simulate import plan_run, policy_step, trace_requests
+from simlab.cache.keys import BlockKeys, shared_prefix
+from simlab.fastpaths.blocks.replay import step_keys
+from simlab.fastpaths.blocks.walk import block_paths
+from simlab.run.simulate import plan_run, policy_step, trace_requests
 from tests.fixtures import compose
 from tests.test_capacities import MOONCAKE
 
@@ -118,7 +118,7 @@ def test_shared_prefix_counts_the_leading_equal_ids():
 def test_a_session_past_the_kept_ones_is_keyed_alike(monkeypatch):
     """With room for 3 sessions' last views, requests of older sessions key every block: the
     same views still, and no more than 3 kept."""
-    from simlab import keys as keys_module
+    from simlab.cache import keys as keys_module
 
     monkeypatch.setattr(keys_module, "SESSIONS_KEPT", 3)
     requests, keys = requests_and_keys(CASES["sharegpt, 32-token blocks"])

@@ -14,13 +14,13 @@ from policies.clairvoyant import Clairvoyant
 from policies.fine_grained import FineGrained
 from policies.judicious import Judicious
 from policies.lru import LRU
-from simlab.bounds import infinite_cache_hits
-from simlab.cache import PrefixCache
+from simlab.cache.prefix import PrefixCache
 from simlab.config import run_settings
-from simlab.crosscheck import FIXTURES
-from simlab.replay import replay, replay_step
-from simlab.simulate import load_trace, simulate
-from simlab.step import RequestStep
+from simlab.engines.replay import replay, replay_step
+from simlab.engines.step import RequestStep
+from simlab.experiments.crosscheck import FIXTURES
+from simlab.run.bounds import infinite_cache_hits
+from simlab.run.simulate import load_trace, simulate
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, compose, ideal_hits, model, policy_plugins
 from tests.test_capacities import MOONCAKE, needs_mooncake
 from traces.format import Trace, make_frame

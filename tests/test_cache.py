@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from policies.flop_aware import FlopAware
 from policies.lru import LRU
-from simlab.cache import PrefixCache
+from simlab.cache.prefix import PrefixCache
 from tests.fixtures import model
 
 LLAMA = model("llama3_8b")
@@ -272,7 +272,7 @@ def test_chain_eviction_stops_at_a_pin_deep_in_a_long_chain():
 def test_chain_edges_are_the_slices_of_the_sequence(start, lengths):
     """The views a bulk append hangs its nodes on equal slicing the sequence at the stops,
     whether the inner edges are equally long (one 2-D view) or not."""
-    from simlab.cache import _edge_views
+    from simlab.cache.prefix import _edge_views
 
     stops = np.cumsum([start, *lengths]).tolist()[1:]
     seq = np.arange(stops[-1] + 3, dtype=np.int32) * 7
@@ -295,7 +295,7 @@ def test_frontier_pops_in_the_order_of_one_full_heap(scores, pushes, first):
     candidate pops, pushes interleaved, ties (many) broken by nid."""
     import heapq
 
-    from simlab.evictor import _Frontier
+    from simlab.cache.evictor import _Frontier
 
     n = len(scores)
     nids = np.random.default_rng(n).permutation(n).astype(np.int64)
@@ -327,9 +327,9 @@ def test_depth_first_ties_are_the_first_in_a_full_depth_first_listing(
     stored, pinned, merges, inner
 ):
     """``ties: dfs`` finds the victim from the candidate arrays: it must be the first lowest of
-    :func:`simlab.evictor.dfs_candidates` (the reference code's listing, walked whole), and the
+    :func:`simlab.cache.evictor.dfs_candidates` (the reference code's listing, walked whole), and the
     listing's last candidate (``miscounts_freed_bytes``) must be the one found walking back."""
-    from simlab import evictor
+    from simlab.cache import evictor
 
     cache = PrefixCache(LLAMA, math.inf)
     for i, s in enumerate(stored):

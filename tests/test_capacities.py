@@ -1,4 +1,4 @@
-"""``cache.size_gb=[...]``: many capacities in one process (simlab/capacities.py, simlab/stack.py).
+"""``cache.size_gb=[...]``: many capacities in one process (simlab/run/capacities.py, simlab/fastpaths/stack.py).
 
 The one-pass stack-distance replay is checked frame for frame against separate scalar runs of
 the normal replay, on real trace slices, at capacities small enough to evict and truncate and at
@@ -17,13 +17,13 @@ import pandas as pd
 import pytest
 from pandas.testing import assert_frame_equal
 
-from simlab.block_replay import one_pass_obstacle
-from simlab.capacities import TABLE, point_dir_name, run_capacities
 from simlab.config import ConfigError, run_settings
-from simlab.model import ModelSpec
-from simlab.records import strict_json
-from simlab.simulate import build_engine, policy_step, saved_config, simulate
-from simlab.stack import Fenwick, matched_blocks
+from simlab.engines.records import strict_json
+from simlab.fastpaths.blocks.replay import one_pass_obstacle
+from simlab.fastpaths.stack import Fenwick, matched_blocks
+from simlab.model.spec import ModelSpec
+from simlab.run.capacities import TABLE, point_dir_name, run_capacities
+from simlab.run.simulate import build_engine, policy_step, saved_config, simulate
 from tests.fixtures import ROOT, compose
 from traces.paths import resolve_data_dir
 
@@ -142,7 +142,7 @@ def test_one_capacity_from_stack_distances_equals_the_replay(size, tmp_path, cap
     """A scalar run of an LRU over whole blocks is computed from stack distances (logged), and
     writes what the request-by-request replay writes."""
     base = [*MOONCAKE_LRU, "trace.limit=300"]
-    caplog.set_level("INFO", logger="simlab.simulate")
+    caplog.set_level("INFO", logger="simlab.run.simulate")
     run_scalar(base, size, tmp_path / "stack")
     assert "from stack distances" in caplog.text
     caplog.clear()
@@ -159,7 +159,7 @@ def test_one_capacity_from_stack_distances_equals_the_replay(size, tmp_path, cap
 @needs_mooncake
 def test_one_pass_switch_off_runs_back_to_back_with_the_same_records(tmp_path, caplog):
     base = [*MOONCAKE_LRU, "trace.limit=150"]
-    caplog.set_level("INFO", logger="simlab.capacities")
+    caplog.set_level("INFO", logger="simlab.run.capacities")
     one = run_list(base, ["0.5", "3"], tmp_path / "one")
     assert "one-pass stack-distance replay for 2 capacities" in caplog.text
     caplog.clear()

@@ -1,4 +1,4 @@
-"""Replicas and routing (``simlab.cluster``): identity at one replica, two oracles, the
+"""Replicas and routing (``simlab.engines.cluster``): identity at one replica, two oracles, the
 router's read-only view, its lag, bad input."""
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from simlab.__main__ import USER_ERRORS
-from simlab.bounds import infinite_cache_hits
-from simlab.cluster import ROUTE_COLUMNS, ClusterEngine
 from simlab.config import ROUTERS, ClusterSettings, ConfigError
-from simlab.costmodel import Hardware
-from simlab.records import RECORD_COLUMNS, records_frame
-from simlab.simulate import build_engine, simulate
-from simlab.step import RequestStep
-from simlab.timed import SessionFeeder, TimedEngine, _sessions
+from simlab.cost.model import Hardware
+from simlab.engines.cluster import ROUTE_COLUMNS, ClusterEngine
+from simlab.engines.records import RECORD_COLUMNS, records_frame
+from simlab.engines.step import RequestStep
+from simlab.engines.timed.engine import TimedEngine
+from simlab.engines.timed.world import SessionFeeder, _sessions
+from simlab.run.bounds import infinite_cache_hits
+from simlab.run.simulate import build_engine, simulate
 from tests.fixtures import CONFIGS, chat_trace, compose, hot_prefix_trace, model, policy_plugins
 from traces.arrivals import assign_arrivals
 from traces.format import Request
@@ -134,7 +135,7 @@ def test_prefix_aware_on_infinite_caches_equals_one_pooled_infinite_cache(worklo
     ``load_weight = 0`` and an infinite cache per replica, ``prefix_aware`` sends each request
     to a replica holding its longest cached prefix, and every cached prefix lives whole on one
     replica, so each request hits exactly what one pooled infinite cache gives it: the ideal
-    reuse (:func:`simlab.bounds.infinite_cache_hits`, on a token tree nobody routes). Ties
+    reuse (:func:`simlab.run.bounds.infinite_cache_hits`, on a token tree nobody routes). Ties
     spread new prefixes over the replicas, so the hits come from several of them."""
     if workload == "chat":
         requests = chat_requests(seed=5, sessions=10, rate=1e-4, system_prompts=4)
@@ -211,7 +212,7 @@ def test_a_lagged_view_is_the_replicas_cache_replayed_late():
     engine = ClusterEngine(
         TimedEngine(hardware=A100), ClusterSettings(3, "hybrid_aware", router_lag_s=3.0)
     )
-    from simlab.cluster import Cluster
+    from simlab.engines.cluster import Cluster
 
     steps = [build() for _ in range(3)]
     twins = [build() for _ in range(3)]
@@ -227,7 +228,7 @@ def test_a_lagged_view_is_the_replicas_cache_replayed_late():
 def test_the_lagged_view_at_t_is_the_replicas_cache_at_t_minus_lag():
     """Sampled during the run every 0.37 s (off any event time): each twin's logical clock and
     bytes at ``t`` equal its replica's at ``t - lag`` (lag = 3 samples)."""
-    from simlab.cluster import Cluster
+    from simlab.engines.cluster import Cluster
 
     requests = chat_requests(seed=12, sessions=12, rate=2.0)
     build = fresh_step("marconi", capacity=12 * CKPT)

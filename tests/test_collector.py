@@ -1,5 +1,5 @@
 """The cyclic garbage collector is paused while a simulation runs
-(:func:`simlab.collector.collector_paused`). That is safe only while the engines make no
+(:func:`simlab.util.collector.collector_paused`). That is safe only while the engines make no
 reference cycles as they run: reference counting then frees whatever they drop, and nothing
 waits for the collector. These tests hold every engine to that invariant, on traces of two
 lengths, and check that the pause restores the collector as it found it."""
@@ -12,9 +12,9 @@ from contextlib import contextmanager
 import pytest
 import simpy
 
-import simlab.simulate
-from simlab.collector import collector_paused
-from simlab.simulate import simulate
+import simlab.run.simulate
+from simlab.run.simulate import simulate
+from simlab.util.collector import collector_paused
 from tests.fixtures import compose
 
 #: the functions :func:`cycles_left` wraps, as imported (before any test patched them)
@@ -75,7 +75,7 @@ def cycles_left(monkeypatch, overrides: list[str]) -> list[int]:
                 found.append(gc.collect())
 
     monkeypatch.setattr(simpy.Environment, "run", run_then_collect)
-    monkeypatch.setattr(simlab.simulate, "collector_paused", paused_then_collect)
+    monkeypatch.setattr(simlab.run.simulate, "collector_paused", paused_then_collect)
     simulate(compose([*CHAT, *overrides]))
     return found
 

@@ -14,18 +14,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from policies.base import Semantics
 from policies.flop_aware import FlopAware
 from policies.judicious import Judicious
 from policies.lru import LRU
-from simlab import compat
-from simlab.cache import PrefixCache
-from simlab.compat import semantics_for, with_compat
+from simlab.cache.contract import Semantics
+from simlab.cache.prefix import PrefixCache
 from simlab.config import ConfigError, run_settings
-from simlab.model import ModelSpec
-from simlab.replay import replay_step
-from simlab.simulate import load_trace, policy_step
-from simlab.step import RequestStep
+from simlab.engines.replay import replay_step
+from simlab.engines.step import RequestStep
+from simlab.model.spec import ModelSpec
+from simlab.run import compat
+from simlab.run.compat import semantics_for, with_compat
+from simlab.run.simulate import load_trace, policy_step
 from tests.fixtures import compose, model
 from tests.marconi_reference_model import HybridShape, ReferenceTree
 from traces.format import Request

@@ -18,7 +18,7 @@ from bench.costmodel_fastpath import (
     load_hardware,
     model_specs,
 )
-from simlab.costmodel import CostModel
+from simlab.cost.model import CostModel
 
 SPECS = model_specs()
 

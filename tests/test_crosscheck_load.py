@@ -8,7 +8,7 @@ ShareGPT Llama case agreed on 4.5% of the scheduling steps (71 preemptions again
 the pool, a decode span that ran past a step filling a KV block (which a queued request's hit
 then reaches) scheduled 1-2 requests a step late in the 32-token-block cases. The Mooncake
 hash-id cases (the first 2,000 requests, 512-token blocks, the trace's output lengths) run on
-the pool by their ids (``simlab.vllm_pool.request_keys``); on the tree, the 60 GB case with an
+the pool by their ids (``simlab.engines.block_pool.request_keys``); on the tree, the 60 GB case with an
 arrival every 8 steps was scheduled at vLLM's step for 40.1% of its requests.
 
 The ``*_async`` cases ran vLLM's default loop (``--async-scheduling``: ``AsyncScheduler``, each
@@ -22,8 +22,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from simlab.crosscheck import load_cases
-from simlab.crosscheck_load import COUNTS, FIXTURES, TIMES, compare
+from simlab.experiments.crosscheck import load_cases
+from simlab.experiments.crosscheck_load import COUNTS, FIXTURES, TIMES, compare
 
 CASES = load_cases(FIXTURES)
 SYNC = [c for c in CASES if not c.get("async_scheduling")]

@@ -58,8 +58,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from simlab.crosscheck import load_cases
-from simlab.crosscheck_load import SGLANG_FIXTURES, compare
+from simlab.experiments.crosscheck import load_cases
+from simlab.experiments.crosscheck_load import SGLANG_FIXTURES, compare
 
 MAX_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens default
 

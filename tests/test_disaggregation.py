@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 
 from simlab.__main__ import USER_ERRORS
-from simlab.cluster import ClusterEngine, prompt_only
 from simlab.config import ClusterSettings
-from simlab.records import records_frame
-from simlab.simulate import simulate
-from simlab.timed import TimedEngine
+from simlab.engines.cluster import ClusterEngine, prompt_only
+from simlab.engines.records import records_frame
+from simlab.engines.timed.engine import TimedEngine
+from simlab.run.simulate import simulate
 from tests.fixtures import compose, hot_prefix_trace
 from tests.test_cluster import A100, HYBRID, LLAMA, chat_requests, fresh_step
 

@@ -1,4 +1,4 @@
-"""BatchLLM's planner (:mod:`simlab.batchllm`) and the batch trie (:mod:`traces.trie`): the paper's
+"""BatchLLM's planner (:mod:`simlab.engines.batchllm`) and the batch trie (:mod:`traces.trie`): the paper's
 saving ratios from its own workload definitions. Schedules executed through a cache are tested on
 the offline engine in tests/test_offline.py."""
 
@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from simlab.batchllm import (
+from simlab.engines.batchllm import (
     BatchLLM,
     RandomOrder,
     ThresholdSort,

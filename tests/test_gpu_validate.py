@@ -36,7 +36,7 @@ from gpu_validate.records import (
 )
 from gpu_validate.report import build_report, predict
 from gpu_validate.synth import TRUE_EFFICIENCY, synthetic_records, write_synthetic
-from simlab.costmodel import (
+from simlab.cost.model import (
     DEFAULT_EFFICIENCY,
     OP_CLASSES,
     BatchShape,

@@ -1,4 +1,4 @@
-"""The host-memory tier (``cache.host_gb``, ``cache.host_bw_gbps``; :mod:`simlab.tiers`):
+"""The host-memory tier (``cache.host_gb``, ``cache.host_bw_gbps``; :mod:`simlab.cache.host_tier`):
 oracles against one cache of another size, the tiers' invariants during whole runs, the load
 time of the timed engine, clusters, and bad input. Real trace slices (ShareGPT)."""
 
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from simlab.config import ConfigError
-from simlab.records import HOST_COLUMNS, RECORD_COLUMNS
-from simlab.simulate import load_trace, plan_run, policy_step, simulate
+from simlab.engines.records import HOST_COLUMNS, RECORD_COLUMNS
+from simlab.run.simulate import load_trace, plan_run, policy_step, simulate
 from tests.fixtures import compose
 
 FREE_HOST = ["cache.host_gb=inf", "cache.host_bw_gbps=inf"]
@@ -299,7 +299,7 @@ def test_tuned_records_do_not_depend_on_where_the_grid_search_runs():
     """The alpha tuner replays its window on copies of a snapshot, here (``workers=1``) or in
     worker processes: each copy has its own host tier, so the live cache's is untouched and
     the records are the same either way."""
-    from simlab.tuning import worker_pool
+    from simlab.engines.tuner import worker_pool
 
     setting = ["model=nemotron_h_8b", "+policy=marconi", "cache.size_gb=1", "cache.host_gb=1"]
     setting += ["cache.host_bw_gbps=25", "engine=replay", "bounds.enabled=false", "report=false"]

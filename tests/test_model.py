@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 
-from simlab.model import ModelSpec
+from simlab.model.spec import ModelSpec
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
 PRESETS = ("marconi_7b", "llama3_8b", "nemotron_h_8b", "jamba_1_5_mini")
@@ -250,7 +250,7 @@ def test_spec_is_frozen_and_ignores_underscore_keys() -> None:
     spec = SPECS["llama3_8b"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.d_model = 1  # type: ignore[misc]
-    cfg = {"_target_": "simlab.model.ModelSpec.from_config", "d_model": 64, "n_attn_layers": 1}
+    cfg = {"_target_": "simlab.model.spec.ModelSpec.from_config", "d_model": 64, "n_attn_layers": 1}
     assert ModelSpec.from_config({**cfg, "n_ssm_layers": 0, "n_heads": 4}).head_dim == 16
 
 

@@ -14,8 +14,8 @@ from policies.judicious import Judicious
 from policies.lfu import LFU, HitCounts
 from policies.lru import LRU
 from policies.marconi_plus import MarconiPlus
-from simlab.cache import PrefixCache
-from simlab.replay import replay
+from simlab.cache.prefix import PrefixCache
+from simlab.engines.replay import replay
 from tests.fixtures import chat_trace, model
 
 HYBRID = model("marconi_7b")

@@ -1,4 +1,4 @@
-"""numba imported without its BLAS probe (simlab/numba_import.py), in a fresh interpreter: the
+"""numba imported without its BLAS probe (simlab/util/numba_import.py), in a fresh interpreter: the
 kernels' first compiled call leaves ``scipy.linalg`` unimported and ``sys.modules`` without a trace
 of the probe, and a numba function that does use BLAS (``np.dot``) still compiles and gives the
 right answer, importing ``scipy.linalg`` itself."""
@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import json, sys
 import numpy as np
-from simlab import block_kernel_jit, radix_kernel_jit  # numba, through simlab.numba_import
+from simlab.fastpaths.blocks import kernel_jit as block_kernel_jit  # numba, through simlab.util.numba_import
+from simlab.fastpaths.radix import kernel_jit as radix_kernel_jit
 import numba
 
 @numba.njit

@@ -12,9 +12,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from simlab import offline as offline_engine
-from simlab.batchllm import Group
-from simlab.simulate import simulate
+from simlab.engines import offline as offline_engine
+from simlab.engines.batchllm import Group
+from simlab.run.simulate import simulate
 from tests.fixtures import compose, model
 from traces.format import Request
 

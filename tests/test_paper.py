@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simlab import paper
-from simlab.paper import (
+from simlab.experiments import paper
+from simlab.experiments.paper import (
     MODES,
     TWO,
     Features,
@@ -24,7 +24,7 @@ from simlab.paper import (
     quick_plan,
     run_paper,
 )
-from simlab.provenance import code_version
+from simlab.util.provenance import code_version
 from traces.paths import resolve_data_dir
 from traces.swebench import TAR_RELATIVE
 
@@ -252,7 +252,7 @@ def test_bad_arguments_are_one_line_and_exit_2(args, message, capsys):
         main(args)
     assert stop.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("simlab.paper: error: ") and message in err
+    assert err.startswith("simlab.experiments.paper: error: ") and message in err
     assert err.strip().count("\n") == 0
 
 
@@ -269,7 +269,7 @@ def test_another_runs_results_are_not_overwritten(tmp_path, capsys):
     (tmp_path / "paper.md").write_text("another run")
     assert main(["--quick", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("simlab.paper: error: --out") and "--overwrite" in err
+    assert err.startswith("simlab.experiments.paper: error: --out") and "--overwrite" in err
     assert (tmp_path / "paper.md").read_text() == "another run"
 
 

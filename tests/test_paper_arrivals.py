@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from simlab.config import ArrivalSettings, ConfigError, run_settings
-from simlab.simulate import load_trace
+from simlab.run.simulate import load_trace
 from tests.fixtures import ROOT, compose
 from traces.arrival_modes import assign
 from traces.arrivals import GapsError, assign_arrivals

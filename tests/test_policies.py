@@ -14,12 +14,12 @@ from policies.fifo import FIFO
 from policies.flop_aware import FlopAware
 from policies.judicious import Judicious
 from policies.lru import LRU
-from simlab.cache import PrefixCache
+from simlab.cache.prefix import PrefixCache
 from simlab.config import run_settings
-from simlab.records import records_frame
-from simlab.replay import replay_step
-from simlab.simulate import policy_step
-from simlab.step import RequestStep
+from simlab.engines.records import records_frame
+from simlab.engines.replay import replay_step
+from simlab.engines.step import RequestStep
+from simlab.run.simulate import policy_step
 from tests.fixtures import (
     POLICIES,
     chat_trace,

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from simlab.cache import PrefixCache
+from simlab.cache.prefix import PrefixCache
 from simlab.config import ConfigError
-from simlab.costmodel import BatchShape, CostModel
-from simlab.model import ModelSpec
-from simlab.predict import predict
-from simlab.simulate import build_engine
-from simlab.step import RequestStep
+from simlab.cost.model import BatchShape, CostModel
+from simlab.engines.step import RequestStep
+from simlab.experiments.predict import predict
+from simlab.model.spec import ModelSpec
+from simlab.run.simulate import build_engine
 from tests.fixtures import CONFIGS, ROOT, policy_plugins
 from traces.format import Request
 
@@ -182,7 +182,7 @@ def test_the_command_writes_prediction_json(tmp_path):
         [
             sys.executable,
             "-m",
-            "simlab.predict",
+            "simlab.experiments.predict",
             "prefill=[1000,2000]",
             f"hydra.run.dir={tmp_path}",
         ],

@@ -1,5 +1,5 @@
 """``python -m simlab.predict measured.path=FILE``: the prediction checked against a table of
-measured prefill times, row by row (:mod:`simlab.measured`)."""
+measured prefill times, row by row (:mod:`simlab.experiments.measured`)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from gpu_validate.fit import run_fit
 from gpu_validate.report import build_report
 from gpu_validate.synth import synthetic_records, write_synthetic
 from simlab.config import ConfigError
-from simlab.measured import BANDS
-from simlab.predict import predict
+from simlab.experiments.measured import BANDS
+from simlab.experiments.predict import predict
 from tests.fixtures import CONFIGS, ROOT
 
 
@@ -166,7 +166,7 @@ def test_the_command_prints_the_comparison_and_writes_it(tmp_path):
         [
             sys.executable,
             "-m",
-            "simlab.predict",
+            "simlab.experiments.predict",
             "prefill=[1000]",
             f"measured.path={table}",
             f"hydra.run.dir={tmp_path / 'run'}",
@@ -187,7 +187,7 @@ def test_gpu_validates_stack_table_is_predicted_as_the_report_predicts_it(tmp_pa
     """``gpu_validate report``'s ``stack_prefill.csv`` (the composed stack's measured prefills,
     here synthetic records), checked with the run's model, GPU and calibration, one iteration
     per prompt: every row predicted bit for bit as the report predicts its record (two paths to
-    one cost model: the ops the record carries, and the batch simlab.predict builds), so the
+    one cost model: the ops the record carries, and the batch simlab.experiments.predict builds), so the
     error is the report's. (Not in ``test_gpu_validate.py``: that one runs on the GPU image,
     which has no Hydra.)"""
     runs = tmp_path / "run"

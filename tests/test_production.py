@@ -13,18 +13,19 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from policies.base import Semantics, Tracking
 from policies.lru import LRU
 from policies.production import VLLM, BlockLRU, RadixLRU, SGLang, vllm_hybrid_block_size
-from simlab.block_replay import block_replay
-from simlab.cache import PrefixCache
+from simlab.cache.contract import Semantics, Tracking
+from simlab.cache.keys import BlockKeys, TokenKeys
+from simlab.cache.prefix import PrefixCache
 from simlab.config import ConfigError
-from simlab.costmodel import Hardware
-from simlab.keys import BlockKeys, TokenKeys
-from simlab.model import ModelSpec
-from simlab.simulate import plan_run, simulate
-from simlab.step import RequestStep
-from simlab.timed import SessionFeeder, TimedEngine
+from simlab.cost.model import Hardware
+from simlab.engines.step import RequestStep
+from simlab.engines.timed.engine import TimedEngine
+from simlab.engines.timed.world import SessionFeeder
+from simlab.fastpaths.blocks.replay import block_replay
+from simlab.model.spec import ModelSpec
+from simlab.run.simulate import plan_run, simulate
 from tests.fixtures import CONFIGS, compose, model, policy_plugins
 from traces.format import Request
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from simlab.replay import replay_step
-from simlab.step import RequestStep
+from simlab.engines.replay import replay_step
+from simlab.engines.step import RequestStep
 from tests.fixtures import chat_trace, model, policy_plugins
 from traces.progress import Progress
 

@@ -1,7 +1,7 @@
 """Judicious admission with Marconi's FLOP-aware or LRU eviction on the token tree, compiled
-(simlab/radix_kernel.py, numba).
+(simlab/fastpaths/radix/kernel.py, numba).
 
-The oracle is the request step (simlab/step.py over simlab/cache.py, itself checked against the
+The oracle is the request step (simlab/engines/step.py over simlab/cache/prefix.py, itself checked against the
 Marconi reference code and SGLang's cache): the kernel must give every record column bit for
 bit, and the cache's peaks, on real traces (ShareGPT, the SWE-bench slice, LMSys; hybrids with
 Mamba2 and Mamba1 layers and a Transformer; capacities that truncate, evict and never evict)
@@ -20,17 +20,18 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from policies.base import AdmissionPolicy
 from policies.fine_grained import FineGrained
 from policies.flop_aware import FlopAware
 from policies.judicious import Judicious
 from policies.lru import LRU
-from simlab import radix_kernel
-from simlab.records import record_columns
-from simlab.replay import ReplayEngine, replay_step
-from simlab.simulate import plan_run, policy_step, trace_requests
-from simlab.step import RequestStep
-from simlab.timed import TimedEngine
+from simlab.cache.contract import AdmissionPolicy
+from simlab.engines.records import record_columns
+from simlab.engines.replay import ReplayEngine, replay_step
+from simlab.engines.step import RequestStep
+from simlab.engines.timed.engine import TimedEngine
+from simlab.fastpaths.radix import kernel as radix_kernel
+from simlab.fastpaths.radix import replay as radix_replay
+from simlab.run.simulate import plan_run, policy_step, trace_requests
 from tests.fixtures import compose, model
 from tests.test_capacities import results, run_list, run_scalar, without_timing
 from tests.test_compat import needs_data
@@ -54,7 +55,7 @@ def configured(overrides: list[str]) -> tuple[list[Request], RequestStep, object
 def assert_compiled_equals_step(requests: list[Request], step: RequestStep, oracle: RequestStep):
     """``step`` (fresh) compiled gives the records and peaks the request step gives on
     ``oracle`` (a fresh twin of it)."""
-    got, peaks = radix_kernel.compiled_replay(requests, step)
+    got, peaks = radix_replay.compiled_replay(requests, step)
     want = record_columns(replay_step(requests, oracle))
     assert list(got) == list(want)
     for name, column in want.items():
@@ -280,7 +281,7 @@ def test_the_kernel_grows_its_state_as_it_needs(policy, monkeypatch):
 @pytest.mark.parametrize("lru", [True, False])
 def test_equally_scored_victims_go_oldest_first(lru):
     """Two leaves last touched at the same tick: the older node (smaller creation id) goes."""
-    from simlab import radix_kernel_jit as jit
+    from simlab.fastpaths.radix import kernel_jit as jit
 
     spec = model("llama3_8b")
     ids = [[1, 2, 3], [4, 5, 6]]
@@ -336,8 +337,8 @@ def test_an_lru_hit_refreshes_its_whole_path():
 def test_the_kernels_truncation_is_the_caches(hybrid, matched, old, new, keep, tokens, offset):
     """Budgets just below, at and above what a prefix of the plan costs (its first ``keep``
     states; a Transformer: ``tokens`` of KV): the longest prefix of the plan that fits."""
-    from simlab import radix_kernel_jit as jit
-    from simlab.nodes import InsertPlan, truncate
+    from simlab.cache.nodes import InsertPlan, truncate
+    from simlab.fastpaths.radix import kernel_jit as jit
 
     spec = model("marconi_7b" if hybrid else "llama3_8b")
     kv, ckpt = 7, 40 if hybrid else 0
@@ -404,7 +405,7 @@ TUNED_CASES = {
 
 
 def run(overrides: list[str], compiled: bool):
-    from simlab.simulate import run_policy
+    from simlab.run.simulate import run_policy
 
     cfg = compose(["engine=replay", *overrides, f"cache.compiled={str(compiled).lower()}"])
     plan = plan_run(cfg)
@@ -464,7 +465,7 @@ def test_a_rewritten_history_gets_a_region_of_its_own():
 def test_a_compiled_run_writes_what_a_request_by_request_run_writes(tmp_path, caplog):
     base = [*SHAREGPT, "model=nemotron_h_8b", "engine=replay", "bounds.enabled=false"]
     base += ["+policy=sglang_plus"]
-    caplog.set_level("INFO", logger="simlab.simulate")
+    caplog.set_level("INFO", logger="simlab.run.simulate")
     run_scalar(base, "0.5", tmp_path / "compiled", "cache.compiled=true")
     assert "the radix replay compiled (cache.compiled=True)" in caplog.text
     caplog.clear()

@@ -31,7 +31,7 @@ from simlab.report.describe import cost_model_note
 from simlab.report.run_pages import hit_diff_by_length, length_bins, request_hit_rate
 from simlab.report.style import palette
 from simlab.report.tables import COLUMNS
-from simlab.simulate import simulate
+from simlab.run.simulate import simulate
 from tests.fixtures import ROOT, compose
 
 BASE = ["trace=sharegpt", "trace.limit=6"]

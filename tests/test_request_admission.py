@@ -1,5 +1,5 @@
 """SGLang's request admission on the shared KV pool (``engine.request_admission=sglang``,
-:mod:`simlab.new_token_ratio`): the ratio's dynamics, the expected outputs in closed form, no
+:mod:`simlab.engines.timed.new_token_ratio`): the ratio's dynamics, the expected outputs in closed form, no
 preemption when every output is reserved whole (``ignore_eos``), and decode spans that give the
 records of single steps (no admission happens inside one: SGLang's ``batch_is_full``)."""
 
@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simlab.new_token_ratio import (
+from simlab.engines.records import records_frame
+from simlab.engines.timed.new_token_ratio import (
     CLIP_MAX_NEW_TOKENS,
     INIT_RATIO,
     RETRACT_DECODE_STEPS,
     NewTokenRatio,
 )
-from simlab.records import records_frame
-from simlab.timed import Job, SessionFeeder, TimedSettings, TimedWorld
+from simlab.engines.timed.world import Job, SessionFeeder, TimedSettings, TimedWorld
 from tests.test_kv_pool import KV, build, engine, requests, tiny
 from traces.format import Request
 
@@ -217,7 +217,7 @@ def test_after_a_retraction_the_ratio_is_what_the_kept_decoders_show(monkeypatch
 def step_world(reqs: list[Request], **settings) -> list:
     """``reqs`` through SGLang's scheduler rules on the step clock (every iteration one time
     unit), arriving at their ``arrival``; their records in request order."""
-    from simlab.crosscheck_load import OpenLoop, StepClock
+    from simlab.experiments.crosscheck_load import OpenLoop, StepClock
 
     shared = {"kv_pool": "shared", "running_memory_gb": 1e4 * KV / 1e9, "token_budget": 128}
     settings = {**shared, "request_admission": "sglang", "preemption": "sglang", **settings}

@@ -17,7 +17,7 @@ from simlab.report.routing_pages import (
     routing_sweep_table,
 )
 from simlab.report.run_pages import SkipPage
-from simlab.simulate import simulate
+from simlab.run.simulate import simulate
 from tests.fixtures import compose
 from tests.test_report import pdf_pages
 
@@ -73,7 +73,7 @@ def test_a_single_replica_run_has_no_routing_page(tmp_path):
 @pytest.fixture(scope="module")
 def routing_sweep_dir(tmp_path_factory):
     """A sweep over replicas x router (timed, every compared policy): run dirs + points.parquet
-    (lists as JSON strings, as :func:`simlab.sweep.aggregate` writes them)."""
+    (lists as JSON strings, as :func:`simlab.run.sweep.aggregate` writes them)."""
     out = tmp_path_factory.mktemp("routing") / "sweep"
     rows = []
     grid = [(n, router) for n in (1, 3) for router in ("round_robin", "prefix_aware")]

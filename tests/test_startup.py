@@ -51,7 +51,7 @@ def test_a_replay_of_a_cached_trace_imports_neither_pandas_nor_the_timed_engine(
     imported = {line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines()}
     assert "pyarrow.parquet" in imported  # the check sees what is imported
     assert not {m for m in imported if m.split(".")[0] == "pandas"}
-    assert not imported & {"simpy", "simlab.timed", "simlab.cluster", "simlab.costmodel"}
+    assert not imported & {"simpy", "simlab.engines.timed.world", "simlab.engines.cluster", "simlab.cost.model"}
     for name in ("records.parquet", "occupancy.parquet"):
         built = pd.read_parquet(tmp_path / "built" / name)
         assert_frame_equal(pd.read_parquet(tmp_path / "cached" / name), built)
@@ -66,13 +66,13 @@ def test_a_replay_of_a_cached_trace_imports_neither_pandas_nor_the_timed_engine(
 
 
 def test_a_capacity_list_of_a_cached_trace_imports_neither_pandas_nor_tqdm(tmp_path):
-    """Its table is built and written with pyarrow alone (``simlab.sweep.tidy_table``), and off
+    """Its table is built and written with pyarrow alone (``simlab.run.sweep.tidy_table``), and off
     a terminal no progress bar is drawn."""
     cache = tmp_path / "cache"
     simlab(tmp_path / "built", cache)
     again = simlab(tmp_path / "list", cache, "-X", "importtime", size="[5,20]")
     imported = {line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines()}
-    assert "pyarrow.parquet" in imported and "simlab.capacities" in imported
+    assert "pyarrow.parquet" in imported and "simlab.run.capacities" in imported
     assert not {m for m in imported if m.split(".")[0] in ("pandas", "tqdm")}
     table = pd.read_parquet(tmp_path / "list" / "capacities.parquet")
     assert table["cache.size_gb"].tolist() == [5.0, 20.0]

@@ -11,12 +11,13 @@ import pandas as pd
 import pytest
 
 from simlab.__main__ import USER_ERRORS
-from simlab.cluster import ClusterEngine
 from simlab.config import ClusterSettings
-from simlab.records import records_frame
-from simlab.simulate import simulate
-from simlab.step import RequestStep
-from simlab.timed import SessionFeeder, TimedEngine, TimedWorld
+from simlab.engines.cluster import ClusterEngine
+from simlab.engines.records import records_frame
+from simlab.engines.step import RequestStep
+from simlab.engines.timed.engine import TimedEngine
+from simlab.engines.timed.world import SessionFeeder, TimedWorld
+from simlab.run.simulate import simulate
 from tests.fixtures import compose, policy_plugins
 from tests.test_cluster import A100, CKPT, HYBRID, chat_requests
 

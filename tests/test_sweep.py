@@ -20,11 +20,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from simlab.config import run_settings
-from simlab.model import ModelSpec
-from simlab.provenance import code_version
-from simlab.replay import ReplayEngine
-from simlab.simulate import build_engine, policy_step
-from simlab.sweep import (
+from simlab.engines.replay import ReplayEngine
+from simlab.model.spec import ModelSpec
+from simlab.run.simulate import build_engine, policy_step
+from simlab.run.sweep import (
     META_KEY,
     _tidy,
     aggregate,
@@ -33,6 +32,7 @@ from simlab.sweep import (
     tidy_table,
     write_points,
 )
+from simlab.util.provenance import code_version
 from tests.fixtures import CONFIGS, ROOT
 
 SMALL = ("engine=replay", "trace=chat", "trace.n_sessions=6")
@@ -233,7 +233,7 @@ def test_sweep_and_experiment_files_give_valid_points(group, name):
     select = f"+{group}={name}"
     cfg = _compose([select], hydra=True)
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
-    assert cfg.hydra.callbacks.aggregate_points._target_ == "simlab.sweep.AggregatePoints"
+    assert cfg.hydra.callbacks.aggregate_points._target_ == "simlab.run.sweep.AggregatePoints"
     assert str(cfg.hydra.sweep.dir).startswith("multirun/")
     params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()]
     jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), None)[0]

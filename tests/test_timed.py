@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from policies.base import Semantics
-from simlab.cache import PrefixCache
+from simlab.cache.contract import Semantics
+from simlab.cache.prefix import PrefixCache
 from simlab.config import ConfigError, run_settings
-from simlab.costmodel import BatchShape, Calibration, CostModel, CostTerms, Hardware
-from simlab.replay import ReplayEngine
-from simlab.simulate import policy_step, simulate
-from simlab.step import RequestStep
-from simlab.summary import Summary
-from simlab.timed import EngineStats, SessionFeeder, TimedEngine, saturation, unique_tokens
+from simlab.cost.model import BatchShape, Calibration, CostModel, CostTerms, Hardware
+from simlab.engines.replay import ReplayEngine
+from simlab.engines.step import RequestStep
+from simlab.engines.timed.engine import TimedEngine, saturation
+from simlab.engines.timed.world import EngineStats, SessionFeeder, unique_tokens
+from simlab.run.simulate import policy_step, simulate
+from simlab.run.summary import Summary
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, compose, model, policy_plugins
 from traces.arrivals import assign_arrivals
 from traces.format import Request
@@ -96,7 +97,7 @@ def test_low_load_records_equal_replay_for_production_rules_on_a_hybrid(policy, 
     the two engines evict at the same requests and hold the same bytes (the replay used to admit
     once, and 8 (SGLang) and 82 (vLLM) of 211 requests evicted differently). vLLM's both on
     the prefix tree (``block_pool=false``) and on its pool block by block (the default: both
-    engines run ``simlab.vllm_pool``'s pool, the timed one through ``simlab.timed_pool``)."""
+    engines run ``simlab.engines.block_pool``'s pool, the timed one through ``simlab.engines.timed.vllm_world``)."""
     extra = [f"policy.admission.block_pool={block_pool}"] if policy == "vllm" else []
     replayed, timed = low_load_runs("nemotron_h_8b", policy, 0.5, *extra)
     assert replayed["nodes_evicted"].sum() > 0 and replayed["hit_tokens"].sum() > 0
@@ -249,7 +250,7 @@ def test_a_clairvoyant_eviction_on_the_timed_engine_is_logged_as_no_bound(policy
     )
     admission, eviction = policy_plugins(policy)
     step = RequestStep.build(HYBRID, 12 * CKPT, admission, eviction, policy)
-    with caplog.at_level("WARNING", logger="simlab.timed"):
+    with caplog.at_level("WARNING", logger="simlab.engines.timed.world"):
         TimedEngine(hardware=A100).run(list(trace.requests()), step)
     warned = [r for r in caplog.records if "not a bound" in r.getMessage()]
     assert len(warned) == (policy == "clairvoyant")

@@ -1,4 +1,4 @@
-"""The timed engine on vLLM's hybrid pool (``simlab.timed_pool``): scheduling and preemption
+"""The timed engine on vLLM's hybrid pool (``simlab.engines.timed.vllm_world``): scheduling and preemption
 counted by hand on a pool of a few blocks (blocks of 4 tokens, 2 Mamba groups), and the pool's
 invariants under load. Its agreement with the replay at low load is
 ``tests/test_timed.py::test_low_load_records_equal_replay_for_production_rules_on_a_hybrid``."""
@@ -10,11 +10,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from simlab.config import ConfigError
-from simlab.costmodel import Hardware
-from simlab.step import RequestStep
-from simlab.timed import SessionFeeder, TimedEngine
-from simlab.timed_pool import PoolWorld
-from simlab.vllm_pool import PoolShape
+from simlab.cost.model import Hardware
+from simlab.engines.block_pool import PoolShape
+from simlab.engines.step import RequestStep
+from simlab.engines.timed.engine import TimedEngine
+from simlab.engines.timed.vllm_world import PoolWorld
+from simlab.engines.timed.world import SessionFeeder
 from tests.fixtures import CONFIGS, chat_trace, model, policy_plugins
 from traces.arrivals import assign_arrivals
 from traces.format import Request

@@ -11,13 +11,12 @@ import pytest
 from policies.flop_aware import FlopAware
 from policies.judicious import Judicious
 from policies.marconi_plus import MarconiPlus
-from simlab.cache import PrefixCache
+from simlab.cache.prefix import PrefixCache
+from simlab.cache.snapshot import pack, unpack
 from simlab.config import ConfigError, run_settings
-from simlab.records import records_frame
-from simlab.replay import replay
-from simlab.simulate import policy_step
-from simlab.snapshot import pack, unpack
-from simlab.tuning import (
+from simlab.engines.records import records_frame
+from simlab.engines.replay import replay
+from simlab.engines.tuner import (
     PROTOCOLS,
     AlphaTuner,
     TuningSettings,
@@ -30,6 +29,7 @@ from simlab.tuning import (
     snapshot,
     worker_pool,
 )
+from simlab.run.simulate import policy_step
 from tests.fixtures import chat_trace, compose, model
 from traces.format import Trace, make_frame
 
@@ -550,7 +550,7 @@ def test_no_eviction_no_tuning():
 def test_every_engine_and_tunable_policy_record_the_alpha_history(
     tmp_path, policy, engine, protocol
 ):
-    from simlab.simulate import simulate
+    from simlab.run.simulate import simulate
 
     overrides = [
         f"+policy={policy}",

@@ -10,8 +10,8 @@ import pytest
 
 from simlab.__main__ import reported_as_one_line
 from simlab.config import ConfigError, MetricSettings, run_settings
-from simlab.records import summarize
-from simlab.simulate import plan_run, simulate
+from simlab.engines.records import summarize
+from simlab.run.simulate import plan_run, simulate
 from tests.fixtures import ROOT, compose
 
 
@@ -53,7 +53,7 @@ def test_user_errors_and_ctrl_c_are_one_line_with_their_exit_status(capsys):
 
 
 def test_the_result_table_has_total_peak_and_no_simulator_speed_column():
-    from simlab.summary import Summary
+    from simlab.run.summary import Summary
 
     policy = {
         "token_hit_rate": 0.5, "request_hit_rate": 0.9, "flops_saved_ratio": 0.4,
@@ -70,9 +70,9 @@ def test_results_of_other_code_are_neither_resumed_nor_overwritten(tmp_path):
     another run, and a run never writes over them without overwrite=true."""
     import json
 
-    from simlab.provenance import code_version
-    from simlab.simulate import saved_config, simulate
-    from simlab.sweep import finished_summary
+    from simlab.run.simulate import saved_config, simulate
+    from simlab.run.sweep import finished_summary
+    from simlab.util.provenance import code_version
 
     out = tmp_path / "run"
     cfg = compose(["+policy=sglang_plus", "engine=replay", "trace=chat", "trace.n_sessions=3",

@@ -24,7 +24,7 @@ from gpu_validate.vidur import (
     repeat_spread,
     weight_stream_gbps,
 )
-from simlab.costmodel import OP_CLASSES, Calibration, CostModel, Efficiency, Op
+from simlab.cost.model import OP_CLASSES, Calibration, CostModel, Efficiency, Op
 from tests.fixtures import ROOT, model
 from traces.paths import resolve_data_dir
 

@@ -1,4 +1,4 @@
-"""vLLM's hybrid pool block by block (``simlab.vllm_pool``): the rules that separate it from
+"""vLLM's hybrid pool block by block (``simlab.engines.block_pool``): the rules that separate it from
 the prefix tree, on pools small enough to count by hand (blocks of 4 tokens, 2 Mamba groups).
 The real engine's agreement is ``tests/test_crosscheck.py``'s (ShareGPT and SWE-bench, 1 GB to
 infinite, 100% of requests)."""
@@ -13,7 +13,7 @@ import pytest
 
 from gpu_validate.cases import load_model
 from simlab.config import ConfigError
-from simlab.vllm_pool import (
+from simlab.engines.block_pool import (
     REPLY_TOKEN,
     HybridPool,
     PoolFull,

@@ -213,8 +213,8 @@ def test_mooncake_real_trace_in_block_units(cache: Path) -> None:
 @needs(MOONCAKE)
 def test_mooncake_infinite_cache_block_hits_equal_ideal_block_reuse(cache: Path) -> None:
     from policies.lru import LRU
-    from simlab.cache import PrefixCache
-    from simlab.model import ModelSpec
+    from simlab.cache.prefix import PrefixCache
+    from simlab.model.spec import ModelSpec
 
     trace = load_mooncake(cache_dir=cache)
     spec = ModelSpec.from_config(OmegaConf.load(REPO / "configs/model/llama3_8b.yaml"))

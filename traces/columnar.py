@@ -23,10 +23,12 @@ import numpy as np
 import pyarrow as pa
 
 from traces.arrow_numpy import list_views, to_numpy
-from traces.format import TOKEN_DTYPE
 
 if TYPE_CHECKING:
     import pandas as pd
+
+#: the dtype of token ids in every trace (re-exported by :mod:`traces.format`)
+TOKEN_DTYPE = np.int32
 
 CHAIN_COLUMNS = ("_input_owner", "_input_len", "_input_chain")
 

@@ -9,7 +9,7 @@ prefix of some *earlier* request's full sequence (input followed by output ids),
 
     reuse(r) = min(M_full(r), n - 1)
 
-(a prefill always computes at least one id, as in :class:`simlab.cache.PrefixCache`).
+(a prefill always computes at least one id, as in :class:`simlab.cache.prefix.PrefixCache`).
 
 **Kind of reuse** (Marconi's taxonomy of reused prefixes). ``M_in(r)`` = the longest prefix of
 ``x`` that is a prefix of some earlier request's *input* alone. Every earlier input is a prefix of

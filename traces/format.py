@@ -48,11 +48,11 @@ import pyarrow.parquet as pq
 
 from traces.arrow_numpy import from_numpy, to_numpy
 from traces.atomic import atomic_path
+from traces.columnar import TOKEN_DTYPE, decode, encode
 
 if TYPE_CHECKING:
     import pandas as pd
 
-TOKEN_DTYPE = np.int32
 #: Parquet schema-metadata key (and ``DataFrame.attrs`` key) holding a trace's block size.
 BLOCK_SIZE_KEY = "simlab.block_size"
 COLUMNS_KEY = "simlab.columns"  # the frame's column order (the file stores inputs as chains)
@@ -236,8 +236,6 @@ class Trace:
 
     def to_parquet(self, path: Path) -> None:
         """Write the trace with its inputs stored as prefix chains (:mod:`traces.columnar`)."""
-        from traces.columnar import encode
-
         metadata = {
             BLOCK_SIZE_KEY: str(self.block_size),
             COLUMNS_KEY: json.dumps([str(c) for c in self.columns]),
@@ -247,8 +245,6 @@ class Trace:
     @classmethod
     def read_parquet(cls, path: Path, name: str) -> Trace:
         """The trace :meth:`to_parquet` wrote; token columns are views of one buffer each."""
-        from traces.columnar import decode
-
         table = pq.ParquetFile(path).read()  # not read_table: its datasets import pandas
         metadata = table.schema.metadata or {}
         block_size = int(metadata.get(BLOCK_SIZE_KEY.encode(), b"1"))

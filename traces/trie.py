@@ -3,7 +3,7 @@
 A :class:`BatchTrie` is the compact prefix tree of a fixed list of token sequences, built from a
 lexicographic sort and the longest common prefixes of sorted neighbours (array comparisons only).
 It is shared by the clairvoyant bound (:mod:`policies.clairvoyant`, for the future of a trace) and
-the BatchLLM planner (:mod:`simlab.batchllm`, for the groups of an offline batch).
+the BatchLLM planner (:mod:`simlab.engines.batchllm`, for the groups of an offline batch).
 
 Invariants: node 0 is the root (depth 0); every node's sequences form one contiguous range
 ``order[lo:hi]`` of the sorted order, and they are exactly the sequences that contain the node's

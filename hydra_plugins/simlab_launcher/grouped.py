@@ -4,11 +4,11 @@ a trace, one after the other, in one process (the sweep configs' launcher).
 Hydra's joblib launcher sends every point to the worker pool as its own task, so a worker loads
 the trace again for every point and a finished point (resumed sweep) still costs a task. This
 launcher groups the points by their *trace overrides* (the keys ``trace``, ``trace.*``,
-``data_dir``, ``arrivals.*`` and ``seed``: what :func:`simlab.simulate.trace_key` depends on),
+``data_dir``, ``arrivals.*`` and ``seed``: what :func:`simlab.run.simulate.trace_key` depends on),
 in sweep order, and sends each group to one worker as one task, split into contiguous chunks
 only when there are fewer groups than workers (``n_jobs``), so that no worker idles. A task runs
 its points through the joblib launcher's own ``execute_job`` (same job numbers, directories,
-callbacks and return values) inside :func:`simlab.simulate.shared_traces`: the trace is loaded
+callbacks and return values) inside :func:`simlab.run.simulate.shared_traces`: the trace is loaded
 once per task and shared by its points. Results are returned in sweep order, and every point
 writes exactly what the joblib launcher's would.
 
@@ -83,7 +83,7 @@ def execute_chunk(
     """Run a chunk's points one after the other in this worker, sharing their trace."""
     from hydra_plugins.hydra_joblib_launcher._core import execute_job
 
-    from simlab.simulate import shared_traces
+    from simlab.run.simulate import shared_traces
 
     with shared_traces():
         return [

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simlab.costmodel import (
+from simlab.cost.model import (
     BatchShape,
     Calibration,
     CostModel,
@@ -15,7 +15,7 @@ from simlab.costmodel import (
     Hardware,
     resolve_calibration,
 )
-from simlab.model import ModelSpec
+from simlab.model.spec import ModelSpec
 from simlab.report.load import RunResults, SweepResults
 from simlab.report.style import fmt_value
 

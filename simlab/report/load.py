@@ -28,7 +28,7 @@ SUMMARY = "summary.json"
 RECORDS = "records.parquet"
 OCCUPANCY = "occupancy.parquet"
 POINTS = "points.parquet"
-#: the table of a capacity list (``cache.size_gb=[...]``, :mod:`simlab.capacities`): a sweep over
+#: the table of a capacity list (``cache.size_gb=[...]``, :mod:`simlab.run.capacities`): a sweep over
 #: ``cache.size_gb`` without the ``point`` column (numbered here in row order of first appearance)
 CAPACITIES = "capacities.parquet"
 

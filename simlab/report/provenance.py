@@ -12,10 +12,10 @@ from typing import Any
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from simlab.provenance import git_commit, project_version
 from simlab.report.describe import swept_values
 from simlab.report.load import RunResults, SweepResults
 from simlab.report.style import chunks, fmt_value, text_page
+from simlab.util.provenance import git_commit, project_version
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,170 @@
+"""``engine=timed``: the engine's settings and GPU, and the factory that gives each run its world,
+on the prefix tree (:class:`~simlab.engines.timed.world.TimedWorld`) or on vLLM's block pool
+(:class:`~simlab.engines.timed.vllm_world.PoolWorld`). It sits above both worlds."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from simlab.cache.contract import EvictionPolicy, overrides
+from simlab.config import ConfigError
+from simlab.cost.model import (
+    Calibration,
+    CostModel,
+    CostTerms,
+    Hardware,
+    check_tp,
+    resolve_calibration,
+)
+from simlab.engines import block_pool as vllm_pool
+from simlab.engines.base import EngineRun
+from simlab.engines.records import RequestRecord
+from simlab.engines.step import RequestStep
+from simlab.engines.timed.jobs import EngineStats
+from simlab.engines.timed.vllm_world import PoolWorld
+from simlab.engines.timed.world import SessionFeeder, TimedSettings, TimedWorld
+from simlab.model.spec import ModelSpec
+from traces.format import Request
+
+log = logging.getLogger(__name__)
+
+
+def load_calibration(
+    path: str | None, hardware: str | None = None, profiles: bool = True
+) -> Calibration | None:
+    """The gpu_validate calibration at ``path`` (None: default efficiencies), fitted for the
+    ``hardware`` preset (another preset's file is an error naming the key and the file);
+    ``profiles=False`` drops its measured op times (every op on the class model)."""
+    try:
+        calibration = Calibration.load(resolve_calibration(path), hardware) if path else None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"engine.calibration: {err}") from err
+    if calibration is not None and not profiles:
+        return calibration.without_profiles()
+    return calibration
+
+
+@dataclass(frozen=True)
+class TimedEngine(TimedSettings):
+    """``engine=timed``: the settings plus the GPU (``hardware``, ``tp``, ``calibration``), with
+    chat sessions as the feeder; :meth:`run` simulates one policy in a fresh world."""
+
+    hardware: Any = None  # Hardware or its config mapping (``${hardware}``)
+    name: str = "timed"
+    tp: int = 1
+    calibration: str | None = None  # gpu_validate calibration JSON (the preset's by default)
+    profiles: bool = True  # time the ops the calibration measured (its profiles) from them
+    costs: Any = None  # engine.costs: the terms the roofline misses (CostTerms)
+    _calibration: Calibration | None = field(default=None, init=False, repr=False)
+    _terms: CostTerms = field(default_factory=CostTerms, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        try:
+            super().__post_init__()
+            if self.hardware is None:
+                raise ValueError("engine.hardware is missing")
+            if not isinstance(self.hardware, Hardware):
+                object.__setattr__(self, "hardware", Hardware.from_config(self.hardware))
+            if not (isinstance(self.tp, int) and self.tp >= 1):
+                raise ValueError(f"engine.tp must be an integer >= 1, got {self.tp!r}")
+            if not isinstance(self.profiles, bool):
+                raise ValueError(f"engine.profiles must be true or false, got {self.profiles!r}")
+            calibration = load_calibration(self.calibration, self.hardware.name, self.profiles)
+            terms = CostTerms.from_config(self.costs)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from err  # the message names its key
+        object.__setattr__(self, "_calibration", calibration)
+        object.__setattr__(self, "_terms", terms)
+
+    def check_memory(self, model: ModelSpec, cache_gb: float) -> None:
+        """``tp`` splits ``model``'s heads evenly (:func:`simlab.cost.model.check_tp`), and the
+        prefix cache + memory for running sequences + weights must fit the GPUs' memory
+        (``hardware.mem_gb`` x ``tp``); ``engine.memory_check=false`` allows what-if studies."""
+        try:
+            check_tp(model, self.tp)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        if not self.memory_check or not math.isfinite(cache_gb):
+            return
+        weights = (model.layer_params + model.embedding_params) * model.dtype_bytes / 1e9
+        need = cache_gb + self.running_memory_gb + weights
+        have = self.hardware.mem_gb * self.tp
+        if need > have:
+            raise ConfigError(
+                f"cache.size_gb: {cache_gb:g} GB of cache + {self.running_memory_gb:g} GB for "
+                f"running sequences (engine.running_memory_gb) + {weights:.1f} GB of "
+                f"{model.name} weights exceed {have:g} GB ({self.hardware.name} x tp "
+                f"{self.tp}); engine.memory_check=false for a what-if study"
+            )
+
+    def cost_model(self, model: ModelSpec) -> CostModel:
+        return CostModel(
+            model, self.hardware, self._calibration, self.tp, self._terms, self.overlap
+        )
+
+    def world(
+        self,
+        requests: Sequence[Request],
+        step: RequestStep,
+        env: simpy.Environment | None = None,
+    ) -> TimedWorld:
+        """A fresh world for ``step`` (in ``env``: a cluster's replicas share one): on vLLM's
+        pool block by block where the replay engine runs it there, and for a Transformer under
+        ``policy=vllm`` with ``kv_pool=shared`` (:mod:`simlab.engines.timed.vllm_world`; not for subclasses,
+        whose feeders drive the prefix tree), else on the prefix tree."""
+        cost = self.cost_model(step.cache.model)
+        if type(self) is TimedEngine:
+            shared = self.kv_pool == "shared"
+            running = self.running_memory_gb * 1e9 if shared else 0.0
+            shape = vllm_pool.pool_shape(step, requests, running, transformers=shared)
+            if shape is not None:
+                return PoolWorld(requests, step, cost, self, shape, env)
+        return TimedWorld(requests, step, cost, self, env)
+
+    def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
+        if overrides(step.eviction, "prepare", EvictionPolicy):
+            log.warning(
+                "%s: its eviction ranks by next use in arrival order, which requests in flight "
+                "change: on the timed engine it is a heuristic, not a bound",
+                step.policy,
+            )
+        world = self.world(requests, step)
+        records = world.run(SessionFeeder(requests, self.typing_wpm))
+        extras = world.stats.summary(len(records)) | saturation(world.stats, records)
+        extras |= world.cache_peaks()
+        if extras["saturated"]:
+            log.warning("%s: the GPU is saturated (%s)", step.policy, extras["saturation"])
+        if not world.preempts:
+            return EngineRun(records, extras, world.stats.occupancy)
+        extras |= world.pool.summary(self)
+        columns: dict[str, list[Any]] = {"preemptions": world.preemption_column(records)}
+        return EngineRun(records, extras, world.stats.occupancy, columns)
+
+
+#: GPU busy fraction above which a timed run counts as saturated
+SATURATED_BUSY = 0.95
+
+
+def saturation(stats: EngineStats, records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Whether the load exceeded what the GPU serves: busy more than 95% of the time, or a queue
+    that grows to the end (the last quarter of requests, by arrival, waits more than twice as
+    long as the first quarter and over a second). Latencies of a saturated run measure the
+    backlog, not the policy."""
+    busy = stats.summary(len(records))["gpu_busy_frac"]
+    delays = [r.queue_delay for r in sorted(records, key=lambda r: r.arrival)]
+    quarter = len(delays) // 4
+    first = sum(delays[:quarter]) / quarter if quarter else 0.0
+    last = sum(delays[-quarter:]) / quarter if quarter else 0.0
+    reasons = []
+    if busy > SATURATED_BUSY:
+        shown = f"{busy:.2f}" if round(busy, 2) > SATURATED_BUSY else f"{busy:.4f}"  # not "0.95"
+        reasons.append(f"GPU busy {shown} > {SATURATED_BUSY}")
+    if quarter and last > max(1.0, 2 * first):
+        reasons.append(f"queue delay grows from {first:.2f} s to {last:.2f} s")
+    return {"saturated": bool(reasons), "saturation": "; ".join(reasons)}

@@ -1,0 +1,459 @@
+"""The timed engine on vLLM's hybrid pool, block by block: ``engine=timed`` with the hybrid
+``policy=vllm`` runs where the replay engine does (:mod:`simlab.engines.block_pool`), so at low load
+both engines give every request the same hit, evictions and cached bytes.
+
+vLLM has one pool for running requests and the cache: ``cache.size_gb`` (plus
+``engine.running_memory_gb`` with ``engine.kv_pool=shared``), so ``running_memory_gb`` does
+not limit a separate pool here. Each iteration, in the running order (vLLM's ``Scheduler``):
+
+* every decoder's step takes its blocks (a new running block per Mamba group and a KV block
+  when it crosses a block boundary), then prefilling requests take their chunk's: the
+  iteration's token budget (``min(engine.token_budget, max_num_batched_tokens)``) less one
+  token per decoder, cut as :meth:`simlab.engines.block_pool.HybridPool.chunk` cuts it;
+* a step the free queue cannot serve preempts the last running request (recompute, vLLM's
+  ``self.running.pop()``; LIFO only), which frees all its blocks, until it can; a request
+  that cannot run alone is an error naming ``cache.size_gb``. A preempted request resumes by
+  prefilling its prompt and the outputs it sampled (:meth:`simlab.engines.timed.jobs.Job.resume`), looked
+  up again; its record keeps the hit of its first scheduling (vLLM's ``num_cached_tokens``);
+* unless the step preempted, queued requests are scheduled (FCFS) while their first chunk
+  is not empty, the blocks of their whole prefill and of their first chunk (with their hit's
+  blocks that sit in the free queue) are free (``allocate_slots`` with
+  ``scheduler_reserve_full_isl``), and their hit's state was not cached in this same step
+  (``cached_blocks_this_step``); with nothing running, always.
+
+``python -m simlab.crosscheck_load`` checks these rules request by request against vLLM's own
+scheduler under load (``crosscheck/vllm_concurrent.py``).
+
+A decode-only span is cut before the first step in which a decoder crosses a block boundary,
+so every take happens at a span's first step, before its time passes; within a span only
+retirements and full KV blocks change the pool, applied step by step in the running order.
+
+``engine.overlap=true`` is vLLM's async scheduling, its default (``AsyncScheduler``: each step
+is scheduled before the last one's output is processed, ``step_with_batch_queue``):
+
+* a request whose last token is in flight is skipped, yet holds its blocks and its running
+  slot; its output is processed, and its blocks freed, once the next step is planned (with
+  nothing else to schedule, at once, and the step is planned again);
+* a step frees Mamba blocks behind the state its request's previous step started from
+  (``remove_skipped_blocks`` counts the computed tokens less those in flight), and keys KV
+  blocks up to the tokens whose values are known: a decode step's own token is the last
+  step's placeholder, so the block it fills is keyed by the next step, or at completion;
+* a preempted request's in-flight token is delivered (it resumes with it); a finishing
+  request preempted frees its blocks and completes when its last token arrives.
+
+``python -m simlab.crosscheck_load`` checks both loops (the ``*_async`` cases for this one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import simpy
+
+from simlab.config import ConfigError
+from simlab.cost.model import CostModel
+from simlab.engines.block_pool import (
+    Peaks,
+    PoolFull,
+    PoolRun,
+    PoolShape,
+    committed_tokens,
+    pool_record,
+    step_pool,
+    too_small,
+)
+from simlab.engines.records import RequestRecord
+from simlab.engines.step import RequestStep, Timing, add_timing
+from simlab.engines.timed.world import Job, TimedSettings, TimedWorld
+from traces.format import Request
+
+log = logging.getLogger(__name__)
+
+
+class PoolWorld(TimedWorld):
+    """A timed world whose memory is vLLM's hybrid pool (see the module docstring)."""
+
+    VLLM_POOL = True
+
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        step: RequestStep,
+        cost: CostModel,
+        s: TimedSettings,
+        shape: PoolShape,
+        env: simpy.Environment | None = None,  # a cluster's replicas share one
+    ):
+        if s.preemption != "lifo":
+            raise ConfigError(
+                "engine.preemption: vLLM's block pool (policy=vllm) preempts the last running "
+                f"request (lifo), got {s.preemption!r} (policy.admission.block_pool=false: the "
+                "prefix tree, which takes any)"
+            )
+        if s.request_admission != "whole":
+            raise ConfigError(
+                "engine.request_admission: vLLM's block pool (policy=vllm) schedules a request "
+                f"when its first chunk's blocks fit (whole), got {s.request_admission!r} "
+                "(policy.admission.block_pool=false: the prefix tree, which takes any)"
+            )
+        if s.batching != "mixed":
+            raise ConfigError(
+                "engine.batching: vLLM's block pool (policy=vllm) runs prefill chunks beside "
+                f"the decodes (mixed), got {s.batching!r} (policy.admission.block_pool=false: "
+                "the prefix tree, which takes any)"
+            )
+        super().__init__(requests, step, cost, s, env)
+        self.shared = False  # the pool holds running requests: no budget split to keep
+        self.hybrid, self.committed = step_pool(step, shape)
+        self.shape = shape
+        assert s.token_budget is not None  # chunked prefill off is SGLang's (TimedSettings)
+        self._budget = min(s.token_budget, self.hybrid.max_tokens)
+        self._keys: dict[int, list[int]] = {}  # queued request id -> its block keys
+        self._chunks: list[tuple[Job, int]] = []  # this step's prefill chunks
+        self._planned: list[Job] = []  # this step's decoders
+        self._preempted_now = False  # this step preempted a request (so scheduled none)
+        self._first: dict[int, tuple[int, int]] = {}  # request id -> its first lookup
+        #: engine.overlap: vLLM's async scheduling (the module docstring)
+        self._async = s.overlap
+        #: async: request id -> start of its step in the last scheduler step (still in flight
+        #: while the next one is planned), and that map as the step under way found it
+        self._in_flight: dict[int, int] = {}
+        self._prev: dict[int, int] = {}
+        #: async: finishing requests preempted in this step (their last token is in flight)
+        self._dropped: list[Job] = []
+        self.peaks = Peaks()  # cached bytes at each finish (the replay's peaks)
+        self.pool.budget = shape.blocks * shape.block_bytes
+        log.info("%s: vLLM's hybrid pool block by block, timed (%s)", step.policy, shape)
+
+    def peek(self, req: Request) -> tuple[int, int]:
+        """``(matched, hit)`` tokens in the pool, read-only (the lookup touches nothing)."""
+        run = self.hybrid.open_request(req, self.committed)
+        return run.matched_tokens, run.hit_tokens
+
+    def cache_peaks(self) -> dict[str, float]:
+        return self.peaks.extras()
+
+    def _open_pool(self, requests: Sequence[Request]) -> None:
+        """The hybrid pool is the one budget already (see the module docstring)."""
+
+    @property
+    def preempts(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------------ scheduler steps
+    def _schedule(self) -> None:
+        """vLLM's scheduler step (:meth:`_plan_step`): the GPU loop then runs it as a mixed
+        iteration when it has prefill chunks (:meth:`_any_prefill`), else as a decode span."""
+        self._plan_step()
+
+    def _any_prefill(self) -> bool:
+        return bool(self._prefill_chunks(0))
+
+    def _plan_step(self) -> None:
+        """Every running request's step takes its blocks, in the running order (a decoder's
+        one token, a prefilling request's chunk within the budget left); then, unless that
+        preempted a request, queued requests are scheduled (:meth:`_admit`)."""
+        preemptions = self.pool.preemptions
+        self.hybrid.fresh.clear()
+        self._prev, self._in_flight = self._in_flight, {}
+        decoders = self._decoders()
+        budget = int(self._budget) - len(decoders)  # finite: vLLM always chunks
+        self._chunks = []
+        asynchronous = self._async
+        for job in list(self.running):
+            run = job.pool_run
+            if run is None:  # preempted in this loop (or, async, finishing)
+                continue
+            if job.prefilled < job.input_tokens:
+                if budget > 0:
+                    budget -= self._prefill_step(job, budget)
+            elif job.decoded < job.decode_end:
+                n = job.input_tokens + job.decoded
+                # ``not run.idle(n + 1, known)``, inlined: async, its token (n) is in flight
+                if n >= run.idle_end or (n if asynchronous else n + 1) > run.idle_upto:
+                    self._step(job, n, n + 1, known=n if asynchronous else None)
+        self._planned = [j for j in decoders if j.pool_run is not None]
+        self._preempted_now = self.pool.preemptions > preemptions
+        if not self._preempted_now:
+            self._admit(budget)
+        self._launch(self._prefill_chunks(0))
+
+    def _launch(self, chunks: list[tuple[Job, int]]) -> None:
+        """The planned step's ``chunks`` and decoders go in flight (async: their starts, for
+        the next step); a step with none is an error, unless (async) requests finishing
+        complete and the step is planned again."""
+        if self._async:
+            self._in_flight = {j.req.request_id: j.prefilled for j, _ in chunks}
+            for job in self._planned:
+                self._in_flight[job.req.request_id] = job.input_tokens + job.decoded
+        empty = self.running and not chunks and not self._planned
+        if empty and not (self._async and self._completions_due()):
+            raise RuntimeError(
+                f"vLLM's block pool: {len(self.running)} requests running, none scheduled"
+            )
+
+    def _admit(self, budget: int) -> None:
+        """FCFS: the queue's head is scheduled, and its first chunk's blocks taken, when
+        they and its hit's blocks in the free queue are free; with nothing running, always."""
+        queue = self.hybrid.pool
+        while self.waiting and budget > 0 and len(self.running) < self.settings.max_running:
+            job = self.waiting[0]
+            if not self._feeder.ready(job):
+                return
+            run = self._open(job)
+            if run.hits_fresh_state() or not run.first_chunk(budget):
+                return
+            free = len(queue.queue)
+            if (
+                self.running
+                and queue.finite
+                and (run.full_need() > free or run.first_need(budget) > free)
+            ):
+                return
+            self._note_queue()
+            self.waiting.popleft()
+            self._start_run(job, run)
+            budget -= self._prefill_step(job, budget)
+
+    def _open(self, job: Job) -> PoolRun:
+        req = job.req
+        keys = self._keys.get(req.request_id)
+        if keys is None:
+            run = self.hybrid.open_request(req, self.committed)
+            self._keys[req.request_id] = run.keys
+            return run
+        return PoolRun(self.hybrid, keys, req.input_tokens, job.input_tokens)  # resumed
+
+    def _start_run(self, job: Job, run: PoolRun) -> None:
+        run.acquire()
+        job.pool_run = run
+        job.hit = job.prefilled = run.hit_tokens
+        job.ckpt_tokens = sorted({c for c in (run.checkpoint, run.junction) if c > job.hit})
+        if self.settings.radix_mlp:
+            job.seq = job.req.full_sequence()
+        if job.order < 0:  # a recomputed request keeps its first scheduling (and its hit)
+            self._first[job.req.request_id] = (run.matched_tokens, run.hit_tokens)
+            job.order, self.pool.started = self.pool.started, self.pool.started + 1
+            job.scheduled = self.env.now
+        else:
+            self.resume_hits.setdefault(job.req.request_id, []).append(run.hit_tokens)
+        self.running.append(job)
+
+    # ------------------------------------------------------------------ steps
+    def _step(
+        self, job: Job, start: int, end: int, checkpoint: int = 0, known: int | None = None
+    ) -> bool:
+        """``job``'s step takes its blocks, preempting the last running requests until the
+        free queue serves it. False when ``job`` itself was preempted. Async: its step in
+        flight, if any, is not processed yet (:meth:`PoolRun.step`'s ``processed``), and only
+        the ``known`` tokens key blocks."""
+        run = job.pool_run
+        assert run is not None
+        processed = self._prev.get(job.req.request_id, start) if self._async else None
+        while True:
+            try:
+                run.step(start, end, checkpoint, processed, known)
+            except PoolFull:
+                if not self.running or self.running == [job]:
+                    raise too_small(self.shape, job.req) from None
+                victim_is_job = self.running[-1] is job
+                self._preempt()
+                if victim_is_job:
+                    return False
+                continue
+            self._note_held()
+            return True
+
+    def _note_held(self) -> None:
+        queue = self.hybrid.pool
+        held = (queue.made - len(queue.queue)) * self.shape.block_bytes
+        self.pool.held = held
+        self.pool.peak_held = max(self.pool.peak_held, held)
+
+    def _release(self, victim: Job) -> None:
+        """A preempted request frees all its blocks (cached ones stay cached)."""
+        assert victim.pool_run is not None
+        victim.pool_run.finish()
+        victim.pool_run = None
+
+    def _preempt(self) -> None:
+        """The last running request is preempted. Async: a finishing one (its last token in
+        flight, so no step scheduled it) frees its blocks, unkeyed ones uncached, and
+        completes when that token is processed: vLLM delivers a preempted request's stale
+        output, and its last token stops it in the queue."""
+        victim = self.running[-1]
+        if not (self._async and self._finishing(victim)):
+            super()._preempt()
+            return
+        self.running.pop()
+        assert victim.pool_run is not None
+        victim.pool_run.finish()
+        victim.preemptions += 1
+        self.pool.preemptions += 1
+        self.pool.preempted.add(victim.req.request_id)
+        self._dropped.append(victim)
+
+    @staticmethod
+    def _finishing(job: Job) -> bool:
+        """Whether ``job`` sampled its last token (async: in the step still in flight)."""
+        return job.decoded >= job.decode_end and job.prefilled >= job.input_tokens
+
+    def _iteration_decoders(self) -> list[Job]:
+        return self._planned
+
+    def _prefill_step(self, job: Job, budget: int) -> int:
+        """``job``'s next prefill chunk within ``budget``, its blocks taken; its tokens."""
+        run = job.pool_run
+        assert run is not None
+        start = job.prefilled
+        end, checkpoint = self.hybrid.chunk(
+            start, job.req.input_tokens, run.junction, budget, job.input_tokens
+        )
+        if end <= start or not self._step(job, start, end, checkpoint):
+            return 0
+        self._chunks.append((job, end - start))
+        return end - start
+
+    def _prefill_chunks(self, budget: float) -> list[tuple[Job, int]]:
+        return [(job, take) for job, take in self._chunks if job.pool_run is not None]
+
+    def _prompt_done(self, job: Job) -> None:
+        """Nothing to publish: the pool cached the prompt's blocks as they were computed."""
+
+    def _span_plan(self) -> tuple[list[Job], int]:
+        """The planned decoders (their first step's blocks taken) and the span's steps: up to
+        the first request's end, before the next step in which a decoder crosses a block
+        boundary (it takes blocks), before the next step that retires a Mamba block when a
+        queued request could be scheduled in the room it frees (vLLM frees it in that step's
+        running pass, then schedules the queue), on a Transformer likewise before the next
+        step that fills a KV block (its running pass caches the block, which a queued
+        request's hit may then reach), one step when a request still prefills (it got no
+        tokens in this one) or when this step preempted one (it scheduled none)."""
+        size, decoders = self.shape.block, self._planned
+        firsts = [j.input_tokens + j.decoded for j in decoders]
+        steps = min(j.decode_end - j.decoded for j in decoders)
+        steps = min(steps, *(size - n % size for n in firsts))
+        if self.waiting and self._async and self._completions_due():
+            steps = 1  # they free blocks and slots before the next step is scheduled
+        elif self.waiting and len(self.running) < self.settings.max_running:
+            retire = 2 if self._async else 1  # async: a step behind (its basis is processed)
+            steps = min(steps, *((retire - n) % size or size for n in firsts))
+            if self._async and self.shape.state_groups and self._basis_jumps(decoders):
+                steps = 1
+            if not self.shape.state_groups and not self._async:
+                # a Transformer: a filled block is a longer hit (async: keyed once its last
+                # token is known, in the step that takes the next block: a span's first)
+                steps = min(steps, *((size - 1 - n) % size or size for n in firsts))
+        if any(j.prefilled < j.input_tokens for j in self.running) or (
+            self._preempted_now and self.waiting
+        ):
+            steps = 1
+        return decoders, steps
+
+    def _completions_due(self) -> bool:
+        """Async: whether requests finished in the last step complete after this one was
+        planned (:meth:`_complete_finished`)."""
+        return bool(self._dropped) or any(self._finishing(j) for j in self.running)
+
+    def _basis_jumps(self, decoders: list[Job]) -> bool:
+        """Async: whether a decoder's processed tokens jump by more than one token at the
+        span's second step (the first step ran after a prefill chunk, not a decode step)."""
+        first = self._prev.get
+        return any(
+            first(j.req.request_id, n) < n - 1
+            for j, n in ((j, j.input_tokens + j.decoded) for j in decoders)
+        )
+
+    def _span_ran(self, decoders: list[Job], done: int) -> None:
+        """Steps 1 .. ``done - 1`` of the span, in order: those that retire a Mamba block or
+        fill a KV block (the others change nothing; none takes a block)."""
+        lag = self._async
+        for _, rank, n in sorted(self._span_events(decoders, done)):
+            run = decoders[rank].pool_run
+            assert run is not None
+            if lag:
+                run.step(n, n + 1, processed=n - 1, known=n)
+            else:
+                run.step(n, n + 1)
+        if lag:  # each decoder's last step is in flight
+            for job in decoders:
+                self._in_flight[job.req.request_id] = job.input_tokens + job.decoded - 1
+
+    def _span_events(self, decoders: list[Job], done: int) -> list[tuple[int, int, int]]:
+        """``(step, decoder rank, position)`` of the span's steps 1 .. ``done - 1`` that change
+        the pool: synchronously those retiring a Mamba block (position 1 past a boundary) or
+        filling a KV block; async those retiring one a step later (position 2), and a
+        decoder's second step when its first followed a prefill chunk (its processed tokens
+        jump); a Transformer's async steps here key nothing (its keys wait for a take)."""
+        size, events = self.shape.block, list[tuple[int, int, int]]()
+        if self._async and not self.shape.state_groups:
+            return events
+        for rank, job in enumerate(decoders):
+            first = job.input_tokens + job.decoded - done
+            if not self._async:
+                hits = [k for k in range(1, done) if (first + k) % size in (1, size - 1)]
+            else:
+                jump = self._prev.get(job.req.request_id, first) < first - 1
+                hits = [k for k in range(1, done) if (first + k) % size == 2 or (jump and k == 1)]
+            events += [(k, rank, first + k) for k in hits]
+        return events
+
+    # ------------------------------------------------------------------ completion
+    def _complete_finished(self) -> None:
+        """The requests done complete in running order; async: then the finishing ones this
+        step preempted (the last in the step they finished in)."""
+        super()._complete_finished()
+        dropped, self._dropped = self._dropped, []
+        for job in reversed(dropped):
+            assert job.pool_run is not None
+            job.finished = self.env.now
+            self._record(job, job.pool_run)
+
+    def _finish(self, job: Job) -> None:
+        run = job.pool_run
+        assert run is not None
+        req = job.req
+        job.finished = self.env.now
+        if self._async:  # its last step's tokens are known now (``update_from_output``)
+            run.key(job.input_tokens + job.decoded)
+        for n in range(
+            job.input_tokens + max(job.decoded, 0), committed_tokens(req, self.committed)
+        ):
+            self._step(job, n, n + 1)  # the last sampled token's KV (``committed`` off)
+        run.finish()
+        self._record(job, run)
+
+    def _record(self, job: Job, run: PoolRun) -> None:
+        """``job`` completed, its blocks freed: its record."""
+        req = job.req
+        del self._keys[req.request_id]
+        self._preempted_counts[req.request_id] = job.preemptions
+        matched, hit = self._first.pop(req.request_id)
+        record = pool_record(req, self.model, self.step.policy, self.hybrid, run, matched, hit)
+        add_timing(
+            record,
+            Timing(
+                arrival=job.arrival,
+                scheduled=job.scheduled,
+                first_token=job.first_token,
+                finished=job.finished,
+                prefill_time=self.cost.prefill_time(hit, req.input_tokens - hit),
+            ),
+        )
+        self._note_held()
+        self.peaks.note(record)
+        if self._feeder.finished(job, record):
+            self.records.append(record)
+            if self._progress is not None:
+                self._progress.update()
+        stats = self.stats
+        stats.last_departure = max(stats.last_departure, job.finished)
+        stats.occupancy.append((job.finished, record.cache_kv_bytes, record.cache_ssm_bytes))
+        stats.prefill_tokens += job.input_tokens - job.hit
+        job.done.succeed()
+
+    def collect(self) -> list[RequestRecord]:
+        records = super().collect()
+        self.pool.evicted_bytes = self.hybrid.pool.evicted * self.shape.block_bytes
+        return records

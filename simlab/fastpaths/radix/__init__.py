@@ -1,0 +1,1 @@
+"""The compiled radix-tree replay and its alpha tuning."""

@@ -1,0 +1,239 @@
+"""Marconi's alpha tuning on the compiled radix replay (:mod:`simlab.fastpaths.radix.kernel`): the one
+:class:`simlab.engines.tuner.AlphaTuner` and its protocol, given the kernel's snapshots and grid search
+(:class:`simlab.engines.tuner.Imaging`).
+
+* A replay the kernel serves (:func:`tuned_replay`) runs in stretches that end where the tuner
+  snapshots the cache or tunes, and shows the tuner every admission in order, as the request
+  step's controller hook does; the grid search (:class:`KernelSearch`) replays each window on
+  copies of the kernel's state.
+* A run on an engine the kernel does not serve (the timed engine, a cluster's replicas) keeps
+  the request step and its snapshots (``CacheImage``); its grid search (:class:`ImageSearch`)
+  makes each snapshot kernel state (:func:`image_state`) and replays the windows there
+  (:func:`with_compiled_search`).
+
+Both give the request step's tunings: the same windows, grid scores (summed in the order
+``WindowResult.add`` sums them) and alphas (``tests/test_radix_kernel.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from simlab.engines.tuner import AlphaTuner, Imaging, TuningSettings, WindowResult
+from simlab.fastpaths.radix.kernel import (
+    NODES_PER_REQUEST,
+    Kernel,
+    TokenPool,
+    copy_state,
+    empty_state,
+    shared_pool,
+    step_obstacle,
+    use_compiled,
+)
+
+if TYPE_CHECKING:
+    from simlab.cache.snapshot import CacheImage
+    from simlab.engines.step import RequestStep
+    from traces.format import Request
+
+log = logging.getLogger(__name__)
+
+
+def with_compiled_search(
+    step: RequestStep, requests: Sequence[Request], compiled: bool | str
+) -> RequestStep:
+    """``step``, its alpha tuner's grid search replaying the windows on the kernel
+    (:class:`ImageSearch`) where it can (:func:`step_obstacle`, :func:`use_compiled`): a tuned
+    run on an engine the kernel does not serve (the timed engine, a cluster's replicas)."""
+    tuner = next(iter(step.controllers), None)
+    if not isinstance(tuner, AlphaTuner) or not use_compiled(compiled, requests, step):
+        return step
+    why = step_obstacle(step, requests)
+    if why is not None:
+        log.debug("%s: the grid search request by request (%s)", step.policy, why)
+        return step
+    log.info("%s: the alpha grid search compiled (cache.compiled=%s)", step.policy, compiled)
+    tuner.imaging = Imaging(search=ImageSearch(step), workers=False)
+    return step
+
+
+def tuned_replay(
+    requests: Sequence[Request],
+    step: RequestStep,
+    tuner: AlphaTuner,
+    pool: TokenPool,
+    kernel: Kernel,
+    out: np.ndarray,
+) -> None:
+    """The replay with Marconi's alpha tuning: the kernel serves the requests in stretches
+    that end where the tuner snapshots the cache or tunes (:meth:`AlphaTuner.next_event`; the
+    first eviction, before it is known), and the tuner is shown every admission in order, as
+    the request step's controller hook shows it, with the kernel's snapshots and grid search
+    (:class:`KernelSearch`): the same protocol, the same alphas."""
+    from simlab.fastpaths.radix import kernel_jit as jit
+
+    slots = kernel.st[jit.NODES].shape[1]
+    tuner.imaging = Imaging(
+        snapshot=copy_state,
+        empty=lambda _st: empty_state(step, pool.tokens, slots),
+        search=KernelSearch(pool, {id(r): i for i, r in enumerate(requests)}, kernel),
+        workers=False,
+    )
+    evicted = out[2 + jit.R_EVICTED]
+    i, n = 0, len(requests)
+    while i < n:
+        event = tuner.next_event()
+        stop = tuner.bootstrap_requests is None  # the first eviction schedules the tunings
+        hi = n if event is None else min(event, n)
+        j = kernel.serve(pool.offs, pool.in_lens, pool.seq_lens, out, i, hi, stop)
+        for k in range(i, j):
+            tuner.evicted = tuner.evicted or bool(evicted[k])
+            alpha = tuner.account(kernel.st, requests[k], step.admission)
+            if alpha is not None:
+                kernel.st[jit.SETTINGS][jit.ALPHA] = alpha
+                step.eviction.set_alpha(alpha)  # type: ignore[attr-defined]
+        i = j
+
+
+@dataclass(frozen=True)
+class KernelSearch:
+    """:func:`simlab.engines.tuner.grid_results` on the kernel: each grid alpha replays the window on
+    a copy of the snapshot (with ``kernel``'s working arrays), and its scored requests are
+    summed in order, as :class:`~simlab.engines.tuner.WindowResult` adds records."""
+
+    pool: TokenPool
+    index: dict[int, int]  # id of a request -> its position in the pool
+    kernel: Kernel
+
+    def __call__(
+        self,
+        image: tuple[np.ndarray, ...],
+        window: Sequence[Request],
+        admission: object,
+        template: object,
+        settings: TuningSettings,
+    ) -> dict[float, WindowResult]:
+        from simlab.fastpaths.radix import kernel_jit as jit
+
+        pool, n = self.pool, len(window)
+        idx = np.fromiter((self.index[id(r)] for r in window), np.int64, n)
+        offs, in_lens, seq_lens = pool.offs[idx], pool.in_lens[idx], pool.seq_lens[idx]
+        scored = idx[0 if settings.score_last is None else max(0, n - settings.score_last) :]
+        inputs = pool.fixed["input_tokens"][scored]
+        prefill = pool.fixed["prefill_flops"][scored].tolist()
+        live = int(image[jit.NODES][jit.ALIVE, : image[jit.INTS][jit.TOP]].sum())
+        results = {}
+        for alpha in settings.grid:
+            st = copy_state(image, live + NODES_PER_REQUEST * n)
+            st[jit.SETTINGS][jit.ALPHA] = alpha
+            out = np.zeros((10, n), dtype=np.int64)
+            kernel = Kernel(st, self.kernel.path, self.kernel.along, self.kernel.work)
+            kernel.serve(offs, in_lens, seq_lens, out, 0, n)
+            hit = out[1][n - scored.size :]
+            saved = pool.model.prefill_flops_array(0, hit).tolist()
+            results[alpha] = WindowResult(
+                int(hit.sum()), int(inputs.sum()), running_sum(saved), running_sum(prefill)
+            )
+        return results
+
+
+@dataclass(frozen=True)
+class ImageSearch:
+    """:class:`KernelSearch` from a snapshot of the request step's cache (a
+    :class:`~simlab.cache.snapshot.CacheImage`, as the tuner takes it on any engine): the snapshot
+    becomes kernel state (:func:`image_state`) beside the window's token pool."""
+
+    step: RequestStep
+
+    def __call__(
+        self,
+        image: CacheImage,
+        window: Sequence[Request],
+        admission: object,
+        template: object,
+        settings: TuningSettings,
+    ) -> dict[float, WindowResult]:
+        pool = shared_pool(window, self.step, None)
+        st = image_state(image, self.step, pool.tokens, NODES_PER_REQUEST * len(window))
+        index = {id(r): i for i, r in enumerate(window)}
+        search = KernelSearch(pool, index, Kernel.of(st, 2))
+        return search(st, window, admission, template, settings)
+
+
+def image_state(
+    image: CacheImage, step: RequestStep, tokens: np.ndarray, room: int
+) -> tuple[np.ndarray, ...]:
+    """The kernel's state of the cache ``image`` holds, with ``room`` node slots more and
+    ``tokens`` (a token pool) at the head of its token pool. Each node refers to the path, from
+    the root, of a leaf below it, appended to the pool (a split or merge keeps a node's path,
+    so it holds every token a node of it will need); the numbers (recency, bytes, FLOPs, node
+    ids, the clock) are the image's own."""
+    from simlab.fastpaths.radix import kernel_jit as jit
+
+    rows, attrs, root = image.nodes, image.attrs, image.root
+    live = [i for i, row in enumerate(rows) if row is not None and i != root]
+    slot_of = {root: 0} | {py: k for k, py in enumerate(live, start=1)}
+    ref: dict[int, int] = {}
+    parts, size = [tokens], int(tokens.shape[0])
+    for py in live:
+        row = rows[py]
+        if row is None or row["children"]:
+            continue  # leaves only: each one's path from the root, once
+        chain = [py]
+        while (parent := rows[chain[-1]]["parent"]) != root:  # type: ignore[index]
+            chain.append(parent)
+        parts += [rows[q]["tokens"] for q in reversed(chain)]  # type: ignore[index]
+        for q in chain:
+            ref.setdefault(q, size)
+        size += int(row["end"])
+    slots = len(live) + 1 + room + 8
+    st = empty_state(step, np.concatenate(parts), slots)
+    _fill_nodes(st, image, live, slot_of, ref)
+    ints, top = st[jit.INTS], len(live) + 1
+    ints[jit.NEXT_NID], ints[jit.TOP], ints[jit.FREE] = attrs["_next_nid"], top, slots - top
+    ints[jit.KV], ints[jit.SSM] = attrs["kv_bytes"], attrs["ssm_bytes"]
+    st[jit.FREE_SLOTS][: slots - top] = np.arange(slots - 1, top - 1, -1)
+    st[jit.SETTINGS][jit.NOW] = attrs["now"]
+    jit.rehash(st)
+    return st
+
+
+def _fill_nodes(
+    st: tuple[np.ndarray, ...],
+    image: CacheImage,
+    live: list[int],
+    slot_of: dict[int, int],
+    ref: dict[int, int],
+) -> None:
+    """The node columns of ``image``'s ``live`` slots at their kernel slots (``slot_of``)."""
+    from simlab.fastpaths.radix import kernel_jit as jit
+
+    nodes, floats, attrs = st[jit.NODES], st[jit.FLOATS], image.attrs
+    root = image.nodes[image.root]
+    assert root is not None
+    kids = [slot_of[c] for c in root["children"].values()]
+    nodes[jit.KIDS, jit.ROOT], nodes[jit.KID_SUM, jit.ROOT] = len(kids), sum(kids)
+    for py in live:
+        row = image.nodes[py]
+        assert row is not None
+        k, kids = slot_of[py], [slot_of[c] for c in row["children"].values()]
+        nodes[:, k] = (slot_of[row["parent"]], row["start"], row["end"], ref[py], row["nid"],
+                       0, len(kids), sum(kids), row["ckpt"], 1)  # fmt: skip
+    py_slots = np.asarray(live, dtype=np.int64)
+    idx = np.arange(1, len(live) + 1)
+    floats[jit.LAST, idx] = attrs["last_access"][py_slots]
+    floats[jit.SIZE, idx] = attrs["node_bytes"][py_slots]
+    floats[jit.SAVED, idx] = attrs["saved_flops"][py_slots]
+
+
+def running_sum(values: list[float]) -> float:
+    """``values`` added one by one from 0.0 (``WindowResult.add``'s order and rounding)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total

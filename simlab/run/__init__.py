@@ -1,0 +1,1 @@
+"""One run from a config: the plan, simulate, capacity lists, sweeps, summaries."""

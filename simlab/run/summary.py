@@ -1,0 +1,146 @@
+"""What a run reports: per-policy summaries, the bounds, the trace, and the table printed at the end."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from simlab.engines.records import Columns, as_frame
+from simlab.util.provenance import provenance
+from traces.describe import input_tokens as trace_input_tokens
+from traces.format import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SUMMARY_COLUMNS = {
+    "token_hit_rate": "token hit",
+    "request_hit_rate": "req hit",
+    "flops_saved_ratio": "FLOPs saved",
+    "peak_kv_gb": "peak KV GB",
+    "peak_ssm_gb": "peak SSM GB",
+    "peak_gb": "peak total GB",  # KV and SSM peak at different times: not their sum
+}
+TIMED_COLUMNS = {
+    "ttft_p5": "TTFT p5 s",
+    "ttft_p50": "TTFT p50 s",
+    "ttft_p95": "TTFT p95 s",
+    "throughput_rps": "served req/s",
+    "gpu_busy_frac": "GPU busy",
+}
+
+
+@dataclass
+class Summary:
+    """Per-policy results of one run plus what was run."""
+
+    policies: dict[str, dict[str, Any]]
+    trace: dict[str, Any]
+    config: dict[str, Any]
+    bounds: dict[str, float] = field(default_factory=dict)
+    out_dir: Path | None = None
+    record_columns: Columns = field(default_factory=dict, repr=False)
+
+    @property
+    def records(self) -> pd.DataFrame:
+        """The run's records as a DataFrame (``records.parquet``'s; built on each call)."""
+        return as_frame(self.record_columns)
+
+    def table(self) -> str:
+        columns = dict(SUMMARY_COLUMNS)
+        if "clairvoyant" in self.bounds:
+            columns["hit_vs_clairvoyant"] = "of clairvoyant"
+        if any("ttft_p50" in p for p in self.policies.values()):
+            columns |= TIMED_COLUMNS
+        rules = {p.get("request_hit_rule") for p in self.policies.values()} - {None}
+        if len(rules) == 1:
+            columns["request_hit_rate"] = f"req hit ({rules.pop()})"
+        text = text_table(
+            list(self.policies),
+            list(columns.values()),
+            [[p.get(key, math.nan) for key in columns] for p in self.policies.values()],
+        )
+        if self.bounds:
+            text += "\nbounds (token hit rate): " + ", ".join(
+                f"{name} {rate:.4f}" for name, rate in self.bounds.items()
+            )
+        return text + "\n" + self.speed_line() + self.saturation_lines()
+
+    def saturation_lines(self) -> str:
+        """A warning per saturated timed run: its latencies measure the backlog."""
+        return "".join(
+            f"\nwarning: {name} saturates the GPU ({p['saturation']}); lower the load "
+            f"(arrivals.session_rate) to compare latencies"
+            for name, p in self.policies.items()
+            if p.get("saturated")
+        )
+
+    def speed_line(self) -> str:
+        """How fast the simulator ran (wall clock of each policy's run): not a result column."""
+        speeds = {n: p["requests_per_s"] for n, p in self.policies.items() if "requests_per_s" in p}
+        return "simulator speed: " + ", ".join(f"{n} {v:,.0f} req/s" for n, v in speeds.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policies": self.policies,
+            "bounds": self.bounds,
+            "trace": self.trace,
+            "config": self.config,
+            "provenance": provenance(),
+        }
+
+
+def text_table(index: list[str], headers: list[str], rows: list[list[Any]]) -> str:
+    """Rows under their headers, right-aligned, each row led by its left-aligned index label;
+    floats with 4 decimals (the layout of ``DataFrame.to_string``)."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    label = max([len(i) for i in index], default=0)
+    lines = [" " * label + "".join(f" {h:>{w}}" for h, w in zip(headers, widths, strict=True))]
+    for name, row in zip(index, cells, strict=True):
+        values = "".join(f" {v:>{w}}" for v, w in zip(row, widths, strict=True))
+        lines.append(f"{name:<{label}}{values}")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    """A number to 4 decimals; NaN, or the null that stands for it in ``summary.json``
+    (:func:`simlab.engines.records.strict_json`), as ``n/a``."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float | np.floating):
+        return "n/a" if math.isnan(value) else f"{value:.4f}"
+    return str(value)
+
+
+def trace_stats(trace: Trace) -> dict[str, Any]:
+    input_lens = trace_input_tokens(trace)
+    stats: dict[str, Any] = {
+        "name": trace.name,
+        "block_size": trace.block_size,
+        "requests": len(trace),
+        "sessions": trace.n_sessions,
+        "input_tokens": int(input_lens.sum()),
+        "output_tokens": int(trace.column("output_len").sum()),
+        "input_len_p50": float(np.median(input_lens)),
+        "input_len_p95": float(np.quantile(input_lens, 0.95)),
+    }
+    if {"ref_prompt_tokens", "ref_cached_tokens"} <= set(trace.columns):
+        prompt = float(np.nansum(trace.column("ref_prompt_tokens")))
+        stats["ref_prompt_tokens"] = prompt
+        stats["ref_cached_tokens"] = float(np.nansum(trace.column("ref_cached_tokens")))
+        stats["ref_cached_share"] = stats["ref_cached_tokens"] / prompt if prompt else 0.0
+    return stats
+
+
+def add_bound_ratios(policies: dict[str, dict[str, Any]], bounds: dict[str, float]) -> None:
+    """Each policy's token hit rate as a fraction of each bound."""
+    for summary in policies.values():
+        for name, rate in bounds.items():
+            summary[f"hit_vs_{name}"] = summary["token_hit_rate"] / rate if rate else math.nan

@@ -1,0 +1,1 @@
+"""Small helpers every layer may use: the paused garbage collector, numba without its BLAS probe, provenance."""
