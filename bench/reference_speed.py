@@ -125,7 +125,7 @@ def simlab_runner(trace: str, gb: float, alpha: float, mode: str, shared: dict |
 
 def simlab_modes() -> list[str]:
     """The modes of :data:`SIMLAB_MODES` that can run here (``compiled`` needs numba)."""
-    from simlab.fastpaths.blocks.kernel import available
+    from simlab.util.numba_import import available
 
     return [mode for mode in SIMLAB_MODES if mode != "compiled" or available()]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from simlab.model import ModelSpec
+from simlab.model.spec import ModelSpec
 from traces.format import Trace, make_frame
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from simlab.__main__ import USER_ERRORS
+from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import simulate
 from tests.fixtures import ROOT, compose
 

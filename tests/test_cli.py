@@ -46,7 +46,7 @@ def test_one_policy_on_swebench(tmp_path):
 
 def test_no_config_sets_hydra_mode_so_python_m_simlab_composes_once():
     """``python -m simlab`` skips Hydra's first compose, which only reads ``hydra.mode``
-    (``simlab.__main__.compose_once``): right while no config of simlab's sets the mode."""
+    (``simlab.run.cli.compose_once``): right while no config of simlab's sets the mode."""
     import yaml
 
     configs = ROOT / "configs"

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from simlab.__main__ import USER_ERRORS
+from simlab.run.cli import USER_ERRORS
 from simlab.config import ROUTERS, ClusterSettings, ConfigError
 from simlab.cost.model import Hardware
 from simlab.engines.cluster import ROUTE_COLUMNS, ClusterEngine

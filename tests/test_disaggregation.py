@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simlab.__main__ import USER_ERRORS
+from simlab.run.cli import USER_ERRORS
 from simlab.config import ClusterSettings
 from simlab.engines.cluster import ClusterEngine, prompt_only
 from simlab.engines.records import records_frame

@@ -10,7 +10,7 @@ import json
 import pandas as pd
 import pytest
 
-from simlab.__main__ import USER_ERRORS
+from simlab.run.cli import USER_ERRORS
 from simlab.config import ClusterSettings
 from simlab.engines.cluster import ClusterEngine
 from simlab.engines.records import records_frame

@@ -29,6 +29,7 @@ from simlab.fastpaths.blocks import kernel as block_kernel
 from simlab.fastpaths.blocks.heap import BELADY, FIFO, heap_replay, input_passes
 from simlab.fastpaths.blocks.walk import CapacityColumns, Paths, block_paths
 from simlab.fastpaths.stack import lru_ranks, replay_capacity
+from simlab.util.numba_import import available
 from traces.format import Request
 
 #: eviction classes whose hit refreshes (at least) the hit path and whose insertion refreshes
@@ -148,7 +149,7 @@ def use_compiled(compiled: bool | str, paths: Paths, capacities: int, heap_runs:
         if block_kernel.loaded():
             return True
         visits = sum(map(len, paths.nodes)) * capacities * heap_runs
-        return visits >= COMPILED_MIN_VISITS and block_kernel.available()
+        return visits >= COMPILED_MIN_VISITS and available()
     return compiled is True
 
 

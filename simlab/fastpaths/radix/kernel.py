@@ -4,7 +4,7 @@ vLLM+) with FLOP-aware or LRU eviction on the token radix tree, compiled:
 (:mod:`simlab.fastpaths.radix.kernel_jit`) over flat arrays, with the same records request for request;
 with Marconi's alpha tuning too (:mod:`simlab.fastpaths.radix.tuning`).
 
-numba is an optional extra (``pip install simlab[fast]``, :func:`simlab.fastpaths.blocks.kernel.available`);
+numba is an optional extra (``pip install simlab[fast]``, :func:`simlab.util.numba_import.available`);
 ``cache.compiled`` decides (:func:`use_compiled`), and without numba the request step runs,
 giving the same records. What the kernel covers is what :func:`obstacle` accepts: the replay
 engine, a token trace, simlab's own cache semantics (no reference-code flags), one shared
@@ -49,7 +49,7 @@ import numpy as np
 from simlab.cache.contract import Keys, Semantics
 from simlab.engines.records import RECORD_COLUMNS, Columns
 from simlab.engines.tuner import AlphaTuner
-from simlab.fastpaths.blocks.kernel import available
+from simlab.util.numba_import import available
 
 if TYPE_CHECKING:
     from simlab.engines.base import Engine
