@@ -52,6 +52,7 @@ paper: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check simlab policies traces gpu_validate hydra_plugins tests bench examples crosscheck
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .mypy_cache .ruff_cache
