@@ -8,9 +8,9 @@ Runs ``+experiment=marconi_fig7_8_{lmsys,sharegpt,swebench}`` and ``marconi_fig1
 minus SGLang+'s (percentage points) and how many points fall below 0 and below -0.5 (issue 15's
 acceptance: never below -0.5 with the default, ``robust``). SWE-bench runs its first
 ``SWE_SESSIONS`` sessions with the cache sizes scaled by ``SWE_SESSIONS / 285`` as
-``python -m simlab.paper`` does (:data:`simlab.experiments.paper.SWE_PAPER_SESSIONS`). About 25 minutes on 2
-cores for ``robust``. A finished sweep directory is reused (Hydra's own resume refuses nothing:
-delete ``DIR`` to re-run).
+``python -m simlab.paper`` does (:data:`simlab.experiments.paper.plan.SWE_PAPER_SESSIONS`).
+About 25 minutes on 2 cores for ``robust``. A finished sweep directory is reused (Hydra's own
+resume refuses nothing: delete ``DIR`` to re-run).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simlab.experiments.paper import SWE_PAPER_SESSIONS
+from simlab.experiments.paper.plan import SWE_PAPER_SESSIONS
 
 SWE_SESSIONS = 50
 SCALE = SWE_SESSIONS / SWE_PAPER_SESSIONS

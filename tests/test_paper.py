@@ -8,22 +8,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simlab.experiments import paper
-from simlab.experiments.paper import (
-    MODES,
-    TWO,
-    Features,
-    ModeResults,
-    PaperError,
-    Plan,
-    Study,
-    comparison,
-    full_plan,
-    main,
-    published,
-    quick_plan,
-    run_paper,
-)
+from simlab.experiments.paper import jobs as paper_jobs
+from simlab.experiments.paper.claims import published
+from simlab.experiments.paper.cli import main
+from simlab.experiments.paper.comparison import comparison, markdown_table
+from simlab.experiments.paper.errors import PaperError, StudyFailed
+from simlab.experiments.paper.layout import experiment_file
+from simlab.experiments.paper.modes import MODES, Features
+from simlab.experiments.paper.plan import TWO, Plan, Study, full_plan, quick_plan
+from simlab.experiments.paper.results import ModeResults
+from simlab.experiments.paper.runner import run_paper
 from simlab.util.provenance import code_version
 from traces.paths import resolve_data_dir
 from traces.swebench import TAR_RELATIVE
@@ -111,14 +105,14 @@ def test_both_plans_run_every_figure_the_rows_read(plan):
     for name, length in lengths.items():
         assert len(plan.study(name).x_values) == length
     for study in plan.studies:
-        assert paper.experiment_file(study.experiment).is_file()
+        assert experiment_file(study.experiment).is_file()
 
 
 def test_the_comparison_of_an_empty_run_says_not_run():
     empty = [ModeResults(mode, quick_plan()) for mode in MODES]
     table = comparison(empty)
     assert len(table) == 56 and table["holds_paper"].isna().all()
-    lines = paper.markdown_table(table)
+    lines = markdown_table(table)
     assert len(lines) == 2 + 56 and all("not run" in line for line in lines[2:])
 
 
@@ -280,10 +274,10 @@ def test_a_failing_study_does_not_stop_the_others(tmp_path, monkeypatch):
     def run_job(job, jobs, overwrite, logs):
         ran.append(job.label)
         if job.mode.name == "paper":
-            raise paper.StudyFailed(f"{job.label} failed")
+            raise StudyFailed(f"{job.label} failed")
 
-    monkeypatch.setattr(paper, "run_job", run_job)
-    with pytest.raises(paper.StudyFailed, match=r"1 of 2 studies failed .*: fig11 \[paper mode\]"):
+    monkeypatch.setattr(paper_jobs, "run_job", run_job)
+    with pytest.raises(StudyFailed, match=r"1 of 2 studies failed .*: fig11 \[paper mode\]"):
         run_paper(tiny_plan(), tmp_path, features=Features())
     assert ran == ["fig11 [paper mode]", "fig11 [default semantics]"]
     assert not (tmp_path / "paper.md").exists()
@@ -326,7 +320,7 @@ def test_a_tiny_run_writes_paper_md_and_resumes(tmp_path, monkeypatch):
         raise AssertionError("a finished study was launched again")
 
     with monkeypatch.context() as patched:  # a rerun launches nothing and writes the same bytes
-        patched.setattr(paper, "subprocess_for", no_launch)
+        patched.setattr(paper_jobs, "subprocess_for", no_launch)
         pdf = (out / "paper.pdf").read_bytes()
         assert run_paper(tiny_plan(), out, jobs=2).read_text() == text
         assert (out / "paper.pdf").read_bytes() == pdf
