@@ -161,3 +161,16 @@ def test_summary_is_strict_json_for_an_infinite_cache_and_a_zero_bound(tmp_path)
     assert summary["policies"]["vllm"]["hit_vs_infinite"] is None
     assert float(summary["config"]["cache"]["size_gb"]) == float("inf")
     assert "n/a" in proc.stdout
+
+
+def test_output_dir_holds_every_file_and_nothing_goes_to_outputs(tmp_path):
+    """``output_dir=`` is where Hydra's own files go too: nothing appears in ``./outputs``."""
+    work, out = tmp_path / "work", tmp_path / "results"
+    work.mkdir()
+    cmd = [sys.executable, "-m", "simlab", "+policy=marconi", "trace=swebench", "trace.limit=2"]
+    cmd += ["cache.size_gb=60", "hardware=h200", "report=false", f"output_dir={out}"]
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert list(work.iterdir()) == []
+    assert {".hydra", "summary.json", "records.parquet"} <= {p.name for p in out.iterdir()}

@@ -10,9 +10,17 @@ from contextlib import contextmanager
 from importlib.util import find_spec
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from simlab.config import ConfigError
 from traces.format import TraceFormatError
 from traces.paths import TraceFileError
+
+# ``hydra.run.dir`` is ``output_dir`` when one is given, so Hydra's own files (``.hydra/``, the
+# log) go where the results go and nothing is written to ``./outputs`` (configs/config.yaml).
+OmegaConf.register_new_resolver(
+    "simlab_run_dir", lambda output_dir, default: output_dir or default, replace=True
+)
 
 #: Errors of the user's making: reported as one clear line, without a traceback.
 USER_ERRORS = (ConfigError, TraceFileError, TraceFormatError, FileNotFoundError)
