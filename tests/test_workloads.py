@@ -279,6 +279,33 @@ def test_mooncake_empty_lenient_and_remap(tmp_path: Path, caplog: pytest.LogCapt
     assert ideal_reuse(trace).reuse == 2 * 512 + 512  # 2 blocks, then 1 block (capped len-1)
 
 
+def test_mooncake_time_unit_is_declared_not_guessed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``time_unit=s`` reads seconds; seconds read as milliseconds (a 1,000x too fast clock) are
+    a warning naming the key; an unknown unit is an error naming it."""
+    lines = [mooncake_line(t, 600, [0, t + 1]) for t in range(200)]  # one request a second
+    path = write_lines(tmp_path / "m.jsonl", lines)
+    trace = load_mooncake(path=path, cache_dir=tmp_path / "c", time_unit="s")
+    assert trace.frame["ref_timestamp"].tolist()[:3] == [0.0, 1.0, 2.0]
+    with caplog.at_level(logging.WARNING):
+        as_ms = load_mooncake(path=path, cache_dir=tmp_path / "c")
+    assert as_ms.frame["ref_timestamp"].tolist()[:2] == [0.0, 0.001]
+    assert "trace.time_unit=ms: is the timestamp unit right?" in caplog.text
+    with pytest.raises(ValueError, match="trace.time_unit: must be one of ms, s"):
+        load_mooncake(path=path, cache_dir=tmp_path / "c", time_unit="us")
+
+
+def test_mooncake_lists_the_fields_it_does_not_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    line = mooncake_line(0, 600, [0, 1])[:-1] + ', "chat_id": 3, "parent_chat_id": -1}'
+    path = write_lines(tmp_path / "m.jsonl", [line, mooncake_line(5, 600, [0, 2])])
+    with caplog.at_level(logging.WARNING):
+        load_mooncake(path=path, cache_dir=tmp_path / "c")
+    assert "fields not read by the Mooncake format: chat_id (1), parent_chat_id (1)" in caplog.text
+
+
 def test_block_size_travels_with_frames_and_parquet(tmp_path: Path) -> None:
     rows = [
         dict(
