@@ -13,7 +13,13 @@ from omegaconf import DictConfig
 
 from hydra_plugins.simlab_launcher.grouped import GroupedJoblibLauncher
 from simlab.run.capacities import TABLE, capacity_list, run_capacities
-from simlab.run.cli import compose_once, reported_as_one_line, unknown_choice, unusable_launcher
+from simlab.run.cli import (
+    compose_once,
+    expand_compare,
+    reported_as_one_line,
+    unknown_choice,
+    unusable_launcher,
+)
 from simlab.run.simulate import simulate
 
 Plugins.instance().register(GroupedJoblibLauncher)  # hydra/launcher=simlab_joblib
@@ -67,6 +73,7 @@ if __name__ == "__main__":
     if problem is not None:
         print(f"simlab: error: {problem}", file=sys.stderr)
         sys.exit(2)
+    sys.argv[1:] = expand_compare(sys.argv[1:])
     compose_once(sys.argv[1:])
     try:
         main()

@@ -15,6 +15,8 @@ import pytest
 
 from tests.fixtures import ROOT
 
+POLICIES = sorted(p.stem for p in (ROOT / "configs" / "policy").glob("*.yaml"))
+
 
 def simlab(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     run_dir = tmp_path / "run"
@@ -174,3 +176,26 @@ def test_output_dir_holds_every_file_and_nothing_goes_to_outputs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert list(work.iterdir()) == []
     assert {".hydra", "summary.json", "records.parquet"} <= {p.name for p in out.iterdir()}
+
+
+def test_compare_picks_the_policy_set(tmp_path):
+    proc = simlab(
+        tmp_path,
+        "compare=[vllm,marconi,sglang]",
+        "trace=swebench",
+        "trace.limit=2",
+        "cache.size_gb=60",
+        "hardware=h200",
+        "engine=replay",
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert sorted(summary["policies"]) == ["marconi", "sglang", "vllm"]
+
+
+def test_compare_with_an_unknown_policy_is_one_line(tmp_path):
+    proc = simlab(tmp_path, "compare=[vllm,nope]")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"simlab: error: policy: no config 'nope' (available: {', '.join(POLICIES)})"
+    ]

@@ -51,6 +51,8 @@ def unknown_choice(args: list[str]) -> str | None:
     for arg in args:
         key, sep, value = arg.lstrip("+~").partition("=")
         group = key.split("@")[0]
+        if group == "compare":
+            group, value = "policy", value.strip("[]")
         folder = CONFIGS / group
         if not sep or group.startswith("hydra") or not folder.is_dir() or "(" in value:
             continue
@@ -85,6 +87,32 @@ def unusable_launcher(args: list[str]) -> str | None:
                     "launcher (joblib) runs a sweep on this machine"
                 )
     return None
+
+
+def standard_set() -> list[str]:
+    """The policies ``python -m simlab`` compares by default (``configs/config.yaml``)."""
+    defaults = OmegaConf.load(CONFIGS / "config.yaml").get("defaults", [])
+    entries = (key for entry in defaults if not isinstance(entry, str) for key in entry)
+    return [key.split("@compare.")[1] for key in entries if key.startswith("policy@compare.")]
+
+
+def expand_compare(args: list[str]) -> list[str]:
+    """``compare=[vllm,sglang]`` picks the compared policy set: the standard set's entries not
+    named are dropped and each other named policy config added under ``compare``, as Hydra's
+    own overrides
+    (``~policy@compare.NAME``, ``+policy@compare.NAME=NAME``). Other arguments pass unchanged; an
+    unknown name is left for :func:`unknown_choice` to report."""
+    out: list[str] = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if key != "compare" or not sep:
+            out.append(arg)
+            continue
+        names = [n.strip() for n in value.strip("[]").split(",") if n.strip()]
+        standard = standard_set()
+        out += [f"~policy@compare.{name}" for name in standard if name not in names]
+        out += [f"+policy@compare.{name}={name}" for name in names if name not in standard]
+    return out
 
 
 def compose_once(args: list[str]) -> None:
