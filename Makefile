@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-all bench bench-peers lint clean crosscheck paper
+.PHONY: install run test test-all bench bench-peers lint clean crosscheck paper docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ bench-peers: $(STAMP)
 ## in runs/paper-quick. A rerun resumes (finished points are skipped).
 paper: $(STAMP)
 	$(BIN)/python -m simlab.paper $(ARGS)
+
+## The documentation site (mkdocs-material): docs/, checked in strict mode (every page in the nav,
+## every link and anchor resolved); docs/reference/configuration.md is regenerated from
+## simlab/config.py and configs/ first (docs/hooks.py). Writes site/.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
 	$(BIN)/ruff check simlab policies traces gpu_validate hydra_plugins tests bench examples crosscheck
