@@ -44,7 +44,22 @@ _HOMES = {
     "RequestRecord": "simlab.engines.records",
 }
 
-__all__ = sorted(_HOMES)
+__all__ = [
+    "ClusterEngine",
+    "Engine",
+    "EngineRun",
+    "ModelSpec",
+    "OfflineEngine",
+    "PrefixCache",
+    "ReplayEngine",
+    "RequestRecord",
+    "RequestStep",
+    "RunPlan",
+    "Summary",
+    "TimedEngine",
+    "plan_run",
+    "simulate",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from simlab.run.cli import USER_ERRORS
 from simlab.config import ROUTERS, ClusterSettings, ConfigError
 from simlab.cost.model import Hardware
 from simlab.engines.cluster import ROUTE_COLUMNS, ClusterEngine
@@ -20,6 +19,7 @@ from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.world import SessionFeeder, _sessions
 from simlab.run.bounds import infinite_cache_hits
+from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import build_engine, simulate
 from tests.fixtures import CONFIGS, chat_trace, compose, hot_prefix_trace, model, policy_plugins
 from traces.arrivals import assign_arrivals

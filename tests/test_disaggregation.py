@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simlab.run.cli import USER_ERRORS
 from simlab.config import ClusterSettings
 from simlab.engines.cluster import ClusterEngine, prompt_only
 from simlab.engines.records import records_frame
 from simlab.engines.timed.engine import TimedEngine
+from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import simulate
 from tests.fixtures import compose, hot_prefix_trace
 from tests.test_cluster import A100, HYBRID, LLAMA, chat_requests, fresh_step

@@ -17,6 +17,10 @@ def test_every_public_name_resolves_to_its_home(name: str) -> None:
     assert value.__module__.startswith("simlab.")
 
 
+def test_all_lists_exactly_the_names_with_a_home() -> None:
+    assert sorted(simlab.__all__) == sorted(simlab._HOMES)
+
+
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = simlab.nope  # type: ignore[attr-defined]

@@ -10,13 +10,13 @@ import json
 import pandas as pd
 import pytest
 
-from simlab.run.cli import USER_ERRORS
 from simlab.config import ClusterSettings
 from simlab.engines.cluster import ClusterEngine
 from simlab.engines.records import records_frame
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.world import SessionFeeder, TimedWorld
+from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import simulate
 from tests.fixtures import compose, policy_plugins
 from tests.test_cluster import A100, CKPT, HYBRID, chat_requests

@@ -8,9 +8,9 @@ import sys
 import pandas as pd
 import pytest
 
-from simlab.run.cli import reported_as_one_line
 from simlab.config import ConfigError, MetricSettings, run_settings
 from simlab.engines.records import summarize
+from simlab.run.cli import reported_as_one_line
 from simlab.run.simulate import plan_run, simulate
 from tests.fixtures import ROOT, compose
 

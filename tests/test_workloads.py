@@ -292,7 +292,7 @@ def test_mooncake_time_unit_is_declared_not_guessed(
         as_ms = load_mooncake(path=path, cache_dir=tmp_path / "c")
     assert as_ms.frame["ref_timestamp"].tolist()[:2] == [0.0, 0.001]
     assert "trace.time_unit=ms: is the timestamp unit right?" in caplog.text
-    with pytest.raises(ValueError, match="trace.time_unit: must be one of ms, s"):
+    with pytest.raises(ValueError, match=r"trace\.time_unit: must be one of ms, s"):
         load_mooncake(path=path, cache_dir=tmp_path / "c", time_unit="us")
 
 
