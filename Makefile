@@ -53,7 +53,7 @@ paper: $(STAMP)
 ## every link and anchor resolved); docs/reference/configuration.md is regenerated from
 ## simlab/config.py and configs/ first (docs/hooks.py). Writes site/.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
 	$(BIN)/ruff check simlab policies traces gpu_validate hydra_plugins tests bench examples crosscheck
