@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 TRACE_NAME = "mooncake"
 LOADER_VERSION = "mooncake-v1"
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
-#: ``trace.time_unit`` -> seconds per unit of ``timestamp``
-TIME_UNITS = {"ms": 1e-3, "s": 1.0}
+#: ``trace.time_unit`` -> units of ``timestamp`` per second
+TIME_UNITS = {"ms": 1000.0, "s": 1.0}
 #: a clock faster than this (requests/s), or this many requests within one second, is suspect
 SUSPECT_RATE, SUSPECT_BURST = 1000.0, 100
 BLOCK_SIZE = 512
@@ -156,7 +156,7 @@ def build_mooncake(
             break
     records.log_summary()
     log_unread_fields(requests, path)
-    seconds = np.array([r.timestamp for r in requests], dtype=float) * TIME_UNITS[time_unit]
+    seconds = np.array([r.timestamp for r in requests], dtype=float) / TIME_UNITS[time_unit]
     check_clock(seconds, time_unit, path)
     ids = remap_ids([r.hash_ids for r in requests])
     empty = np.zeros(0, dtype=TOKEN_DTYPE)

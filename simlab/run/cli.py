@@ -91,8 +91,9 @@ def unusable_launcher(args: list[str]) -> str | None:
 
 def standard_set() -> list[str]:
     """The policies ``python -m simlab`` compares by default (``configs/config.yaml``)."""
-    defaults = OmegaConf.load(CONFIGS / "config.yaml").get("defaults", [])
-    entries = (key for entry in defaults if not isinstance(entry, str) for key in entry)
+    config = OmegaConf.to_container(OmegaConf.load(CONFIGS / "config.yaml"))
+    defaults = config.get("defaults", []) if isinstance(config, dict) else []
+    entries = (key for entry in defaults if isinstance(entry, dict) for key in entry)
     return [key.split("@compare.")[1] for key in entries if key.startswith("policy@compare.")]
 
 
