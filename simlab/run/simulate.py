@@ -48,7 +48,7 @@ from simlab.engines.records import (
 )
 from simlab.engines.replay import ReplayEngine
 from simlab.engines.step import Controller, RequestStep
-from simlab.engines.tuner import AlphaTuner
+from simlab.engines.tuning.tuner import AlphaTuner
 from simlab.fastpaths.blocks.replay import Walks, block_replay, fast_path, one_pass_obstacle
 from simlab.fastpaths.radix import kernel as radix_kernel
 from simlab.fastpaths.radix import replay as radix_replay

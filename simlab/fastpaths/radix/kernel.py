@@ -48,7 +48,7 @@ import numpy as np
 
 from simlab.cache.contract import Keys, Semantics
 from simlab.engines.records import RECORD_COLUMNS, Columns
-from simlab.engines.tuner import AlphaTuner
+from simlab.engines.tuning.tuner import AlphaTuner
 from simlab.util.numba_import import available
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simlab.engines.records import Columns
-from simlab.engines.tuner import AlphaTuner
+from simlab.engines.tuning.tuner import AlphaTuner
 from simlab.fastpaths.radix.kernel import (
     NODES_PER_REQUEST,
     Kernel,

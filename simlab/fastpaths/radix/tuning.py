@@ -1,6 +1,6 @@
 """Marconi's alpha tuning on the compiled radix replay (:mod:`simlab.fastpaths.radix.kernel`): the one
-:class:`simlab.engines.tuner.AlphaTuner` and its protocol, given the kernel's snapshots and grid search
-(:class:`simlab.engines.tuner.Imaging`).
+:class:`simlab.engines.tuning.tuner.AlphaTuner` and its protocol, given the kernel's snapshots and grid search
+(:class:`simlab.engines.tuning.tuner.Imaging`).
 
 * A replay the kernel serves (:func:`tuned_replay`) runs in stretches that end where the tuner
   snapshots the cache or tunes, and shows the tuner every admission in order, as the request
@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simlab.engines.tuner import AlphaTuner, Imaging, TuningSettings, WindowResult
+from simlab.engines.tuning.settings import TuningSettings
+from simlab.engines.tuning.tuner import AlphaTuner, Imaging
+from simlab.engines.tuning.window import WindowResult
 from simlab.fastpaths.radix.kernel import (
     NODES_PER_REQUEST,
     Kernel,
@@ -102,9 +104,9 @@ def tuned_replay(
 
 @dataclass(frozen=True)
 class KernelSearch:
-    """:func:`simlab.engines.tuner.grid_results` on the kernel: each grid alpha replays the window on
+    """:func:`simlab.engines.tuning.search.grid_results` on the kernel: each grid alpha replays the window on
     a copy of the snapshot (with ``kernel``'s working arrays), and its scored requests are
-    summed in order, as :class:`~simlab.engines.tuner.WindowResult` adds records."""
+    summed in order, as :class:`~simlab.engines.tuning.window.WindowResult` adds records."""
 
     pool: TokenPool
     index: dict[int, int]  # id of a request -> its position in the pool
