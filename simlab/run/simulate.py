@@ -335,7 +335,8 @@ def build_engine(cfg: DictConfig) -> Engine:
         raise ConfigError(f"engine: {err.__cause__ or err}") from err
     if cluster.replicas == 1:
         return engine
-    from simlab.engines.cluster import with_cluster  # SimPy and the timed engine: replicas only
+    # SimPy and the timed engine: replicas only
+    from simlab.engines.cluster.engine import with_cluster
 
     return with_cluster(engine, cluster, cfg.get("seed", 0))
 
