@@ -307,10 +307,8 @@ def empty_state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.n
     ints[layout.ADMISSION], ints[layout.PAGE] = ADMISSIONS[qualname(admission)], step.page_size
     fields = vars(admission)  # Judicious's or FineGrained's
     ints[layout.ROUND_DOWN] = fields.get("alignment") == "round_down"
-    ints[layout.CHUNK], ints[layout.BLOCK] = (
-        fields.get("chunk_size", 1),
-        fields.get("block_size", 1),
-    )
+    ints[layout.CHUNK] = fields.get("chunk_size", 1)
+    ints[layout.BLOCK] = fields.get("block_size", 1)
     alpha = getattr(step.eviction, "alpha", 0.0)
     coefficients = (model._lin, model._attn_pq, model._attn_qq)
     settings = np.array([0.0, cache.capacity, alpha, *coefficients], dtype=np.float64)

@@ -1,6 +1,6 @@
-"""Marconi's alpha tuning on the compiled radix replay (:mod:`simlab.fastpaths.radix.kernel`): the one
-:class:`simlab.engines.tuning.tuner.AlphaTuner` and its protocol, given the kernel's snapshots and grid search
-(:class:`simlab.engines.tuning.tuner.Imaging`).
+"""Marconi's alpha tuning on the compiled radix replay (:mod:`simlab.fastpaths.radix.kernel`):
+the one :class:`simlab.engines.tuning.tuner.AlphaTuner` and its protocol, given the kernel's
+snapshots and grid search (:class:`simlab.engines.tuning.tuner.Imaging`).
 
 * A replay the kernel serves (:func:`tuned_replay`) runs in stretches that end where the tuner
   snapshots the cache or tunes, and shows the tuner every admission in order, as the request
@@ -103,9 +103,10 @@ def tuned_replay(
 
 @dataclass(frozen=True)
 class KernelSearch:
-    """:func:`simlab.engines.tuning.search.grid_results` on the kernel: each grid alpha replays the window on
-    a copy of the snapshot (with ``kernel``'s working arrays), and its scored requests are
-    summed in order, as :class:`~simlab.engines.tuning.window.WindowResult` adds records."""
+    """:func:`simlab.engines.tuning.search.grid_results` on the kernel: each grid alpha replays
+    the window on a copy of the snapshot (with ``kernel``'s working arrays), and its scored
+    requests are summed in order, as :class:`~simlab.engines.tuning.window.WindowResult` adds
+    records."""
 
     pool: TokenPool
     index: dict[int, int]  # id of a request -> its position in the pool
@@ -194,11 +195,8 @@ def image_state(
     st = empty_state(step, np.concatenate(parts), slots)
     _fill_nodes(st, image, live, slot_of, ref)
     ints, top = st[layout.INTS], len(live) + 1
-    ints[layout.NEXT_NID], ints[layout.TOP], ints[layout.FREE] = (
-        attrs["_next_nid"],
-        top,
-        slots - top,
-    )
+    ints[layout.NEXT_NID] = attrs["_next_nid"]
+    ints[layout.TOP], ints[layout.FREE] = top, slots - top
     ints[layout.KV], ints[layout.SSM] = attrs["kv_bytes"], attrs["ssm_bytes"]
     st[layout.FREE_SLOTS][: slots - top] = np.arange(slots - 1, top - 1, -1)
     st[layout.SETTINGS][layout.NOW] = attrs["now"]
