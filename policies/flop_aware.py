@@ -27,7 +27,7 @@ Reference-code switches (``policy.compat=reference`` sets them all; :mod:`simlab
 * ``ties: dfs`` and ``miscounts_freed_bytes`` (:class:`simlab.cache.contract.EvictionPolicy`).
 
 ``alpha`` is :class:`simlab.cache.contract.Tunable`: with ``policy.tuning.enabled`` the paper's
-retrospective tuning (``simlab.engines.tuner``) starts it at 0 and sets it through :meth:`set_alpha`.
+retrospective tuning (``simlab.engines.tuning``) starts it at 0 and sets it through :meth:`set_alpha`.
 """
 
 from __future__ import annotations

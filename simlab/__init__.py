@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from simlab.cache.prefix import PrefixCache
     from simlab.engines.base import Engine, EngineRun
-    from simlab.engines.cluster import ClusterEngine
+    from simlab.engines.cluster.engine import ClusterEngine
     from simlab.engines.offline import OfflineEngine
     from simlab.engines.records import RequestRecord
     from simlab.engines.replay import ReplayEngine
@@ -39,7 +39,7 @@ _HOMES = {
     "EngineRun": "simlab.engines.base",
     "ReplayEngine": "simlab.engines.replay",
     "TimedEngine": "simlab.engines.timed.engine",
-    "ClusterEngine": "simlab.engines.cluster",
+    "ClusterEngine": "simlab.engines.cluster.engine",
     "OfflineEngine": "simlab.engines.offline",
     "RequestRecord": "simlab.engines.records",
 }

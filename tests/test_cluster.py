@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from simlab.config import ROUTERS, ClusterSettings, ConfigError
 from simlab.cost.model import Hardware
-from simlab.engines.cluster import ROUTE_COLUMNS, ClusterEngine
+from simlab.engines.cluster.engine import ROUTE_COLUMNS, ClusterEngine
 from simlab.engines.records import RECORD_COLUMNS, records_frame
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
@@ -212,7 +212,7 @@ def test_a_lagged_view_is_the_replicas_cache_replayed_late():
     engine = ClusterEngine(
         TimedEngine(hardware=A100), ClusterSettings(3, "hybrid_aware", router_lag_s=3.0)
     )
-    from simlab.engines.cluster import Cluster
+    from simlab.engines.cluster.world import Cluster
 
     steps = [build() for _ in range(3)]
     twins = [build() for _ in range(3)]
@@ -228,7 +228,7 @@ def test_a_lagged_view_is_the_replicas_cache_replayed_late():
 def test_the_lagged_view_at_t_is_the_replicas_cache_at_t_minus_lag():
     """Sampled during the run every 0.37 s (off any event time): each twin's logical clock and
     bytes at ``t`` equal its replica's at ``t - lag`` (lag = 3 samples)."""
-    from simlab.engines.cluster import Cluster
+    from simlab.engines.cluster.world import Cluster
 
     requests = chat_requests(seed=12, sessions=12, rate=2.0)
     build = fresh_step("marconi", capacity=12 * CKPT)

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from simlab.config import ClusterSettings
-from simlab.engines.cluster import ClusterEngine, prompt_only
+from simlab.engines.cluster.disaggregated import prompt_only
+from simlab.engines.cluster.engine import ClusterEngine
 from simlab.engines.records import records_frame
 from simlab.engines.timed.engine import TimedEngine
 from simlab.run.cli import USER_ERRORS

@@ -299,7 +299,7 @@ def test_tuned_records_do_not_depend_on_where_the_grid_search_runs():
     """The alpha tuner replays its window on copies of a snapshot, here (``workers=1``) or in
     worker processes: each copy has its own host tier, so the live cache's is untouched and
     the records are the same either way."""
-    from simlab.engines.tuner import worker_pool
+    from simlab.engines.tuning.search import worker_pool
 
     setting = ["model=nemotron_h_8b", "+policy=marconi", "cache.size_gb=1", "cache.host_gb=1"]
     setting += ["cache.host_bw_gbps=25", "engine=replay", "bounds.enabled=false", "report=false"]

@@ -20,7 +20,7 @@ SCRIPT = """
 import json, sys
 import numpy as np
 from simlab.fastpaths.blocks import kernel_jit as block_kernel_jit  # numba, through simlab.util.numba_import
-from simlab.fastpaths.radix import kernel_jit as radix_kernel_jit
+from simlab.fastpaths.radix.jit import serve as radix_kernel
 import numba
 
 @numba.njit

@@ -267,7 +267,7 @@ def test_the_kernel_grows_its_state_as_it_needs(policy, monkeypatch):
     """Started with room for a handful of nodes, the kernel doubles its node slots, table and
     path as requests need them (a fine-grained admission's chains of hundreds of nodes): the
     same records."""
-    monkeypatch.setattr(radix_kernel, "NODES_PER_REQUEST", 0)
+    monkeypatch.setattr(radix_replay, "NODES_PER_REQUEST", 0)  # where the replay reads it
     grown = []
     grow = radix_kernel.Kernel.grow
     monkeypatch.setattr(radix_kernel.Kernel, "grow", lambda k: grown.append(1) or grow(k))
@@ -281,7 +281,8 @@ def test_the_kernel_grows_its_state_as_it_needs(policy, monkeypatch):
 @pytest.mark.parametrize("lru", [True, False])
 def test_equally_scored_victims_go_oldest_first(lru):
     """Two leaves last touched at the same tick: the older node (smaller creation id) goes."""
-    from simlab.fastpaths.radix import kernel_jit as jit
+    from simlab.fastpaths.radix.jit import layout
+    from simlab.fastpaths.radix.jit.evict import evict
 
     spec = model("llama3_8b")
     ids = [[1, 2, 3], [4, 5, 6]]
@@ -295,14 +296,14 @@ def test_equally_scored_victims_go_oldest_first(lru):
     kernel = radix_kernel.Kernel.of(radix_kernel.empty_state(step, pool.tokens, 16), 2)
     out = np.zeros((10, 2), dtype=np.int64)
     kernel.serve(pool.offs, pool.in_lens, pool.seq_lens, out, 0, 2)
-    nodes, floats = kernel.st[jit.NODES], kernel.st[jit.FLOATS]
-    leaves = [s for s in range(1, 3) if nodes[jit.ALIVE, s] and not nodes[jit.KIDS, s]]
+    nodes, floats = kernel.st[layout.NODES], kernel.st[layout.FLOATS]
+    leaves = [s for s in range(1, 3) if nodes[layout.ALIVE, s] and not nodes[layout.KIDS, s]]
     assert len(leaves) == 2
-    floats[jit.LAST, leaves] = 7.0
-    kernel.st[jit.SETTINGS][jit.CAPACITY] = 4 * spec.kv_bytes_per_token  # 6 tokens held
-    jit.evict(kernel.st, 0, np.zeros(6, dtype=np.int64))
-    older = min(leaves, key=lambda s: nodes[jit.NID, s])
-    assert not nodes[jit.ALIVE, older] and nodes[jit.ALIVE, max(leaves) + min(leaves) - older]
+    floats[layout.LAST, leaves] = 7.0
+    kernel.st[layout.SETTINGS][layout.CAPACITY] = 4 * spec.kv_bytes_per_token  # 6 tokens held
+    evict(kernel.st, 0, np.zeros(6, dtype=np.int64))
+    older = min(leaves, key=lambda s: nodes[layout.NID, s])
+    assert not nodes[layout.ALIVE, older] and nodes[layout.ALIVE, max(leaves) + min(leaves) - older]
 
 
 def test_an_lru_hit_refreshes_its_whole_path():
@@ -338,7 +339,7 @@ def test_the_kernels_truncation_is_the_caches(hybrid, matched, old, new, keep, t
     """Budgets just below, at and above what a prefix of the plan costs (its first ``keep``
     states; a Transformer: ``tokens`` of KV): the longest prefix of the plan that fits."""
     from simlab.cache.nodes import InsertPlan, truncate
-    from simlab.fastpaths.radix import kernel_jit as jit
+    from simlab.fastpaths.radix.jit import admit, layout
 
     spec = model("marconi_7b" if hybrid else "llama3_8b")
     kv, ckpt = 7, 40 if hybrid else 0
@@ -355,9 +356,9 @@ def test_the_kernels_truncation_is_the_caches(hybrid, matched, old, new, keep, t
     want = truncate(shape(hybrid, 1, kv, ckpt), InsertPlan(matched, end, old, new), budget)
     step = RequestStep.build(spec, 1e9, Judicious(), FlopAware(), "truncate")
     state = radix_kernel.empty_state(step, np.zeros(1, np.int32), 4)
-    state[jit.INTS][jit.KV_PER_TOKEN], state[jit.INTS][jit.CKPT_BYTES] = kv, ckpt
+    state[layout.INTS][layout.KV_PER_TOKEN], state[layout.INTS][layout.CKPT_BYTES] = kv, ckpt
     ckpts = np.array([*old, *new, 0, 0, 0, 0][:4], dtype=np.int64)
-    n_old, n_new, got_end = jit.truncate(state, budget, matched, end, ckpts, len(old), len(new))
+    n_old, n_new, got_end = admit.truncate(state, budget, matched, end, ckpts, len(old), len(new))
     assert ckpts[:n_old].tolist() == want.old_ckpts
     assert ckpts[n_old : n_old + n_new].tolist() == want.new_ckpts
     assert got_end == want.end

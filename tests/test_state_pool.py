@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from simlab.config import ClusterSettings
-from simlab.engines.cluster import ClusterEngine
+from simlab.engines.cluster.engine import ClusterEngine
 from simlab.engines.records import records_frame
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine

@@ -16,18 +16,15 @@ from simlab.cache.snapshot import pack, unpack
 from simlab.config import ConfigError, run_settings
 from simlab.engines.records import records_frame
 from simlab.engines.replay import replay
-from simlab.engines.tuner import (
-    PROTOCOLS,
-    AlphaTuner,
-    TuningSettings,
+from simlab.engines.tuning.search import best_alpha, choose_alpha, worker_pool
+from simlab.engines.tuning.settings import PROTOCOLS, TuningSettings
+from simlab.engines.tuning.tuner import AlphaTuner
+from simlab.engines.tuning.window import (
     WindowImage,
     WindowResult,
-    best_alpha,
-    choose_alpha,
     empty_like,
     replay_window,
     snapshot,
-    worker_pool,
 )
 from simlab.run.simulate import policy_step
 from tests.fixtures import chat_trace, compose, model

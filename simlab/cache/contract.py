@@ -19,7 +19,7 @@ overrides only what it needs and nothing is probed with ``getattr``:
   reused;
 * ``observe(cache, request, admitted)``: a request's sequence was admitted (after ``on_evict``);
 * ``summary()``: extra items for the policy's entry in ``summary.json``;
-* ``set_alpha(alpha)`` (:class:`Tunable`): the weight an alpha tuner (``simlab.engines.tuner``) sets.
+* ``set_alpha(alpha)`` (:class:`Tunable`): the weight an alpha tuner (``simlab.engines.tuning``) sets.
 
 This module imports nothing from ``simlab`` at run time: the simulator depends on the contract,
 never the other way round.

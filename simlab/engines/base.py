@@ -56,7 +56,7 @@ class MemoryChecked(Protocol):
 
 @runtime_checkable
 class Replicated(Protocol):
-    """An engine of several replicas (:class:`simlab.engines.cluster.ClusterEngine`): ``step`` serves
+    """An engine of several replicas (:class:`simlab.engines.cluster.engine.ClusterEngine`): ``step`` serves
     the first and ``fresh_step()`` builds each other replica's step."""
 
     @property

@@ -51,7 +51,7 @@ from traces.format import Request
 
 
 class Controller(Protocol):
-    """Engine-level logic that learns from the admitted stream (e.g. ``simlab.engines.tuner``)."""
+    """Engine-level logic that learns from the admitted stream (e.g. ``simlab.engines.tuning``)."""
 
     def observe(self, step: RequestStep, request: Request, admitted: InsertResult) -> None: ...
 

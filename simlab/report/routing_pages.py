@@ -1,6 +1,6 @@
 """The routing page of a run with replicas (``cluster.replicas > 1``): load balance, hit rate and
 TTFT per replica, and what routing left on the table (regret), from the records' routing columns
-(:data:`simlab.engines.cluster.ROUTE_COLUMNS`)."""
+(:data:`simlab.engines.cluster.engine.ROUTE_COLUMNS`)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ from simlab.engines.records import (
 )
 from simlab.engines.replay import ReplayEngine
 from simlab.engines.step import Controller, RequestStep
-from simlab.engines.tuner import AlphaTuner
+from simlab.engines.tuning.tuner import AlphaTuner
 from simlab.fastpaths.blocks.replay import Walks, block_replay, fast_path, one_pass_obstacle
 from simlab.fastpaths.radix import kernel as radix_kernel
 from simlab.fastpaths.radix import replay as radix_replay
@@ -335,7 +335,8 @@ def build_engine(cfg: DictConfig) -> Engine:
         raise ConfigError(f"engine: {err.__cause__ or err}") from err
     if cluster.replicas == 1:
         return engine
-    from simlab.engines.cluster import with_cluster  # SimPy and the timed engine: replicas only
+    # SimPy and the timed engine: replicas only
+    from simlab.engines.cluster.engine import with_cluster
 
     return with_cluster(engine, cluster, cfg.get("seed", 0))
 

@@ -1,4 +1,4 @@
-"""numba for the compiled kernels (:mod:`simlab.fastpaths.blocks.kernel_jit`, :mod:`simlab.fastpaths.radix.kernel_jit`),
+"""numba for the compiled kernels (:mod:`simlab.fastpaths.blocks.kernel_jit`, :mod:`simlab.fastpaths.radix.jit`),
 imported without its BLAS probe.
 
 The first compiled call of a process loads numba's numpy implementations

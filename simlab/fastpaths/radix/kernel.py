@@ -1,7 +1,7 @@
 """Judicious admission (Marconi's, the paper's SGLang+) or fine-grained admission (the paper's
 vLLM+) with FLOP-aware or LRU eviction on the token radix tree, compiled:
 :meth:`simlab.engines.step.RequestStep.serve` over the whole trace as one numba kernel
-(:mod:`simlab.fastpaths.radix.kernel_jit`) over flat arrays, with the same records request for request;
+(:mod:`simlab.fastpaths.radix.jit`) over flat arrays, with the same records request for request;
 with Marconi's alpha tuning too (:mod:`simlab.fastpaths.radix.tuning`).
 
 numba is an optional extra (``pip install simlab[fast]``, :func:`simlab.util.numba_import.available`);
@@ -15,7 +15,7 @@ and either ``FlopAware`` with its default terms (``memory: own``, ``recency: shi
 nothing). Everything else runs request by request.
 
 The kernel is the cache's code path for these plug-ins, step for step (each function of
-:mod:`simlab.fastpaths.radix.kernel_jit` names the method it follows), with three changes that give the
+:mod:`simlab.fastpaths.radix.jit` names the method it follows), with three changes that give the
 same results:
 
 * a node's tokens are not copied: it keeps the offset of a sequence through it in one pool of
@@ -48,7 +48,8 @@ import numpy as np
 
 from simlab.cache.contract import Keys, Semantics
 from simlab.engines.records import RECORD_COLUMNS, Columns
-from simlab.engines.tuner import AlphaTuner
+from simlab.engines.tuning.tuner import AlphaTuner
+from simlab.fastpaths.radix.jit import layout
 from simlab.util.numba_import import available
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ COMPILED_MIN_SECONDS = 0.5
 STEP_S_PER_REQUEST = 60e-6
 STEP_S_PER_BLOCK = 2e-6
 #: the plug-ins the kernel runs, by class (the simulator imports no policy but the contract,
-#: ``simlab.cache.contract``) -> the eviction kinds of :mod:`simlab.fastpaths.radix.kernel_jit`
+#: ``simlab.cache.contract``) -> the eviction kinds of :mod:`simlab.fastpaths.radix.jit.layout`
 JUDICIOUS = "policies.judicious.Judicious"
 FINE_GRAINED = "policies.fine_grained.FineGrained"
 ADMISSIONS = {JUDICIOUS: 0, FINE_GRAINED: 1}
@@ -292,23 +293,22 @@ def token_pool(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def empty_state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.ndarray, ...]:
-    """The kernel's ``st`` (:mod:`simlab.fastpaths.radix.kernel_jit`) for ``step``'s empty cache of
+    """The kernel's ``st`` (:mod:`simlab.fastpaths.radix.jit`) for ``step``'s empty cache of
     ``slots`` node slots (the root at slot 0)."""
-    from simlab.fastpaths.radix import kernel_jit as jit
-
     cache, admission, model = step.cache, step.admission, step.cache.model
     nodes = np.zeros((10, slots), dtype=np.int64)
-    nodes[jit.ALIVE, jit.ROOT] = 1
+    nodes[layout.ALIVE, layout.ROOT] = 1
     floats = np.zeros((3, slots), dtype=np.float64)
     table = table_for(slots)
-    ints = np.zeros(jit.N_INTS, dtype=np.int64)
-    ints[jit.FREE], ints[jit.NEXT_NID], ints[jit.TOP] = slots - 1, 1, 1
-    ints[jit.KV_PER_TOKEN], ints[jit.CKPT_BYTES] = cache.kv_per_token, cache.ckpt_bytes
-    ints[jit.HYBRID], ints[jit.EVICTION] = cache.hybrid, EVICTIONS[qualname(step.eviction)]
-    ints[jit.ADMISSION], ints[jit.PAGE] = ADMISSIONS[qualname(admission)], step.page_size
+    ints = np.zeros(layout.N_INTS, dtype=np.int64)
+    ints[layout.FREE], ints[layout.NEXT_NID], ints[layout.TOP] = slots - 1, 1, 1
+    ints[layout.KV_PER_TOKEN], ints[layout.CKPT_BYTES] = cache.kv_per_token, cache.ckpt_bytes
+    ints[layout.HYBRID], ints[layout.EVICTION] = cache.hybrid, EVICTIONS[qualname(step.eviction)]
+    ints[layout.ADMISSION], ints[layout.PAGE] = ADMISSIONS[qualname(admission)], step.page_size
     fields = vars(admission)  # Judicious's or FineGrained's
-    ints[jit.ROUND_DOWN] = fields.get("alignment") == "round_down"
-    ints[jit.CHUNK], ints[jit.BLOCK] = fields.get("chunk_size", 1), fields.get("block_size", 1)
+    ints[layout.ROUND_DOWN] = fields.get("alignment") == "round_down"
+    ints[layout.CHUNK] = fields.get("chunk_size", 1)
+    ints[layout.BLOCK] = fields.get("block_size", 1)
     alpha = getattr(step.eviction, "alpha", 0.0)
     coefficients = (model._lin, model._attn_pq, model._attn_qq)
     settings = np.array([0.0, cache.capacity, alpha, *coefficients], dtype=np.float64)
@@ -354,22 +354,22 @@ class Kernel:
         """The requests ``lo`` .. ``hi - 1`` (of these sequences) through the kernel's
         ``replay``; returns the index after the last one served (before ``hi`` only when
         ``stop_at_eviction`` stopped it)."""
-        from simlab.fastpaths.radix import kernel_jit as jit
+        from simlab.fastpaths.radix.jit.serve import replay
 
         while True:
             args = (offs, in_lens, seq_lens, self.path, self.along, self.work, out)
-            lo, why = jit.replay(self.st, *args, lo, hi, stop_at_eviction)
-            if why != jit.ROOM:
+            lo, why = replay(self.st, *args, lo, hi, stop_at_eviction)
+            if why != layout.ROOM:
                 return int(lo)
             self.grow()
 
     def grow(self) -> None:
         """Twice the node slots (the live ones and the free ones kept, the table afresh) and
         a path as long."""
-        from simlab.fastpaths.radix import kernel_jit as jit
+        from simlab.fastpaths.radix.jit.table import rehash
 
         nodes, floats, _table, ints, settings, free, tokens = self.st
-        slots, top, n_free = nodes.shape[1], int(ints[jit.TOP]), int(ints[jit.FREE])
+        slots, top, n_free = nodes.shape[1], int(ints[layout.TOP]), int(ints[layout.FREE])
         bigger = (np.zeros((10, 2 * slots), np.int64), np.zeros((3, 2 * slots), np.float64))
         bigger[0][:, :top], bigger[1][:, :top] = nodes[:, :top], floats[:, :top]
         stack = np.zeros(2 * slots, np.int64)  # room for every slot: releases push on it
@@ -377,19 +377,17 @@ class Kernel:
             (np.arange(2 * slots - 1, slots - 1, -1), free[:n_free])
         )
         ints = ints.copy()
-        ints[jit.FREE] = slots + n_free
+        ints[layout.FREE] = slots + n_free
         self.st = (*bigger, table_for(2 * slots), ints, settings, stack, tokens)
-        jit.rehash(self.st)
+        rehash(self.st)
         self.path = np.zeros(2 * slots + 8, np.int64)
         self.along = np.zeros(2 * slots + 8, np.int64)
 
 
 def table_for(nodes: int) -> np.ndarray:
     """An empty children table for up to ``nodes`` nodes (at most a quarter of it used)."""
-    from simlab.fastpaths.radix import kernel_jit as jit
-
     table = np.zeros((2, 1 << max(4, (4 * nodes - 1).bit_length())), dtype=np.int64)
-    table[0] = jit.EMPTY
+    table[0] = layout.EMPTY
     return table
 
 
@@ -398,9 +396,9 @@ def copy_state(st: tuple[np.ndarray, ...], nodes: int | None = None) -> tuple[np
     slots hold nothing yet: a new node writes every column), the token pool shared (the kernel
     never writes it). ``nodes``: the copy gets a children table of its own for up to that many
     nodes, filled afresh (a window's replay adds few nodes to a snapshot's)."""
-    from simlab.fastpaths.radix import kernel_jit as jit
+    from simlab.fastpaths.radix.jit.table import rehash
 
-    top, free = int(st[jit.INTS][jit.TOP]), int(st[jit.INTS][jit.FREE])
+    top, free = int(st[layout.INTS][layout.TOP]), int(st[layout.INTS][layout.FREE])
 
     def head(a: np.ndarray, k: int) -> np.ndarray:
         out = np.empty_like(a)
@@ -419,7 +417,7 @@ def copy_state(st: tuple[np.ndarray, ...], nodes: int | None = None) -> tuple[np
         tokens,
     )
     if nodes is not None:
-        jit.rehash(copy)
+        rehash(copy)
     return copy
 
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simlab.engines.records import Columns
-from simlab.engines.tuner import AlphaTuner
+from simlab.engines.tuning.tuner import AlphaTuner
+from simlab.fastpaths.radix.jit import layout
 from simlab.fastpaths.radix.kernel import (
     NODES_PER_REQUEST,
     Kernel,
@@ -34,8 +35,6 @@ def compiled_replay(
     the records as :func:`simlab.engines.records.record_columns` makes them, and the cache's peak KV,
     SSM and total bytes. ``step`` itself is left untouched (its cache stays empty);
     ``shared``: `shared_pool`'s."""
-    from simlab.fastpaths.radix import kernel_jit as jit  # numba: loaded only to replay
-
     pool = shared_pool(requests, step, shared)
     states = plan_states(step, pool)
     st = empty_state(step, pool.tokens, NODES_PER_REQUEST * len(requests) + 2 * states + 8)
@@ -46,6 +45,6 @@ def compiled_replay(
         tuned_replay(requests, step, tuner, pool, kernel, out)
     else:
         kernel.serve(pool.offs, pool.in_lens, pool.seq_lens, out, 0, len(requests))
-    ints = kernel.st[jit.INTS]
-    peaks = Peaks(int(ints[jit.PEAK_KV]), int(ints[jit.PEAK_SSM]), int(ints[jit.PEAK]))
+    ints = kernel.st[layout.INTS]
+    peaks = Peaks(int(ints[layout.PEAK_KV]), int(ints[layout.PEAK_SSM]), int(ints[layout.PEAK]))
     return replay_columns(pool.fixed, step, out), peaks

@@ -1,6 +1,6 @@
-"""Marconi's alpha tuning on the compiled radix replay (:mod:`simlab.fastpaths.radix.kernel`): the one
-:class:`simlab.engines.tuner.AlphaTuner` and its protocol, given the kernel's snapshots and grid search
-(:class:`simlab.engines.tuner.Imaging`).
+"""Marconi's alpha tuning on the compiled radix replay (:mod:`simlab.fastpaths.radix.kernel`):
+the one :class:`simlab.engines.tuning.tuner.AlphaTuner` and its protocol, given the kernel's
+snapshots and grid search (:class:`simlab.engines.tuning.tuner.Imaging`).
 
 * A replay the kernel serves (:func:`tuned_replay`) runs in stretches that end where the tuner
   snapshots the cache or tunes, and shows the tuner every admission in order, as the request
@@ -24,7 +24,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simlab.engines.tuner import AlphaTuner, Imaging, TuningSettings, WindowResult
+from simlab.engines.tuning.settings import TuningSettings
+from simlab.engines.tuning.tuner import AlphaTuner, Imaging
+from simlab.engines.tuning.window import WindowResult
+from simlab.fastpaths.radix.jit import layout
 from simlab.fastpaths.radix.kernel import (
     NODES_PER_REQUEST,
     Kernel,
@@ -75,16 +78,14 @@ def tuned_replay(
     first eviction, before it is known), and the tuner is shown every admission in order, as
     the request step's controller hook shows it, with the kernel's snapshots and grid search
     (:class:`KernelSearch`): the same protocol, the same alphas."""
-    from simlab.fastpaths.radix import kernel_jit as jit
-
-    slots = kernel.st[jit.NODES].shape[1]
+    slots = kernel.st[layout.NODES].shape[1]
     tuner.imaging = Imaging(
         snapshot=copy_state,
         empty=lambda _st: empty_state(step, pool.tokens, slots),
         search=KernelSearch(pool, {id(r): i for i, r in enumerate(requests)}, kernel),
         workers=False,
     )
-    evicted = out[2 + jit.R_EVICTED]
+    evicted = out[2 + layout.R_EVICTED]
     i, n = 0, len(requests)
     while i < n:
         event = tuner.next_event()
@@ -95,16 +96,17 @@ def tuned_replay(
             tuner.evicted = tuner.evicted or bool(evicted[k])
             alpha = tuner.account(kernel.st, requests[k], step.admission)
             if alpha is not None:
-                kernel.st[jit.SETTINGS][jit.ALPHA] = alpha
+                kernel.st[layout.SETTINGS][layout.ALPHA] = alpha
                 step.eviction.set_alpha(alpha)  # type: ignore[attr-defined]
         i = j
 
 
 @dataclass(frozen=True)
 class KernelSearch:
-    """:func:`simlab.engines.tuner.grid_results` on the kernel: each grid alpha replays the window on
-    a copy of the snapshot (with ``kernel``'s working arrays), and its scored requests are
-    summed in order, as :class:`~simlab.engines.tuner.WindowResult` adds records."""
+    """:func:`simlab.engines.tuning.search.grid_results` on the kernel: each grid alpha replays
+    the window on a copy of the snapshot (with ``kernel``'s working arrays), and its scored
+    requests are summed in order, as :class:`~simlab.engines.tuning.window.WindowResult` adds
+    records."""
 
     pool: TokenPool
     index: dict[int, int]  # id of a request -> its position in the pool
@@ -118,19 +120,17 @@ class KernelSearch:
         template: object,
         settings: TuningSettings,
     ) -> dict[float, WindowResult]:
-        from simlab.fastpaths.radix import kernel_jit as jit
-
         pool, n = self.pool, len(window)
         idx = np.fromiter((self.index[id(r)] for r in window), np.int64, n)
         offs, in_lens, seq_lens = pool.offs[idx], pool.in_lens[idx], pool.seq_lens[idx]
         scored = idx[0 if settings.score_last is None else max(0, n - settings.score_last) :]
         inputs = pool.fixed["input_tokens"][scored]
         prefill = pool.fixed["prefill_flops"][scored].tolist()
-        live = int(image[jit.NODES][jit.ALIVE, : image[jit.INTS][jit.TOP]].sum())
+        live = int(image[layout.NODES][layout.ALIVE, : image[layout.INTS][layout.TOP]].sum())
         results = {}
         for alpha in settings.grid:
             st = copy_state(image, live + NODES_PER_REQUEST * n)
-            st[jit.SETTINGS][jit.ALPHA] = alpha
+            st[layout.SETTINGS][layout.ALPHA] = alpha
             out = np.zeros((10, n), dtype=np.int64)
             kernel = Kernel(st, self.kernel.path, self.kernel.along, self.kernel.work)
             kernel.serve(offs, in_lens, seq_lens, out, 0, n)
@@ -173,7 +173,7 @@ def image_state(
     the root, of a leaf below it, appended to the pool (a split or merge keeps a node's path,
     so it holds every token a node of it will need); the numbers (recency, bytes, FLOPs, node
     ids, the clock) are the image's own."""
-    from simlab.fastpaths.radix import kernel_jit as jit
+    from simlab.fastpaths.radix.jit.table import rehash
 
     rows, attrs, root = image.nodes, image.attrs, image.root
     live = [i for i, row in enumerate(rows) if row is not None and i != root]
@@ -194,12 +194,13 @@ def image_state(
     slots = len(live) + 1 + room + 8
     st = empty_state(step, np.concatenate(parts), slots)
     _fill_nodes(st, image, live, slot_of, ref)
-    ints, top = st[jit.INTS], len(live) + 1
-    ints[jit.NEXT_NID], ints[jit.TOP], ints[jit.FREE] = attrs["_next_nid"], top, slots - top
-    ints[jit.KV], ints[jit.SSM] = attrs["kv_bytes"], attrs["ssm_bytes"]
-    st[jit.FREE_SLOTS][: slots - top] = np.arange(slots - 1, top - 1, -1)
-    st[jit.SETTINGS][jit.NOW] = attrs["now"]
-    jit.rehash(st)
+    ints, top = st[layout.INTS], len(live) + 1
+    ints[layout.NEXT_NID] = attrs["_next_nid"]
+    ints[layout.TOP], ints[layout.FREE] = top, slots - top
+    ints[layout.KV], ints[layout.SSM] = attrs["kv_bytes"], attrs["ssm_bytes"]
+    st[layout.FREE_SLOTS][: slots - top] = np.arange(slots - 1, top - 1, -1)
+    st[layout.SETTINGS][layout.NOW] = attrs["now"]
+    rehash(st)
     return st
 
 
@@ -211,13 +212,11 @@ def _fill_nodes(
     ref: dict[int, int],
 ) -> None:
     """The node columns of ``image``'s ``live`` slots at their kernel slots (``slot_of``)."""
-    from simlab.fastpaths.radix import kernel_jit as jit
-
-    nodes, floats, attrs = st[jit.NODES], st[jit.FLOATS], image.attrs
+    nodes, floats, attrs = st[layout.NODES], st[layout.FLOATS], image.attrs
     root = image.nodes[image.root]
     assert root is not None
     kids = [slot_of[c] for c in root["children"].values()]
-    nodes[jit.KIDS, jit.ROOT], nodes[jit.KID_SUM, jit.ROOT] = len(kids), sum(kids)
+    nodes[layout.KIDS, layout.ROOT], nodes[layout.KID_SUM, layout.ROOT] = len(kids), sum(kids)
     for py in live:
         row = image.nodes[py]
         assert row is not None
@@ -226,9 +225,9 @@ def _fill_nodes(
                        0, len(kids), sum(kids), row["ckpt"], 1)  # fmt: skip
     py_slots = np.asarray(live, dtype=np.int64)
     idx = np.arange(1, len(live) + 1)
-    floats[jit.LAST, idx] = attrs["last_access"][py_slots]
-    floats[jit.SIZE, idx] = attrs["node_bytes"][py_slots]
-    floats[jit.SAVED, idx] = attrs["saved_flops"][py_slots]
+    floats[layout.LAST, idx] = attrs["last_access"][py_slots]
+    floats[layout.SIZE, idx] = attrs["node_bytes"][py_slots]
+    floats[layout.SAVED, idx] = attrs["saved_flops"][py_slots]
 
 
 def running_sum(values: list[float]) -> float:
