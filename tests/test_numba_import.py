@@ -58,3 +58,20 @@ def test_the_kernels_load_numba_without_scipy_linalg_and_blas_still_works():
         "dot": 5.0,
         "linalg_after_dot": True,
     }
+
+
+def test_the_radix_kernel_cache_is_dropped_when_a_source_changes(tmp_path: Path) -> None:
+    """numba checks only a cached function's own file: a change to any module of the kernel's
+    package deletes every cache file, a rerun on unchanged sources keeps them."""
+    from simlab.fastpaths.radix.jit.decorators import drop_stale_cache
+
+    package, cache = tmp_path / "jit", tmp_path / "jit" / "__pycache__"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    drop_stale_cache(package, cache)
+    (cache / "a.f-1.py311.nbi").write_text("index")
+    drop_stale_cache(package, cache)
+    assert (cache / "a.f-1.py311.nbi").exists()
+    (package / "b.py").write_text("y = 2\n")
+    drop_stale_cache(package, cache)
+    assert not (cache / "a.f-1.py311.nbi").exists()

@@ -30,7 +30,6 @@ The modules: :mod:`.layout` (the arrays' rows and codes, plain Python), :mod:`.d
 (the walk, the hit, the states to plan), :mod:`.heap` and :mod:`.evict` (eviction),
 :mod:`.admit` (insertion) and :mod:`.serve` (a request, and :func:`~.serve.replay`).
 
-numba's cache checks only the file of the function it caches: a compiled function keeps its
-cached machine code, callees from other modules included, after a change to another module. After
-editing a module here, delete the package's cache files (``__pycache__/*.nbi``, ``*.nbc``).
+numba's cache checks only the file of the function it caches; :mod:`.decorators` deletes the
+package's cache files whenever any module here changed, so no caller keeps a stale callee.
 """
