@@ -31,15 +31,11 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from simlab.cost.model import (
-    ENGINE_OVERHEAD,
-    BatchShape,
-    Calibration,
-    CostModel,
-    CostTerms,
-    Hardware,
-    resolve_calibration,
-)
+from simlab.cost.calibration import Calibration, resolve_calibration
+from simlab.cost.hardware import Hardware
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import ENGINE_OVERHEAD, BatchShape
+from simlab.cost.terms import CostTerms
 from simlab.model.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -746,7 +746,7 @@ def preset_sections(missing: Missing) -> list[str]:
         *presets_table(
             missing,
             "hardware",
-            import_first("simlab.cost.model:Hardware", "simlab.costmodel:Hardware"),
+            import_first("simlab.cost.hardware:Hardware", "simlab.costmodel:Hardware"),
         ),
     ]
     out += [

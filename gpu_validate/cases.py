@@ -1,7 +1,7 @@
 """What the harness measures, and what the cost model says about it (no ``torch`` here).
 
 A :class:`Case` is one measured shape: its suite, the cost-model op it stands for, its shape
-parameters and the :class:`~simlab.cost.model.Op` list the simlab cost model assigns to it
+parameters and the :class:`~simlab.cost.shapes.Op` list the simlab cost model assigns to it
 (one op for an op case, every op of an iteration for a composed-stack case). FLOPs, bytes and
 launches always come from :meth:`simlab.cost.model.CostModel.ops` on a :class:`BatchShape`, never
 from formulas re-derived here, so the fit and the report calibrate exactly the model simlab runs.
@@ -19,7 +19,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from simlab.cost.model import BatchShape, CostModel, Hardware, Op
+from simlab.cost.hardware import Hardware
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape, Op
 from simlab.model.spec import ModelSpec
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

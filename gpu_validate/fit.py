@@ -12,7 +12,7 @@ constrains (e.g. ``eta_c`` of memory-bound decode attention) to its default inst
 drift; the output says how many records each term binds. Several starts are tried (``max`` makes
 the objective piecewise) and the best kept.
 
-The output is the JSON :meth:`simlab.cost.model.Calibration.load` reads, plus provenance:
+The output is the JSON :meth:`simlab.cost.calibration.Calibration.load` reads, plus provenance:
 ``{"hardware": {...peaks used...}, "ops": {class: {"eta_c", "eta_m", "t0", "n",
 "median_rel_err", "p90_rel_err", "binding"}}, "floors": {...}, "residuals": [...]}``.
 Classes without records are left out (the cost model keeps their defaults). ``profiles``: the
@@ -37,7 +37,9 @@ from scipy.optimize import least_squares
 from gpu_validate import profiles
 from gpu_validate.cases import load_hardware
 from gpu_validate.records import headers, read_records, timed
-from simlab.cost.model import DEFAULT_EFFICIENCY, OP_CLASSES, Efficiency, Hardware
+from simlab.cost.calibration import DEFAULT_EFFICIENCY, Efficiency
+from simlab.cost.hardware import Hardware
+from simlab.cost.shapes import OP_CLASSES
 
 log = logging.getLogger(__name__)
 

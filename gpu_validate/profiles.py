@@ -1,7 +1,7 @@
 """Measured shapes: the ``profiles`` section of a calibration file (numpy and scipy, no ``torch``).
 
 A profile is one (op, layer shape, tensor-parallel degree) series of measured unit times
-(:class:`simlab.cost.model.Profile`); the cost model times an op of that shape from it. Both
+(:class:`simlab.cost.profiles.Profile`); the cost model times an op of that shape from it. Both
 calibration paths write the section from their op records: :mod:`gpu_validate.vidur` (Vidur's
 A100/H100 Llama profiles) and :mod:`gpu_validate.fit` (the harness's own GPU runs, TP 1). A
 record here is a dict with ``op_name``, ``op_class``, ``shape`` and ``units`` (the cost model's
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from simlab.cost.model import PROFILED_OPS, Profile
+from simlab.cost.profiles import PROFILED_OPS, Profile
 
 WHAT = (
     "measured seconds of one unit (a layer's GEMM; a norm + residual add; one all-reduce call) "
@@ -37,7 +37,7 @@ SPLIT = "alternate token counts per (op, shape, tp): even ranks fitted, odd held
 
 
 def profiled(records: Sequence[dict]) -> list[dict]:
-    """The records a profile can hold: ops of :data:`~simlab.cost.model.PROFILED_OPS` with a
+    """The records a profile can hold: ops of :data:`~simlab.cost.profiles.PROFILED_OPS` with a
     shape (``units`` > 0) and a measured time."""
     return [
         r
@@ -101,7 +101,7 @@ def profile_of(rows: Sequence[dict]) -> Profile:
 
 
 def series_json(records: Sequence[dict]) -> list[dict[str, Any]]:
-    """``profiles.series`` (:meth:`simlab.cost.model.Calibration.load`) from ``records``."""
+    """``profiles.series`` (:meth:`simlab.cost.calibration.Calibration.load`) from ``records``."""
     out = []
     for (op, shape, tp), rows in sorted(series_of(records).items()):
         profile = profile_of(rows)

@@ -8,7 +8,7 @@ reading. ``--resume`` appends a new header and skips the cases already recorded.
 Record kinds and their fields (all records carry ``kind``, ``run_id`` and ``schema``):
 
 * ``op`` / ``floor`` / ``component``: ``suite``, ``op_name``, ``variant``, ``op_class`` (one of
-  :data:`simlab.cost.model.OP_CLASSES`; ``None`` for components), ``params`` (shape),
+  :data:`simlab.cost.shapes.OP_CLASSES`; ``None`` for components), ``params`` (shape),
   ``flops``, ``bytes``, ``launches`` (what the simlab cost model assigns to that op for that
   shape; ``None`` for components), ``median_s``, ``p10_s``, ``p90_s``, ``mean_s``, ``n_reps``,
   ``device``, ``impl`` (which kernel ran).
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpu_validate.cases import Case, op_dict, record_key
-from simlab.cost.model import OP_CLASSES
+from simlab.cost.shapes import OP_CLASSES
 
 log = logging.getLogger(__name__)
 

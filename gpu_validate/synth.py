@@ -15,7 +15,9 @@ import numpy as np
 
 from gpu_validate.cases import FULL, Scale, plan, spec_dict
 from gpu_validate.records import RECORDS_FILE, RecordWriter, record_for
-from simlab.cost.model import Calibration, CostModel, Efficiency, Hardware
+from simlab.cost.calibration import Calibration, Efficiency
+from simlab.cost.hardware import Hardware
+from simlab.cost.model import CostModel
 from simlab.model.spec import ModelSpec
 
 #: "True" efficiencies of the synthetic device: deliberately not the cost model's defaults.

@@ -26,13 +26,13 @@ all-reduce is fitted per tensor-parallel degree on the network profiles
 measurements (:data:`MEASURED_ON`: Vidur's A100 is the 80 GB part); a file for another preset of
 the same chip (``a100_40gb``: less memory bandwidth) keeps the fitted fractions of peak and
 scales the measured shapes by the class model (:func:`transfer`). The output is a calibration file
-(:meth:`simlab.cost.model.Calibration.load`) with that provenance; classes Vidur does not measure
-(attention kernels, SSM scans, state copies) and the ``engine.costs`` terms keep their defaults,
-and the file says so (``unmeasured``, ``terms``).
+(:meth:`simlab.cost.calibration.Calibration.load`) with that provenance; classes Vidur does not
+measure (attention kernels, SSM scans, state copies) and the ``engine.costs`` terms keep their
+defaults, and the file says so (``unmeasured``, ``terms``).
 
 The file also carries the measurements themselves (``profiles``: per (op, layer shape, tp), the
 seconds of one unit at every measured token count, and per tp one all-reduce call at every
-measured message size, :class:`simlab.cost.model.Profile`), which the cost model uses for ops of
+measured message size, :class:`simlab.cost.profiles.Profile`), which the cost model uses for ops of
 those shapes; their held-back error is checked the same way, with the
 token counts of each (op, shape, tp) series alternating (:mod:`gpu_validate.profiles`), and their
 extrapolation above 4,096 tokens on the series that go further (:func:`extrapolation_error`).
@@ -57,7 +57,10 @@ import pandas as pd
 from gpu_validate import profiles, vidur_network
 from gpu_validate.cases import load_hardware
 from gpu_validate.fit import ClassFit, fit_class, fit_curve, hardware_json, roofline
-from simlab.cost.model import DEFAULT_EFFICIENCY, BatchShape, CostModel, Efficiency, Hardware
+from simlab.cost.calibration import DEFAULT_EFFICIENCY, Efficiency
+from simlab.cost.hardware import Hardware
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape
 from simlab.model.spec import ModelSpec
 from traces.atomic import atomic_path
 from traces.paths import resolve_data_dir

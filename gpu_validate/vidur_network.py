@@ -26,7 +26,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from simlab.cost.model import ALLREDUCE, ETA_MAX, Efficiency, Hardware
+from simlab.cost.calibration import ETA_MAX, Efficiency
+from simlab.cost.hardware import Hardware
+from simlab.cost.profiles import ALLREDUCE
 from traces.paths import resolve_data_dir
 
 ELEMENT_BYTES = 2  # Vidur's ``size`` counts fp16 elements

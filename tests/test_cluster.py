@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from simlab.config import ROUTERS, ClusterSettings, ConfigError
-from simlab.cost.model import Hardware
+from simlab.cost.hardware import Hardware
 from simlab.engines.cluster.engine import ROUTE_COLUMNS, ClusterEngine
 from simlab.engines.records import RECORD_COLUMNS, records_frame
 from simlab.engines.step import RequestStep

@@ -36,14 +36,9 @@ from gpu_validate.records import (
 )
 from gpu_validate.report import build_report, predict
 from gpu_validate.synth import TRUE_EFFICIENCY, synthetic_records, write_synthetic
-from simlab.cost.model import (
-    DEFAULT_EFFICIENCY,
-    OP_CLASSES,
-    BatchShape,
-    Calibration,
-    CostModel,
-    Efficiency,
-)
+from simlab.cost.calibration import DEFAULT_EFFICIENCY, Calibration, Efficiency
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import OP_CLASSES, BatchShape
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_dir
 
 from simlab.cache.prefix import PrefixCache
 from simlab.config import ConfigError
-from simlab.cost.model import BatchShape, CostModel
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape
 from simlab.engines.step import RequestStep
 from simlab.experiments.predict import predict
 from simlab.model.spec import ModelSpec

@@ -19,7 +19,7 @@ from simlab.cache.contract import Semantics, Tracking
 from simlab.cache.keys import BlockKeys, TokenKeys
 from simlab.cache.prefix import PrefixCache
 from simlab.config import ConfigError
-from simlab.cost.model import Hardware
+from simlab.cost.hardware import Hardware
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.world import SessionFeeder

@@ -1,5 +1,6 @@
 """Measured shapes: ops whose shape a calibration measured (Vidur's profiled Llama layers) are
-timed from the measurements (``simlab.cost.model.Profile``), everything else by the class model."""
+timed from the measurements (``simlab.cost.profiles.Profile``), everything else by the class
+model."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from gpu_validate.cases import load_hardware
 from gpu_validate.profiles import median_isotonic, split_profiles
 from gpu_validate.vidur import ACCEPTANCE, calibrate
 from simlab.config import ConfigError
-from simlab.cost.model import BatchShape, Calibration, CostModel, CostTerms, Profile
+from simlab.cost.calibration import Calibration
+from simlab.cost.model import CostModel
+from simlab.cost.profiles import Profile
+from simlab.cost.shapes import BatchShape
+from simlab.cost.terms import CostTerms
 from simlab.engines.timed.engine import TimedEngine
 from tests.fixtures import ROOT, model
 from traces.paths import resolve_data_dir

@@ -11,7 +11,11 @@ from omegaconf import OmegaConf
 from simlab.cache.contract import Semantics
 from simlab.cache.prefix import PrefixCache
 from simlab.config import ConfigError, run_settings
-from simlab.cost.model import BatchShape, Calibration, CostModel, CostTerms, Hardware
+from simlab.cost.calibration import Calibration
+from simlab.cost.hardware import Hardware
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape
+from simlab.cost.terms import CostTerms
 from simlab.engines.replay import ReplayEngine
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine, saturation

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from simlab.config import ConfigError
-from simlab.cost.model import Hardware
+from simlab.cost.hardware import Hardware
 from simlab.engines.block_pool import PoolShape
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine

@@ -24,7 +24,9 @@ from gpu_validate.vidur import (
     repeat_spread,
     weight_stream_gbps,
 )
-from simlab.cost.model import OP_CLASSES, Calibration, CostModel, Efficiency, Op
+from simlab.cost.calibration import Calibration, Efficiency
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import OP_CLASSES, Op
 from tests.fixtures import ROOT, model
 from traces.paths import resolve_data_dir
 

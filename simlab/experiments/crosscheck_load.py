@@ -39,7 +39,8 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from simlab.cost.model import BatchShape, CostModel
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape
 from simlab.engines.records import RequestRecord
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.world import Job, TimedWorld

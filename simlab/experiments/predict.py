@@ -53,7 +53,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from simlab.config import ConfigError
-from simlab.cost.model import BatchShape, CostModel, check_tp
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape, check_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.world import TimedSettings
 from simlab.experiments import measured as measured_table

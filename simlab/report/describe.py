@@ -7,14 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simlab.cost.model import (
-    BatchShape,
-    Calibration,
-    CostModel,
-    CostTerms,
-    Hardware,
-    resolve_calibration,
-)
+from simlab.cost.calibration import Calibration, resolve_calibration
+from simlab.cost.hardware import Hardware
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape
+from simlab.cost.terms import CostTerms
 from simlab.model.spec import ModelSpec
 from simlab.report.load import RunResults, SweepResults
 from simlab.report.style import fmt_value

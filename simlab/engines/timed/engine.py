@@ -14,14 +14,11 @@ import simpy
 
 from simlab.cache.contract import EvictionPolicy, overrides
 from simlab.config import ConfigError
-from simlab.cost.model import (
-    Calibration,
-    CostModel,
-    CostTerms,
-    Hardware,
-    check_tp,
-    resolve_calibration,
-)
+from simlab.cost.calibration import Calibration, resolve_calibration
+from simlab.cost.hardware import Hardware
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import check_tp
+from simlab.cost.terms import CostTerms
 from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
 from simlab.engines.records import RequestRecord
@@ -83,7 +80,7 @@ class TimedEngine(TimedSettings):
         object.__setattr__(self, "_terms", terms)
 
     def check_memory(self, model: ModelSpec, cache_gb: float) -> None:
-        """``tp`` splits ``model``'s heads evenly (:func:`simlab.cost.model.check_tp`), and the
+        """``tp`` splits ``model``'s heads evenly (:func:`simlab.cost.shapes.check_tp`), and the
         prefix cache + memory for running sequences + weights must fit the GPUs' memory
         (``hardware.mem_gb`` x ``tp``); ``engine.memory_check=false`` allows what-if studies."""
         try:

@@ -44,10 +44,8 @@ import numpy as np
 import simpy
 
 from simlab.config import ConfigError
-from simlab.cost.model import (
-    BatchShape,
-    CostModel,
-)
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape
 from simlab.engines.records import RequestRecord, hit_columns
 from simlab.engines.step import RequestStep, Timing
 from simlab.engines.timed.jobs import EngineStats, Job, PoolStats

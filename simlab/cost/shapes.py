@@ -1,0 +1,87 @@
+"""What one iteration computes: its batch (:class:`BatchShape`), the operations the cost model
+reduces it to (:class:`Op`) and their classes, and the tensor-parallel split of the model's
+heads (:func:`check_tp`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simlab.model.spec import ModelSpec
+
+OP_CLASSES = (
+    "gemm",
+    "attn_prefill",
+    "attn_decode",
+    "ssm_scan",
+    "selective_scan",
+    "ssm_step",
+    "state_copy",
+    "elementwise",
+    "allreduce",
+)
+#: classes computed on CUDA cores in FP32, not tensor cores: Mamba1's selective scan
+#: (``selective_scan_cuda``), the recurrent decode step (``selective_state_update``) and the
+#: elementwise ops; their compute rate never exceeds
+#: :attr:`simlab.cost.hardware.Hardware.fp32_tflops`
+CUDA_CORE_CLASSES = ("selective_scan", "ssm_step", "elementwise")
+#: the op of the engine's CPU work per iteration (``engine.costs``: iteration and sequence
+#: overheads), which an overlapped loop runs beside the GPU's
+ENGINE_OVERHEAD = "engine_overhead"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation of an iteration, totalled over the layers it runs in. ``tokens``: the
+    class curve's argument, its GEMMs' rows (the positions it processes; for the MoE op, one
+    expert's share of them); ``fixed_s``: seconds added as they are
+    (the :class:`~simlab.cost.terms.CostTerms`); ``shape`` and ``units``: the op is ``units``
+    repetitions of one unit with these dimensions (layer sizes and dtype bytes), which a
+    measured :class:`~simlab.cost.profiles.Profile` of that name and shape may time (empty, 0:
+    not profiled)."""
+
+    name: str
+    op_class: str
+    flops: float
+    bytes: float
+    launches: int
+    tokens: int = 0
+    fixed_s: float = 0.0
+    shape: tuple[int, ...] = ()
+    units: int = 0
+
+
+TimedOp = tuple[Op, float]  # an op and its op_time
+
+
+@dataclass
+class BatchShape:
+    """What one iteration computes."""
+
+    prefill: list[tuple[int, int]] = field(default_factory=list)  # (prefix, new) per chunk
+    decode: list[int] = field(default_factory=list)  # context length per decoding request
+    unique_tokens: int | None = None  # RadixMLP: deduplicated position-wise tokens (N')
+    shared_kv_tokens: int = 0  # decode KV token reads saved by shared-context attention
+    state_loads: int = 0  # SSM checkpoints copied into running slots (prefix hits)
+    state_stores: int = 0  # SSM checkpoints copied out for the prefix cache
+    sampled: int | None = None  # positions needing logits (default: decodes + final chunks)
+
+    @property
+    def tokens(self) -> int:
+        return sum(q for _, q in self.prefill) + len(self.decode)
+
+
+def check_tp(model: ModelSpec, tp: int) -> None:
+    """Tensor parallelism splits the attention heads, the KV heads and the SSM heads evenly
+    over the GPUs: ``tp`` must divide each (KV-head replication when ``tp`` exceeds them, as
+    vLLM does, is not modelled: the KV per GPU would be understated)."""
+    heads = []
+    if model.n_attn_layers:
+        heads += [("attention heads", model.n_heads), ("KV heads", model.n_kv_heads)]
+    if model.n_ssm_layers:
+        heads.append(("SSM heads", model.ssm_n_heads))
+    for what, n in heads:
+        if n and n % tp:
+            raise ValueError(
+                f"engine.tp: {tp} does not divide {model.name}'s {n} {what} (tensor "
+                "parallelism splits them evenly; replicated KV heads are not modelled)"
+            )
