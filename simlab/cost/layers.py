@@ -39,24 +39,30 @@ class LayerOps:
         self.model = model
         self.tp = tp
         self.terms = terms
+        #: every attention, SSM, MLP and MoE layer: each has a norm, a residual add and an
+        #: all-reduce of its output
+        self.n_layers = sum(
+            (model.n_attn_layers, model.n_ssm_layers, model.n_mlp_layers, model.n_moe_layers)
+        )
         #: one all-reduce call's message bytes per token, per all-reduce op (its profile's x)
         self.message_bytes_per_token = {ALLREDUCE: model.d_model * model.dtype_bytes}
         if model.n_ssm_layers and model.ssm_kind == "mamba1":
             x_proj_out = model.ssm_dt_rank + 2 * model.ssm_state_dim
             self.message_bytes_per_token[X_PROJ_ALLREDUCE] = x_proj_out * model.dtype_bytes
 
-    def per_gpu(self, op: Op) -> Op:
+    def _per_gpu(self, op: Op) -> Op:
         """``op``'s share of one GPU (the all-reduce and the elementwise ops are not split)."""
         if self.tp == 1 or op.op_class in ("allreduce", "elementwise"):
             return op
         return replace(op, flops=op.flops / self.tp, bytes=op.bytes / self.tp)
 
     def _gemm(self, name: str, tokens: int, d_in: int, d_out: int, layers: int) -> Op:
+        """A ``d_in -> d_out`` GEMM over ``tokens`` rows in each of ``layers`` layers, per GPU."""
         w = self.model.dtype_bytes
         flops = 2.0 * tokens * d_in * d_out * layers
         moved = (d_in * d_out + tokens * (d_in + d_out)) * w * layers
         op = Op(name, "gemm", flops, moved, layers, tokens, shape=(d_in, d_out, w), units=layers)
-        return self.per_gpu(op)
+        return self._per_gpu(op)
 
     # ------------------------------------------------------------------ attention
     def attention_proj(self, pos: int) -> list[Op]:
@@ -84,7 +90,7 @@ class LayerOps:
                 bytes_ += (2 * new * qdim + (prefix + new) * 2 * kvdim) * w
             new_tok = sum(q for _, q in batch.prefill)
             op = Op("attn_prefill", "attn_prefill", flops * na, bytes_ * na, na, new_tok)
-            ops.append(self.per_gpu(op))
+            ops.append(self._per_gpu(op))
         if batch.decode:
             n, context_sum = len(batch.decode), sum(batch.decode)
             ops.append(self.attention_decode(n, context_sum, batch.shared_kv_tokens))
@@ -99,7 +105,7 @@ class LayerOps:
         kv_reads = max(ctx - shared_kv_tokens, 0.0)
         flops = 4.0 * qdim * ctx
         bytes_ = (kv_reads * 2 * kvdim + 2 * n * qdim) * w
-        return self.per_gpu(Op("attn_decode", "attn_decode", flops * na, bytes_ * na, na, n))
+        return self._per_gpu(Op("attn_decode", "attn_decode", flops * na, bytes_ * na, na, n))
 
     # ------------------------------------------------------------------ SSM
     def ssm_proj(self, pos: int) -> list[Op]:
@@ -147,7 +153,7 @@ class LayerOps:
             fixed += batch.state_stores * self.terms.state_store_s
             copied = 2.0 * state * copies * ns
             ops.append(Op("ssm_state_copy", "state_copy", 0.0, copied, copies, copies, fixed))
-        return [self.per_gpu(op) for op in ops]
+        return [self._per_gpu(op) for op in ops]
 
     def _scan_flops_per_token(self) -> int:
         """FLOPs of one token's conv and scan in one SSM layer."""
@@ -167,7 +173,7 @@ class LayerOps:
         if m.n_moe_layers:
             ops.append(self._moe(pos))
         ops.append(self._norms(pos))
-        return [self.per_gpu(op) for op in ops]
+        return [self._per_gpu(op) for op in ops]
 
     def _mlp(self, pos: int) -> Op:
         m = self.model
@@ -192,14 +198,10 @@ class LayerOps:
 
     def _norms(self, pos: int) -> Op:
         m = self.model
-        w, D = m.dtype_bytes, m.d_model
-        layers = m.n_attn_layers + m.n_ssm_layers + m.n_mlp_layers + m.n_moe_layers
+        w, D, layers = m.dtype_bytes, m.d_model, self.n_layers
         flops, moved = 8.0 * pos * D * layers, 4.0 * pos * D * w * layers
-        # one unit: a norm and a residual add
-        shape = (D, w)
-        return Op(
-            "norms_residuals", "elementwise", flops, moved, layers, pos, shape=shape, units=layers
-        )
+        name, shape = "norms_residuals", (D, w)  # one unit: a norm and a residual add
+        return Op(name, "elementwise", flops, moved, layers, pos, shape=shape, units=layers)
 
     def lm_head(self, sampled: int) -> Op:
         """The LM head over ``sampled`` positions."""
@@ -209,9 +211,7 @@ class LayerOps:
         """The tensor-parallel all-reduces of an iteration over ``tokens`` positions: one call
         per layer of ``tokens x d_model x dtype`` bytes, and for Mamba1 one more per SSM layer
         of its ``x_proj`` output; each moves ``2 (tp-1)/tp`` of its message per GPU."""
-        m = self.model
-        layers = m.n_attn_layers + m.n_ssm_layers + m.n_mlp_layers + m.n_moe_layers
-        calls = {ALLREDUCE: layers, X_PROJ_ALLREDUCE: m.n_ssm_layers}
+        calls = {ALLREDUCE: self.n_layers, X_PROJ_ALLREDUCE: self.model.n_ssm_layers}
         ring = 2.0 * (self.tp - 1) / self.tp
         ops = []
         for name, per_token in self.message_bytes_per_token.items():
