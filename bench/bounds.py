@@ -14,10 +14,10 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from simlab import ModelSpec
 from simlab.config import run_settings
 from simlab.engines.records import write_json_atomic
 from simlab.engines.replay import ReplayEngine
-from simlab.model.spec import ModelSpec
 from simlab.run.bounds import infinite_cache_hits
 from simlab.run.simulate import load_trace, run_policy
 

@@ -31,12 +31,10 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from simlab import CostModel, Hardware, ModelSpec
 from simlab.cost.calibration import Calibration, resolve_calibration
-from simlab.cost.hardware import Hardware
-from simlab.cost.model import CostModel
 from simlab.cost.shapes import ENGINE_OVERHEAD, BatchShape
 from simlab.cost.terms import CostTerms
-from simlab.model.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
+from simlab import ModelSpec
 from simlab.config import run_settings
-from simlab.model.spec import ModelSpec
 from simlab.run.simulate import load_trace
 from traces.format import Request
 

@@ -17,8 +17,7 @@ import pandas as pd
 from hydra import compose, initialize_config_dir
 
 from policies.production import VLLM
-from simlab.model.spec import ModelSpec
-from simlab.run.simulate import simulate
+from simlab import ModelSpec, simulate
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULTS = ["+policy=vllm", "model=nemotron_h_8b", "engine=replay", "cache.size_gb=inf"]

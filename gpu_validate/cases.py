@@ -19,10 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from simlab.cost.hardware import Hardware
-from simlab.cost.model import CostModel
+from simlab import CostModel, Hardware, ModelSpec
 from simlab.cost.shapes import BatchShape, Op
-from simlab.model.spec import ModelSpec
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 

@@ -37,8 +37,8 @@ from scipy.optimize import least_squares
 from gpu_validate import profiles
 from gpu_validate.cases import load_hardware
 from gpu_validate.records import headers, read_records, timed
+from simlab import Hardware
 from simlab.cost.calibration import DEFAULT_EFFICIENCY, Efficiency
-from simlab.cost.hardware import Hardware
 from simlab.cost.shapes import OP_CLASSES
 
 log = logging.getLogger(__name__)

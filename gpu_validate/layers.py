@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from gpu_validate import ssd
-from simlab.model.spec import ModelSpec
+from simlab import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,9 @@ import numpy as np
 
 from gpu_validate.fit import fit_records, hardware_from_json, select
 from gpu_validate.records import headers, key_of, read_records, timed
+from simlab import CostModel, ModelSpec
 from simlab.cost.calibration import Calibration, Efficiency
-from simlab.cost.model import CostModel
 from simlab.cost.shapes import Op
-from simlab.model.spec import ModelSpec
 
 _DUMMY = ModelSpec(d_model=8, n_attn_layers=1, n_ssm_layers=0, n_heads=1)  # op_time ignores it
 

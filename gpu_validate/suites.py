@@ -27,7 +27,7 @@ from gpu_validate.layers import (
     norm_residual,
     pick_sdpa,
 )
-from simlab.model.spec import ModelSpec
+from simlab import ModelSpec
 
 Fn = Callable[[], Any]
 log = logging.getLogger(__name__)

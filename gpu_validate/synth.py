@@ -15,10 +15,8 @@ import numpy as np
 
 from gpu_validate.cases import FULL, Scale, plan, spec_dict
 from gpu_validate.records import RECORDS_FILE, RecordWriter, record_for
+from simlab import CostModel, Hardware, ModelSpec
 from simlab.cost.calibration import Calibration, Efficiency
-from simlab.cost.hardware import Hardware
-from simlab.cost.model import CostModel
-from simlab.model.spec import ModelSpec
 
 #: "True" efficiencies of the synthetic device: deliberately not the cost model's defaults.
 TRUE_EFFICIENCY = {

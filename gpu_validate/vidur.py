@@ -57,11 +57,9 @@ import pandas as pd
 from gpu_validate import profiles, vidur_network
 from gpu_validate.cases import load_hardware
 from gpu_validate.fit import ClassFit, fit_class, fit_curve, hardware_json, roofline
+from simlab import CostModel, Hardware, ModelSpec
 from simlab.cost.calibration import DEFAULT_EFFICIENCY, Efficiency
-from simlab.cost.hardware import Hardware
-from simlab.cost.model import CostModel
 from simlab.cost.shapes import BatchShape
-from simlab.model.spec import ModelSpec
 from traces.atomic import atomic_path
 from traces.paths import resolve_data_dir
 

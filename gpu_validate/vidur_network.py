@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from simlab import Hardware
 from simlab.cost.calibration import ETA_MAX, Efficiency
-from simlab.cost.hardware import Hardware
 from simlab.cost.profiles import ALLREDUCE
 from traces.paths import resolve_data_dir
 

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from simlab.cache.prefix import PrefixCache
+    from simlab.cost.hardware import Hardware
+    from simlab.cost.model import CostModel
     from simlab.engines.base import Engine, EngineRun
     from simlab.engines.cluster.engine import ClusterEngine
     from simlab.engines.offline import OfflineEngine
@@ -33,6 +35,8 @@ _HOMES = {
     "RunPlan": "simlab.run.simulate",
     "Summary": "simlab.run.summary",
     "ModelSpec": "simlab.model.spec",
+    "Hardware": "simlab.cost.hardware",
+    "CostModel": "simlab.cost.model",
     "PrefixCache": "simlab.cache.prefix",
     "RequestStep": "simlab.engines.step",
     "Engine": "simlab.engines.base",
@@ -46,8 +50,10 @@ _HOMES = {
 
 __all__ = [
     "ClusterEngine",
+    "CostModel",
     "Engine",
     "EngineRun",
+    "Hardware",
     "ModelSpec",
     "OfflineEngine",
     "PrefixCache",
