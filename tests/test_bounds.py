@@ -167,7 +167,7 @@ def test_clairvoyant_evicts_the_leaf_used_farthest_in_the_future():
     order = []
     while (victim := cache.next_victim(policy)) is not None:
         order.append(int(victim.tokens[0]))
-        cache._evict_node(victim)
+        cache.evict_node(victim)
     assert order == [3, 1, 2]  # c never again, a at 4, b at 3
 
 

@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from policies.flop_aware import FlopAware
 from policies.lru import LRU
+from simlab.cache import insertion
 from simlab.cache.prefix import PrefixCache
 from tests.fixtures import model
 
@@ -176,7 +177,7 @@ class CacheMachine(RuleBasedStateMachine):
         pinned_before = [(n, n.start, n.end) for n in self.pinned]
         self.cache.insert(arr, ckpts, len(arr), chooser)
         for node, _, _ in pinned_before:
-            assert self.cache.alive[node.slot] and self.cache._by_slot[node.slot] is node
+            assert self.cache.alive[node.slot] and self.cache.slot_nodes()[node.slot] is node
 
     @rule(s=st.lists(st.integers(0, 2), min_size=2, max_size=40))
     def lookup_and_pin(self, s):
@@ -202,7 +203,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.check_invariants()
         assert self.cache.used_bytes <= self.cache.capacity
         for node in self.pinned:
-            assert self.cache._by_slot[node.slot] is node
+            assert self.cache.slot_nodes()[node.slot] is node
 
 
 TestCacheMachine = CacheMachine.TestCase
@@ -272,7 +273,7 @@ def test_chain_eviction_stops_at_a_pin_deep_in_a_long_chain():
 def test_chain_edges_are_the_slices_of_the_sequence(start, lengths):
     """The views a bulk append hangs its nodes on equal slicing the sequence at the stops,
     whether the inner edges are equally long (one 2-D view) or not."""
-    from simlab.cache.prefix import _edge_views
+    from simlab.cache.tree import _edge_views
 
     stops = np.cumsum([start, *lengths]).tolist()[1:]
     seq = np.arange(stops[-1] + 3, dtype=np.int32) * 7
@@ -342,7 +343,7 @@ def test_depth_first_ties_are_the_first_in_a_full_depth_first_listing(
     policy = FlopAware(alpha=0.0, ties="dfs")
     for _ in range(merges):  # merges and drops reorder nothing else
         if (victim := cache.next_victim(policy)) is not None:
-            cache._evict_node(victim)
+            cache.evict_node(victim)
     policy = FlopAware(alpha=0.0, ties="dfs", evicts_inner_nodes=inner)
     order = evictor.dfs_candidates(cache, inner)
     assert sorted(order, key=evictor._dfs_position) == order
@@ -377,4 +378,4 @@ def test_the_checkpoints_to_take_are_those_in_range_sorted_and_distinct(
     each."""
     extra = {matched} if branch and matched > 0 else set()
     expected = sorted({c for c in ckpts if 0 < c <= end} | extra)
-    assert PrefixCache._wanted(ckpts, end, matched, branch) == expected
+    assert insertion._wanted(ckpts, end, matched, branch) == expected

@@ -75,7 +75,7 @@ def test_never_evicts_a_pinned_node(policy):
             pinned.append((look.hit_node, look.hit))
         step.finish(started)
         for node, hit_end in pinned:
-            assert cache._by_slot[node.slot] is node and node.end >= hit_end
+            assert cache.slot_nodes()[node.slot] is node and node.end >= hit_end
         assert cache.used_bytes <= cache.capacity
     assert pinned, "fixture should produce pinned hits"
     cache.check_invariants()

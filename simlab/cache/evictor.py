@@ -91,7 +91,7 @@ def evict_states(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tup
         if victim.children:
             freed += cache.drop_state(victim)
             continue
-        freed += cache._drop_leaf(victim)
+        freed += cache.drop_leaf(victim)
         count += 1
         if notify is not None:
             notify(cache, [victim])
@@ -140,7 +140,7 @@ def evict_counted(cache: PrefixCache, to_remove: float, policy: EvictionPolicy) 
         counted += cache.ckpt_bytes if victim.ckpt else 0
         if not victim.children:
             counted += (edge.end - edge.start) * cache.kv_per_token
-        freed += cache._evict_node(victim)
+        freed += cache.evict_node(victim)
         count += 1
         if notify is not None:
             notify(cache, [victim])
@@ -245,7 +245,7 @@ def _evict_in_turn(
         victim = next(victims, None)
         if victim is None:
             break
-        freed += cache._evict_node(victim)
+        freed += cache.evict_node(victim)
         count += 1
         if notify is not None:
             notify(cache, [victim])
@@ -322,8 +322,8 @@ def _evict_heap(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tupl
         if entry is None:
             break
         score, nid, slot = entry
-        node = cache._by_slot[slot]
-        if node is None or node.nid != nid or not cache._is_candidate(node, inner):
+        node = cache.live_node(slot, nid)
+        if node is None or not cache.is_candidate(node, inner):
             continue
         if inner:  # a merge may have changed this node's score since it was pushed
             now_score = float(policy.scores(cache, np.array([slot]))[0])
@@ -331,7 +331,7 @@ def _evict_heap(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tupl
                 frontier.push((now_score, nid, slot))
                 continue
         parent, child = node.parent, _gpu_child(cache, node)
-        freed += cache._evict_node(node)
+        freed += cache.evict_node(node)
         count += 1
         if notify is not None:
             notify(cache, [node])
@@ -340,7 +340,7 @@ def _evict_heap(cache: PrefixCache, need: float, policy: EvictionPolicy) -> tupl
             freed, count = freed + f, count + c
             continue
         for other in (parent, child):
-            if other is not None and cache._is_candidate(other, inner):
+            if other is not None and cache.is_candidate(other, inner):
                 s = float(policy.scores(cache, np.array([other.slot]))[0])
                 frontier.push((s, other.nid, other.slot))
     return freed, count
@@ -391,7 +391,7 @@ def _evict_up(
                 break
     if n < len(chain):
         frontier.push((scores[n], nids[n], slot_list[n]))
-    freed = _drop_chain(cache, chain[:n], slot_list[:n])
+    freed = cache.drop_chain(chain[:n], slot_list[:n])
     if notify is not None and n:
         notify(cache, chain[:n])
     return freed, n
@@ -435,31 +435,3 @@ def _leaf_chain(
                 break
     del chain[cut:], slots[cut:]
     return chain, slots
-
-
-def _drop_chain(cache: PrefixCache, chain: list[Node], slots: list[int]) -> int:
-    """Delete ``chain`` (a leaf, then its parent, ... each the only child of the next; their
-    ``slots``): only the topmost node's parent keeps a reference to fix. Returns the bytes
-    freed."""
-    if not chain:
-        return 0
-    top = chain[-1]
-    parent = top.parent
-    assert parent is not None
-    del parent.children[int(top.tokens[0])]
-    cache.n_children[parent.slot] = len(parent.children)
-    tokens = chain[0].end - top.start  # contiguous: each node's parent is the next
-    ckpts = 0
-    by_slot = cache._by_slot
-    for node, slot in zip(chain, slots, strict=True):
-        ckpts += node.ckpt
-        node.children.clear()  # no parent <-> child cycles left for the cyclic GC to find
-        by_slot[slot] = None
-    freed_kv = tokens * cache.kv_per_token - chain[0].short * cache.kv_per_unit_token  # a leaf's
-    freed_ckpt = ckpts * cache.ckpt_bytes
-    cache.kv_bytes -= freed_kv
-    cache.ssm_bytes -= freed_ckpt
-    cache.alive[slots] = False
-    cache.node_bytes[slots] = 0.0
-    cache._free.extend(slots)
-    return freed_kv + freed_ckpt

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from simlab.cache.contract import EvictionPolicy
     from simlab.cache.nodes import Node
     from simlab.cache.prefix import PrefixCache
+    from simlab.cache.tree import NodeTable
 
 
 @dataclass
@@ -101,7 +102,7 @@ class HostTier:
 
 
 # ---------------------------------------------------------------------- GPU view of the tree
-def gpu_kids(cache: PrefixCache, node: Node) -> int:
+def gpu_kids(cache: NodeTable, node: Node) -> int:
     """Children of ``node`` that are GPU-resident (``cache.n_children`` with a host tier)."""
     on_host = cache.on_host
     return sum(1 for child in node.children.values() if not on_host[child.slot])
@@ -116,9 +117,9 @@ def candidates(cache: PrefixCache, inner: bool) -> np.ndarray:
     mask[cache.root.slot] = False
     slots = mask.nonzero()[0]
     if inner:
-        by_slot = cache._by_slot
+        node_at = cache.node_at
         slots = np.array(
-            [s for s in slots.tolist() if kids[s] == 0 or len(by_slot[s].children) == 1],
+            [s for s in slots.tolist() if kids[s] == 0 or len(node_at(s).children) == 1],
             dtype=np.int64,
         )
     return slots
@@ -150,8 +151,7 @@ def write_back(cache: PrefixCache, node: Node) -> int:
     size = int(cache.node_bytes[node.slot])
     kv = cache.edge_kv(node)
     ssm = cache.ckpt_bytes if node.ckpt else 0
-    cache.kv_bytes -= kv
-    cache.ssm_bytes -= ssm
+    cache.account(-kv, -ssm)
     cache.n_children[node.parent.slot] -= 1
     if make_room(cache, size):
         cache.on_host[node.slot] = True
@@ -175,12 +175,12 @@ def make_room(cache: PrefixCache, need: float) -> bool:
     if need > host.capacity:
         return False
     heap, held = host.heap, []
-    by_slot, on_host, pins, last = cache._by_slot, cache.on_host, cache.pins, cache.last_access
+    on_host, pins, last = cache.on_host, cache.pins, cache.last_access
     while need > host.free_bytes and heap:
         entry = heapq.heappop(heap)
         score, nid, slot = entry
-        node = by_slot[slot]
-        if node is None or node.nid != nid or not on_host[slot] or node.children:
+        node = cache.live_node(slot, nid)
+        if node is None or not on_host[slot] or node.children:
             continue  # gone, back on the GPU, or not a leaf (pushed again when it is one)
         if last[slot] != score:  # touched since it was pushed
             heapq.heappush(heap, (float(last[slot]), nid, slot))
@@ -221,7 +221,7 @@ def _forget(cache: PrefixCache, node: Node) -> int:
     host.ssm_bytes -= ssm
     cache.on_host[node.slot] = False
     node.children.clear()
-    cache._release(node)
+    cache.release(node)
     return kv + ssm
 
 
@@ -232,7 +232,7 @@ def _drop_subtree(cache: PrefixCache, node: Node) -> None:
     del parent.children[int(node.tokens[0])]
     stack = list(node.children.values())
     node.children.clear()
-    cache._release(node)
+    cache.release(node)
     while stack:
         below = stack.pop()
         stack.extend(below.children.values())
@@ -253,8 +253,7 @@ def _to_gpu(cache: PrefixCache, nodes: Sequence[Node]) -> int:
         cache.on_host[node.slot] = False
         host.kv_bytes -= kv
         host.ssm_bytes -= ssm
-        cache.kv_bytes += kv
-        cache.ssm_bytes += ssm
+        cache.account(kv, ssm)
         assert node.parent is not None
         cache.n_children[node.parent.slot] += 1
         moved += kv + ssm
@@ -287,7 +286,7 @@ def _bring_back(cache: PrefixCache, chain: list[Node], pin: Node, policy: Evicti
         assert cache.free_bytes >= 0, "a load back did not fit after its eviction"
     finally:
         cache.unpin(pin)
-    cache._note_peaks()
+    cache.note_peaks()
     return True
 
 
@@ -299,7 +298,7 @@ def load_hit(cache: PrefixCache, hit: int, hit_node: Node | None, policy: Evicti
     if hit_node is None or not cache.on_host[hit_node.slot]:
         return 0
     if hit_node.end > hit > hit_node.start:  # load only what is reused (HiCache splits too)
-        hit_node = cache._split(hit_node, hit)
+        hit_node = cache.split(hit_node, hit)
     chain = _host_chain(cache, hit_node)
     if not _bring_back(cache, chain, hit_node, policy):
         return -1

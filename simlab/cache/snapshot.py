@@ -29,9 +29,10 @@ class CacheImage:
     nodes: list[dict[str, Any] | None]  # per slot: Node slot values, parent/children as slots
     root: int
 
-
-#: Cache attributes that belong to the policy object inserting now, reset in a copy.
-_PER_RUN: dict[str, Any] = {"_admit_policy": None, "_admits": False, "_created": None}
+    @property
+    def next_nid(self) -> int:
+        """The id the cache's next node gets."""
+        return int(self.attrs["_next_nid"])
 
 
 def _copy_value(value: Any) -> Any:
@@ -47,16 +48,13 @@ def _copy_value(value: Any) -> Any:
 def pack(cache: PrefixCache, clear_pins: bool = True) -> CacheImage:
     """Freeze ``cache`` (O(nodes); token arrays shared, per-slot arrays copied)."""
     attrs: dict[str, Any] = {}
-    for key, value in vars(cache).items():
-        if key in ("_by_slot", "root"):
-            continue
+    for key, value in cache.fields().items():
         if isinstance(value, Node):
             raise TypeError(f"PrefixCache.{key} holds a node; teach pack() about it")
         attrs[key] = _copy_value(value)
-    attrs |= _PER_RUN  # the copy is used by other policy objects
     if clear_pins:
         attrs["pins"] = np.zeros_like(attrs["pins"])
-    rows = [None if node is None else _node_row(node) for node in cache._by_slot]
+    rows = [None if node is None else _node_row(node) for node in cache.slot_nodes()]
     return CacheImage(attrs, rows, cache.root.slot)
 
 
@@ -70,9 +68,6 @@ def _node_row(node: Node) -> dict[str, Any]:
 
 def unpack(image: CacheImage) -> PrefixCache:
     """A live cache equal to the packed one; the image stays reusable."""
-    cache = object.__new__(PrefixCache)
-    for key, value in image.attrs.items():
-        setattr(cache, key, _copy_value(value))
     nodes: list[Node | None] = []
     for row in image.nodes:
         if row is None:
@@ -90,8 +85,5 @@ def unpack(image: CacheImage) -> PrefixCache:
         parent = row["parent"]
         maybe.parent = None if parent is None else live[parent]
         maybe.children = {tok: live[slot] for tok, slot in row["children"].items()}
-    cache._by_slot = nodes
-    root = nodes[image.root]
-    assert root is not None
-    cache.root = root
-    return cache
+    fields = {key: _copy_value(value) for key, value in image.attrs.items()}
+    return PrefixCache.restore(fields, nodes, image.root)

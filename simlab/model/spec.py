@@ -421,6 +421,11 @@ class ModelSpec:
         """Attention + SSM + MLP FLOPs of prefilling ``new`` tokens after ``prefix`` (no LM head)."""
         return new * (self._lin + self._attn_pq * prefix + self._attn_qq * new)
 
+    @property
+    def prefill_coefficients(self) -> tuple[float, float, float]:
+        """``(lin, pq, qq)`` of :meth:`prefill_flops`: ``new * (lin + pq * prefix + qq * new)``."""
+        return self._lin, self._attn_pq, self._attn_qq
+
     def prefill_flops_array(
         self, prefix: npt.ArrayLike, new: npt.ArrayLike
     ) -> npt.NDArray[np.float64]:

@@ -196,6 +196,10 @@ class SweepResults:
         """Override keys with one value for every point, and that value."""
         return {k: self.points[k].iloc[0] for k in self.keys if k not in self.swept_keys}
 
+    def keep(self, point: int, run: RunResults) -> None:
+        """Hold ``run``, loaded already, as ``point``'s."""
+        self._runs[point] = run
+
     def run(self, point: int) -> RunResults:
         if point not in self._runs:
             self._runs[point] = load_run(self.point_dirs[point])
@@ -237,7 +241,7 @@ def load_sweep(path: Path) -> SweepResults:
     metrics = {m for d in point_dirs.values() for m in point_metrics(d / SUMMARY)}
     keys = [c for c in points.columns if c not in POINT_META and c not in metrics]
     sweep = SweepResults(path, points, keys, point_dirs, table)
-    sweep._runs[min(point_dirs)] = first
+    sweep.keep(min(point_dirs), first)
     return sweep
 
 

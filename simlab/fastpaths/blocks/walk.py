@@ -105,7 +105,7 @@ def serve_blocks(
     """Request ``i`` on a cache holding ``resident`` blocks, ``on_path`` of them leading its
     block path: the cache's match, hit rule, evict-until-fits for the held sequence, truncation
     and admission, in block counts, with the cache's own float comparisons
-    (:meth:`simlab.cache.prefix.PrefixCache._insert`), appended to ``out``. Returns the blocks resident
+    (:func:`simlab.cache.insertion.insert`), appended to ``out``. Returns the blocks resident
     after it (which blocks go is the policy's; how many is not)."""
     end = paths.cacheable[i]
     matched = min(on_path, paths.lookup_full[i])  # the lookup (a partial block never hits)

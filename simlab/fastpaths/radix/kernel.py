@@ -310,7 +310,7 @@ def empty_state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.n
     ints[layout.CHUNK] = fields.get("chunk_size", 1)
     ints[layout.BLOCK] = fields.get("block_size", 1)
     alpha = getattr(step.eviction, "alpha", 0.0)
-    coefficients = (model._lin, model._attn_pq, model._attn_qq)
+    coefficients = model.prefill_coefficients
     settings = np.array([0.0, cache.capacity, alpha, *coefficients], dtype=np.float64)
     free = np.arange(slots - 1, -1, -1, dtype=np.int64)  # pops 1, 2, ...
     return nodes, floats, table, ints, settings, free, tokens

@@ -195,7 +195,7 @@ def image_state(
     st = empty_state(step, np.concatenate(parts), slots)
     _fill_nodes(st, image, live, slot_of, ref)
     ints, top = st[layout.INTS], len(live) + 1
-    ints[layout.NEXT_NID] = attrs["_next_nid"]
+    ints[layout.NEXT_NID] = image.next_nid
     ints[layout.TOP], ints[layout.FREE] = top, slots - top
     ints[layout.KV], ints[layout.SSM] = attrs["kv_bytes"], attrs["ssm_bytes"]
     st[layout.FREE_SLOTS][: slots - top] = np.arange(slots - 1, top - 1, -1)

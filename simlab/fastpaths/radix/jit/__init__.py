@@ -3,8 +3,8 @@
 its module (``cache=True``), so later processes load it. Every module but :mod:`.layout` imports
 numba: import them only when numba is installed and the compiled path is asked for.
 
-Each function is the :class:`simlab.cache.prefix.PrefixCache` / :mod:`simlab.cache.evictor`
-method of the same name (or the step it names), over a few flat arrays held in one tuple ``st``
+Each function is the :mod:`simlab.cache` (``tree``, ``match``, ``insertion``, ``evictor``)
+function or method of the same name (or the step it names), over a few flat arrays held in one tuple ``st``
 (:data:`~.layout.NODES` .. :data:`~.layout.TOKENS`; few, because numba counts references to
 every array a function takes out of a tuple, and those atomic counts cost more than the tree's
 work):

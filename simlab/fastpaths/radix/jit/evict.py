@@ -51,7 +51,7 @@ def free_bytes(st):
 
 @leaf
 def evict_node(n, f, t, ints, p, free, tokens, s):
-    """``_evict_node`` (over ``st``'s arrays): delete a leaf, or merge a one-child node into
+    """``PrefixCache.evict_node`` (over ``st``'s arrays): delete a leaf, or merge a one-child node into
     its child (its KV moves down); returns the bytes freed."""
     parent = n[PARENT, s]
     ckpt_freed = ints[CKPT_BYTES] if n[CKPT, s] else 0

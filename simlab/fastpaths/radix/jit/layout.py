@@ -26,8 +26,8 @@ FLOP_AWARE, LRU = 0, 1
 JUDICIOUS, FINE_GRAINED = 0, 1
 # why replay stopped: all served, after the first eviction, no room for the next request's nodes
 DONE, EVICTED, ROOM = 0, 1, 2
-# SETTINGS: the clock, capacity, alpha, the prefill FLOPs' coefficients (ModelSpec._lin, _attn_pq,
-# _attn_qq)
+# SETTINGS: the clock, capacity, alpha, the prefill FLOPs' coefficients
+# (ModelSpec.prefill_coefficients)
 NOW, CAPACITY, ALPHA, LIN, PQ, QQ = range(6)
 # an admission's result (InsertResult): KV bytes, SSM bytes, states, bytes and nodes evicted,
 # truncated

@@ -53,7 +53,7 @@ def common(tokens, a, b, span):
 
 @njit
 def walk(st, off, size, path, depth, pos, partial):
-    """``_walk`` of ``tokens[off:off + size]``, going on from the walk of its first ``pos``
+    """``match.walk`` of ``tokens[off:off + size]``, going on from the walk of its first ``pos``
     tokens (``path[:depth]``, ``partial``; 0, 0, -1 for a fresh walk), which ended there at the
     end of its tokens: (nodes matched whole into ``path``, matched length, the node the match
     stops inside or -1)."""

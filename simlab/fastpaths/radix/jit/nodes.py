@@ -45,7 +45,7 @@ def prefill_flops(p, prefix, new):
 
 @njit
 def refresh(st, s):
-    """``_refresh_numbers``: a node's bytes and FLOPs saved beyond its parent."""
+    """``NodeTable.refresh``: a node's bytes and FLOPs saved beyond its parent."""
     numbers(st[NODES], st[FLOATS], st[INTS], st[SETTINGS], s)
 
 
@@ -102,7 +102,7 @@ def release(n, f, ints, free, s):
 
 @njit
 def split(st, s, pos):
-    """``_split``: a new upper node ``[start, pos)`` adopts ``s`` as its only child."""
+    """``NodeTable.split``: a new upper node ``[start, pos)`` adopts ``s`` as its only child."""
     n, f, t, ints, p, free, tokens = st
     parent = n[PARENT, s]
     upper = new_node(n, f, ints, p, free, parent, n[START, s], pos, n[REF, s], 0)
