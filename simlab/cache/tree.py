@@ -170,9 +170,6 @@ class NodeTable:
     def _attach(self, parent: Node, child: Node) -> None:
         parent.children[int(child.tokens[0])] = child
         child.parent = parent
-        self._count_children(parent)
-
-    def _count_children(self, parent: Node) -> None:
         if self.host is None:
             self.n_children[parent.slot] = len(parent.children)
         else:  # the GPU view: host-resident children do not count
@@ -343,7 +340,9 @@ class NodeTable:
         if self._created is not None:
             self._created.extend(cast("list[Node]", [by_slot[slot] for slot in slots]))
         self._fill_chain_arrays(np.asarray(slots, dtype=np.int64), nid0, bounds, flags)
-        self._count_children(top)
+        self.n_children[top.slot] = (
+            len(top.children) if self.host is None else tiers.gpu_kids(self, top)
+        )
         return parent
 
     def _fill_chain_arrays(
