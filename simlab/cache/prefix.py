@@ -31,6 +31,11 @@ The cache owns the tree, the bytes, pins and evict-until-fits; which node to evi
 an eviction policy (``simlab.cache.contract.EvictionPolicy``), and which checkpoints to take of an
 admission policy. The cache reads the clock ``now`` that its engine sets; it never reads the
 wall clock.
+
+Modules. :class:`PrefixCache` is the facade: its settings, free bytes, the hit rule's entry
+points and eviction's primitives, over :class:`simlab.cache.tree.NodeTable` (the nodes, their
+per-slot arrays, bytes and pins); matching is :mod:`simlab.cache.match`, admission
+:mod:`simlab.cache.insertion`, evict-until-fits :mod:`simlab.cache.evictor`.
 """
 
 from __future__ import annotations
