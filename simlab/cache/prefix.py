@@ -70,10 +70,13 @@ class PrefixCache(NodeTable):
         block_nodes: bool = False,
         ssm_capacity_bytes: float | None = None,
         semantics: Semantics | None = None,
-        host: tiers.HostTier | None = None,
+        host_capacity_bytes: float | None = None,
+        host_bw_bytes: float = math.inf,
         ckpt_states: int = 1,
         block_keys: bool = False,
     ):
+        """``host_capacity_bytes``: a host-memory tier below the cache, at ``host_bw_bytes`` per
+        second (:mod:`simlab.cache.host_tier`); None: none."""
         if not capacity_bytes > 0:
             raise ValueError(f"cache capacity must be positive, got {capacity_bytes} bytes")
         if page_size < 1 or unit_tokens < 1 or ckpt_states < 1:
@@ -86,6 +89,9 @@ class PrefixCache(NodeTable):
         #: its states inside the id: AdmissionPolicy.states_per_checkpoint)
         self.ckpt_states = int(ckpt_states) if self.hybrid else 1
         ckpt_bytes = int(model.ssm_state_bytes) * self.ckpt_states if self.hybrid else 0
+        host = None
+        if host_capacity_bytes is not None:
+            host = tiers.HostTier(host_capacity_bytes, host_bw_bytes)
         super().__init__(model, int(unit_tokens), ckpt_bytes, bool(block_nodes), host)
         self.capacity = float(capacity_bytes)  # KV's bytes, and the states' unless separate
         #: None: states count against ``capacity``; else their own pool (SGLang's Mamba pool)
@@ -265,6 +271,17 @@ class PrefixCache(NodeTable):
         if created:
             policy.on_admit(self, created)
         return result
+
+    def load_host_hit(self, lookup: Lookup, policy: EvictionPolicy) -> tuple[int, int]:
+        """Host tier: load the host part of ``lookup``'s hit back to the GPU, evicting with
+        ``policy`` for room (:func:`simlab.cache.host_tier.load_hit`). Returns (the hit's ids
+        that came from the host, the bytes loaded): (0, 0) when the hit lies on the GPU, (0, -1)
+        when the GPU cannot make room (nothing loaded)."""
+        frontier = tiers.gpu_prefix(self, lookup.path, lookup.partial)
+        if frontier < 0 or lookup.hit <= frontier:
+            return 0, 0
+        loaded = tiers.load_hit(self, lookup.hit, lookup.hit_node, policy)
+        return (lookup.hit - frontier, loaded) if loaded >= 0 else (0, -1)
 
     # ------------------------------------------------------------------ eviction
     def evict(self, need: float, policy: EvictionPolicy) -> tuple[int, int]:

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from simlab.cache import host_tier as tiers
 from simlab.cache.contract import Admission, AdmissionPolicy, EvictionPolicy, Semantics, overrides
 from simlab.cache.keys import (
     BlockKeys,
@@ -143,9 +142,8 @@ class RequestStep:
         host-memory tier below the cache, at ``host_bw_bytes`` per second
         (:mod:`simlab.cache.host_tier`). ``ckpt_states``: SSM states one checkpoint holds
         (:meth:`simlab.cache.contract.AdmissionPolicy.states_per_checkpoint`)."""
-        host = None
         if host_capacity_bytes is not None:
-            host = host_tier(host_capacity_bytes, host_bw_bytes, eviction, semantics)
+            check_host_tier(host_bw_bytes, eviction, semantics)
         if ssm_capacity_bytes is not None and semantics is not None and semantics.reference_insert:
             raise ConfigError(
                 "cache.ssm_gb: a separate SSM pool is not supported with the Marconi reference "
@@ -163,7 +161,8 @@ class RequestStep:
             block_keys=block is not None,
             ssm_capacity_bytes=ssm_capacity_bytes,
             semantics=semantics,
-            host=host,
+            host_capacity_bytes=host_capacity_bytes,
+            host_bw_bytes=host_bw_bytes if host_bw_bytes is not None else math.inf,
             ckpt_states=ckpt_states,
         )
         return cls(cache, admission, eviction, policy, tuple(controllers))
@@ -322,19 +321,18 @@ class RequestStep:
 
     def _load_host_hit(self, ids: np.ndarray, lookup: Lookup) -> tuple[Lookup, int, int]:
         """Host tier: load the host part of ``lookup``'s hit back to the GPU
-        (:func:`simlab.cache.host_tier.load_hit`). Returns the lookup after the load, the hit's ids that
-        came from the host and the bytes loaded; when the GPU cannot make room, the lookup of
-        the GPU part alone and no host hit."""
+        (:meth:`simlab.cache.prefix.PrefixCache.load_host_hit`). Returns the lookup after the
+        load, the hit's ids that came from the host and the bytes loaded; when the GPU cannot
+        make room, the lookup of the GPU part alone and no host hit."""
         cache = self.cache
-        frontier = tiers.gpu_prefix(cache, lookup.path, lookup.partial)
-        if frontier < 0 or lookup.hit <= frontier:
-            return lookup, 0, 0  # the hit lies on the GPU
-        loaded = tiers.load_hit(cache, lookup.hit, lookup.hit_node, self.eviction)
+        host_ids, loaded = cache.load_host_hit(lookup, self.eviction)
         if loaded < 0:
             return cache.lookup(ids, self._page, gpu_only=True), 0, 0
+        if not host_ids:
+            return lookup, 0, 0  # the hit lies on the GPU
         after = cache.lookup(ids, self._page)  # the load may have split the hit's node
         assert after.hit == lookup.hit, (after.hit, lookup.hit)
-        return after, lookup.hit - frontier, loaded
+        return after, host_ids, loaded
 
     def _view(self, req: Request) -> KeyedRequest:
         """``req`` as the cache sees it: the view :meth:`prepare` made, the first time (block
@@ -686,11 +684,12 @@ class RequestStep:
         return record
 
 
-def host_tier(
-    capacity: float, bandwidth: float | None, eviction: EvictionPolicy, semantics: Semantics | None
-) -> tiers.HostTier:
-    """A host tier for a step (``cache.host_gb``); the policy must break ties by age and run
-    simlab's own cache semantics (the reference code's orders are not defined on two tiers)."""
+def check_host_tier(
+    bandwidth: float | None, eviction: EvictionPolicy, semantics: Semantics | None
+) -> None:
+    """Whether a step may have a host tier (``cache.host_gb``): it needs its bandwidth, and the
+    policy must break ties by age and run simlab's own cache semantics (the reference code's
+    orders are not defined on two tiers)."""
     if bandwidth is None:
         raise ConfigError("cache.host_bw_gbps: a host tier (cache.host_gb) needs its bandwidth")
     if eviction.ties != "oldest" or (semantics is not None and semantics != Semantics()):
@@ -698,7 +697,6 @@ def host_tier(
             "cache.host_gb: a host tier is not supported with the Marconi reference code's "
             "semantics (policy.compat=reference / reference_fixed, eviction.ties=dfs|heap)"
         )
-    return tiers.HostTier(capacity, bandwidth)
 
 
 def merged(first: InsertResult, second: InsertResult) -> InsertResult:
