@@ -186,7 +186,7 @@ def test_peek_is_read_only_and_equals_the_lookup_at_start(policy):
             cache.pins.copy(),
             cache.state_access.copy(),
             cache.used_bytes,
-            len(getattr(step._keys, "_ids", ())),
+            len(getattr(step.keys.scheme, "_ids", ())),
         )
         peeked = [step.peek(r) for r in requests]
         after = (
@@ -195,7 +195,7 @@ def test_peek_is_read_only_and_equals_the_lookup_at_start(policy):
             cache.pins,
             cache.state_access,
             cache.used_bytes,
-            len(getattr(step._keys, "_ids", ())),
+            len(getattr(step.keys.scheme, "_ids", ())),
         )
         for b, a in zip(before, after, strict=True):
             assert np.array_equal(b, a)

@@ -25,23 +25,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from simlab.cache.contract import Admission, AdmissionPolicy, EvictionPolicy, Semantics, overrides
-from simlab.cache.keys import (
-    BlockKeys,
-    KeyedRequest,
-    KeyScheme,
-    TokenKeys,
-    key_scheme,
-    short_tokens,
-)
+from simlab.cache.keys import key_scheme
 from simlab.cache.nodes import InsertResult, Lookup, Node
 from simlab.cache.prefix import PrefixCache
 from simlab.config import ConfigError
+from simlab.engines import publish
+from simlab.engines.keying import StepKeys
+from simlab.engines.publish import merged
 from simlab.engines.records import RequestRecord, request_record
 
 if TYPE_CHECKING:
@@ -106,15 +102,10 @@ class RequestStep:
     eviction: EvictionPolicy
     policy: str
     controllers: Sequence[Controller] = field(default_factory=tuple)
+    #: how requests are keyed against the cache, ids counted as tokens
+    keys: StepKeys = field(init=False, repr=False)
     _observes: bool = field(init=False, repr=False)  # the eviction policy overrides observe
-    _keys: KeyScheme = field(init=False, repr=False)
     _page: int = field(init=False, repr=False)  # Transformer hits round down to it
-    _ids_per_key: int = field(init=False, repr=False)  # trace ids one key stands for
-    #: block keys (token keys with short ids): each prepared request's view, used (once) by
-    #: its :meth:`start`
-    _views: dict[int, tuple[Request, KeyedRequest]] = field(
-        init=False, repr=False, default_factory=dict
-    )
 
     @classmethod
     def build(
@@ -169,8 +160,7 @@ class RequestStep:
 
     def __post_init__(self) -> None:
         self._observes = overrides(self.eviction, "observe", EvictionPolicy)
-        self._keys = key_scheme(self.admission.keys)
-        self._ids_per_key = self._keys.block_size if isinstance(self._keys, BlockKeys) else 1
+        self.keys = StepKeys(key_scheme(self.admission.keys), self.cache)
         self._page = math.lcm(self.cache.page_size, self.admission.page_size)
 
     @property
@@ -182,12 +172,7 @@ class RequestStep:
         """Show the plug-ins the whole run (processing order), before the first request; with
         block keys (or a hash-id prompt's short last id) they see each request's keyed input
         (``input_ids``) instead of its tokens."""
-        if isinstance(self._keys, BlockKeys) or any(map(short_tokens, requests)):
-            views = [self._keys.view(r) for r in requests]
-            self._views = {id(r): (r, v) for r, v in zip(requests, views, strict=True)}
-            requests = [
-                replace(r, input_ids=v.lookup) for r, v in zip(requests, views, strict=True)
-            ]
+        requests = self.keys.prepare(requests)
         self.admission.prepare(requests)
         self.eviction.prepare(requests)
 
@@ -206,10 +191,10 @@ class RequestStep:
         """The request is scheduled: tick, match, ``on_hit``, plan, pin the reused prefix (an
         edge the hit ends in is split at the match first: see ``PrefixCache.split_at_match``).
         ``refill``: a recomputed request's sampled outputs, prefilled again with its prompt
-        (matched and published with it where :meth:`_fill` says)."""
+        (matched and published with it where :meth:`simlab.engines.keying.StepKeys.fill` says)."""
         cache = self.cache
-        keyed = self._view(req)
-        ids, refill = self._fill(keyed.lookup, req, refill)
+        keyed = self.keys.view(req)
+        ids, refill = self.keys.fill(keyed.lookup, req, refill)
         lookup = self._match(ids)
         host_ids = loaded = 0
         if cache.host is not None:
@@ -224,8 +209,8 @@ class RequestStep:
             pinned = lookup.hit_node
             if pinned is not None:
                 cache.pin(pinned)
-        per_key = self._ids_per_key
-        hit = self._hit_tokens(req, lookup.hit * per_key, refill)
+        per_key = self.keys.per_key
+        hit = self.keys.hit_tokens(req, lookup.hit * per_key, refill)
         started = Started(
             req,
             keyed.sequence,
@@ -238,9 +223,9 @@ class RequestStep:
             int(keyed.lookup.shape[0]),
             keyed.short,
         )
-        started.pins, started.refill = pin, self._refill_ids(req, keyed.prompt, refill)
+        started.pins, started.refill = pin, self.keys.refill_ids(req, keyed.prompt, refill)
         if host_ids:
-            started.host_hit = hit - self._hit_tokens(req, (lookup.hit - host_ids) * per_key)
+            started.host_hit = hit - self.keys.hit_tokens(req, (lookup.hit - host_ids) * per_key)
             started.host_loaded = loaded
         return started
 
@@ -262,41 +247,17 @@ class RequestStep:
         host tier the match is read-only (:meth:`peek_hit`): its load happens at start."""
         if self.cache.host is not None:
             return self.peek_hit(req)
-        ids, refill = self._fill(self._keys.lookup_ids(req), req, refill)
+        ids, refill = self.keys.fill(self.keys.lookup_ids(req), req, refill)
         lookup = self._queued_match(ids)
-        return self._hit_tokens(req, lookup.hit * self._ids_per_key, refill), lookup.hit_node
+        return self.keys.hit_tokens(req, lookup.hit * self.keys.per_key, refill), lookup.hit_node
 
     def touch_queued(self, req: Request, refill: int = 0) -> None:
         """SGLang's periodic refresh of a queued request's prefix (``touch_waiting_prefix``):
         its whole input is matched, the node the match stops inside split there and the path
         refreshed (``on_match``); nothing else changes. A no-op with a host tier."""
         if self.cache.host is None:
-            self._queued_match(self._fill(self._keys.lookup_ids(req), req, refill)[0], slack=0)
-
-    def _fill(self, ids: np.ndarray, req: Request, refill: int) -> tuple[np.ndarray, int]:
-        """The ids a request is matched with and the outputs among them: ``ids`` (its
-        prompt's lookup) followed by the ``refill`` outputs a recomputed request prefills again,
-        on a tree of tokens (SGLang keys a retracted request by its fill ids,
-        ``origin_input_ids + output_ids``, as it matches, refreshes and publishes it; a hybrid's
-        publish keeps the state at the fill's end, :meth:`_prefill_states`); elsewhere the
-        prompt's alone."""
-        cache = self.cache
-        if refill <= 0:
-            return ids, 0
-        if self._pages_of_tokens:  # the fill ids' pages (``RadixKey.page_aligned``)
-            assert isinstance(self._keys, BlockKeys)
-            return self._keys.lookup_ids(req, refill), refill
-        if not (isinstance(self._keys, TokenKeys) and cache.unit == 1):
-            return ids, 0
-        return np.concatenate((ids, req.output_ids[:refill])), refill
-
-    def _refill_ids(self, req: Request, prompt: int, refill: int) -> int:
-        """Ids of the sequence past its ``prompt`` ids that a recompute's ``refill`` outputs
-        fill: the outputs themselves on a tree of tokens; on a tree of pages, the full pages
-        the input and those outputs make past the prompt's (what its publish caches)."""
-        if refill <= 0 or not self._pages_of_tokens:
-            return refill
-        return (req.input_len + refill) // self._ids_per_key - prompt
+            ids = self.keys.fill(self.keys.lookup_ids(req), req, refill)[0]
+            self._queued_match(ids, slack=0)
 
     def _queued_match(self, ids: np.ndarray, slack: int = 1) -> Lookup:
         """A queued request's match (:meth:`match_queued`, :meth:`touch_queued`): the path
@@ -308,16 +269,6 @@ class RequestStep:
             self.cache.use_state(lookup.hit_node)
         self.eviction.on_match(self.cache, lookup)
         return lookup
-
-    def _hit_tokens(self, req: Request, ids: int, refill: int = 0) -> int:
-        """Tokens a hit of ``ids`` trace ids reuses: with ``cache.exact_tokens`` (ids of many
-        tokens, a Transformer's token-keyed tree) the hit rule leaves one token, as SGLang's
-        radix tree over the prompt's tokens does, not one id. With ``refill`` (ids are tokens)
-        the hit may run into the recomputed outputs, up to the last one."""
-        if refill > 0:
-            return min(ids, req.input_tokens + refill - 1)
-        tokens = req.hit_tokens(ids)
-        return min(tokens, req.input_tokens - 1) if self.cache.exact_tokens else tokens
 
     def _load_host_hit(self, ids: np.ndarray, lookup: Lookup) -> tuple[Lookup, int, int]:
         """Host tier: load the host part of ``lookup``'s hit back to the GPU
@@ -334,36 +285,26 @@ class RequestStep:
         assert after.hit == lookup.hit, (after.hit, lookup.hit)
         return after, host_ids, loaded
 
-    def _view(self, req: Request) -> KeyedRequest:
-        """``req`` as the cache sees it: the view :meth:`prepare` made, the first time (block
-        ids depend on content only, so a fresh view would differ only in the partial tail
-        block's id, which matches nothing and is never cached), else a fresh one."""
-        if self._views:
-            entry = self._views.pop(id(req), None)
-            if entry is not None and entry[0] is req:
-                return entry[1]
-        return self._keys.view(req)
-
     def peek(self, req: Request) -> tuple[int, int]:
         """``(matched, hit)`` tokens ``req`` would get if it started now, read-only: no clock
         tick, no ``on_hit``, no pin, no key assigned (a router's view of this cache; the
         cache's and the plug-ins' state are unchanged)."""
-        ids = self._keys.lookup_ids(req)
-        lookup = self.cache.lookup(ids, self._page)
-        per_key = self._ids_per_key
-        return req.hit_tokens(lookup.matched * per_key), self._hit_tokens(req, lookup.hit * per_key)
+        lookup = self.cache.lookup(self.keys.lookup_ids(req), self._page)
+        per_key = self.keys.per_key
+        hit = self.keys.hit_tokens(req, lookup.hit * per_key)
+        return req.hit_tokens(lookup.matched * per_key), hit
 
     def peek_hit(self, req: Request) -> tuple[int, Node | None]:
         """:meth:`peek`'s hit tokens and the node holding the reused prefix (None: no hit),
         read-only (a shared KV pool pins the node while it evicts to admit ``req``)."""
-        lookup = self.cache.lookup(self._keys.lookup_ids(req), self._page)
-        return self._hit_tokens(req, lookup.hit * self._ids_per_key), lookup.hit_node
+        lookup = self.cache.lookup(self.keys.lookup_ids(req), self._page)
+        return self.keys.hit_tokens(req, lookup.hit * self.keys.per_key), lookup.hit_node
 
     def admission_bytes(self, req: Request) -> int:
         """Bytes admitting ``req``'s input would take in a cache holding none of it: the KV of
         the ids the plan admits plus its planned SSM states (an upper bound when the cache
         already holds part of it). Read-only: plans are pure and no key is assigned."""
-        n = int(self._keys.lookup_ids(req).shape[0])
+        n = int(self.keys.lookup_ids(req).shape[0])
         plan = self.admission.plan(Lookup(0, 0, None, [], None), n, n)
         end = min(plan.end, n)
         cache = self.cache
@@ -377,245 +318,38 @@ class RequestStep:
             self.cache.unpin(started.pinned)
             started.pinned = None
 
+    # ------------------------------------------------------------------ publishes
     def prefilled(self, started: Started, keep_room: bool = True) -> None:
-        """The request's prefill ended (timed engines; the replay calls it right after
-        :meth:`start`). A plan that ``publishes_prompt`` admits the prompt now, so requests
-        scheduled from now on can hit it, and the request's pin moves to the published prompt
-        (SGLang moves its lock there). ``keep_room``: the publish first makes room in the cache
-        for the request's whole allocation (``held_from``: every id past its hit, and with a
-        separate SSM pool a state slot of its own), as the engines allocate it when the request
-        starts; False when the engine counts running requests' memory itself (the timed
-        engine's shared KV pool). A plan with ``tracking`` publishes only the states its
-        extends tracked since its last publish, KV up to the last, and nothing (no walk, no
-        refresh) when they tracked none (SGLang's ``cache_len`` 0)."""
-        plan, cache = started.plan, self.cache
-        if not plan.publishes_prompt or started.prompt <= 0:
-            return
-        seq, held_from = started.seq, None
-        end, ckpts = started.fill, self._prefill_states(started)
-        if plan.tracking is not None:  # the states its extends tracked, not yet published
-            ckpts = [c for c in ckpts if c > started.states_to]
-            end = started.states_to = max(ckpts, default=0)
-        if keep_room and plan.held_from is not None:
-            seq, held_from = seq[: started.allocated], plan.held_from
-        published = started.published  # what a chunked prefill published between chunks
-        started.published = cache.insert(
-            seq,
-            ckpts,
-            end,
-            self.eviction,
-            cuts=self._publish_cuts(started, end),
-            held_from=held_from,
-            stateless_kv=plan.stateless_kv,
-            short=started.short,
-            running_states=self.admission.running_state_slots if held_from is not None else 0,
-            spare=self.spare_ids(started, decoding=False),
-        )
-        if published is not None:
-            started.published = merged(published, started.published)
-        if plan.held_from is not None:  # the published prompt's slots are the tree's now
-            started.plan = replace(plan, held_from=self._held_after_publish(started))
-        if started.pins and end > 0:
-            self._move_pin(
-                started, self._published_node(started.seq, end // self._page * self._page)
-            )
-
-    def _published_node(self, seq: np.ndarray, ids: int) -> Node | None:
-        """The deepest node on the cached prefix of ``seq[:ids]``, a cached edge running past
-        it split there first (SGLang's insertion splits where its key ends: another request
-        may have published a longer edge over the same ids meanwhile, e.g. a chunked prompt
-        stashed before this one's publish under the overlap scheduler)."""
-        cache, prefix = self.cache, seq[:ids]
-        cache.split_match(cache.lookup(prefix), ids)
-        return cache.deepest_cached(prefix)
-
-    def _prefill_states(self, started: Started) -> list[int]:
-        """States a prefill has published by its end: with ``tracking`` those its extends
-        tracked; else the plan's within the prompt, a recomputed hybrid's at its fill's end
-        instead of its prompt's (its one extend ran through the sampled outputs: SGLang's
-        ``checkpoint`` up to ``extend_end`` keeps the state there, and a later turn of the
-        conversation hits it)."""
-        plan, prompt, fill = started.plan, started.prompt, started.fill
-        if plan.tracking is not None:
-            return [c for c in plan.ckpts if c <= fill]
-        states = [c for c in plan.ckpts if c <= prompt]
-        if fill > prompt and self.cache.hybrid:
-            return [*(c for c in states if c < prompt), fill]
-        return states
-
-    @staticmethod
-    def _publish_cuts(started: Started, end: int) -> list[int]:
-        """Node boundaries of a publish up to ``end``: the plan's within the prompt, and the
-        prompt's end where the publish goes past it (SGLang's ``split_prompt``)."""
-        prompt = started.prompt
-        cuts = [c for c in started.plan.cuts if c <= min(prompt, end)]
-        return [*cuts, prompt] if end > prompt else cuts
+        """The request's prefill ended: :func:`simlab.engines.publish.prefilled`."""
+        publish.prefilled(self, started, keep_room)
 
     def publishes_chunks(self, started: Started) -> bool:
-        """Whether a prefill cut into chunks publishes what it computed between them
-        (:meth:`checkpoint`): a plan that publishes its prompt, on a cache whose ids are tokens
-        or a radix tree's pages of tokens (a hash id stands for many tokens), a hybrid's only
-        with a state at each chunk's end (``chunk_states``) or at the state each chunk tracked
-        (``tracking``): a hybrid's KV is cached only up to a state."""
-        cache, plan = self.cache, started.plan
-        return (
-            plan.publishes_prompt
-            and (plan.chunk_states or plan.tracking is not None or not cache.hybrid)
-            and (self._tokens_are_ids or self._pages_of_tokens)
-        )
-
-    @property
-    def _tokens_are_ids(self) -> bool:
-        return self._ids_per_key == 1 and self.cache.unit == 1
-
-    @property
-    def _pages_of_tokens(self) -> bool:
-        """A radix tree keyed by pages of a token trace (SGLang's ``--page-size``): a key is
-        ``cache.unit`` tokens."""
-        cache = self.cache
-        return cache.block_keys and not cache.block_nodes and cache.unit == self._ids_per_key
-
-    def tracks_runs(self, started: Started) -> bool:
-        """Whether an engine that runs ``started``'s extends and decode steps itself places its
-        states (:meth:`track_extend`, :meth:`track_decode`): a plan with ``tracking``, on a
-        cache whose ids are tokens. If so the plan's states, those of one whole-prompt extend
-        and undisturbed decoding, are dropped now, before the engine's first extend."""
-        if started.plan.tracking is None or not self._tokens_are_ids:
-            return False
-        started.plan = replace(started.plan, ckpts=[])
-        return True
-
-    def track_extend(self, started: Started, start: int, end: int) -> int | None:
-        """A prefill extend of positions ``[start, end)`` ran: the state it tracked (None if
-        none) joins the plan's, where the prefill publish (:meth:`checkpoint` between chunks,
-        :meth:`prefilled` at its end) takes it; one past the ids its prefill publishes (its
-        fill, :meth:`_fill`) is not kept. Requires :meth:`tracks_runs`."""
-        plan = started.plan
-        assert plan.tracking is not None
-        state = plan.tracking.extend(start, end)
-        if state is None or state > started.fill:
-            return None
-        started.plan = replace(plan, ckpts=[*plan.ckpts, state])
-        return state
-
-    def track_decode(self, started: Started, start: int, end: int) -> None:
-        """Decode steps grew the sequence from ``start`` to ``end`` ids: the last state they
-        tracked replaces the one an earlier decode step tracked (SGLang's ping-pong buffer
-        keeps the latest; the finish publishes it). Requires :meth:`tracks_runs`."""
-        plan = started.plan
-        assert plan.tracking is not None
-        state = plan.tracking.decode(start, end)
-        if state is not None:
-            prefill = [c for c in plan.ckpts if c <= started.fill]
-            started.plan = replace(plan, ckpts=[*prefill, state])
+        """:func:`simlab.engines.publish.publishes_chunks`."""
+        return publish.publishes_chunks(self, started)
 
     def checkpoint(self, started: Started, tokens: int) -> int:
-        """A prefill cut into chunks publishes its first ``tokens`` (whole pages) between
-        them, as at its end (:meth:`prefilled` without making room: SGLang's
-        ``checkpoint_kv_cache`` of its chunked request), and its pin moves there (a cached edge
-        running past them is split there first, as SGLang's insertion splits it). Returns the
-        tokens of the prompt now cached on its path. Requires :meth:`publishes_chunks`."""
-        plan, cache = started.plan, self.cache
-        per_key = cache.unit  # tokens per id: 1, or a page's (:attr:`_pages_of_tokens`)
-        ids = min(tokens // per_key, started.fill) // self._page * self._page
-        if plan.tracking is not None:
-            started.states_to = ids
-        if ids > 0:
-            result = cache.insert(
-                started.seq,
-                [ids] if cache.hybrid else [],
-                ids,
-                self.eviction,
-                cuts=self._publish_cuts(started, ids),
-                stateless_kv=plan.stateless_kv,
-            )
-            published = started.published
-            started.published = result if published is None else merged(published, result)
-        deepest = self._published_node(started.seq, ids)
-        if deepest is None:
-            return 0
-        if started.pins:
-            self._move_pin(started, deepest)
-        return deepest.end * per_key
+        """A chunked prefill's publish between chunks: :func:`simlab.engines.publish.checkpoint`."""
+        return publish.checkpoint(self, started, tokens)
 
-    def _move_pin(self, started: Started, node: Node | None) -> None:
-        """The request's pin moves to ``node``, what it published (SGLang's
-        ``cache_unfinished_req`` moves the request's lock to its new last node, the root's
-        lock of a request that hit nothing included): a running request's published prompt is
-        never evicted under it."""
-        cache = self.cache
-        cache.pin(node)
-        cache.unpin(started.pinned)
-        started.pinned = node
+    def tracks_runs(self, started: Started) -> bool:
+        """:func:`simlab.engines.publish.tracks_runs`."""
+        return publish.tracks_runs(self, started)
+
+    def track_extend(self, started: Started, start: int, end: int) -> int | None:
+        """:func:`simlab.engines.publish.track_extend`."""
+        return publish.track_extend(started, start, end)
+
+    def track_decode(self, started: Started, start: int, end: int) -> None:
+        """:func:`simlab.engines.publish.track_decode`."""
+        publish.track_decode(started, start, end)
 
     def own_from(self, started: Started) -> int | None:
-        """Where the tokens the request holds itself start (``plan.held_from`` in tokens, at
-        most its input's, or past it by the recomputed outputs it published: ``Started.fill``);
-        None when the plan does not say."""
-        held_from = started.plan.held_from
-        if held_from is None:
-            return None
-        past = min(max(held_from - started.prompt, 0), started.refill)
-        per_key = self._ids_per_key  # the outputs' keys are whole pages of tokens, or tokens
-        return started.req.hit_tokens((held_from - past) * per_key) + past * per_key
-
-    @property
-    def _holds_whole_blocks(self) -> bool:
-        """A Transformer's block pool (vLLM): a request keeps the blocks it recomputed though
-        they were cached (:meth:`_held_after_publish`). Hybrid pools keep the plain rule: no
-        real-engine case checks their duplicates yet. SGLang's paged tree frees them when it
-        publishes (``_insert_cache``)."""
-        return self.cache.block_nodes and not self.cache.hybrid
-
-    def _held_after_publish(self, started: Started) -> int:
-        """Where the request's own slots start once its prompt is published: past the prompt,
-        except that a block pool (vLLM) keeps the blocks it recomputed though they were cached
-        (the hit stops at ``len - 1``): vLLM allocates fresh blocks for every position past the
-        hit and never de-duplicates them against the cached ones, so they hold memory until the
-        request finishes (real vLLM 0.33 ``KVCacheManager``: ``tests/test_production.py``).
-        Hybrid pools keep the plain rule: no real-engine case checks their duplicates yet.
-        A hybrid whose KV is cached only up to a state published the prompt's KV up to its last
-        state in the prompt, and holds the rest itself (SGLang's ``extra_buffer`` checkpoints
-        the prompt at its tracked state, ``cache_unfinished_req``).
-        Invariant: ``plan.held_from <= result``."""
-        plan, prompt = started.plan, started.prompt
-        assert plan.held_from is not None
-        published = started.fill
-        if self.cache.hybrid and not plan.stateless_kv:
-            published = max(self._prefill_states(started), default=0)
-        held_from = max(plan.held_from, published)
-        if self._holds_whole_blocks:
-            recomputed = min(started.lookup.matched, prompt) - plan.held_from
-            held_from -= max(0, recomputed)
-        return held_from
-
-    @staticmethod
-    def _finish_cuts(started: Started) -> list[int]:
-        """The plan's node boundaries, a cut at the input's end (its lookup ids) put at the
-        end of the prompt's full blocks: with block keys a prompt's partial last block is
-        never cached, so a paged tree splits where its cached prompt ends (SGLang's
-        ``split_prompt`` on the page-aligned prompt key)."""
-        cuts, prompt, lookup = started.plan.cuts, started.prompt, started.allocated
-        if prompt == lookup:
-            return list(cuts)
-        return [prompt if c == lookup else c for c in cuts]
+        """:func:`simlab.engines.publish.own_from`."""
+        return publish.own_from(self, started)
 
     def spare_ids(self, started: Started, decoding: bool) -> int:
-        """Keys of free room the engine's eviction keeps beyond the request's allocation
-        (``Admission.spare_page``; a key is a page). SGLang's paged allocator: before the
-        prefill extend, one page more than it takes (``alloc_paged_token_slots_extend``); before
-        each decode step, one free page (``alloc_paged_token_slots_decode``), which at the last
-        step (feeding token ``C - 1`` of the ``C`` it leaves) is the page it takes when that
-        token starts one, else one more. A request without decode steps (one output) has none."""
-        if not started.plan.spare_page:
-            return 0
-        if not decoding:
-            return 1
-        req = started.req
-        left = req.input_len + req.output_ids.shape[0] - 1  # C: the committed tokens
-        if left <= req.input_len:
-            return 0
-        return 0 if (left - 1) % self._ids_per_key == 0 else 1
+        """:func:`simlab.engines.publish.spare_ids`."""
+        return publish.spare_ids(self, started, decoding)
 
     def finish(self, started: Started, timing: Timing | None = None) -> RequestRecord:
         """The request completed: admit input + output, unpin, ``observe``, the record. A plan
@@ -632,7 +366,7 @@ class RequestStep:
             ckpts,
             end,
             self.eviction,
-            cuts=self._finish_cuts(started),
+            cuts=publish.finish_cuts(started),
             held_from=plan.held_from,
             stateless_kv=plan.stateless_kv,
             branch_at_insert=plan.branch_at_insert,
@@ -697,19 +431,6 @@ def check_host_tier(
             "cache.host_gb: a host tier is not supported with the Marconi reference code's "
             "semantics (policy.compat=reference / reference_fixed, eviction.ties=dfs|heap)"
         )
-
-
-def merged(first: InsertResult, second: InsertResult) -> InsertResult:
-    """A request's two admissions (prompt at prefill, the rest at finish) as one."""
-    return InsertResult(
-        kv_bytes=first.kv_bytes + second.kv_bytes,
-        ssm_bytes=first.ssm_bytes + second.ssm_bytes,
-        ckpts=first.ckpts + second.ckpts,
-        admitted_end=second.admitted_end,
-        truncated=first.truncated or second.truncated,
-        evicted_bytes=first.evicted_bytes + second.evicted_bytes,
-        evicted_nodes=first.evicted_nodes + second.evicted_nodes,
-    )
 
 
 def add_timing(record: RequestRecord, t: Timing) -> None:
