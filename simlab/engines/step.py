@@ -107,6 +107,9 @@ class RequestStep:
     eviction: EvictionPolicy
     policy: str
     controllers: Sequence[Controller] = field(default_factory=tuple)
+    #: an engine with vLLM's block pool runs the step there (:mod:`simlab.engines.block_pool`),
+    #: not on ``cache``: the route table's choice (``simlab.run.routes``)
+    pool: bool = False
     _observes: bool = field(init=False, repr=False)  # the eviction policy overrides observe
     _keys: KeyScheme = field(init=False, repr=False)
     _page: int = field(init=False, repr=False)  # Transformer hits round down to it
