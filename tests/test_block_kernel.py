@@ -39,7 +39,7 @@ def walk_of(overrides: list[str]) -> tuple[Paths, int, int, bool]:
     step = policy_step(name, pcfg, plan.model, plan.settings, requests[0].block_size)
     keys = block_replay.step_keys(step)
     slack = 0 if step.cache.semantics.whole_input_hit else 1
-    belady = block_replay.eviction_order(step.eviction) == "belady"
+    belady = block_replay.heap_order(step.eviction) == "belady"
     return block_paths(requests, keys), step.cache.kv_per_token, slack, belady
 
 

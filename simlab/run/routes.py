@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from simlab.cache.contract import RECENCY_ORDERS, Semantics
+from simlab.cache.contract import RECENCY_ORDERS, Keys, Semantics
 from simlab.cache.keys import BlockKeys, key_scheme
 from simlab.engines.base import Engine
 from simlab.engines.block_pool import pool_shape
@@ -95,7 +95,7 @@ def blocks_refusal(case: Case) -> str | None:
     return first(
         (
             (not cache.hybrid, "a hybrid model (states make it no eviction over blocks alone)"),
-            (admission.kind == "blocks", f"admission {admission.kind} (whole blocks only)"),
+            (admission.kind == "blocks", f"admission is {admission.kind} (whole blocks only)"),
             (isinstance(key_scheme(admission.keys), BlockKeys), "token keys (not whole blocks)"),
             (
                 cache.semantics in (Semantics(), Semantics(whole_input_hit=True)),
@@ -143,10 +143,13 @@ def radix_refusal(step: RequestStep, requests: Sequence[Request]) -> str | None:
     return first(
         (
             (
-                kind in radix_kernel.ADMISSIONS and admission.keys.block_size is None,
+                kind in radix_kernel.ADMISSIONS and admission.keys == Keys(),
                 f"admission is {kind} (judicious on its input, fine-grained)",
             ),
-            (kind != "fine_grained" or not step.controllers, "alpha tuning, fine-grained"),
+            (
+                kind != "fine_grained" or not step.controllers,
+                "alpha tuning with a fine-grained admission",
+            ),
             (cache.semantics == Semantics(), "the reference code's semantics"),
             (cache.host is None and cache.ssm_capacity is None, "a host tier or SSM pool"),
             (
@@ -162,7 +165,10 @@ def radix_refusal(step: RequestStep, requests: Sequence[Request]) -> str | None:
                 all(r.block_size == 1 and r.ref_input_tokens is None for r in requests),
                 "a hash-id trace",
             ),
-            (order in radix_kernel.EVICTIONS, f"eviction is {order} (flop_aware or recency)"),
+            (
+                order in radix_kernel.EVICTIONS,
+                f"eviction is {order} (flop_aware with the paper's terms, or recency)",
+            ),
             (
                 eviction.ties == "oldest"
                 and not eviction.refreshes_insert_path
