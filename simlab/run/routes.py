@@ -284,7 +284,7 @@ def engine_routes(engine: Engine) -> tuple[str, ...]:
 def choose(case: Case) -> Route:
     """The first route of the engine's that accepts ``case``, with why each before it did not;
     marks the step for vLLM's pool where that is the route (``RequestStep.pool``)."""
-    refused = {}
+    refused: dict[str, str] = {}
     for name in engine_routes(case.engine):
         why = TABLE[name](case)
         if why is None:
