@@ -426,9 +426,9 @@ def test_a_tuned_compiled_run_tunes_as_the_request_step_does(case, caplog):
     caplog.set_level("INFO", logger="simlab")
     got = run(overrides, compiled=True)
     timed = "engine=timed" in overrides
-    assert (
-        "the alpha grid search compiled" if timed else "the radix replay compiled"
-    ) in caplog.text
+    assert ("the alpha grid search compiled" if timed else "route compiled_radix") in caplog.text
+    assert got.route is not None
+    assert got.route.taken == ("timed_world" if timed else "compiled_radix")
     want = run(overrides, compiled=False)
     for name, column in want.records.items():
         assert np.array_equal(got.records[name], column, equal_nan=column.dtype.kind == "f"), name
