@@ -36,11 +36,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simlab.cache.contract import RECENCY_ORDERS, Keys, Semantics
 from simlab.cache.keys import BlockKeys, key_scheme
-from simlab.engines.base import Engine
+from simlab.engines.base import Engine, Replicated
 from simlab.engines.block_pool import pool_shape
 from simlab.engines.replay import ReplayEngine
 from simlab.engines.step import RequestStep
@@ -48,6 +48,9 @@ from simlab.engines.tuning.tuner import AlphaTuner
 from simlab.fastpaths.radix import kernel as radix_kernel
 from simlab.fastpaths.radix import tuning as radix_tuning
 from traces.format import Request
+
+if TYPE_CHECKING:  # imported when a timed engine is routed (SimPy: not for the replay)
+    from simlab.engines.timed.engine import TimedEngine
 
 log = logging.getLogger(__name__)
 
@@ -240,19 +243,22 @@ def timed_pool_refusal(case: Case) -> str | None:
     from simlab.engines.timed.engine import TimedEngine
 
     timed = timed_engine(case.engine)
-    if type(timed) is not TimedEngine:  # a subclass's feeders drive the prefix tree
+    if timed is None or type(timed) is not TimedEngine:  # a subclass's feeders: the tree
         return f"engine {case.engine.name} (the timed engine only)"
     return pool_refusal(case.step, case.requests, transformers=timed.kv_pool == "shared")
 
 
-def timed_engine(engine: Engine) -> Any:
-    """The timed engine behind ``engine`` (a cluster's replicas), or None."""
-    from simlab.engines.cluster import ClusterEngine
+def timed_engine(engine: Engine) -> TimedEngine | None:
+    """The timed engine behind ``engine`` (itself, or a cluster's replicas'), or None."""
     from simlab.engines.timed.engine import TimedEngine
 
-    if isinstance(engine, ClusterEngine):
-        return engine.engine
-    return engine if isinstance(engine, TimedEngine) else None
+    if isinstance(engine, TimedEngine):
+        return engine
+    if not isinstance(engine, Replicated):
+        return None
+    from simlab.engines.cluster import ClusterEngine  # SimPy's replicas: loaded for them only
+
+    return engine.engine if isinstance(engine, ClusterEngine) else None
 
 
 def accept(case: Case) -> None:
