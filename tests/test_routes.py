@@ -10,14 +10,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 import pytest
-from omegaconf import OmegaConf
 from pandas.testing import assert_frame_equal
 
 from policies.fifo import FIFO
 from policies.lru import LRU
 from policies.production import VLLM, BlockLRU
 from simlab.cache.contract import EvictionPolicy
-from simlab.cost.model import Hardware
 from simlab.engines.block_pool import pool_run, pool_shape
 from simlab.engines.records import RECORD_COLUMNS, record_columns
 from simlab.engines.replay import ReplayEngine
@@ -25,9 +23,9 @@ from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
 from simlab.run import routes
 from simlab.run.simulate import plan_run, policy_step, simulate, trace_requests
-from tests.fixtures import CONFIGS, compose, model
+from tests.fixtures import compose, model
+from tests.test_cluster import A100
 
-A100 = Hardware.from_config(OmegaConf.load(CONFIGS / "hardware" / "a100_40gb.yaml"))
 CHAT = [
     "trace=chat",
     "trace.n_sessions=12",
