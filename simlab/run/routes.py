@@ -256,7 +256,7 @@ def timed_engine(engine: Engine) -> TimedEngine | None:
         return engine
     if not isinstance(engine, Replicated):
         return None
-    from simlab.engines.cluster import ClusterEngine  # SimPy's replicas: loaded for them only
+    from simlab.engines.cluster.engine import ClusterEngine  # loaded for replicas only
 
     return engine.engine if isinstance(engine, ClusterEngine) else None
 
