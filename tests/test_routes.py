@@ -21,6 +21,8 @@ from simlab.engines.records import RECORD_COLUMNS, record_columns
 from simlab.engines.replay import ReplayEngine
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
+from simlab.report.load import load_run
+from simlab.report.provenance import run_lines
 from simlab.run import routes
 from simlab.run.simulate import plan_run, policy_step, simulate, trace_requests
 from tests.fixtures import compose, model
@@ -165,3 +167,11 @@ def test_refusals_name_what_a_faster_route_needs():
     assert route.refused["stack_distances"] == "eviction is custom (recency only)"
     assert route.refused["compiled_radix"].startswith("cache.compiled=False")
     assert route.to_dict() == {"taken": "request_step", "refused": route.refused}
+
+
+def test_the_provenance_page_shows_each_policys_route(tmp_path):
+    run([*LLAMA, "+policy=vllm", "cache.one_pass=false"], tmp_path, "run")
+    lines = run_lines(load_run(tmp_path / "run"))
+    at = lines.index("== Routes (the code that computed each policy) ==")
+    assert lines[at + 1] == "vllm: request_step"
+    assert "  not stack_distances: cache.one_pass=false" in lines[at + 2 : at + 6]
