@@ -76,6 +76,11 @@ class Clairvoyant(EvictionPolicy):
         default_factory=dict, init=False, repr=False, compare=False
     )
 
+    @property
+    def order(self) -> str:
+        """``next_use`` on whole ids; ``custom`` when its Transformer leaves count pages."""
+        return "next_use" if self.page_size == 1 else "custom"
+
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError(f"eviction.page_size must be >= 1, got {self.page_size}")

@@ -20,7 +20,7 @@ Invariants.
 
 * Per-slot state (``born``, ``nid``) is valid only where ``nid[slot] == cache.nids[slot]``:
   the cache reuses a slot after its node is evicted, and a stale birth never leaks to the
-  node that takes the slot over (the same scheme as ``policies.lfu.HitCounts``). The arrays
+  node that takes the slot over (the same scheme as ``simlab.cache.scoring.HitCounts``). The arrays
   grow on demand to ``cache.nids.shape[0]``.
 * A parent is never born after any of its children (a child is created after its parent,
   a split's upper half is born with the oldest of its children), so when the oldest leaf
@@ -54,6 +54,7 @@ def _deepest_first(node: Node) -> int:
 class FIFO(EvictionPolicy):
     """Evict the leaf admitted longest ago; hits do not refresh it."""
 
+    order = "fifo"
     evicts_inner_nodes: bool = False
     scores_depend_on_candidates: bool = False
     born: np.ndarray = field(

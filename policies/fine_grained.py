@@ -7,8 +7,9 @@ down to whole blocks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from simlab.cache.contract import Admission, AdmissionPolicy, Tokens
 
@@ -19,6 +20,14 @@ if TYPE_CHECKING:
 @dataclass
 class FineGrained(AdmissionPolicy):
     block_size: Tokens = 32
+    kind = "fine_grained"
+
+    @classmethod
+    def reference_semantics(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The reference vLLM+ (``radix_cache_vllm.py``) has its own block match (no descent
+        bug) and its own insertion estimate (``block_estimate``: its block size, in tokens)."""
+        block = int(options.get("block_size", cls.block_size))
+        return {"partial_descent": False, "block_estimate": block}
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -32,13 +32,13 @@ retrospective tuning (``simlab.engines.tuning``) starts it at 0 and sets it thro
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from simlab.cache.contract import CacheView, EvictionPolicy, min_max
+from simlab.cache.contract import CacheView, EvictionPolicy, Switches, min_max
+from simlab.cache.scoring import checked_alpha
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup
@@ -48,13 +48,8 @@ if TYPE_CHECKING:
 MEMORY_TERMS = ("own", "path")
 RECENCY_TERMS = ("shifted", "inverse_age")
 TIE_ORDERS = ("oldest", "dfs")
-
-
-def checked_alpha(alpha: float) -> float:
-    """``alpha`` if it is a finite number >= 0 (ValueError naming ``policy.alpha`` otherwise)."""
-    if not (isinstance(alpha, int | float) and alpha >= 0.0 and math.isfinite(alpha)):
-        raise ValueError(f"policy.alpha must be a finite number >= 0, got {alpha!r}")
-    return float(alpha)
+_REFERENCE = {"memory": "path", "recency": "inverse_age", "ties": "dfs"}
+_BUGS = ("mlp_bug", "miscounts_freed_bytes")
 
 
 @dataclass
@@ -67,6 +62,17 @@ class FlopAware(EvictionPolicy):
     miscounts_freed_bytes: bool = False
     evicts_inner_nodes: bool = True
     scores_depend_on_candidates: bool = True
+    #: the reference's terms, with its two bugs (``reference``) or without (``reference_fixed``)
+    reference_switches: ClassVar[Switches] = {
+        "reference": _REFERENCE | dict.fromkeys(_BUGS, True),
+        "reference_fixed": _REFERENCE | dict.fromkeys(_BUGS, False),
+    }
+
+    @property
+    def order(self) -> str:
+        """``flop_aware`` with the paper's terms; the reference code's are ``custom``."""
+        paper = (self.memory, self.recency, self.mlp_bug) == ("own", "shifted", False)
+        return "flop_aware" if paper else "custom"
 
     def __post_init__(self) -> None:
         self.set_alpha(self.alpha)
@@ -77,7 +83,7 @@ class FlopAware(EvictionPolicy):
         ):
             if value not in allowed:
                 raise ValueError(f"eviction.{key} must be one of {allowed}, got {value!r}")
-        for key in ("mlp_bug", "miscounts_freed_bytes"):
+        for key in _BUGS:
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"eviction.{key} must be true or false")
 

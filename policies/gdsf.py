@@ -2,7 +2,7 @@
 
 Each node carries ``H = L + frequency x cost / size`` with ``cost`` the FLOPs that reusing the
 node saves beyond its parent (``saved_flops``), ``size`` the bytes it holds (``node_bytes``) and
-``frequency`` its hit count (:class:`policies.lfu.HitCounts`). ``L``, the inflation value, starts
+``frequency`` its hit count (:class:`simlab.cache.scoring.HitCounts`). ``L``, the inflation value, starts
 at 0 and becomes the ``H`` of each evicted node, so nodes not used for a while age relative to
 newly admitted or re-used ones. ``H`` is re-based on ``L`` when a node is admitted or hit; the
 lowest ``H`` is evicted first (ties: oldest node).
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.lfu import HitCounts, reused_nodes
 from simlab.cache.contract import CacheView, EvictionPolicy
+from simlab.cache.scoring import HitCounts, reused_nodes
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup

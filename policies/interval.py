@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from policies.judicious import ALIGNMENTS, aligned
 from simlab.cache.contract import Admission, AdmissionPolicy, Tokens
+from simlab.cache.scoring import ALIGNMENTS, aligned
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup

@@ -18,22 +18,15 @@ costing a second prefill pass) or rounded down to the previous chunk boundary
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from simlab.cache.contract import Admission, AdmissionPolicy, Tokens
+from simlab.cache.contract import Admission, AdmissionPolicy, Switches, Tokens
+from simlab.cache.scoring import ALIGNMENTS, aligned
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup
 
-ALIGNMENTS = ("exact", "round_down")
 BRANCH_ON = ("input", "sequence")
-
-
-def aligned(pos: int, alignment: str, chunk_size: int) -> int:
-    """Position where a prefill checkpoint for ``pos`` is actually taken (0 = none)."""
-    if alignment == "exact":
-        return pos
-    return (pos // chunk_size) * chunk_size
 
 
 @dataclass
@@ -42,6 +35,16 @@ class Judicious(AdmissionPolicy):
     chunk_size: Tokens = 256
     page_size: Tokens = 1
     branch_on: str = "input"
+    reference_switches: ClassVar[Switches] = {
+        "reference": {"branch_on": "sequence"},
+        "reference_fixed": {"branch_on": "sequence"},
+    }
+
+    @property
+    def kind(self) -> str:
+        """``judicious`` on its input, unpaged; ``custom`` otherwise."""
+        plain = self.branch_on == "input" and self.page_size == 1
+        return "judicious" if plain else "custom"
 
     def __post_init__(self) -> None:
         if self.branch_on not in BRANCH_ON:

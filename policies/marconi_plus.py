@@ -40,9 +40,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.flop_aware import checked_alpha
-from policies.lfu import HitCounts, reused_nodes
 from simlab.cache.contract import CacheView, EvictionPolicy, min_max
+from simlab.cache.scoring import HitCounts, checked_alpha, reused_nodes
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup

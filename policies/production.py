@@ -42,8 +42,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from policies.lru import LRU
 from simlab.cache.contract import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
+from simlab.cache.scoring import Recency
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup
@@ -168,6 +168,7 @@ class BlockPool(AdmissionPolicy):
     block_size: Tokens = 16
     committed: bool = False
     whole_last_id: bool = False  # hash-id traces: :class:`simlab.cache.contract.Keys`
+    kind = "blocks"
 
     def __post_init__(self) -> None:
         positive_int(self.block_size, "policy.block_size")
@@ -247,6 +248,10 @@ class VLLM(BlockPool):
                 f"got {self.mamba_cache_mode!r}"
             )
 
+    def pools_blocks(self, hybrid: bool) -> bool:
+        """With ``block_pool`` on: a hybrid in ``align`` mode, and a Transformer."""
+        return self.block_pool and (self.mamba_cache_mode == "align" or not hybrid)
+
     def for_model(self, model: ModelSpec, unit_tokens: int = 1) -> VLLM:
         if not model.is_hybrid or self.mamba_cache_mode != "align":
             return self
@@ -269,7 +274,7 @@ class VLLM(BlockPool):
 
 
 @dataclass
-class RadixLRU(LRU):
+class RadixLRU(Recency):
     """SGLang's LRU: a match refreshes every node it passes and the one it stops inside; so
     does an insertion's walk (``refreshes_insert_path``). On a hybrid a match refreshes the
     path up to its hit only (``_match_post_processor`` stamps ``best_match_node``, the deepest
@@ -278,6 +283,7 @@ class RadixLRU(LRU):
     last state stay as old as they were. Each access is stamped from one global counter, so
     an insertion is newer than every match before it (``ticks_on_insert``)."""
 
+    order = "sglang_recency"
     refreshes_insert_path: bool = True
     ticks_on_insert: bool = True
 
@@ -295,10 +301,11 @@ class RadixLRU(LRU):
 
 
 @dataclass
-class BlockLRU(LRU):
+class BlockLRU(Recency):
     """vLLM's free queue: a hit takes its blocks out of the queue and the finished request
     returns every block it used (``refreshes_insert_path``), tail first."""
 
+    order = "free_queue"
     refreshes_insert_path: bool = True
 
     def on_hit(self, cache: CacheView, lookup: Lookup) -> None:

@@ -175,3 +175,12 @@ def policy_plugins(name: str, overrides: list[str] | None = None):
 
 
 POLICIES = sorted(p.stem for p in (CONFIGS / "policy").glob("*.yaml"))
+
+
+def routed(step, engine, requests=()):
+    """``step`` marked for the route the route table picks on ``engine`` (vLLM's pool where
+    that is the route: ``RequestStep.pool``), as a run marks it."""
+    from simlab.run.routes import Case, choose
+
+    choose(Case(step, engine, list(requests)))
+    return step

@@ -189,8 +189,9 @@ def test_one_call_compare_set_is_the_three_peer_policies():
     computed in one stack-distance pass, FIFO and optimal on block ids (no request-by-request
     replay)."""
     from simlab.config import run_settings
-    from simlab.fastpaths.blocks.replay import eviction_order, one_pass_obstacle
+    from simlab.fastpaths.blocks.replay import heap_order
     from simlab.model.spec import ModelSpec
+    from simlab.run import routes
     from simlab.run.simulate import build_engine, policy_step
     from tests.fixtures import compose
 
@@ -213,8 +214,8 @@ def test_one_call_compare_set_is_the_three_peer_policies():
         assert step.cache.semantics.whole_input_hit
         assert step.admission.keys.whole_last_id  # kvcache-simulator: every id a whole block
         assert step.cache.kv_per_token == peers.BLOCK_BYTES  # one node per 512-token block
-        assert one_pass_obstacle(step, engine) is None
-        orders[name] = eviction_order(step.eviction)
+        assert routes.choose(routes.Case(step, engine, [])).taken in routes.BLOCK_ROUTES
+        orders[name] = heap_order(step.eviction)
     assert orders == {"fifo": "fifo", "lru": "lru", "optimal": "belady"}
 
 

@@ -138,15 +138,17 @@ def test_policies_keyed_differently_do_not_share_a_walk(tmp_path):
     assert admitted["b"] > admitted["a"]  # the partial last ids, cached whole
 
 
-@pytest.mark.parametrize(("policy", "logged"), [(FIFO, "FIFO"), (BELADY, "Belady")])
-def test_a_scalar_run_takes_the_block_heap(policy, logged, tmp_path, caplog):
-    base = [*policy, *SHAREGPT_BLOCKS, "policy.block_size=16"]
-    caplog.set_level("INFO", logger="simlab.run.simulate")
+@pytest.mark.parametrize("policy", [FIFO, BELADY], ids=["fifo", "belady"])
+def test_a_scalar_run_takes_the_block_heap(policy, tmp_path, caplog):
+    base = [*policy, *SHAREGPT_BLOCKS, "policy.block_size=16", "cache.compiled=false"]
+    caplog.set_level("INFO", logger="simlab.run.policy")
     run_scalar(base, "0.01", tmp_path / "heap")
-    assert f"{logged} over whole blocks, on block ids (cache.one_pass)" in caplog.text
+    assert "route block_heap" in caplog.text
     caplog.clear()
     run_scalar(base, "0.01", tmp_path / "replay", "cache.one_pass=false")
-    assert "on block ids" not in caplog.text
+    assert "route request_step" in caplog.text and "route block_heap" not in caplog.text
+    (route,) = results(tmp_path / "replay")[2]["routes"].values()
+    assert route["refused"]["block_heap"] == "cache.one_pass=false"
     got, want = results(tmp_path / "heap"), results(tmp_path / "replay")
     assert got[0].equals(want[0]) and got[1].equals(want[1])
     assert got[0]["nodes_evicted"].sum() > 0

@@ -21,6 +21,7 @@ from simlab.fastpaths.blocks import replay as block_replay
 from simlab.fastpaths.blocks.heap import heap_replay, input_passes
 from simlab.fastpaths.blocks.walk import Paths, block_paths
 from simlab.run.simulate import plan_run, policy_step, trace_requests
+from simlab.util import numba_import
 from tests.fixtures import compose
 from tests.test_block_heap import BELADY, FIFO, MOONCAKE_BLOCKS, SHAREGPT_BLOCKS, WHOLE
 from tests.test_capacities import MOONCAKE, results, run_list, without_timing
@@ -39,7 +40,7 @@ def walk_of(overrides: list[str]) -> tuple[Paths, int, int, bool]:
     step = policy_step(name, pcfg, plan.model, plan.settings, requests[0].block_size)
     keys = block_replay.step_keys(step)
     slack = 0 if step.cache.semantics.whole_input_hit else 1
-    belady = block_replay.eviction_order(step.eviction) == "belady"
+    belady = block_replay.heap_order(step.eviction) == "belady"
     return block_paths(requests, keys), step.cache.kv_per_token, slack, belady
 
 
@@ -139,7 +140,7 @@ def test_auto_compiles_only_walks_large_enough_to_repay_numba(monkeypatch):
     assert block_replay.use_compiled("auto", paths, 1)
     assert not block_replay.use_compiled(False, paths, 1)
     monkeypatch.setattr(block_kernel, "loaded", lambda: False)
-    monkeypatch.setattr(block_kernel, "available", lambda: False)
+    monkeypatch.setattr(block_replay, "available", lambda: False)  # no numba
     assert not block_replay.use_compiled("auto", paths, 2, heap_runs=2)
 
 
@@ -165,6 +166,6 @@ def test_a_bad_compiled_setting_is_an_error_naming_the_key(value):
 
 
 def test_compiled_true_without_numba_is_an_error_naming_the_extra(monkeypatch):
-    monkeypatch.setattr(block_kernel, "available", lambda: False)
+    monkeypatch.setattr(numba_import, "available", lambda: False)
     with pytest.raises(ConfigError, match=r"cache\.compiled=true: numba is not installed"):
         plan_run(compose(["+policy=vllm", "cache.compiled=true"]))

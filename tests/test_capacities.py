@@ -19,9 +19,9 @@ from pandas.testing import assert_frame_equal
 
 from simlab.config import ConfigError, run_settings
 from simlab.engines.records import strict_json
-from simlab.fastpaths.blocks.replay import one_pass_obstacle
 from simlab.fastpaths.stack import Fenwick, matched_blocks
 from simlab.model.spec import ModelSpec
+from simlab.run import routes
 from simlab.run.capacities import TABLE, point_dir_name, run_capacities
 from simlab.run.simulate import build_engine, policy_step, saved_config, simulate
 from tests.fixtures import ROOT, compose
@@ -75,6 +75,11 @@ def results(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
         pd.read_parquet(run_dir / "occupancy.parquet"),
         summary,
     )
+
+
+def route_of(run_dir: Path, policy: str) -> dict[str, Any]:
+    """The route ``summary.json`` keeps for ``policy``."""
+    return json.loads((run_dir / "summary.json").read_text())["routes"][policy]
 
 
 def without_timing(summary: dict[str, Any]) -> dict[str, Any]:
@@ -139,15 +144,18 @@ def test_one_pass_records_equal_separate_scalar_runs(case, tmp_path):
 @needs_mooncake
 @pytest.mark.parametrize("size", ["0.3", "3"])
 def test_one_capacity_from_stack_distances_equals_the_replay(size, tmp_path, caplog):
-    """A scalar run of an LRU over whole blocks is computed from stack distances (logged), and
-    writes what the request-by-request replay writes."""
+    """A scalar run of an LRU over whole blocks is computed from stack distances (logged and
+    kept in ``summary.json``), and writes what the request-by-request replay writes."""
     base = [*MOONCAKE_LRU, "trace.limit=300"]
-    caplog.set_level("INFO", logger="simlab.run.simulate")
+    caplog.set_level("INFO", logger="simlab.run.policy")
     run_scalar(base, size, tmp_path / "stack")
-    assert "from stack distances" in caplog.text
+    assert "route stack_distances" in caplog.text
     caplog.clear()
     run_scalar(base, size, tmp_path / "replay", "cache.one_pass=false")
-    assert "from stack distances" not in caplog.text
+    assert "route request_step" in caplog.text
+    assert route_of(tmp_path / "stack", "vllm")["taken"] == "stack_distances"
+    refused = route_of(tmp_path / "replay", "vllm")["refused"]
+    assert refused["stack_distances"] == "cache.one_pass=false"
     records, occupancy, summary = results(tmp_path / "stack")
     want_records, want_occupancy, want_summary = results(tmp_path / "replay")
     assert_frame_equal(records, want_records, check_exact=True)
@@ -164,7 +172,8 @@ def test_one_pass_switch_off_runs_back_to_back_with_the_same_records(tmp_path, c
     assert "one-pass stack-distance replay for 2 capacities" in caplog.text
     caplog.clear()
     back = run_list(base, ["0.5", "3"], tmp_path / "back", "cache.one_pass=false")
-    assert "back to back for 2 capacities (cache.one_pass=false)" in caplog.text
+    assert "back to back for 2 capacities (route request_step" in caplog.text
+    assert "not stack_distances: cache.one_pass=false" in caplog.text
     assert [p.replay["vllm"] for p in back.points] == ["back_to_back"] * 2
     assert [p.replay["vllm"] for p in one.points] == ["one_pass"] * 2
     for name in ("size_gb=0.5", "size_gb=3"):
@@ -195,7 +204,13 @@ def _obstacle(overrides: list[str]) -> str | None:
     settings = run_settings(cfg)
     ((name, pcfg),) = settings.policies.items()
     model = ModelSpec.from_config(cfg.model)
-    return one_pass_obstacle(policy_step(name, pcfg, model, settings), build_engine(cfg))
+    step, engine = policy_step(name, pcfg, model, settings), build_engine(cfg)
+    if routes.engine_routes(engine) != routes.REPLAY_ROUTES:
+        return f"engine {engine.name}"
+    route = routes.choose(routes.Case(step, engine, []))
+    if route.taken in routes.BLOCK_ROUTES:
+        return None
+    return "; ".join(route.refused[name] for name in routes.BLOCK_ROUTES)
 
 
 VLLM_LLAMA = ["+policy=vllm", "model=llama3_8b", "engine=replay"]
@@ -225,9 +240,9 @@ VLLM_LLAMA = ["+policy=vllm", "model=llama3_8b", "engine=replay"]
                 "engine=replay",
                 "policy.eviction.page_size=4",
             ],
-            "pages",
+            "eviction is custom",
         ),
-        ([*VLLM_LLAMA, "eviction@policy.eviction=lfu"], "eviction policies.lfu"),
+        ([*VLLM_LLAMA, "eviction@policy.eviction=lfu"], "eviction is custom"),
         ([*VLLM_LLAMA, "eviction@policy.eviction=lru"], "refreshes nothing"),
         ([*VLLM_LLAMA, "+policy.semantics.clock=operation"], "semantics"),
         (["+policy=sglang_plus", "model=llama3_8b", "engine=replay"], "admission"),

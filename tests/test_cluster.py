@@ -21,7 +21,15 @@ from simlab.engines.timed.world import SessionFeeder, _sessions
 from simlab.run.bounds import infinite_cache_hits
 from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import build_engine, simulate
-from tests.fixtures import CONFIGS, chat_trace, compose, hot_prefix_trace, model, policy_plugins
+from tests.fixtures import (
+    CONFIGS,
+    chat_trace,
+    compose,
+    hot_prefix_trace,
+    model,
+    policy_plugins,
+    routed,
+)
 from traces.arrivals import assign_arrivals
 from traces.format import Request
 
@@ -32,9 +40,10 @@ CKPT = HYBRID.ssm_state_bytes
 
 
 def fresh_step(policy, spec=HYBRID, capacity=30 * CKPT):
-    def build() -> RequestStep:
+    def build() -> RequestStep:  # on its timed route (vLLM's pool for a hybrid under vllm)
         admission, eviction = policy_plugins(policy)
-        return RequestStep.build(spec, capacity, admission, eviction, policy)
+        step = RequestStep.build(spec, capacity, admission, eviction, policy)
+        return routed(step, TimedEngine(hardware=A100))
 
     return build
 

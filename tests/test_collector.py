@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 import simpy
 
-import simlab.run.simulate
+import simlab.run.policy
 from simlab.run.simulate import simulate
 from simlab.util.collector import collector_paused
 from tests.fixtures import compose
@@ -75,7 +75,7 @@ def cycles_left(monkeypatch, overrides: list[str]) -> list[int]:
                 found.append(gc.collect())
 
     monkeypatch.setattr(simpy.Environment, "run", run_then_collect)
-    monkeypatch.setattr(simlab.run.simulate, "collector_paused", paused_then_collect)
+    monkeypatch.setattr(simlab.run.policy, "collector_paused", paused_then_collect)
     simulate(compose([*CHAT, *overrides]))
     return found
 

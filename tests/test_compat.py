@@ -23,7 +23,6 @@ from simlab.config import ConfigError, run_settings
 from simlab.engines.replay import replay_step
 from simlab.engines.step import RequestStep
 from simlab.model.spec import ModelSpec
-from simlab.run import compat
 from simlab.run.compat import semantics_for, with_compat
 from simlab.run.simulate import load_trace, policy_step
 from tests.fixtures import compose, model
@@ -288,10 +287,9 @@ def test_the_heap_tie_order_is_the_real_codes(monkeypatch):
     csv = REAL / "swebench_2gb_sglang_plus.csv"
     trace, policy, gb, alpha, expected = real_case(csv)
     fixed = ("+policy.semantics.partial_descent=true",)
-    lru = "policies.lru.LRU"
-    plugins = dict(compat._PLUGINS["reference_fixed"])
-    plugins[lru] = plugins[lru] | {"ties": "oldest"}
-    monkeypatch.setitem(compat._PLUGINS, "reference_fixed", plugins)
+    switches = LRU.reference_switches
+    oldest_ties = switches["reference_fixed"] | {"ties": "oldest"}
+    monkeypatch.setattr(LRU, "reference_switches", switches | {"reference_fixed": oldest_ties})
     oldest = simlab_hits(trace, policy, gb, alpha, "reference_fixed", fixed)
     assert oldest != expected["reference_hit"].tolist()
 

@@ -18,7 +18,7 @@ from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.world import Job, SessionFeeder, TimedWorld
 from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import simulate
-from tests.fixtures import compose, policy_plugins
+from tests.fixtures import compose, policy_plugins, routed
 from tests.test_cluster import A100, HYBRID, LLAMA, chat_requests
 from traces.format import Request
 
@@ -259,9 +259,8 @@ def test_a_shared_pool_does_not_keep_room_twice_for_a_running_prompt():
         Request(i, i, 0, 100.0 * i, np.asarray(p, dtype=np.int32), np.asarray([7], np.int32), 1)
         for i, p in enumerate(prompts)
     ]
-    run = engine(kv_pool="shared", running_memory_gb=0).run(
-        reqs, build("vllm", cache_bytes=7 * 16 * KV)()
-    )
+    shared = engine(kv_pool="shared", running_memory_gb=0)
+    run = shared.run(reqs, routed(build("vllm", cache_bytes=7 * 16 * KV)(), shared, reqs))
     frame = records_frame(run.records).set_index("request_id")
     assert frame["hit_tokens"].tolist() == [0, 0, 32]
     assert frame["bytes_evicted"].sum() == 0

@@ -31,6 +31,7 @@ from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
 from simlab.fastpaths.radix import kernel as radix_kernel
 from simlab.fastpaths.radix import replay as radix_replay
+from simlab.run import routes
 from simlab.run.simulate import plan_run, policy_step, trace_requests
 from tests.fixtures import compose, model
 from tests.test_capacities import results, run_list, run_scalar, without_timing
@@ -171,7 +172,7 @@ def test_the_kernel_gives_the_request_steps_records_on_real_traces(case):
     overrides = TRACE_CASES[case]
     needs_data(overrides[0].removeprefix("trace="))
     requests, step, engine = configured(overrides)
-    assert radix_kernel.obstacle(step, engine, requests) is None
+    assert kernel_refusal(step, engine, requests) is None
     _, oracle, _ = configured(overrides)
     got = assert_compiled_equals_step(requests, step, oracle)
     if "truncated" in case:
@@ -425,9 +426,9 @@ def test_a_tuned_compiled_run_tunes_as_the_request_step_does(case, caplog):
     caplog.set_level("INFO", logger="simlab")
     got = run(overrides, compiled=True)
     timed = "engine=timed" in overrides
-    assert (
-        "the alpha grid search compiled" if timed else "the radix replay compiled"
-    ) in caplog.text
+    assert ("the alpha grid search compiled" if timed else "route compiled_radix") in caplog.text
+    assert got.route is not None
+    assert got.route.taken == ("timed_world" if timed else "compiled_radix")
     want = run(overrides, compiled=False)
     for name, column in want.records.items():
         assert np.array_equal(got.records[name], column, equal_nan=column.dtype.kind == "f"), name
@@ -466,13 +467,15 @@ def test_a_rewritten_history_gets_a_region_of_its_own():
 def test_a_compiled_run_writes_what_a_request_by_request_run_writes(tmp_path, caplog):
     base = [*SHAREGPT, "model=nemotron_h_8b", "engine=replay", "bounds.enabled=false"]
     base += ["+policy=sglang_plus"]
-    caplog.set_level("INFO", logger="simlab.run.simulate")
+    caplog.set_level("INFO", logger="simlab.run.policy")
     run_scalar(base, "0.5", tmp_path / "compiled", "cache.compiled=true")
-    assert "the radix replay compiled (cache.compiled=True)" in caplog.text
+    assert "route compiled_radix" in caplog.text
     caplog.clear()
     run_scalar(base, "0.5", tmp_path / "python", "cache.compiled=false")
-    assert "the radix replay compiled" not in caplog.text
+    assert "route request_step" in caplog.text and "route compiled_radix" not in caplog.text
     got, want = results(tmp_path / "compiled"), results(tmp_path / "python")
+    assert got[2]["routes"]["sglang_plus"]["taken"] == "compiled_radix"
+    assert "cache.compiled=False" in want[2]["routes"]["sglang_plus"]["refused"]["compiled_radix"]
     assert got[0].equals(want[0]) and got[1].equals(want[1])
     assert without_timing(got[2]) == without_timing(want[2])
 
@@ -491,8 +494,14 @@ def test_a_compiled_capacity_list_shares_one_token_pool(tmp_path, monkeypatch):
         assert without_timing(got[2]) == without_timing(want[2])
 
 
+def kernel_refusal(step, engine, requests) -> str | None:
+    """Why the route table does not run ``step`` compiled on ``engine`` (None: it does)."""
+    route = routes.choose(routes.Case(step, engine, requests, compiled=True))
+    return None if route.taken == "compiled_radix" else route.refused["compiled_radix"]
+
+
 OBSTACLES = {
-    "eviction MarconiPlus": ["+policy=marconi_plus"],
+    "eviction is custom": ["+policy=marconi_plus"],
     "the reference code's semantics": [*MARCONI, "+policy.semantics.partial_descent=true"],
     "a host tier or SSM pool": [*MARCONI, "cache.host_gb=2", "cache.host_bw_gbps=10"],
     "pages or ids of many tokens": ["+policy=sglang_plus", "cache.page_size=16"],
@@ -503,14 +512,14 @@ OBSTACLES = {
         "+policy.tuning.enabled=true",
     ],
     "eviction": ["+policy=gdsf"],
-    "the reference code's FLOP-aware terms": [*MARCONI, "policy.eviction.memory=path"],
+    "with the paper's terms": [*MARCONI, "policy.eviction.memory=path"],
 }
 
 
 @pytest.mark.parametrize("why", list(OBSTACLES))
 def test_what_the_kernel_does_not_cover_runs_request_by_request(why):
     requests, step, engine = configured(["trace=lmsys", "model=marconi_7b", *OBSTACLES[why]])
-    assert why in (radix_kernel.obstacle(step, engine, requests) or "")
+    assert why in (kernel_refusal(step, engine, requests) or "")
 
 
 def test_only_the_replay_engine_on_token_traces_runs_compiled():
@@ -518,11 +527,12 @@ def test_only_the_replay_engine_on_token_traces_runs_compiled():
         ["trace=lmsys", "model=marconi_7b", *MARCONI, "engine=timed"]
     )
     assert isinstance(timed, TimedEngine)
-    assert "only the replay engine" in (radix_kernel.obstacle(step, timed, requests) or "")
+    assert "compiled_radix" not in routes.engine_routes(timed)
+    assert routes.choose(routes.Case(step, timed, requests, compiled=True)).taken == "timed_world"
     hashed = [
         Request(0, 0, 0, 0.0, np.array([5], np.int32), np.zeros(0, np.int32), 0, block_size=512)
     ]
-    assert "a hash-id trace" in (radix_kernel.obstacle(step, ReplayEngine(), hashed) or "")
+    assert "a hash-id trace" in (kernel_refusal(step, ReplayEngine(), hashed) or "")
 
 
 def test_auto_compiles_runs_that_would_take_the_request_step_long_enough(monkeypatch):

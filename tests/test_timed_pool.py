@@ -16,7 +16,7 @@ from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.vllm_world import PoolWorld
 from simlab.engines.timed.world import SessionFeeder
-from tests.fixtures import CONFIGS, chat_trace, model, policy_plugins
+from tests.fixtures import CONFIGS, chat_trace, model, policy_plugins, routed
 from traces.arrivals import assign_arrivals
 from traces.format import Request
 
@@ -156,10 +156,12 @@ def test_a_transformer_under_vllm_runs_on_its_pool_when_the_kv_pool_is_shared():
     for kv_pool, on_pool in (("shared", True), ("separate", False)):
         step = RequestStep.build(llama, 1e9, admission, eviction, "vllm")
         engine = TimedEngine(hardware=A100, kv_pool=kv_pool, running_memory_gb=1.0)
-        assert isinstance(engine.world(requests, step), PoolWorld) == on_pool, kv_pool
+        world = engine.world(requests, routed(step, engine, requests))
+        assert isinstance(world, PoolWorld) == on_pool, kv_pool
     engine = TimedEngine(hardware=A100, kv_pool="shared", running_memory_gb=1.0, preemption="fifo")
+    step = RequestStep.build(llama, 1e9, admission, eviction, "vllm")
     with pytest.raises(ConfigError, match=r"engine.preemption.*block_pool=false"):
-        engine.world(requests, RequestStep.build(llama, 1e9, admission, eviction, "vllm"))
+        engine.world(requests, routed(step, engine, requests))
     shape = PoolShape.of(llama, 16, 2e9)
     assert shape is not None and shape.state_groups == 0
     assert shape.block_bytes == 16 * llama.kv_bytes_per_token  # a block of all 32 layers

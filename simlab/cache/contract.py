@@ -21,6 +21,12 @@ overrides only what it needs and nothing is probed with ``getattr``:
 * ``summary()``: extra items for the policy's entry in ``summary.json``;
 * ``set_alpha(alpha)`` (:class:`Tunable`): the weight an alpha tuner (``simlab.engines.tuning``) sets.
 
+A plug-in also declares what can serve it, never named by its class: an eviction its ``order``
+(:data:`ORDERS`), an admission its ``kind`` (:data:`KINDS`) and whether vLLM's block pool models
+it (``pools_blocks``), both their switches under each ``policy.compat`` preset
+(``reference_switches``). The route table (``simlab.run.routes``) picks a run's code path from
+these alone, so a renamed or subclassed plug-in keeps its fast paths by declaring them.
+
 This module imports nothing from ``simlab`` at run time: the simulator depends on the contract,
 never the other way round.
 """
@@ -31,7 +37,7 @@ import dataclasses
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -243,11 +249,46 @@ class Keys:
     radix: bool = False
 
 
+#: Eviction orders a plug-in may declare (:attr:`EvictionPolicy.order`): ``recency``, leaves by
+#: last access, a hit refreshing its matched path (``policies.lru``); ``sglang_recency``, the same
+#: with SGLang's refreshes; ``free_queue``, vLLM's free queue (a hit refreshes its hit chain);
+#: ``fifo``, leaves by admission; ``next_use``, Belady's farthest next use on whole ids;
+#: ``flop_aware``, Marconi's utility with the paper's terms; ``custom``, anything else.
+ORDERS = ("recency", "sglang_recency", "free_queue", "fifo", "next_use", "flop_aware", "custom")
+#: The orders that rank leaves by their last access alone.
+RECENCY_ORDERS = ("recency", "sglang_recency", "free_queue")
+#: Admission kinds a plug-in may declare (:attr:`AdmissionPolicy.kind`): ``judicious``,
+#: Marconi's on its input, unpaged; ``fine_grained``, a state every block (vLLM+); ``blocks``,
+#: every full block of the sequence, one node per block; ``custom``, anything else.
+KINDS = ("judicious", "fine_grained", "blocks", "custom")
+#: A plug-in's switches under each ``policy.compat`` preset: preset -> field -> value.
+Switches = dict[str, dict[str, Any]]
+
+
 class AdmissionPolicy:
     """Decides which SSM states of a request are checkpointed into the cache.
 
     Subclasses are dataclasses; their :data:`Tokens` fields are converted to the trace's units.
     """
+
+    #: its fields under each ``policy.compat`` preset (the Marconi reference code's counterpart)
+    reference_switches: ClassVar[Switches] = {}
+
+    @property
+    def kind(self) -> str:
+        """What the admission checkpoints, as the fast paths know it (:data:`KINDS`)."""
+        return "custom"
+
+    def pools_blocks(self, hybrid: bool) -> bool:
+        """Whether vLLM's block pool (``simlab.engines.block_pool``) models this admission, on
+        a hybrid or on a Transformer (where the engine runs one)."""
+        return False
+
+    @classmethod
+    def reference_semantics(cls, options: Any) -> dict[str, Any]:
+        """Cache semantics its reference counterpart sets over a preset's (``options``: its
+        config keys)."""
+        return {}
 
     #: a request's match splits the node it stops inside (at most ``len(input) - 1`` ids in)
     #: when it starts, not when it is admitted (SGLang's ``_split_node`` in the match; the
@@ -349,6 +390,13 @@ class EvictionPolicy:
     #: last candidate's edge, not the victim's (the reference's bug at
     #: ``radix_cache_hybrid.py:555``), so it stops early or late.
     miscounts_freed_bytes: bool = False
+    #: its fields under each ``policy.compat`` preset (the Marconi reference code's counterpart)
+    reference_switches: ClassVar[Switches] = {}
+
+    @property
+    def order(self) -> str:
+        """What orders its evictions, as the fast paths know it (:data:`ORDERS`)."""
+        return "custom"
 
     def prepare(self, requests: Sequence[Request]) -> None:
         """Called once with every request, in processing order, before the first."""
@@ -432,12 +480,16 @@ def min_max(values: np.ndarray) -> np.ndarray:
 
 
 __all__ = [
+    "KINDS",
+    "ORDERS",
+    "RECENCY_ORDERS",
     "Admission",
     "AdmissionPolicy",
     "CacheView",
     "EvictionPolicy",
     "Keys",
     "Semantics",
+    "Switches",
     "Tokens",
     "Tunable",
     "in_units",

@@ -55,14 +55,14 @@ def replay(
 
 @dataclass(frozen=True)
 class ReplayEngine:
-    """``engine=replay``: the records, and the cache occupancy after each request. A hybrid
-    under ``policy=vllm`` runs through vLLM's pool block by block (:mod:`simlab.engines.block_pool`)
-    instead of the prefix cache."""
+    """``engine=replay``: the records, and the cache occupancy after each request. A step routed
+    to vLLM's pool (``step.pool``: a hybrid under ``policy=vllm``) runs there block by block
+    (:mod:`simlab.engines.block_pool`) instead of on the prefix cache."""
 
     name: str = "replay"
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
-        shape = vllm_pool.pool_shape(step, requests)
+        shape = vllm_pool.pool_shape(step, requests) if step.pool else None
         if shape is not None:
             log.info("%s: vLLM's hybrid pool block by block (%s)", step.policy, shape)
             return vllm_pool.pool_run(requests, step, shape, step.policy)

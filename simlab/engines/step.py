@@ -102,6 +102,9 @@ class RequestStep:
     eviction: EvictionPolicy
     policy: str
     controllers: Sequence[Controller] = field(default_factory=tuple)
+    #: an engine with vLLM's block pool runs the step there (:mod:`simlab.engines.block_pool`),
+    #: not on ``cache``: the route table's choice (``simlab.run.routes``)
+    pool: bool = False
     #: how requests are keyed against the cache, ids counted as tokens
     keys: StepKeys = field(init=False, repr=False)
     _observes: bool = field(init=False, repr=False)  # the eviction policy overrides observe

@@ -132,6 +132,7 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
 
     from simlab.engines.block_pool import pool_shape
     from simlab.engines.timed.vllm_world import PoolWorld
+    from simlab.run.routes import pool_refusal
     from simlab.run.simulate import plan_run, policy_step, trace_requests
 
     sglang = case["engine"] == "sglang"
@@ -176,9 +177,10 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     if sglang:
         world = TimedWorld(requests, step, clock, settings)
     else:
-        shape = pool_shape(step, requests, transformers=True)
+        why = pool_refusal(step, requests, transformers=True)
+        shape = pool_shape(step, requests) if why is None else None
         if shape is None:
-            raise ValueError(f"{case['case']}: the policy does not run on vLLM's block pool")
+            raise ValueError(f"{case['case']}: the policy does not run on vLLM's pool ({why})")
         world = PoolWorld(requests, step, clock, settings, shape)
     records = world.run(OpenLoop(requests, engine["arrival"].tolist()))
     preempted = dict(

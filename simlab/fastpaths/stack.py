@@ -1,9 +1,9 @@
 """One replay for many capacities: LRU stack distances over whole blocks (Mattson et al., 1970).
 
-Which runs qualify (:func:`simlab.fastpaths.blocks.replay.one_pass_obstacle`): the replay engine, a pure
-Transformer, a block pool's keys (``policies.production.VLLM`` or ``BlockPool``: one tree node per
-block, only full blocks cached, hybrids excluded) and an LRU whose insertion refreshes the path it
-walks (``BlockLRU``, or ``LRU`` / ``RadixLRU`` with ``refreshes_insert_path``), leaves only, ties
+Which runs qualify (the route table's ``stack_distances``, :mod:`simlab.run.routes`): the replay
+engine, a pure Transformer, a block pool's keys (an admission of kind ``blocks``: one tree node per
+block, only full blocks cached, hybrids excluded) and a recency order whose insertion refreshes the
+path it walks (``BlockLRU``, or ``LRU`` / ``RadixLRU`` with ``refreshes_insert_path``), leaves only, ties
 to the oldest node, simlab's cache semantics or ``whole_input_hit`` alone; no host tier, no
 separate SSM pool, no controllers. FIFO and Belady on the same pools replay each capacity on
 block ids (:mod:`simlab.fastpaths.blocks.heap`); everything else (hybrids, FLOP-aware eviction, the

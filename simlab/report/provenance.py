@@ -1,5 +1,6 @@
 """The provenance pages: software version and commit, input files with checksums, seed, trace
-statistics, swept values and the full resolved config as YAML."""
+statistics, the route that computed each policy (``summary.json``'s ``routes``,
+:mod:`simlab.run.routes`), swept values and the full resolved config as YAML."""
 
 from __future__ import annotations
 
@@ -59,12 +60,25 @@ def config_lines(config: dict[str, Any], title: str = "Full resolved config (YAM
     return ["", f"== {title} ==", *text.rstrip().splitlines()]
 
 
+def route_lines(routes: dict[str, Any], title: str = "Routes") -> list[str]:
+    """Per policy, the route that computed its records and why each faster one was refused."""
+    if not routes:
+        return []
+    lines = ["", f"== {title} (the code that computed each policy) =="]
+    for policy, route in routes.items():
+        lines.append(f"{policy}: {route.get('taken', '?')}")
+        lines += [f"  not {name}: {why}" for name, why in route.get("refused", {}).items()]
+    return lines
+
+
 def run_lines(run: RunResults) -> list[str]:
     lines = [*software_lines(), "", "== Run ==", f"results: {run.path}"]
     lines += [f"seed: {run.config.get('seed', '?')}", f"policies: {', '.join(run.policies)}"]
     lines += [f"occupancy from: {run.occupancy_source}"]
     lines += file_lines(run) + stats_lines("Trace statistics", run.trace)
-    extra = {k: v for k, v in run.summary.items() if k not in ("policies", "trace", "config")}
+    lines += route_lines(run.summary.get("routes") or {})
+    shown = ("policies", "trace", "config", "routes")
+    extra = {k: v for k, v in run.summary.items() if k not in shown}
     if extra:  # e.g. the engine's own provenance, when summary.json carries it
         lines += ["", "== Other summary.json fields =="]
         lines += [f"{k}: {v}" for k, v in sorted(extra.items())]
@@ -82,6 +96,8 @@ def sweep_lines(sweep: SweepResults) -> list[str]:
         lines.append(f"{p}: {sweep.point_dirs[p].name}/  {values}")
     lines += file_lines(sweep)
     lines += stats_lines(f"Trace statistics (point {sweep.point_ids[0]})", sweep.base.trace)
+    routes = sweep.base.summary.get("routes") or {}
+    lines += route_lines(routes, f"Routes (point {sweep.point_ids[0]})")
     title = f"Full resolved config of point {sweep.point_ids[0]} (YAML)"
     return lines + config_lines(sweep.base.config, title)
 

@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, ListConfig, open_dict
 
 from simlab.config import ConfigError
-from simlab.fastpaths.blocks.replay import LRU, Walks, eviction_order, one_pass_obstacle
+from simlab.fastpaths.blocks.replay import Walks
+from simlab.run import routes
+from simlab.run.routes import Route
 from simlab.run.simulate import (
     PolicyRun,
     RunPlan,
@@ -236,21 +238,21 @@ def run_policies(
             policy_step(name, p.plan.settings.policies[name], p.plan.model, p.plan.settings, unit)
             for p in points
         ]
-        obstacle = one_pass_obstacle(steps[0], points[0].plan.engine)
-        if obstacle is None and not first.cache.one_pass:
-            obstacle = "cache.one_pass=false"
-        plans.append((name, steps, obstacle))
-    heap_runs = sum(o is None and eviction_order(s[0].eviction) != LRU for _, s, o in plans)
-    for name, steps, obstacle in plans:
-        if obstacle is None:
-            replay = fast_replay(name, steps[0], len(points))
-            for point, run in zip(
-                points, one_pass(name, points, steps, requests, walks, heap_runs), strict=True
-            ):
+        case = routes.Case(
+            steps[0], points[0].plan.engine, requests, first.cache.one_pass, first.cache.compiled
+        )
+        plans.append((name, steps, routes.choose(case)))
+    heap_runs = sum(route.taken == "block_heap" for _, _, route in plans)
+    for name, steps, route in plans:
+        if route.taken in routes.BLOCK_ROUTES:
+            replay = fast_replay(name, route, len(points))
+            stacked = one_pass(name, points, steps, requests, walks, heap_runs, route)
+            for point, run in zip(points, stacked, strict=True):
                 runs[id(point)][name] = run
                 point.replay[name] = replay
             continue
-        log.info("%s: back to back for %d capacities (%s)", name, len(points), obstacle)
+        why = routes.describe(route)
+        log.info("%s: back to back for %d capacities (%s)", name, len(points), why)
         for point in points:
             settings = point.plan.settings
             runs[id(point)][name] = run_policy(
@@ -267,14 +269,13 @@ def run_policies(
     return runs
 
 
-def fast_replay(name: str, step: Any, n_points: int) -> str:
+def fast_replay(name: str, route: Route, n_points: int) -> str:
     """Log and name how a policy on a block pool's fast path runs its capacities: ``one_pass``
     (an LRU: stack distances) or ``block_heap`` (FIFO, Belady: a heap over block ids each)."""
-    order = eviction_order(step.eviction)
-    if order == LRU:
+    if route.taken == "stack_distances":
         log.info("%s: one-pass stack-distance replay for %d capacities", name, n_points)
         return "one_pass"
-    log.info("%s: %s over block ids for %d capacities (one walk)", name, order, n_points)
+    log.info("%s: a heap over block ids for %d capacities (one walk)", name, n_points)
     return "block_heap"
 
 
@@ -285,13 +286,14 @@ def one_pass(
     requests: list[Request],
     walks: Walks,
     heap_runs: int = 1,
+    route: Route | None = None,
 ) -> list[PolicyRun]:
     """The policy's runs at every point from one walk of the trace (shared in ``walks`` with
     the other policies: :func:`simlab.fastpaths.blocks.replay.block_replay`; ``heap_runs``: the run's
     policies on a heap, which share one numba load)."""
     metrics = [point.plan.settings.metrics for point in points]
     compiled = points[0].plan.settings.cache.compiled
-    runs = stacked_runs(name, requests, steps, metrics, walks, compiled, heap_runs)
+    runs = stacked_runs(name, requests, steps, metrics, walks, compiled, heap_runs, route)
     for point, run in zip(points, runs, strict=True):
         rate = run.summary["token_hit_rate"]
         log.info("%s at %s GB: token hit rate %.4f", name, point.size, rate)

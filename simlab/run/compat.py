@@ -52,6 +52,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from simlab.cache.contract import Semantics
@@ -69,28 +70,6 @@ _SEMANTICS: dict[str, dict[str, Any]] = {
     },
 }
 _SEMANTICS["reference_fixed"] = _SEMANTICS["reference"] | {"partial_descent": False}
-#: What the presets leave out for an admission whose reference counterpart differs: the
-#: reference vLLM+ (``radix_cache_vllm.py``) has its own block match (no descent bug) and its
-#: own insertion estimate (``block_estimate``, set in :func:`semantics_for`).
-_NOT_FOR = {
-    "policies.fine_grained.FineGrained": {"partial_descent": False},
-}
-
-#: Plug-in switches of each preset, by the plug-in's ``_target_``.
-_FLOP_AWARE = {"memory": "path", "recency": "inverse_age", "ties": "dfs"}
-_BUGS = {"mlp_bug": True, "miscounts_freed_bytes": True}
-_PLUGINS: dict[str, dict[str, dict[str, Any]]] = {
-    "reference": {
-        "policies.flop_aware.FlopAware": _FLOP_AWARE | _BUGS,
-        "policies.lru.LRU": {"refreshes_insert_path": True, "ties": "heap"},
-        "policies.judicious.Judicious": {"branch_on": "sequence"},
-    },
-    "reference_fixed": {
-        "policies.flop_aware.FlopAware": _FLOP_AWARE | dict.fromkeys(_BUGS, False),
-        "policies.lru.LRU": {"refreshes_insert_path": True, "ties": "heap"},
-        "policies.judicious.Judicious": {"branch_on": "sequence"},
-    },
-}
 
 
 def compat_preset(pcfg: Mapping[str, Any] | DictConfig) -> str | None:
@@ -104,16 +83,27 @@ def compat_preset(pcfg: Mapping[str, Any] | DictConfig) -> str | None:
     return str(compat)
 
 
+def plugin_class(plugin: Mapping[str, Any] | DictConfig) -> type | None:
+    """The class a plug-in's config names (``_target_``); None when it names none that loads
+    (instantiating it reports why)."""
+    try:
+        return get_class(str(plugin.get("_target_")))
+    except (ImportError, ValueError):
+        return None
+
+
 def semantics_for(pcfg: Mapping[str, Any] | DictConfig) -> Semantics:
-    """The cache semantics of a policy: its preset's, then its own ``semantics`` keys."""
+    """The cache semantics of a policy: its preset's, then what its admission's reference
+    counterpart sets over them (:meth:`simlab.cache.contract.AdmissionPolicy.
+    reference_semantics`: vLLM+'s own match and insertion estimate), then its own
+    ``semantics`` keys."""
     preset = compat_preset(pcfg)
     values = dict(_SEMANTICS[preset]) if preset else {}
     if preset:
         admission = pcfg.get("admission") or {}
-        target = str(admission.get("_target_"))
-        values |= _NOT_FOR.get(target, {})
-        if target == "policies.fine_grained.FineGrained":  # vLLM+'s own insertion estimate
-            values["block_estimate"] = int(admission.get("block_size", 32))
+        kind = plugin_class(admission)
+        if kind is not None and hasattr(kind, "reference_semantics"):
+            values |= kind.reference_semantics(admission)
     own = pcfg.get("semantics") or {}
     if isinstance(own, DictConfig):
         own = OmegaConf.to_container(own, resolve=True)
@@ -127,8 +117,9 @@ def semantics_for(pcfg: Mapping[str, Any] | DictConfig) -> Semantics:
 
 
 def with_compat(pcfg: DictConfig) -> DictConfig:
-    """``pcfg`` with its preset's plug-in switches set (a preset sets all of its switches; a
-    plug-in it does not know is left as it is). Without a preset, ``pcfg`` itself."""
+    """``pcfg`` with its preset's plug-in switches set, as each plug-in class declares them
+    (``reference_switches``; a preset sets all of a plug-in's switches, a plug-in declaring
+    none is left as it is). Without a preset, ``pcfg`` itself."""
     preset = compat_preset(pcfg)
     if preset is None:
         return pcfg
@@ -136,7 +127,8 @@ def with_compat(pcfg: DictConfig) -> DictConfig:
     assert isinstance(out, DictConfig)
     for part in ("admission", "eviction"):
         plugin = out.get(part)
-        if plugin is not None:
-            for key, value in _PLUGINS[preset].get(str(plugin.get("_target_")), {}).items():
-                plugin[key] = value
+        kind = None if plugin is None else plugin_class(plugin)
+        switches = getattr(kind, "reference_switches", {})
+        for key, value in switches.get(preset, {}).items():
+            plugin[key] = value
     return out

@@ -44,6 +44,9 @@ class Summary:
     bounds: dict[str, float] = field(default_factory=dict)
     out_dir: Path | None = None
     record_columns: Columns = field(default_factory=dict, repr=False)
+    #: per policy, the route that computed it and why faster ones were refused
+    #: (:class:`simlab.run.routes.Route`)
+    routes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def records(self) -> pd.DataFrame:
@@ -90,6 +93,7 @@ class Summary:
             "bounds": self.bounds,
             "trace": self.trace,
             "config": self.config,
+            "routes": self.routes,
             "provenance": provenance(),
         }
 

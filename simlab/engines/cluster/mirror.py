@@ -28,7 +28,9 @@ class MirroredStep(RequestStep):
         cls, step: RequestStep, twin: RequestStep, env: simpy.Environment, lag: float
     ) -> MirroredStep:
         """``step``'s cache and plug-ins, mirrored onto ``twin``."""
-        mirrored = cls(step.cache, step.admission, step.eviction, step.policy, step.controllers)
+        mirrored = cls(
+            step.cache, step.admission, step.eviction, step.policy, step.controllers, step.pool
+        )
         mirrored.twin, mirrored.env, mirrored.lag, mirrored._pending = twin, env, lag, {}
         return mirrored
 

@@ -112,16 +112,15 @@ class TimedEngine(TimedSettings):
         env: simpy.Environment | None = None,
     ) -> TimedWorld:
         """A fresh world for ``step`` (in ``env``: a cluster's replicas share one): on vLLM's
-        pool block by block where the replay engine runs it there, and for a Transformer under
-        ``policy=vllm`` with ``kv_pool=shared`` (:mod:`simlab.engines.timed.vllm_world`; not for subclasses,
-        whose feeders drive the prefix tree), else on the prefix tree."""
+        pool block by block where the step is routed there (``step.pool``: a hybrid under
+        ``policy=vllm``, or a Transformer with ``kv_pool=shared``;
+        :mod:`simlab.engines.timed.vllm_world`, the running blocks in the pool with
+        ``kv_pool=shared``), else on the prefix tree."""
         cost = self.cost_model(step.cache.model)
-        if type(self) is TimedEngine:
-            shared = self.kv_pool == "shared"
-            running = self.running_memory_gb * 1e9 if shared else 0.0
-            shape = vllm_pool.pool_shape(step, requests, running, transformers=shared)
-            if shape is not None:
-                return PoolWorld(requests, step, cost, self, shape, env)
+        running = self.running_memory_gb * 1e9 if self.kv_pool == "shared" else 0.0
+        shape = vllm_pool.pool_shape(step, requests, running) if step.pool else None
+        if shape is not None:
+            return PoolWorld(requests, step, cost, self, shape, env)
         return TimedWorld(requests, step, cost, self, env)
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:

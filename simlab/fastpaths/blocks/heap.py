@@ -6,9 +6,9 @@ leaves with integer keys, so each capacity replays on the walk's node ids (:clas
 instead of a prefix tree, with records identical to the request-by-request replay
 (``tests/test_block_heap.py`` compares them frame for frame).
 
-Which runs qualify: those of :func:`simlab.fastpaths.blocks.replay.one_pass_obstacle` with
-``policies.fifo.FIFO`` or ``policies.clairvoyant.Clairvoyant`` (page 1: a block's first id) as
-the eviction.
+Which runs qualify: the route table's ``block_heap`` (:mod:`simlab.run.routes`): the block
+pools of ``stack_distances`` with an eviction of order ``fifo`` (``policies.fifo.FIFO``) or
+``next_use`` (``policies.clairvoyant.Clairvoyant`` on whole ids: a block's first id).
 
 Why the keys are exact. The cache evicts the lowest-scored unpinned leaf, ties to the oldest
 node (smallest creation id, ``nid``); a block pool's tree is one node per block and only ever

@@ -1,10 +1,12 @@
-"""The block pool's fast paths: which runs take them, and their records.
+"""The block pool's fast paths: their records.
 
 A pure Transformer on a block pool, on the replay engine, with an LRU refreshing its insert path
 (stack distances, every capacity in one pass: :mod:`simlab.fastpaths.stack`), FIFO or Belady (a heap over
 block ids per capacity: :mod:`simlab.fastpaths.blocks.heap`), gives the same records as the
 request-by-request replay from one walk of the trace (:mod:`simlab.fastpaths.blocks.walk`), shared by every
-capacity of a ``cache.size_gb`` list. ``cache.one_pass=false`` replays request by request.
+capacity of a ``cache.size_gb`` list. Which runs take them is the route table's choice
+(:mod:`simlab.run.routes`: ``stack_distances``, ``block_heap``); ``cache.one_pass=false``
+replays request by request.
 FIFO's and Belady's heaps run compiled (:mod:`simlab.fastpaths.blocks.kernel`, numba) per
 ``cache.compiled`` (:func:`use_compiled`), with the same columns.
 """
@@ -19,11 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from simlab.cache.contract import EvictionPolicy, Semantics
+from simlab.cache.contract import EvictionPolicy
 from simlab.cache.keys import BlockKeys, key_scheme
-from simlab.engines.base import Engine
 from simlab.engines.records import RECORD_COLUMNS, Columns
-from simlab.engines.replay import ReplayEngine
 from simlab.engines.step import RequestStep
 from simlab.fastpaths.blocks import kernel as block_kernel
 from simlab.fastpaths.blocks.heap import BELADY, FIFO, heap_replay, input_passes
@@ -32,13 +32,6 @@ from simlab.fastpaths.stack import lru_ranks, replay_capacity
 from simlab.util.numba_import import available
 from traces.format import Request
 
-#: eviction classes whose hit refreshes (at least) the hit path and whose insertion refreshes
-#: the matched path, leaves only (``policies.lru``, ``policies.production``)
-_LRU_TARGETS = ("policies.lru.LRU", "policies.production.BlockLRU", "policies.production.RadixLRU")
-_FIFO = "policies.fifo.FIFO"
-_BELADY = "policies.clairvoyant.Clairvoyant"
-#: admission classes keyed by whole blocks (one node per block)
-_BLOCK_TARGETS = ("policies.production.VLLM", "policies.production.BlockPool")
 LRU = "lru"
 #: ``cache.compiled=auto`` compiles FIFO's and Belady's heaps from this many block visits (path
 #: blocks x capacities) on: loading numba and its cached kernel takes 0.29-0.31 s on a 2-core
@@ -49,67 +42,10 @@ COMPILED_MIN_VISITS = 2_000_000
 log = logging.getLogger(__name__)
 
 
-def _qualname(obj: object) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def eviction_order(eviction: EvictionPolicy) -> str | None:
-    """``lru``, ``fifo`` or ``belady``: the fast path that evicts as ``eviction`` does on a
-    block pool (None: none does)."""
-    name = _qualname(eviction)
-    if eviction.ties != "oldest":
-        return None
-    if name in _LRU_TARGETS:
-        refreshes = getattr(eviction, "refreshes_insert_path", False)
-        return LRU if refreshes and not eviction.evicts_inner_nodes else None
-    if name == _FIFO:
-        return FIFO if not eviction.evicts_inner_nodes else None
-    if name == _BELADY:
-        return BELADY if getattr(eviction, "page_size", None) == 1 else None
-    return None
-
-
-def fast_path(eviction: EvictionPolicy) -> str:
-    """How a run passing :func:`one_pass_obstacle` with ``eviction`` is computed (logged)."""
-    return {
-        LRU: "an LRU over whole blocks, from stack distances",
-        FIFO: "FIFO over whole blocks, on block ids",
-        BELADY: "Belady over whole blocks, on block ids",
-    }[eviction_order(eviction) or LRU]
-
-
-def _eviction_obstacle(eviction: EvictionPolicy) -> str | None:
-    if eviction_order(eviction) is not None:
-        return None
-    name = _qualname(eviction)
-    if name in _LRU_TARGETS and not getattr(eviction, "refreshes_insert_path", False):
-        return "an insertion that refreshes nothing"
-    if name in (*_LRU_TARGETS, _FIFO, _BELADY):
-        return "eviction tie order, inner nodes or pages"
-    return f"eviction {name} (an LRU refreshing its insert path, FIFO or Belady only)"
-
-
-def one_pass_obstacle(step: RequestStep, engine: Engine) -> str | None:
-    """Why ``step`` run by ``engine`` cannot be computed by :func:`block_replay` (None: it
-    can, with records identical to the replay's; see the module docstring)."""
-    cache, admission = step.cache, step.admission
-    checks = (
-        (type(engine) is ReplayEngine, f"engine {engine.name} (only the replay engine)"),
-        (not cache.hybrid, "a hybrid model (states make it no eviction over blocks alone)"),
-        (_qualname(admission) in _BLOCK_TARGETS, f"admission {_qualname(admission)}"),
-        (isinstance(step_keys(step), BlockKeys), "token keys (not whole blocks)"),
-        (
-            cache.semantics in (Semantics(), Semantics(whole_input_hit=True)),
-            "the reference code's semantics",
-        ),
-        (cache.host is None and cache.ssm_capacity is None, "a host tier or SSM pool"),
-        (not step.controllers and step.page_size == 1, "controllers or pages"),
-    )
-    for ok, why in checks:
-        if not ok:
-            return why
-    return _eviction_obstacle(step.eviction)
+def heap_order(eviction: EvictionPolicy) -> str:
+    """How a run routed to the block paths (:mod:`simlab.run.routes`) evicts: ``lru`` (a
+    recency order: stack distances), ``fifo`` or ``belady`` (a heap over block ids)."""
+    return {"fifo": FIFO, "next_use": BELADY}.get(eviction.order, LRU)
 
 
 def step_keys(step: RequestStep) -> object:
@@ -119,10 +55,11 @@ def step_keys(step: RequestStep) -> object:
 
 @dataclass
 class BlockRun:
-    """One capacity's records and its cache peaks (bytes)."""
+    """One capacity's records, its cache peaks (bytes) and whether its heap ran compiled."""
 
     records: Columns
     peak_kv_bytes: int
+    compiled: bool = False
 
 
 #: what several runs (policies, capacities) of one request list share, keyed by what each
@@ -161,14 +98,14 @@ def block_replay(
     heap_runs: int = 1,
 ) -> list[BlockRun]:
     """The records the replay engine would give for each of ``steps`` (one policy's steps at
-    several capacities, each passing :func:`one_pass_obstacle`), from one walk of the trace
+    several capacities, each routed to the block paths), from one walk of the trace
     (taken from, or added to, ``walks`` of these ``requests``): an LRU's capacities from one
     stack-distance pass, FIFO's and Belady's each from a heap, compiled per ``compiled``
     (``cache.compiled``: :func:`use_compiled`, ``heap_runs``: the run's heap policies)."""
     first = steps[0]
     keys = step_keys(first)
     assert isinstance(keys, BlockKeys)
-    order = eviction_order(first.eviction)
+    order = heap_order(first.eviction)
     walks = {} if walks is None else walks
     scheme = walk_scheme(keys, requests)
     paths = walks.get(scheme)
@@ -192,7 +129,9 @@ def block_replay(
             cols = block_kernel.compiled_heap_replay(flat, *args)
         else:
             cols = heap_replay(paths, *args, passes)
-        runs.append(capacity_run(step, fixed, cols, keys.block_size))
+        run = capacity_run(step, fixed, cols, keys.block_size)
+        run.compiled = flat is not None
+        runs.append(run)
     return runs
 
 

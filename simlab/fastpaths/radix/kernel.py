@@ -6,13 +6,13 @@ with Marconi's alpha tuning too (:mod:`simlab.fastpaths.radix.tuning`).
 
 numba is an optional extra (``pip install simlab[fast]``, :func:`simlab.util.numba_import.available`);
 ``cache.compiled`` decides (:func:`use_compiled`), and without numba the request step runs,
-giving the same records. What the kernel covers is what :func:`obstacle` accepts: the replay
-engine, a token trace, simlab's own cache semantics (no reference-code flags), one shared
-budget (no SSM pool, no host tier), no ``cache.page_size``, no controller but the alpha tuner
-(with judicious admission), ``Judicious(branch_on="input", page_size=1)`` or ``FineGrained``,
-and either ``FlopAware`` with its default terms (``memory: own``, ``recency: shifted``, no
-``mlp_bug``, ties to the oldest node) or ``LRU`` (ties to the oldest, an insertion refreshing
-nothing). Everything else runs request by request.
+giving the same records. What the kernel covers is what the route table accepts
+(:func:`simlab.run.routes.radix_refusal`): the replay engine, a token trace, simlab's own cache
+semantics (no reference-code flags), one shared budget (no SSM pool, no host tier), no
+``cache.page_size``, no controller but the alpha tuner (with judicious admission), an admission
+of kind ``judicious`` (on its input, unpaged) or ``fine_grained``, and an eviction of order
+``flop_aware`` (the paper's terms, ties to the oldest node) or ``recency`` (ties to the oldest,
+an insertion refreshing nothing). Everything else runs request by request.
 
 The kernel is the cache's code path for these plug-ins, step for step (each function of
 :mod:`simlab.fastpaths.radix.jit` names the method it follows), with three changes that give the
@@ -46,14 +46,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from simlab.cache.contract import Keys, Semantics
 from simlab.engines.records import RECORD_COLUMNS, Columns
 from simlab.engines.tuning.tuner import AlphaTuner
 from simlab.fastpaths.radix.jit import layout
 from simlab.util.numba_import import available
 
 if TYPE_CHECKING:
-    from simlab.engines.base import Engine
     from simlab.engines.step import RequestStep
     from simlab.fastpaths.blocks.replay import Walks
     from simlab.model.spec import ModelSpec
@@ -80,91 +78,16 @@ COMPILED_MIN_SECONDS = 0.5
 #: of a fine-grained admission's chains (1.8-2.3 us)
 STEP_S_PER_REQUEST = 60e-6
 STEP_S_PER_BLOCK = 2e-6
-#: the plug-ins the kernel runs, by class (the simulator imports no policy but the contract,
-#: ``simlab.cache.contract``) -> the eviction kinds of :mod:`simlab.fastpaths.radix.jit.layout`
-JUDICIOUS = "policies.judicious.Judicious"
-FINE_GRAINED = "policies.fine_grained.FineGrained"
-ADMISSIONS = {JUDICIOUS: 0, FINE_GRAINED: 1}
-FLOP_AWARE = "policies.flop_aware.FlopAware"
-EVICTIONS = {FLOP_AWARE: 0, "policies.lru.LRU": 1}
+#: the plug-ins the kernel runs, by what they declare (``AdmissionPolicy.kind``,
+#: ``EvictionPolicy.order``) -> the kinds of :mod:`simlab.fastpaths.radix.jit.layout`
+ADMISSIONS = {"judicious": 0, "fine_grained": 1}
+EVICTIONS = {"flop_aware": 0, "recency": 1}
 #: nodes one request can add (a split at its match, two at its states, two new nodes)
 NODES_PER_REQUEST = 5
 
 
-def qualname(plugin: object) -> str:
-    kind = type(plugin)
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
-def _eviction_obstacle(step: RequestStep) -> str | None:
-    eviction = step.eviction
-    name = qualname(eviction)
-    if name not in EVICTIONS:
-        return f"eviction {type(eviction).__qualname__} (FlopAware or LRU only)"
-    if eviction.ties != "oldest" or eviction.refreshes_insert_path or eviction.ticks_on_insert:
-        return "eviction ties or an insertion that refreshes or ticks"
-    terms = ("memory", "recency", "mlp_bug", "miscounts_freed_bytes")
-    flop_aware = (getattr(eviction, t) for t in terms)
-    if name == FLOP_AWARE and tuple(flop_aware) != ("own", "shifted", False, False):
-        return "the reference code's FLOP-aware terms"
-    if eviction.evicts_inner_nodes != (name == FLOP_AWARE):
-        return "an LRU of inner nodes, or a FLOP-aware eviction of leaves only"
-    return None
-
-
-def obstacle(step: RequestStep, engine: Engine, requests: Sequence[Request]) -> str | None:
-    """Why ``step`` run by ``engine`` on ``requests`` cannot run compiled (None: it can, with
-    the records of the request step; see the module docstring)."""
-    from simlab.engines.replay import ReplayEngine
-
-    if type(engine) is not ReplayEngine:
-        return f"engine {engine.name} (only the replay engine)"
-    if not (step.cache.now == 0 and step.cache.used_bytes == 0):
-        return "a cache already in use"
-    return step_obstacle(step, requests)
-
-
-def step_obstacle(step: RequestStep, requests: Sequence[Request]) -> str | None:
-    """Why the kernel cannot serve ``requests`` as ``step`` does, whatever the engine (None: it
-    can; the grid search of a tuned run on another engine replays its windows so)."""
-    cache, admission = step.cache, step.admission
-    kind = qualname(admission)
-    checks = (
-        (
-            kind in ADMISSIONS
-            and admission.keys == Keys()
-            and (kind != JUDICIOUS or vars(admission)["branch_on"] == "input")
-            and (kind != JUDICIOUS or admission.page_size == 1),
-            f"admission {type(admission).__qualname__} (judicious on its input, fine-grained)",
-        ),
-        (
-            kind != FINE_GRAINED or not step.controllers,
-            "alpha tuning with a fine-grained admission",
-        ),
-        (cache.semantics == Semantics(), "the reference code's semantics"),
-        (cache.host is None and cache.ssm_capacity is None, "a host tier or SSM pool"),
-        (
-            all(type(c) is AlphaTuner for c in step.controllers) and len(step.controllers) <= 1,
-            "controllers other than the alpha tuner",
-        ),
-        (
-            cache.page_size == 1 and cache.unit == 1 and not cache.block_keys,
-            "pages or ids of many tokens",
-        ),
-        (cache.kv_per_token > 0 and cache.ckpt_states == 1, "a model without attention KV"),
-        (
-            all(r.block_size == 1 and r.ref_input_tokens is None for r in requests),
-            "a hash-id trace",
-        ),
-    )
-    for ok, why in checks:
-        if not ok:
-            return why
-    return _eviction_obstacle(step)
-
-
 def use_compiled(compiled: bool | str, requests: Sequence[Request], step: RequestStep) -> bool:
-    """Whether a run that passes :func:`obstacle` runs compiled: ``cache.compiled`` true, or
+    """Whether a run the kernel can serve (:func:`simlab.run.routes.radix_refusal`) runs compiled: ``cache.compiled`` true, or
     auto with numba installed and at least :data:`COMPILED_MIN_SECONDS` of the request step's
     work (:func:`step_seconds`)."""
     if compiled == "auto":
@@ -181,7 +104,7 @@ def step_seconds(requests: Sequence[Request], step: RequestStep) -> float:
         1 + (len(tuner.settings.grid) if isinstance(tuner, AlphaTuner) else 0)
     )
     seconds = serves * STEP_S_PER_REQUEST
-    if qualname(step.admission) == FINE_GRAINED:
+    if step.admission.kind == "fine_grained":
         tokens = sum(r.input_ids.shape[0] + r.output_ids.shape[0] for r in requests)
         seconds += tokens / int(vars(step.admission)["block_size"]) * STEP_S_PER_BLOCK
     return seconds
@@ -303,8 +226,8 @@ def empty_state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.n
     ints = np.zeros(layout.N_INTS, dtype=np.int64)
     ints[layout.FREE], ints[layout.NEXT_NID], ints[layout.TOP] = slots - 1, 1, 1
     ints[layout.KV_PER_TOKEN], ints[layout.CKPT_BYTES] = cache.kv_per_token, cache.ckpt_bytes
-    ints[layout.HYBRID], ints[layout.EVICTION] = cache.hybrid, EVICTIONS[qualname(step.eviction)]
-    ints[layout.ADMISSION], ints[layout.PAGE] = ADMISSIONS[qualname(admission)], step.page_size
+    ints[layout.HYBRID], ints[layout.EVICTION] = cache.hybrid, EVICTIONS[step.eviction.order]
+    ints[layout.ADMISSION], ints[layout.PAGE] = ADMISSIONS[admission.kind], step.page_size
     fields = vars(admission)  # Judicious's or FineGrained's
     ints[layout.ROUND_DOWN] = fields.get("alignment") == "round_down"
     ints[layout.CHUNK] = fields.get("chunk_size", 1)
@@ -319,7 +242,7 @@ def empty_state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.n
 def plan_states(step: RequestStep, pool: TokenPool) -> int:
     """The most states one of the pool's requests may plan: 2 (judicious), or its longest
     sequence's blocks (fine-grained)."""
-    if qualname(step.admission) != FINE_GRAINED or not pool.seq_lens.size:
+    if step.admission.kind != "fine_grained" or not pool.seq_lens.size:
         return 2
     return int(pool.seq_lens.max()) // int(vars(step.admission)["block_size"])
 

@@ -9,7 +9,7 @@ snapshots and grid search (:class:`simlab.engines.tuning.tuner.Imaging`).
 * A run on an engine the kernel does not serve (the timed engine, a cluster's replicas) keeps
   the request step and its snapshots (``CacheImage``); its grid search (:class:`ImageSearch`)
   makes each snapshot kernel state (:func:`image_state`) and replays the windows there
-  (:func:`with_compiled_search`).
+  (:func:`search_compiled`; :func:`simlab.run.routes.with_compiled_search` decides).
 
 Both give the request step's tunings: the same windows, grid scores (summed in the order
 ``WindowResult.add`` sums them) and alphas (``tests/test_radix_kernel.py``).
@@ -17,7 +17,6 @@ Both give the request step's tunings: the same windows, grid scores (summed in t
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,8 +34,6 @@ from simlab.fastpaths.radix.kernel import (
     copy_state,
     empty_state,
     shared_pool,
-    step_obstacle,
-    use_compiled,
 )
 
 if TYPE_CHECKING:
@@ -44,25 +41,12 @@ if TYPE_CHECKING:
     from simlab.engines.step import RequestStep
     from traces.format import Request
 
-log = logging.getLogger(__name__)
 
-
-def with_compiled_search(
-    step: RequestStep, requests: Sequence[Request], compiled: bool | str
-) -> RequestStep:
-    """``step``, its alpha tuner's grid search replaying the windows on the kernel
-    (:class:`ImageSearch`) where it can (:func:`step_obstacle`, :func:`use_compiled`): a tuned
-    run on an engine the kernel does not serve (the timed engine, a cluster's replicas)."""
-    tuner = next(iter(step.controllers), None)
-    if not isinstance(tuner, AlphaTuner) or not use_compiled(compiled, requests, step):
-        return step
-    why = step_obstacle(step, requests)
-    if why is not None:
-        log.debug("%s: the grid search request by request (%s)", step.policy, why)
-        return step
-    log.info("%s: the alpha grid search compiled (cache.compiled=%s)", step.policy, compiled)
+def search_compiled(step: RequestStep, tuner: AlphaTuner) -> None:
+    """Have ``tuner`` (``step``'s) replay its grid search's windows on the kernel
+    (:class:`ImageSearch`): a tuned run the kernel does not serve whole (the timed engine, a
+    cluster's replicas; :func:`simlab.run.routes.with_compiled_search` decides)."""
     tuner.imaging = Imaging(search=ImageSearch(step), workers=False)
-    return step
 
 
 def tuned_replay(

@@ -1,0 +1,91 @@
+"""A run's trace: the configured loader with arrival times assigned (seeded), shared by the
+runs of one trace inside :func:`shared_traces`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from simlab.config import ConfigError, RunSettings
+from traces.arrival_modes import assign as assign_arrival_times
+from traces.arrivals import GapsError
+from traces.format import Request, Trace
+
+log = logging.getLogger(__name__)
+
+#: ``(key, trace, requests)`` of the last trace loaded while :func:`shared_traces` is on
+_shared: list[tuple[str, Trace, list[Request]]] | None = None
+
+
+@contextmanager
+def shared_traces() -> Iterator[None]:
+    """Within this block, runs of the same trace (same ``trace`` config, data directory, arrival
+    settings and seed) share one loaded trace and its requests instead of loading it again:
+    the sweep launcher (``hydra_plugins.simlab_launcher``) runs a group of points in it. One
+    trace is kept (the last), and none after the block. Runs never mutate a trace or its
+    requests (the capacities of a list already share them)."""
+    global _shared
+    outer, _shared = _shared, []
+    try:
+        yield
+    finally:
+        _shared = outer
+
+
+def trace_key(cfg: DictConfig, settings: RunSettings) -> str:
+    """What the loaded trace and its arrival times depend on."""
+    trace = OmegaConf.to_container(cfg.trace, resolve=True)
+    return repr((trace, cfg.get("data_dir"), settings.arrivals, settings.seed))
+
+
+def trace_requests(cfg: DictConfig, settings: RunSettings) -> tuple[Trace, list[Request]]:
+    """The configured trace (:func:`load_trace`) and its requests in processing order; the
+    shared ones inside :func:`shared_traces` when the last run loaded the same."""
+    if _shared is None:
+        trace = load_trace(cfg, settings)
+        return trace, list(trace.requests())
+    key = trace_key(cfg, settings)
+    if _shared and _shared[0][0] == key:
+        log.info("trace shared with the previous point: %s", cfg.trace.get("name"))
+        return _shared[0][1], _shared[0][2]
+    _shared.clear()
+    trace = load_trace(cfg, settings)
+    requests = list(trace.requests())
+    _shared.append((key, trace, requests))
+    return trace, requests
+
+
+def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
+    """Instantiate the configured loader and assign arrival times (seeded)."""
+    try:
+        trace: Trace = instantiate(cfg.trace, _convert_="all")
+    except InstantiationException as err:  # a missing or malformed file: the loader's message
+        if isinstance(err.__cause__, FileNotFoundError | ValueError):
+            raise ConfigError(f"trace: {err.__cause__}") from err
+        raise
+    trace.name = str(cfg.trace.get("name") or trace.name)  # the config's name labels results
+    arrivals = settings.arrivals
+    try:
+        return assign_arrival_times(
+            trace,
+            mode=arrivals.mode,
+            session_rate=arrivals.session_rate,
+            think_time_mean=arrivals.think_time_mean,
+            seed=settings.seed,
+            azure=arrivals.azure,
+            azure_path=arrivals.azure_path,
+            data_dir=cfg.get("data_dir"),
+            time_scale=arrivals.time_scale,
+            gaps=arrivals.gaps,
+            typing_wpm=arrivals.typing_wpm,
+            response_time=arrivals.response_time,
+        )
+    except GapsError as err:  # e.g. typing gaps on a trace without word counts
+        raise ConfigError(f"arrivals.gaps={arrivals.gaps}: {err}") from err
+    except ValueError as err:  # e.g. timestamps on a trace without them
+        raise ConfigError(f"arrivals.mode={arrivals.mode}: {err}") from err
