@@ -225,7 +225,7 @@ class VLLM(BlockPool):
     #: hybrid's longer prompt is prefilled in block-aligned chunks (:mod:`simlab.engines.block_pool`)
     max_num_batched_tokens: int = 2048
     #: hybrids on the replay and timed engines: vLLM's pool block by block
-    #: (:mod:`simlab.engines.block_pool`, :mod:`simlab.engines.timed.vllm_world`; checked request for request); false:
+    #: (:mod:`simlab.engines.block_pool`, :mod:`simlab.engines.timed.vllm`; checked request for request); false:
     #: the prefix tree, as the cluster and offline engines
     block_pool: bool = True
 

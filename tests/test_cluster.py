@@ -17,7 +17,8 @@ from simlab.engines.cluster.engine import ROUTE_COLUMNS, ClusterEngine
 from simlab.engines.records import RECORD_COLUMNS, records_frame
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
-from simlab.engines.timed.world import SessionFeeder, _sessions
+from simlab.engines.timed.feeders import SessionFeeder, sessions
+from simlab.engines.timed.vllm import VllmMemory
 from simlab.run.bounds import infinite_cache_hits
 from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import build_engine, simulate
@@ -119,8 +120,8 @@ def test_session_affinity_replicas_equal_single_runs_on_their_shares(policy):
     requests = chat_requests(seed=4, sessions=18, rate=3.0)
     build = fresh_step(policy, capacity=12 * CKPT)
     frame, _ = cluster_run(requests, build, 3, "session_affinity")
-    sessions = _sessions(requests)
-    shares = [[r for turns in sessions[k::3] for r in turns] for k in range(3)]
+    groups = sessions(requests)
+    shares = [[r for turns in groups[k::3] for r in turns] for k in range(3)]
     assert_replicas_equal_their_shares(frame, shares, build)
     assert frame.groupby("session_id")["replica"].nunique().max() == 1
 
@@ -380,7 +381,7 @@ def test_a_one_replica_cluster_runs_vllms_hybrid_pool_as_the_timed_engine(router
     timed engine's records, preemptions and peaks."""
     requests, build = pool_requests(), fresh_step("vllm", NEMOTRON, 0.4e9)
     world = TimedEngine(hardware=A100, overlap=overlap).world(requests, build())
-    assert type(world).__name__ == "PoolWorld"
+    assert isinstance(world.memory, VllmMemory)
     alone = records_frame(world.run(SessionFeeder(requests)))
     together, run = cluster_run(requests, build, 1, router, overlap=overlap)
     pd.testing.assert_frame_equal(together[RECORD_COLUMNS], alone, check_exact=True)
@@ -393,8 +394,8 @@ def test_session_affinity_replicas_on_vllms_hybrid_pool_equal_single_runs_on_the
     requests, build = pool_requests(), fresh_step("vllm", NEMOTRON, 0.4e9)
     frame, run = cluster_run(requests, build, 3, "session_affinity")
     assert run.extras["preemptions"] == sum(run.extras["replica_preemptions"]) > 0
-    sessions = _sessions(requests)
-    shares = [[r for turns in sessions[k::3] for r in turns] for k in range(3)]
+    groups = sessions(requests)
+    shares = [[r for turns in groups[k::3] for r in turns] for k in range(3)]
     assert_replicas_equal_their_shares(frame, shares, build)
 
 

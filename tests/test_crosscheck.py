@@ -81,6 +81,6 @@ def test_hits_equal_the_real_engine(case):
 def test_the_timed_engine_at_low_load_hits_as_the_real_engine(case):
     """The timed engine, its arrivals slowed down 10^6 times (requests one at a time, in the
     replay's order): the same hits as the real engine. Hybrid vLLM runs its pool block by
-    block there too (``simlab.engines.timed.vllm_world``; on the prefix tree it matched 92-99%)."""
+    block there too (``simlab.engines.timed.vllm``; on the prefix tree it matched 92-99%)."""
     result = compare(case, engine_name="timed")
     assert result.share >= 0.999, result

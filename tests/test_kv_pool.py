@@ -15,7 +15,10 @@ from simlab.engines.cluster.engine import ClusterEngine
 from simlab.engines.records import RECORD_COLUMNS, records_frame
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
-from simlab.engines.timed.world import Job, SessionFeeder, TimedWorld
+from simlab.engines.timed.feeders import SessionFeeder
+from simlab.engines.timed.jobs import Job
+from simlab.engines.timed.kv_pool import KVPool
+from simlab.engines.timed.preemption import Preemption
 from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import simulate
 from tests.fixtures import compose, policy_plugins, routed
@@ -95,13 +98,13 @@ def test_a_huge_pool_equals_separate_pools():
 @pytest.mark.parametrize(("policy", "spec"), [("sglang_plus", LLAMA), ("vllm_plus", LLAMA)])
 def test_cache_plus_running_bytes_never_exceed_the_budget(monkeypatch, policy, spec):
     checks: list[float] = []
-    check = TimedWorld._check_pool
+    check = KVPool.check
 
-    def spy(world: TimedWorld) -> None:
-        checks.append(world.cache.used_bytes + world.pool.held - world.pool.budget)
-        check(world)
+    def spy(kv: KVPool) -> None:
+        checks.append(kv.cache.used_bytes + kv.pool.held - kv.pool.budget)
+        check(kv)
 
-    monkeypatch.setattr(TimedWorld, "_check_pool", spy)
+    monkeypatch.setattr(KVPool, "check", spy)
     reqs = requests()
     run = tiny(reqs).run(reqs, build(policy, spec)())
     assert run.extras["preemptions"] > 0
@@ -113,7 +116,7 @@ def test_the_invariant_check_catches_an_overdraft():
     world = tiny(reqs).world(reqs, build()())
     world.pool.held = world.pool.budget + 1000.0
     with pytest.raises(RuntimeError, match="shared KV pool over budget"):
-        world._check_pool()
+        world.memory.kv.check()
 
 
 def test_a_hybrid_model_in_a_small_shared_pool_completes():
@@ -278,25 +281,27 @@ def test_sglang_retracts_the_fewest_outputs_first_until_the_next_step_fits(monke
     victims: list[tuple[tuple[int, int], list[tuple[int, int]]]] = []
     after: list[bool] = []
     retracting: list[bool] = []
-    drop, retract = TimedWorld._drop_progress, TimedWorld._retract
+    drop, retract = Preemption.drop_progress, Preemption.retract
 
-    def spy_drop(world: TimedWorld, victim: Job) -> None:
+    def spy_drop(preemption: Preemption, victim: Job) -> None:
         if retracting:
-            others = [outputs_key(j) for j in world.running if j.prefilled >= j.input_tokens]
+            running = preemption.world.running
+            others = [outputs_key(j) for j in running if j.prefilled >= j.input_tokens]
             victims.append((outputs_key(victim), others))
-        drop(world, victim)
+        drop(preemption, victim)
 
-    def spy_retract(world: TimedWorld, decoders: list[Job]) -> None:
+    def spy_retract(preemption: Preemption, decoders: list[Job]) -> None:
+        world = preemption.world
         retracting.append(True)
-        retract(world, decoders)
+        retract(preemption, decoders)
         retracting.clear()
         left = [j for j in decoders if j in world.running]
         room = len(left) * KV
         after.append(len(left) == 1 or world.cache.free_bytes >= room)
         assert world.waiting[-1] not in world.running and world.waiting[-1].preemptions
 
-    monkeypatch.setattr(TimedWorld, "_drop_progress", spy_drop)
-    monkeypatch.setattr(TimedWorld, "_retract", spy_retract)
+    monkeypatch.setattr(Preemption, "drop_progress", spy_drop)
+    monkeypatch.setattr(Preemption, "retract", spy_retract)
     reqs = requests()
     run = tiny(reqs, preemption="sglang").run(reqs, build()())
     assert len(run.records) == len(reqs) and run.extras["preemptions"] >= len(victims) > 0
@@ -320,7 +325,8 @@ def test_sglang_retracts_until_the_rest_fit_their_next_step():
         reqs, build(cache_bytes=KV)()
     )
     sizes: list[int] = []
-    retract = world._retract
+    preemption = world.memory.preemption
+    retract = preemption.retract
 
     def spy(decoders: list[Job]) -> None:
         before = len(world.waiting)
@@ -329,7 +335,7 @@ def test_sglang_retracts_until_the_rest_fit_their_next_step():
         left = [j for j in decoders if j in world.running]
         assert len(left) == 1 or world.cache.free_bytes >= len(left) * KV
 
-    world._retract = spy  # type: ignore[method-assign]
+    preemption.retract = spy  # type: ignore[method-assign]
     records = world.run(SessionFeeder(reqs))
     assert len(records) == len(reqs) and sizes and set(sizes) == {1}
 

@@ -22,7 +22,7 @@ from simlab.config import ConfigError
 from simlab.cost.hardware import Hardware
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
-from simlab.engines.timed.world import SessionFeeder
+from simlab.engines.timed.feeders import SessionFeeder
 from simlab.fastpaths.blocks.replay import block_replay
 from simlab.model.spec import ModelSpec
 from simlab.run.simulate import plan_run, simulate

@@ -12,13 +12,18 @@ import pandas as pd
 import pytest
 
 from simlab.engines.records import records_frame
+from simlab.engines.timed.feeders import SessionFeeder
+from simlab.engines.timed.jobs import Job
 from simlab.engines.timed.new_token_ratio import (
     CLIP_MAX_NEW_TOKENS,
     INIT_RATIO,
     RETRACT_DECODE_STEPS,
     NewTokenRatio,
 )
-from simlab.engines.timed.world import Job, SessionFeeder, TimedSettings, TimedWorld
+from simlab.engines.timed.preemption import Preemption
+from simlab.engines.timed.settings import TimedSettings
+from simlab.engines.timed.shared import SharedMemory
+from simlab.engines.timed.world import TimedWorld
 from tests.test_kv_pool import KV, build, engine, requests, tiny
 from traces.format import Request
 
@@ -94,10 +99,10 @@ def test_decode_spans_give_the_records_of_single_steps(monkeypatch):
     the span. So its records equal those of the same world planning one step at a time
     (times up to float summation)."""
     reqs = unique_prompts()
-    plan = TimedWorld._span_plan
+    plan = SharedMemory.span_plan
 
-    def one_step(world: TimedWorld) -> tuple[list[Job], int]:
-        decoders, steps = plan(world)
+    def one_step(memory: SharedMemory) -> tuple[list[Job], int]:
+        decoders, steps = plan(memory)
         return decoders, min(steps, 1)
 
     def run() -> pd.DataFrame:
@@ -108,7 +113,7 @@ def test_decode_spans_give_the_records_of_single_steps(monkeypatch):
     spans = run()
     waited = spans["scheduled"] - spans["arrival"]
     assert (waited > 1.0).sum() >= 4, "no request waited for room: the case tests nothing"
-    monkeypatch.setattr(TimedWorld, "_span_plan", one_step)
+    monkeypatch.setattr(SharedMemory, "span_plan", one_step)
     steps = run()
     floats = spans.select_dtypes("float").columns
     assert set(TIMES) <= set(floats)
@@ -130,18 +135,18 @@ def test_decode_only_steps_decay_the_ratio_and_mixed_ones_do_not(monkeypatch):
     ]
     at_finish: dict[int, float] = {}
     mixed: list[int] = []
-    finish, batch = TimedWorld._finish, TimedWorld._batch
+    finish, batch = SharedMemory.finish, TimedWorld._batch
 
-    def spy(world: TimedWorld, job: Job) -> None:
-        at_finish[job.req.request_id] = world._ratio.current
-        finish(world, job)
+    def spy(memory: SharedMemory, job: Job) -> None:
+        at_finish[job.req.request_id] = memory.world.batch.ratio.current
+        finish(memory, job)
 
     def count_mixed(world: TimedWorld, chunks: list, decoders: list[Job]):
         if chunks and any(j.req.request_id == 0 for j in decoders):
             mixed.append(1)
         return batch(world, chunks, decoders)
 
-    monkeypatch.setattr(TimedWorld, "_finish", spy)
+    monkeypatch.setattr(SharedMemory, "finish", spy)
     monkeypatch.setattr(TimedWorld, "_batch", count_mixed)
     settings = {"kv_pool": "shared", "running_memory_gb": 10_000 * KV / 1e9, "token_budget": 128}
     world = engine(**settings, request_admission="sglang").world(reqs, build()())
@@ -179,11 +184,12 @@ def test_running_requests_expect_their_clipped_outputs_left_times_the_ratio(batc
         jobs[1].prefilled, jobs[1].decoded = 10, 0  # 8,999 left: clipped
         jobs[2].prefilled = jobs[2].held_to = 4  # its first chunk computed and published
         world.running = jobs
-        world._ratio.current = 0.25
+        world.batch.ratio.current = 0.25
         ratio = 1.0 if eos else 0.25
         expected = (60 + CLIP_MAX_NEW_TOKENS) * ratio + 2 * mixed
-        assert world._expected_bytes() == pytest.approx(expected * KV)
-        spent, hold, added, ask = world._continue_prompts(0.0, 128 - 2 * mixed)
+        admission = world.memory.admission
+        assert admission.expected_bytes() == pytest.approx(expected * KV)
+        spent, hold, added, ask = admission.continue_prompts(0.0, 128 - 2 * mixed)
         assert spent == 6
         assert added == (300 + 1) * KV
         assert jobs[2].held_to == 10 and hold == 6 * KV
@@ -194,20 +200,21 @@ def test_after_a_retraction_the_ratio_is_what_the_kept_decoders_show(monkeypatch
     """SGLang's ``retract_decode`` returns the ratio of the batch it kept: their outputs so far
     plus 20 steps each, over their ``max_new_tokens`` (the output lengths) + 1."""
     checked: list[bool] = []
-    reserve = TimedWorld._reserve_decode
+    reserve = Preemption.reserve_decode
 
-    def spy(world: TimedWorld, limit: int | None) -> int:
+    def spy(preemption: Preemption, limit: int | None) -> int:
+        world = preemption.world
         before = world.pool.preemptions
-        steps = reserve(world, limit)
+        steps = reserve(preemption, limit)
         if world.pool.preemptions > before:
-            kept = world._decoders()
+            kept = world.decoders()
             outputs = sum(j.req.output_len - j.outputs_left for j in kept)
             max_new = sum(j.req.output_len for j in kept)
             estimate = min(1.0, (outputs + RETRACT_DECODE_STEPS * len(kept)) / (max_new + 1))
-            checked.append(world._ratio.current == pytest.approx(estimate))
+            checked.append(world.batch.ratio.current == pytest.approx(estimate))
         return steps
 
-    monkeypatch.setattr(TimedWorld, "_reserve_decode", spy)
+    monkeypatch.setattr(Preemption, "reserve_decode", spy)
     reqs = requests()
     run = tiny(reqs, preemption="sglang", request_admission="sglang").run(reqs, build()())
     assert len(run.records) == len(reqs)

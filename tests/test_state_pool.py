@@ -14,8 +14,10 @@ from simlab.config import ClusterSettings
 from simlab.engines.cluster.engine import ClusterEngine
 from simlab.engines.records import records_frame
 from simlab.engines.step import RequestStep
+from simlab.engines.timed.admission import Admission
 from simlab.engines.timed.engine import TimedEngine
-from simlab.engines.timed.world import SessionFeeder, TimedWorld
+from simlab.engines.timed.feeders import SessionFeeder
+from simlab.engines.timed.kv_pool import KVPool
 from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import simulate
 from tests.fixtures import compose, policy_plugins
@@ -54,17 +56,18 @@ def test_running_requests_hold_their_slots_within_sglangs_cap(monkeypatch, mamba
     """SGLang runs at most ``states // (slots + 2)`` requests; each holds its slots from its
     scheduling to its finish, and cached states never take what running requests hold."""
     checks: list[tuple[int, int, float]] = []
-    check = TimedWorld._check_pool
-
-    def spy(world: TimedWorld) -> None:
-        pool, cache = world.pool, world.cache
-        assert pool.ssm_budget is not None
-        checks.append((len(world.running), pool.held_slots, pool.ssm_budget - cache.ssm_bytes))
-        check(world)
-
-    monkeypatch.setattr(TimedWorld, "_check_pool", spy)
     reqs = requests()
     world = shared(reqs).world(reqs, step(states=12, mamba=mamba))
+    kv: KVPool = world.memory.kv
+    check = kv.check
+
+    def spy() -> None:
+        pool, cache = kv.pool, kv.cache
+        assert pool.ssm_budget is not None
+        checks.append((len(world.running), pool.held_slots, pool.ssm_budget - cache.ssm_bytes))
+        check()
+
+    monkeypatch.setattr(kv, "check", spy)
     records = world.run(SessionFeeder(reqs))
     assert len(records) == len(reqs)
     assert world.max_running == world.pool.max_running == cap
@@ -104,18 +107,18 @@ def test_a_preempted_request_gives_its_slots_back(monkeypatch):
     back in the queue, holds none), and the KV budget holds KV only (whole tokens' bytes)."""
     held: list[tuple[int, int]] = []
     deltas: list[float] = []
-    schedule, hold = TimedWorld._schedule_shared, TimedWorld._hold
+    schedule, hold = Admission.schedule, KVPool.hold
 
-    def spy_schedule(world: TimedWorld) -> None:
-        schedule(world)
-        held.append((world.pool.held_slots, len(world.running)))
+    def spy_schedule(admission: Admission) -> None:
+        schedule(admission)
+        held.append((admission.pool.held_slots, len(admission.world.running)))
 
-    def spy_hold(world: TimedWorld, delta: float) -> None:
+    def spy_hold(kv: KVPool, delta: float) -> None:
         deltas.append(delta)
-        hold(world, delta)
+        hold(kv, delta)
 
-    monkeypatch.setattr(TimedWorld, "_schedule_shared", spy_schedule)
-    monkeypatch.setattr(TimedWorld, "_hold", spy_hold)
+    monkeypatch.setattr(Admission, "schedule", spy_schedule)
+    monkeypatch.setattr(KVPool, "hold", spy_hold)
     reqs = requests()
     # 120 states let 40 requests run beside 100 cached tokens of KV: tight enough to preempt
     world = shared(reqs, running_tokens=longest(reqs)).world(reqs, step(states=120, kv_tokens=100))
@@ -131,7 +134,7 @@ def test_the_invariant_check_catches_an_ssm_overdraft():
     world = shared(reqs).world(reqs, step(states=12))
     world.pool.held_slots = 13
     with pytest.raises(RuntimeError, match="SSM pool over budget"):
-        world._check_pool()
+        world.memory.kv.check()
 
 
 @pytest.mark.parametrize(("mamba", "need"), [("no_buffer", 3), ("extra_buffer", 5)])

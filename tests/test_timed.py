@@ -18,8 +18,10 @@ from simlab.cost.shapes import BatchShape
 from simlab.cost.terms import CostTerms
 from simlab.engines.replay import ReplayEngine
 from simlab.engines.step import RequestStep
+from simlab.engines.timed.batch import unique_tokens
 from simlab.engines.timed.engine import TimedEngine, saturation
-from simlab.engines.timed.world import EngineStats, SessionFeeder, unique_tokens
+from simlab.engines.timed.feeders import SessionFeeder
+from simlab.engines.timed.jobs import EngineStats
 from simlab.run.simulate import policy_step, simulate
 from simlab.run.summary import Summary
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, compose, model, policy_plugins
@@ -101,7 +103,7 @@ def test_low_load_records_equal_replay_for_production_rules_on_a_hybrid(policy, 
     the two engines evict at the same requests and hold the same bytes (the replay used to admit
     once, and 8 (SGLang) and 82 (vLLM) of 211 requests evicted differently). vLLM's both on
     the prefix tree (``block_pool=false``) and on its pool block by block (the default: both
-    engines run ``simlab.engines.block_pool``'s pool, the timed one through ``simlab.engines.timed.vllm_world``)."""
+    engines run ``simlab.engines.block_pool``'s pool, the timed one through ``simlab.engines.timed.vllm``)."""
     extra = [f"policy.admission.block_pool={block_pool}"] if policy == "vllm" else []
     replayed, timed = low_load_runs("nemotron_h_8b", policy, 0.5, *extra)
     assert replayed["nodes_evicted"].sum() > 0 and replayed["hit_tokens"].sum() > 0

@@ -1,4 +1,4 @@
-"""The timed engine on vLLM's hybrid pool (``simlab.engines.timed.vllm_world``): scheduling and preemption
+"""The timed engine on vLLM's hybrid pool (``simlab.engines.timed.vllm``): scheduling and preemption
 counted by hand on a pool of a few blocks (blocks of 4 tokens, 2 Mamba groups), and the pool's
 invariants under load. Its agreement with the replay at low load is
 ``tests/test_timed.py::test_low_load_records_equal_replay_for_production_rules_on_a_hybrid``."""
@@ -14,8 +14,9 @@ from simlab.cost.hardware import Hardware
 from simlab.engines.block_pool import PoolShape
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
-from simlab.engines.timed.vllm_world import PoolWorld
-from simlab.engines.timed.world import SessionFeeder
+from simlab.engines.timed.feeders import SessionFeeder
+from simlab.engines.timed.vllm import VllmMemory
+from simlab.engines.timed.world import TimedWorld
 from tests.fixtures import CONFIGS, chat_trace, model, policy_plugins, routed
 from traces.arrivals import assign_arrivals
 from traces.format import Request
@@ -24,12 +25,13 @@ A100 = Hardware.from_config(OmegaConf.load(CONFIGS / "hardware" / "a100_40gb.yam
 SPEC = model("nemotron_h_8b")
 
 
-def world(requests: list[Request], blocks: int, block: int = 4, **options) -> PoolWorld:
+def world(requests: list[Request], blocks: int, block: int = 4, **options) -> TimedWorld:
     admission, eviction = policy_plugins("vllm")
     step = RequestStep.build(SPEC, 1e9, admission, eviction, "vllm")
     engine = TimedEngine(hardware=A100, **options)
     shape = PoolShape(block=block, state_groups=2, block_bytes=1, blocks=blocks)
-    return PoolWorld(requests, step, engine.cost_model(SPEC), engine, shape)
+    cost = engine.cost_model(SPEC)
+    return TimedWorld(requests, step, cost, engine, memory=VllmMemory.factory(shape))
 
 
 def two_requests(a_out: int = 10) -> list[Request]:
@@ -135,7 +137,7 @@ def test_under_load_every_block_returns_and_reruns_are_identical(blocks, overlap
     for _ in range(2):
         w = world(requests, blocks=blocks, block=16, overlap=overlap)
         records = w.run(SessionFeeder(requests))
-        queue = w.hybrid.pool
+        queue = w.memory.hybrid.pool
         assert len(queue.queue) == blocks and not any(queue.refs.values())
         assert w.pool.preemptions > 0 and len(records) == len(requests)
         assert sum(w.preemption_column(records)) == w.pool.preemptions
@@ -157,7 +159,7 @@ def test_a_transformer_under_vllm_runs_on_its_pool_when_the_kv_pool_is_shared():
         step = RequestStep.build(llama, 1e9, admission, eviction, "vllm")
         engine = TimedEngine(hardware=A100, kv_pool=kv_pool, running_memory_gb=1.0)
         world = engine.world(requests, routed(step, engine, requests))
-        assert isinstance(world, PoolWorld) == on_pool, kv_pool
+        assert isinstance(world.memory, VllmMemory) == on_pool, kv_pool
     engine = TimedEngine(hardware=A100, kv_pool="shared", running_memory_gb=1.0, preemption="fifo")
     step = RequestStep.build(llama, 1e9, admission, eviction, "vllm")
     with pytest.raises(ConfigError, match=r"engine.preemption.*block_pool=false"):

@@ -36,7 +36,8 @@ from simlab.engines.batchllm import Group
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
-from simlab.engines.timed.world import Job, TimedWorld
+from simlab.engines.timed.jobs import Job
+from simlab.engines.timed.world import TimedWorld
 from traces.format import Request
 
 #: Group prefixes are engine-made requests; their ids are negative so they never clash.
@@ -118,7 +119,7 @@ class _Hold:
 
 @dataclass
 class BatchFeeder:
-    """The :class:`simlab.engines.timed.world.Feeder` of a planned batch: queued at t = 0, group by group."""
+    """The :class:`simlab.engines.timed.feeders.Feeder` of a planned batch: queued at t = 0, group by group."""
 
     requests: Sequence[Request]
     groups: Sequence[Group]

@@ -1,5 +1,5 @@
 """Agreement with vLLM's real scheduler under load: the timed engine on vLLM's hybrid pool
-(:mod:`simlab.engines.timed.vllm_world`) against ``crosscheck/vllm_concurrent.py``'s fixtures
+(:mod:`simlab.engines.timed.vllm`) against ``crosscheck/vllm_concurrent.py``'s fixtures
 (``tests/fixtures/crosscheck_load``), request by request.
 
 The driver ran vLLM 0.33.0's ``Scheduler`` over Nemotron-H with open-loop arrivals on a clock
@@ -43,7 +43,9 @@ from simlab.cost.model import CostModel
 from simlab.cost.shapes import BatchShape
 from simlab.engines.records import RequestRecord
 from simlab.engines.timed.engine import TimedEngine
-from simlab.engines.timed.world import Job, TimedWorld
+from simlab.engines.timed.jobs import Job
+from simlab.engines.timed.memory import MemoryFactory, tree_memory
+from simlab.engines.timed.world import TimedWorld
 from simlab.experiments.crosscheck import load_cases, overrides_for
 from traces.format import Request
 
@@ -131,7 +133,7 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     from hydra import compose, initialize_config_dir
 
     from simlab.engines.block_pool import pool_shape
-    from simlab.engines.timed.vllm_world import PoolWorld
+    from simlab.engines.timed.vllm import VllmMemory
     from simlab.run.routes import pool_refusal
     from simlab.run.simulate import plan_run, policy_step, trace_requests
 
@@ -173,15 +175,14 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     settings = plan.engine
     assert isinstance(settings, TimedEngine)  # the case's overrides pick engine=timed
     clock = cast(CostModel, StepClock())
-    world: TimedWorld
-    if sglang:
-        world = TimedWorld(requests, step, clock, settings)
-    else:
+    memory: MemoryFactory = tree_memory
+    if not sglang:
         why = pool_refusal(step, requests, transformers=True)
         shape = pool_shape(step, requests) if why is None else None
         if shape is None:
             raise ValueError(f"{case['case']}: the policy does not run on vLLM's pool ({why})")
-        world = PoolWorld(requests, step, clock, settings, shape)
+        memory = VllmMemory.factory(shape)
+    world = TimedWorld(requests, step, clock, settings, memory=memory)
     records = world.run(OpenLoop(requests, engine["arrival"].tolist()))
     preempted = dict(
         zip([r.request_id for r in records], world.preemption_column(records), strict=True)

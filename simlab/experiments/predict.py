@@ -56,7 +56,7 @@ from simlab.config import ConfigError
 from simlab.cost.model import CostModel
 from simlab.cost.shapes import BatchShape, check_tp
 from simlab.engines.timed.engine import TimedEngine
-from simlab.engines.timed.world import TimedSettings
+from simlab.engines.timed.settings import TimedSettings
 from simlab.experiments import measured as measured_table
 from simlab.model.spec import ModelSpec
 from simlab.run.cli import reported_as_one_line, unknown_choice
@@ -188,7 +188,7 @@ def prefill_iterations(
 def _admission_pass(
     held: list[int], started: int, new: int, scheduling: Scheduling, mixed: int
 ) -> int:
-    """SGLang's admission pass before a step (``SharedPoolScheduling._schedule_shared`` with
+    """SGLang's admission pass before a step (``Admission.schedule`` with
     memory to spare and one-token pages): the prompt the budget cut takes its next chunk
     first, then queued requests are admitted in order while the step's token budget (less
     ``mixed``, the decodes riding it) and the cap (``rem_input_tokens``) both have room, the

@@ -21,7 +21,7 @@ compiled_radix     the request step as one numba kernel (:mod:`simlab.fastpaths.
 block_pool         vLLM's hybrid pool block by block (:mod:`simlab.engines.block_pool`): the
                    replay engine, an admission vLLM's pool models, its ``free_queue``
 request_step       the request step on the prefix tree (:mod:`simlab.engines.replay`)
-pool_world         the timed engine on vLLM's pool (:mod:`simlab.engines.timed.vllm_world`)
+pool_world         the timed engine on vLLM's pool (:mod:`simlab.engines.timed.vllm`)
 timed_world        the timed engine on the prefix tree (:mod:`simlab.engines.timed.world`)
 =================  =====================================================================
 

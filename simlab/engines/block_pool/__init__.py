@@ -43,7 +43,7 @@ schedule it).
 A Transformer is the same pool without Mamba groups: one group of every layer, blocks of
 ``policy.block_size`` tokens, a prefill cut by the token budget alone (no block-aligned split),
 the hit its whole cached chain within ``L - 1``. The timed engine runs it there with
-``engine.kv_pool=shared`` (:mod:`simlab.engines.timed.vllm_world`: vLLM's scheduler over its own pool,
+``engine.kv_pool=shared`` (:mod:`simlab.engines.timed.vllm`: vLLM's scheduler over its own pool,
 checked against the real ``Scheduler`` under load, ``tests/fixtures/crosscheck_load``); the
 replay keeps the prefix tree, whose per-request hits are vLLM's already.
 """

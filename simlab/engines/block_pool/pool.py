@@ -224,7 +224,7 @@ class PoolRun:
     def idle(self, end: int, known: int | None = None) -> bool:
         """Whether a Transformer's step to ``end`` (``known``: as :meth:`step`'s) changes
         nothing (:meth:`step` would take no block and key none): most decode steps. The
-        scheduler's running pass inlines it (``PoolWorld._plan_step``)."""
+        scheduler's running pass inlines it (``VllmMemory.schedule``)."""
         upto = end if known is None or known > end else known
         return end <= self.idle_end and upto <= self.idle_upto
 

@@ -3,7 +3,7 @@
 ``cluster.replicas=N`` runs N timed engines (:class:`simlab.engines.timed.world.TimedWorld`) in **one** SimPy
 environment: each replica has its own GPU process, FCFS queue, running set and its own cache and
 policy instance (its own :class:`~simlab.engines.step.RequestStep`, built for the same policy, with
-``cache.size_gb`` per replica). The chat sessions (:class:`simlab.engines.timed.world.SessionFeeder`) submit
+``cache.size_gb`` per replica). The chat sessions (:class:`simlab.engines.timed.feeders.SessionFeeder`) submit
 each request to the cluster, and the router picks a replica at arrival; a session's next
 request still arrives a think time after the previous one completed, wherever it ran.
 

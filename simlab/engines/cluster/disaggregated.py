@@ -14,7 +14,8 @@ from simlab.engines.cluster.summary import cluster_stats
 from simlab.engines.cluster.world import Cluster, world_load
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep, Timing, add_timing
-from simlab.engines.timed.world import Job, TimedWorld
+from simlab.engines.timed.jobs import Job
+from simlab.engines.timed.world import TimedWorld
 from traces.format import Request
 
 

@@ -15,8 +15,10 @@ from simlab.engines.cluster.router import Router
 from simlab.engines.cluster.summary import cluster_extras, merged_occupancy, pool_extras
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
-from simlab.engines.timed.vllm_world import PoolWorld
-from simlab.engines.timed.world import Job, SessionFeeder, TimedWorld
+from simlab.engines.timed.feeders import SessionFeeder
+from simlab.engines.timed.jobs import Job
+from simlab.engines.timed.vllm import VllmMemory
+from simlab.engines.timed.world import TimedWorld
 from traces.format import Request
 from traces.progress import Progress
 
@@ -55,7 +57,7 @@ class Cluster:
             for twin in self.twins:
                 twin.prepare(order)
         self.worlds = [self._replica(s) for s in self.steps]
-        if self.twins is not None and any(isinstance(w, PoolWorld) for w in self.worlds):
+        if self.twins is not None and any(isinstance(w.memory, VllmMemory) for w in self.worlds):
             raise ConfigError(
                 "cluster.router_lag_s: the lagged router view mirrors the prefix tree, not "
                 "vLLM's block pool (policy=vllm on a hybrid, or on a Transformer with "

@@ -1,6 +1,6 @@
-"""``engine=timed``: the engine's settings and GPU, and the factory that gives each run its world,
-on the prefix tree (:class:`~simlab.engines.timed.world.TimedWorld`) or on vLLM's block pool
-(:class:`~simlab.engines.timed.vllm_world.PoolWorld`). It sits above both worlds."""
+"""``engine=timed``: the engine's settings and GPU, and the factory that gives each run its world
+(:class:`~simlab.engines.timed.world.TimedWorld`), its memory on the prefix tree or on vLLM's
+block pool (:class:`~simlab.engines.timed.vllm.VllmMemory`)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
+from simlab.engines.timed.feeders import SessionFeeder
 from simlab.engines.timed.jobs import EngineStats
-from simlab.engines.timed.vllm_world import PoolWorld
-from simlab.engines.timed.world import SessionFeeder, TimedSettings, TimedWorld
+from simlab.engines.timed.settings import TimedSettings
+from simlab.engines.timed.vllm import VllmMemory
+from simlab.engines.timed.world import TimedWorld
 from simlab.model.spec import ModelSpec
 from traces.format import Request
 
@@ -114,13 +116,13 @@ class TimedEngine(TimedSettings):
         """A fresh world for ``step`` (in ``env``: a cluster's replicas share one): on vLLM's
         pool block by block where the step is routed there (``step.pool``: a hybrid under
         ``policy=vllm``, or a Transformer with ``kv_pool=shared``;
-        :mod:`simlab.engines.timed.vllm_world`, the running blocks in the pool with
+        :mod:`simlab.engines.timed.vllm`, the running blocks in the pool with
         ``kv_pool=shared``), else on the prefix tree."""
         cost = self.cost_model(step.cache.model)
         running = self.running_memory_gb * 1e9 if self.kv_pool == "shared" else 0.0
         shape = vllm_pool.pool_shape(step, requests, running) if step.pool else None
         if shape is not None:
-            return PoolWorld(requests, step, cost, self, shape, env)
+            return TimedWorld(requests, step, cost, self, env, VllmMemory.factory(shape))
         return TimedWorld(requests, step, cost, self, env)
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:

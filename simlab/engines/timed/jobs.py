@@ -1,6 +1,6 @@
 """A request's life in the timed engine (:class:`Job`) and the run's counters
 (:class:`EngineStats`, :class:`PoolStats`), shared by :mod:`simlab.engines.timed.world` and
-:mod:`simlab.engines.timed.kv_pool`."""
+its memories."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from simlab.engines.timed.new_token_ratio import CLIP_MAX_NEW_TOKENS
 from traces.format import Request
 
 if TYPE_CHECKING:
-    from simlab.engines.timed.world import TimedSettings
+    from simlab.engines.timed.settings import TimedSettings
 
 
 @dataclass
@@ -83,6 +83,13 @@ class Job:
         self.input_tokens += sampled
         self.decode_end -= sampled
         self.prefilled = self.decoded = 0
+
+    @property
+    def refill(self) -> int:
+        """Outputs a recomputed job prefills again with its prompt (0 until it is preempted),
+        which the shared pool's radix tree matches and publishes with it
+        (:meth:`RequestStep.start`): SGLang keys a retracted request by its fill ids."""
+        return self.input_tokens - self.req.input_tokens
 
     @property
     def in_prefill(self) -> bool:
@@ -173,5 +180,5 @@ def clipped_max_new(job: Job) -> int:
     """The outputs SGLang reserves for a request it admits or whose prompt's last chunk it
     schedules: its whole ``max_new_tokens`` (the output length here), clipped, even for a
     retracted request that sampled some already (``_update_prefill_budget``); its admission
-    check asks room only for those left (:meth:`simlab.engines.timed.kv_pool.SharedPoolScheduling._sglang_need`)."""
+    check asks room only for those left (``Admission._sglang_need``)."""
     return min(job.req.output_len, CLIP_MAX_NEW_TOKENS)

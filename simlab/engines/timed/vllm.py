@@ -1,4 +1,5 @@
-"""The timed engine on vLLM's hybrid pool, block by block: ``engine=timed`` with the hybrid
+"""The timed engine on vLLM's hybrid pool, block by block: the timed world's
+:class:`simlab.engines.timed.memory.Memory` where ``engine=timed`` with the hybrid
 ``policy=vllm`` runs where the replay engine does (:mod:`simlab.engines.block_pool`), so at low load
 both engines give every request the same hit, evictions and cached bytes.
 
@@ -47,12 +48,9 @@ is scheduled before the last one's output is processed, ``step_with_batch_queue`
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-
-import simpy
+from typing import TYPE_CHECKING
 
 from simlab.config import ConfigError
-from simlab.cost.model import CostModel
 from simlab.engines.block_pool import (
     Peaks,
     PoolFull,
@@ -63,52 +61,56 @@ from simlab.engines.block_pool import (
     step_pool,
     too_small,
 )
-from simlab.engines.records import RequestRecord
-from simlab.engines.step import RequestStep, Timing, add_timing
-from simlab.engines.timed.world import Job, TimedSettings, TimedWorld
+from simlab.engines.step import Timing, add_timing
+from simlab.engines.timed.jobs import Job
+from simlab.engines.timed.preemption import drop_progress, requeue
+from simlab.engines.timed.settings import TimedSettings
 from traces.format import Request
+
+if TYPE_CHECKING:
+    from simlab.engines.timed.memory import MemoryFactory
+    from simlab.engines.timed.world import TimedWorld
 
 log = logging.getLogger(__name__)
 
 
-class PoolWorld(TimedWorld):
-    """A timed world whose memory is vLLM's hybrid pool (see the module docstring)."""
+def check_settings(s: TimedSettings) -> None:
+    """vLLM's scheduler preempts the last running request, schedules a request when its first
+    chunk's blocks fit and runs prefill chunks beside the decodes."""
+    if s.preemption != "lifo":
+        raise ConfigError(
+            "engine.preemption: vLLM's block pool (policy=vllm) preempts the last running "
+            f"request (lifo), got {s.preemption!r} (policy.admission.block_pool=false: the "
+            "prefix tree, which takes any)"
+        )
+    if s.request_admission != "whole":
+        raise ConfigError(
+            "engine.request_admission: vLLM's block pool (policy=vllm) schedules a request "
+            f"when its first chunk's blocks fit (whole), got {s.request_admission!r} "
+            "(policy.admission.block_pool=false: the prefix tree, which takes any)"
+        )
+    if s.batching != "mixed":
+        raise ConfigError(
+            "engine.batching: vLLM's block pool (policy=vllm) runs prefill chunks beside "
+            f"the decodes (mixed), got {s.batching!r} (policy.admission.block_pool=false: "
+            "the prefix tree, which takes any)"
+        )
 
-    VLLM_POOL = True
 
-    def __init__(
-        self,
-        requests: Sequence[Request],
-        step: RequestStep,
-        cost: CostModel,
-        s: TimedSettings,
-        shape: PoolShape,
-        env: simpy.Environment | None = None,  # a cluster's replicas share one
-    ):
-        if s.preemption != "lifo":
-            raise ConfigError(
-                "engine.preemption: vLLM's block pool (policy=vllm) preempts the last running "
-                f"request (lifo), got {s.preemption!r} (policy.admission.block_pool=false: the "
-                "prefix tree, which takes any)"
-            )
-        if s.request_admission != "whole":
-            raise ConfigError(
-                "engine.request_admission: vLLM's block pool (policy=vllm) schedules a request "
-                f"when its first chunk's blocks fit (whole), got {s.request_admission!r} "
-                "(policy.admission.block_pool=false: the prefix tree, which takes any)"
-            )
-        if s.batching != "mixed":
-            raise ConfigError(
-                "engine.batching: vLLM's block pool (policy=vllm) runs prefill chunks beside "
-                f"the decodes (mixed), got {s.batching!r} (policy.admission.block_pool=false: "
-                "the prefix tree, which takes any)"
-            )
-        super().__init__(requests, step, cost, s, env)
-        self.shared = False  # the pool holds running requests: no budget split to keep
-        self.hybrid, self.committed = step_pool(step, shape)
+class VllmMemory:
+    """A timed world's memory that is vLLM's hybrid pool (see the module docstring); a world
+    gets it through :meth:`factory`."""
+
+    preempts = True
+
+    def __init__(self, world: TimedWorld, shape: PoolShape):
+        s = world.settings
+        check_settings(s)
+        self.world, self.step, self.settings = world, world.step, s
+        self.hybrid, self.committed = step_pool(world.step, shape)
         self.shape = shape
         assert s.token_budget is not None  # chunked prefill off is SGLang's (TimedSettings)
-        self._budget = min(s.token_budget, self.hybrid.max_tokens)
+        world.budget = min(s.token_budget, self.hybrid.max_tokens)
         self._keys: dict[int, list[int]] = {}  # queued request id -> its block keys
         self._chunks: list[tuple[Job, int]] = []  # this step's prefill chunks
         self._planned: list[Job] = []  # this step's decoders
@@ -123,8 +125,13 @@ class PoolWorld(TimedWorld):
         #: async: finishing requests preempted in this step (their last token is in flight)
         self._dropped: list[Job] = []
         self.peaks = Peaks()  # cached bytes at each finish (the replay's peaks)
-        self.pool.budget = shape.blocks * shape.block_bytes
-        log.info("%s: vLLM's hybrid pool block by block, timed (%s)", step.policy, shape)
+        world.pool.budget = shape.blocks * shape.block_bytes
+        log.info("%s: vLLM's hybrid pool block by block, timed (%s)", world.step.policy, shape)
+
+    @staticmethod
+    def factory(shape: PoolShape) -> MemoryFactory:
+        """The world's ``memory`` argument for vLLM's pool of ``shape``."""
+        return lambda world, requests: VllmMemory(world, shape)
 
     def peek(self, req: Request) -> tuple[int, int]:
         """``(matched, hit)`` tokens in the pool, read-only (the lookup touches nothing)."""
@@ -134,34 +141,46 @@ class PoolWorld(TimedWorld):
     def cache_peaks(self) -> dict[str, float]:
         return self.peaks.extras()
 
-    def _open_pool(self, requests: Sequence[Request]) -> None:
-        """The hybrid pool is the one budget already (see the module docstring)."""
-
-    @property
-    def preempts(self) -> bool:
-        return True
+    def ended(self) -> None:
+        self.world.pool.evicted_bytes = self.hybrid.pool.evicted * self.shape.block_bytes
 
     # ------------------------------------------------------------------ scheduler steps
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
         """vLLM's scheduler step (:meth:`_plan_step`): the GPU loop then runs it as a mixed
-        iteration when it has prefill chunks (:meth:`_any_prefill`), else as a decode span."""
+        iteration when it has prefill chunks (:meth:`prefills`), else as a decode span."""
         self._plan_step()
 
-    def _any_prefill(self) -> bool:
-        return bool(self._prefill_chunks(0))
+    def prefills(self) -> bool:
+        return bool(self.prefill_chunks(0))
+
+    def prefill_chunks(self, budget: float) -> list[tuple[Job, int]]:
+        """This step's planned chunks, of the requests it did not preempt since."""
+        return [(job, take) for job, take in self._chunks if job.pool_run is not None]
+
+    def iteration_decoders(self) -> list[Job]:
+        return self._planned
+
+    def decode_fits(self, decoders: list[Job]) -> bool:
+        return True  # SGLang's check (request_admission=sglang), which vLLM's pool refuses
+
+    def prompt_done(self, job: Job) -> None:
+        """Nothing to publish: the pool cached the prompt's blocks as they were computed."""
+
+    def checkpoint(self, job: Job) -> None:
+        """Nothing to publish (see :meth:`prompt_done`)."""
 
     def _plan_step(self) -> None:
         """Every running request's step takes its blocks, in the running order (a decoder's
         one token, a prefilling request's chunk within the budget left); then, unless that
         preempted a request, queued requests are scheduled (:meth:`_admit`)."""
-        preemptions = self.pool.preemptions
+        preemptions = self.world.pool.preemptions
         self.hybrid.fresh.clear()
         self._prev, self._in_flight = self._in_flight, {}
-        decoders = self._decoders()
-        budget = int(self._budget) - len(decoders)  # finite: vLLM always chunks
+        decoders = self.world.decoders()
+        budget = int(self.world.budget) - len(decoders)  # finite: vLLM always chunks
         self._chunks = []
         asynchronous = self._async
-        for job in list(self.running):
+        for job in list(self.world.running):
             run = job.pool_run
             if run is None:  # preempted in this loop (or, async, finishing)
                 continue
@@ -174,10 +193,10 @@ class PoolWorld(TimedWorld):
                 if n >= run.idle_end or (n if asynchronous else n + 1) > run.idle_upto:
                     self._step(job, n, n + 1, known=n if asynchronous else None)
         self._planned = [j for j in decoders if j.pool_run is not None]
-        self._preempted_now = self.pool.preemptions > preemptions
+        self._preempted_now = self.world.pool.preemptions > preemptions
         if not self._preempted_now:
             self._admit(budget)
-        self._launch(self._prefill_chunks(0))
+        self._launch(self.prefill_chunks(0))
 
     def _launch(self, chunks: list[tuple[Job, int]]) -> None:
         """The planned step's ``chunks`` and decoders go in flight (async: their starts, for
@@ -187,32 +206,36 @@ class PoolWorld(TimedWorld):
             self._in_flight = {j.req.request_id: j.prefilled for j, _ in chunks}
             for job in self._planned:
                 self._in_flight[job.req.request_id] = job.input_tokens + job.decoded
-        empty = self.running and not chunks and not self._planned
+        empty = self.world.running and not chunks and not self._planned
         if empty and not (self._async and self._completions_due()):
             raise RuntimeError(
-                f"vLLM's block pool: {len(self.running)} requests running, none scheduled"
+                f"vLLM's block pool: {len(self.world.running)} requests running, none scheduled"
             )
 
     def _admit(self, budget: int) -> None:
         """FCFS: the queue's head is scheduled, and its first chunk's blocks taken, when
         they and its hit's blocks in the free queue are free; with nothing running, always."""
         queue = self.hybrid.pool
-        while self.waiting and budget > 0 and len(self.running) < self.settings.max_running:
-            job = self.waiting[0]
-            if not self._feeder.ready(job):
+        while (
+            self.world.waiting
+            and budget > 0
+            and len(self.world.running) < self.settings.max_running
+        ):
+            job = self.world.waiting[0]
+            if not self.world.feeder.ready(job):
                 return
             run = self._open(job)
             if run.hits_fresh_state() or not run.first_chunk(budget):
                 return
             free = len(queue.queue)
             if (
-                self.running
+                self.world.running
                 and queue.finite
                 and (run.full_need() > free or run.first_need(budget) > free)
             ):
                 return
-            self._note_queue()
-            self.waiting.popleft()
+            self.world.note_queue()
+            self.world.waiting.popleft()
             self._start_run(job, run)
             budget -= self._prefill_step(job, budget)
 
@@ -234,13 +257,17 @@ class PoolWorld(TimedWorld):
             job.seq = job.req.full_sequence()
         if job.order < 0:  # a recomputed request keeps its first scheduling (and its hit)
             self._first[job.req.request_id] = (run.matched_tokens, run.hit_tokens)
-            job.order, self.pool.started = self.pool.started, self.pool.started + 1
-            job.scheduled = self.env.now
+            job.order, self.world.pool.started = (
+                self.world.pool.started,
+                self.world.pool.started + 1,
+            )
+            job.scheduled = self.world.env.now
         else:
-            self.resume_hits.setdefault(job.req.request_id, []).append(run.hit_tokens)
-        self.running.append(job)
+            self.world.resume_hits.setdefault(job.req.request_id, []).append(run.hit_tokens)
+        self.world.running.append(job)
 
     # ------------------------------------------------------------------ steps
+
     def _step(
         self, job: Job, start: int, end: int, checkpoint: int = 0, known: int | None = None
     ) -> bool:
@@ -255,9 +282,9 @@ class PoolWorld(TimedWorld):
             try:
                 run.step(start, end, checkpoint, processed, known)
             except PoolFull:
-                if not self.running or self.running == [job]:
+                if not self.world.running or self.world.running == [job]:
                     raise too_small(self.shape, job.req) from None
-                victim_is_job = self.running[-1] is job
+                victim_is_job = self.world.running[-1] is job
                 self._preempt()
                 if victim_is_job:
                     return False
@@ -268,8 +295,8 @@ class PoolWorld(TimedWorld):
     def _note_held(self) -> None:
         queue = self.hybrid.pool
         held = (queue.made - len(queue.queue)) * self.shape.block_bytes
-        self.pool.held = held
-        self.pool.peak_held = max(self.pool.peak_held, held)
+        self.world.pool.held = held
+        self.world.pool.peak_held = max(self.world.pool.peak_held, held)
 
     def _release(self, victim: Job) -> None:
         """A preempted request frees all its blocks (cached ones stay cached)."""
@@ -278,29 +305,29 @@ class PoolWorld(TimedWorld):
         victim.pool_run = None
 
     def _preempt(self) -> None:
-        """The last running request is preempted. Async: a finishing one (its last token in
-        flight, so no step scheduled it) frees its blocks, unkeyed ones uncached, and
-        completes when that token is processed: vLLM delivers a preempted request's stale
-        output, and its last token stops it in the queue."""
-        victim = self.running[-1]
+        """The last running request is preempted (:func:`drop_progress`, :func:`requeue`).
+        Async: a finishing one (its last token in flight, so no step scheduled it) frees its
+        blocks, unkeyed ones uncached, and completes when that token is processed: vLLM
+        delivers a preempted request's stale output, and its last token stops it in the
+        queue."""
+        running = self.world.running
+        victim = running.pop()
         if not (self._async and self._finishing(victim)):
-            super()._preempt()
+            drop_progress(self.world, victim, self._release)
+            requeue(self.world.waiting, victim)
             return
-        self.running.pop()
         assert victim.pool_run is not None
         victim.pool_run.finish()
         victim.preemptions += 1
-        self.pool.preemptions += 1
-        self.pool.preempted.add(victim.req.request_id)
+        pool = self.world.pool
+        pool.preemptions += 1
+        pool.preempted.add(victim.req.request_id)
         self._dropped.append(victim)
 
     @staticmethod
     def _finishing(job: Job) -> bool:
         """Whether ``job`` sampled its last token (async: in the step still in flight)."""
         return job.decoded >= job.decode_end and job.prefilled >= job.input_tokens
-
-    def _iteration_decoders(self) -> list[Job]:
-        return self._planned
 
     def _prefill_step(self, job: Job, budget: int) -> int:
         """``job``'s next prefill chunk within ``budget``, its blocks taken; its tokens."""
@@ -315,13 +342,7 @@ class PoolWorld(TimedWorld):
         self._chunks.append((job, end - start))
         return end - start
 
-    def _prefill_chunks(self, budget: float) -> list[tuple[Job, int]]:
-        return [(job, take) for job, take in self._chunks if job.pool_run is not None]
-
-    def _prompt_done(self, job: Job) -> None:
-        """Nothing to publish: the pool cached the prompt's blocks as they were computed."""
-
-    def _span_plan(self) -> tuple[list[Job], int]:
+    def span_plan(self) -> tuple[list[Job], int]:
         """The planned decoders (their first step's blocks taken) and the span's steps: up to
         the first request's end, before the next step in which a decoder crosses a block
         boundary (it takes blocks), before the next step that retires a Mamba block when a
@@ -334,9 +355,9 @@ class PoolWorld(TimedWorld):
         firsts = [j.input_tokens + j.decoded for j in decoders]
         steps = min(j.decode_end - j.decoded for j in decoders)
         steps = min(steps, *(size - n % size for n in firsts))
-        if self.waiting and self._async and self._completions_due():
+        if self.world.waiting and self._async and self._completions_due():
             steps = 1  # they free blocks and slots before the next step is scheduled
-        elif self.waiting and len(self.running) < self.settings.max_running:
+        elif self.world.waiting and len(self.world.running) < self.settings.max_running:
             retire = 2 if self._async else 1  # async: a step behind (its basis is processed)
             steps = min(steps, *((retire - n) % size or size for n in firsts))
             if self._async and self.shape.state_groups and self._basis_jumps(decoders):
@@ -345,8 +366,8 @@ class PoolWorld(TimedWorld):
                 # a Transformer: a filled block is a longer hit (async: keyed once its last
                 # token is known, in the step that takes the next block: a span's first)
                 steps = min(steps, *((size - 1 - n) % size or size for n in firsts))
-        if any(j.prefilled < j.input_tokens for j in self.running) or (
-            self._preempted_now and self.waiting
+        if any(j.prefilled < j.input_tokens for j in self.world.running) or (
+            self._preempted_now and self.world.waiting
         ):
             steps = 1
         return decoders, steps
@@ -354,7 +375,7 @@ class PoolWorld(TimedWorld):
     def _completions_due(self) -> bool:
         """Async: whether requests finished in the last step complete after this one was
         planned (:meth:`_complete_finished`)."""
-        return bool(self._dropped) or any(self._finishing(j) for j in self.running)
+        return bool(self._dropped) or any(self._finishing(j) for j in self.world.running)
 
     def _basis_jumps(self, decoders: list[Job]) -> bool:
         """Async: whether a decoder's processed tokens jump by more than one token at the
@@ -365,7 +386,7 @@ class PoolWorld(TimedWorld):
             for j, n in ((j, j.input_tokens + j.decoded) for j in decoders)
         )
 
-    def _span_ran(self, decoders: list[Job], done: int) -> None:
+    def span_ran(self, decoders: list[Job], done: int) -> None:
         """Steps 1 .. ``done - 1`` of the span, in order: those that retire a Mamba block or
         fill a KV block (the others change nothing; none takes a block)."""
         lag = self._async
@@ -400,21 +421,24 @@ class PoolWorld(TimedWorld):
         return events
 
     # ------------------------------------------------------------------ completion
-    def _complete_finished(self) -> None:
+
+    # ------------------------------------------------------------------ completion
+    def complete(self, finished: list[Job]) -> None:
         """The requests done complete in running order; async: then the finishing ones this
         step preempted (the last in the step they finished in)."""
-        super()._complete_finished()
+        for job in finished:
+            self._finish(job)
         dropped, self._dropped = self._dropped, []
         for job in reversed(dropped):
             assert job.pool_run is not None
-            job.finished = self.env.now
+            job.finished = self.world.env.now
             self._record(job, job.pool_run)
 
     def _finish(self, job: Job) -> None:
         run = job.pool_run
         assert run is not None
         req = job.req
-        job.finished = self.env.now
+        job.finished = self.world.env.now
         if self._async:  # its last step's tokens are known now (``update_from_output``)
             run.key(job.input_tokens + job.decoded)
         for n in range(
@@ -426,11 +450,11 @@ class PoolWorld(TimedWorld):
 
     def _record(self, job: Job, run: PoolRun) -> None:
         """``job`` completed, its blocks freed: its record."""
-        req = job.req
+        req, world = job.req, self.world
         del self._keys[req.request_id]
-        self._preempted_counts[req.request_id] = job.preemptions
+        world.preempted_counts[req.request_id] = job.preemptions
         matched, hit = self._first.pop(req.request_id)
-        record = pool_record(req, self.model, self.step.policy, self.hybrid, run, matched, hit)
+        record = pool_record(req, world.model, self.step.policy, self.hybrid, run, matched, hit)
         add_timing(
             record,
             Timing(
@@ -438,22 +462,9 @@ class PoolWorld(TimedWorld):
                 scheduled=job.scheduled,
                 first_token=job.first_token,
                 finished=job.finished,
-                prefill_time=self.cost.prefill_time(hit, req.input_tokens - hit),
+                prefill_time=world.cost.prefill_time(hit, req.input_tokens - hit),
             ),
         )
         self._note_held()
         self.peaks.note(record)
-        if self._feeder.finished(job, record):
-            self.records.append(record)
-            if self._progress is not None:
-                self._progress.update()
-        stats = self.stats
-        stats.last_departure = max(stats.last_departure, job.finished)
-        stats.occupancy.append((job.finished, record.cache_kv_bytes, record.cache_ssm_bytes))
-        stats.prefill_tokens += job.input_tokens - job.hit
-        job.done.succeed()
-
-    def collect(self) -> list[RequestRecord]:
-        records = super().collect()
-        self.pool.evicted_bytes = self.hybrid.pool.evicted * self.shape.block_bytes
-        return records
+        world.complete(job, record, (record.cache_kv_bytes, record.cache_ssm_bytes))
