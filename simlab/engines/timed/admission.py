@@ -35,28 +35,28 @@ class Admission:
         """FCFS admission into the shared pool. A request is admitted when its whole KV (input
         beyond its hit, output, one SSM state) could fit in the free and evictable bytes (its
         own hit protected); it then holds its prompt's KV at once (cached entries evicted for
-        it in the policy's order) and its output's token by token (:meth:`Preemption.reserve_decode`).
-        Otherwise it waits; with nothing running it is admitted whatever its hit (cached
-        entries evicted for its whole KV, the hit's included if need be). With a separate SSM
-        pool its state is not in the KV budget: it takes its slots there (:meth:`KVPool.hold_slots`),
-        and the running requests are capped as SGLang caps them (:meth:`KVPool.open`).
+        it in the policy's order) and its output's token by token
+        (:meth:`Preemption.reserve_decode`). Otherwise it waits; with nothing running it is
+        admitted whatever its hit (cached entries evicted for its whole KV, the hit's included
+        if need be). With a separate SSM pool its state is not in the KV budget: it takes its
+        slots there (:meth:`KVPool.hold_slots`), and the running requests are capped as SGLang
+        caps them (:meth:`KVPool.open`).
         ``engine.request_admission=sglang``: it must fit beside what the running requests and
         those admitted in this pass are expected to still write (:meth:`expected_bytes`);
         each candidate is matched (:meth:`RequestStep.match_queued`), the one that does not
         fit included, before the pass evicts for the prompts it admitted, all at once
         (SGLang's ``PrefillAdder`` loop, then ``prepare_for_extend``); the pass admits nobody
-        once the step's prefill chunks fill its token budget (:meth:`continue_prompts`), the last
-        one admitted perhaps only in part (the next chunked request), or spend
+        once the step's prefill chunks fill its token budget (:meth:`continue_prompts`), the
+        last one admitted perhaps only in part (the next chunked request), or spend
         ``engine.max_prefill_tokens`` (``rem_input_tokens``; without chunked prefill a prompt
         that reaches what is left of it waits unless it is the first: :meth:`_under_input_cap`)."""
+        world = self.world
         sglang = self.settings.request_admission == "sglang"
         if sglang and not self._sglang_pass_opens():
             return
         expected = self.expected_bytes() if sglang else 0.0
-        mixed = (
-            len(self.world.batch_members()) if sglang and self.settings.batching == "mixed" else 0
-        )
-        room = self.world.budget - mixed if sglang else math.inf
+        mixed = len(world.batch_members()) if sglang and self.settings.batching == "mixed" else 0
+        room = world.budget - mixed if sglang else math.inf
         spent, chunk_bytes, added, ask = (
             self.continue_prompts(expected, room) if sglang else (0, 0.0, 0.0, 0.0)
         )
@@ -64,12 +64,12 @@ class Admission:
         cap = self.settings.max_prefill_tokens
         inputs = math.inf if cap is None else cap - mixed - spent  # ``rem_input_tokens``
         expected += added
-        self.world.batch.admission_passes += 1
+        world.batch.admission_passes += 1
         batch: list[Job] = []  # sglang: admitted in this pass, their prompts not held yet
         admitted: list[Job] = []
-        while self.world.waiting and not self._admission_stops(sglang, min(room, inputs)):
-            job = self.world.waiting[0]
-            if not self.world.feeder.ready(job):
+        while world.waiting and not self._admission_stops(sglang, min(room, inputs)):
+            job = world.waiting[0]
+            if not world.feeder.ready(job):
                 break
             fits, hit = self._fits(job, expected, sum(j.reserved for j in batch) + chunk_bytes)
             if not self._admits(job, fits, hit, room) or (
@@ -91,7 +91,7 @@ class Admission:
             batch.append(job)
             ask += job_ask
             if not self._room_left(expected, batch, chunk_bytes):
-                self.world.batch.full = True  # ``budget_state``: NO_TOKEN
+                world.batch.full = True  # ``budget_state``: NO_TOKEN
                 break
         if sglang and self.pool.ssm_budget is not None:  # prepare_for_extend's alloc_req_slots
             for job in admitted:
@@ -244,7 +244,7 @@ class Admission:
         self.world.note_queue()
         self.world.waiting.popleft()
         scheduled, first = job.scheduled, job.order < 0
-        job.batch_rank = self.world.rank(index)
+        job.batch_rank = self.world.batch.rank(index)
         self.tree.start(job, job.input_tokens * self.model.kv_bytes_per_token + self.kv.state_in_kv)
         if self.pool.ssm_budget is not None:
             self.kv.hold_slots(job, self._slots_at_admission(job))

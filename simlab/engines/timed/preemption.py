@@ -56,12 +56,14 @@ class Preemption:
         """Hold the KV of the next decode steps of every decoding request: evict cached
         entries, and when they cannot make room for one step, preempt running requests
         (``engine.preemption``) until it fits; SGLang's ``check_decode_mem`` first evicts what
-        it can, in vain or not (:meth:`KVPool.evict_for`). Returns the steps held (>= 1; at most ``limit``,
-        None: up to the first request's end): those the free bytes hold once the first step
-        evicted what it lacked (an engine allocates step by step and evicts only then)."""
+        it can, in vain or not (:meth:`KVPool.evict_for`). Returns the steps held (>= 1; at
+        most ``limit``, None: up to the first request's end): those the free bytes hold once
+        the first step evicted what it lacked (an engine allocates step by step and evicts
+        only then)."""
         kv = self.model.kv_bytes_per_token
         sglang = self.settings.preemption == "sglang"
-        self.world.batch.retracted = self.world.batch.decode_skipped = False
+        batch = self.world.batch
+        batch.retracted = batch.decode_skipped = False
         while True:
             decoders = self.world.decoders()
             if not decoders:
@@ -72,15 +74,15 @@ class Preemption:
             if self.settings.overlap and len(decoders) < len(self.world.batch_members()):
                 # a finishing request's queued result frees its KV at this step's end: the
                 # decode sits the step out rather than retract (``update_running_batch``)
-                self.world.batch.decode_skipped, self.world.batch.full = True, False
+                batch.decode_skipped, batch.full = True, False
                 return 0
-            self.world.batch.retracted = True
+            batch.retracted = True
             if sglang and len(decoders) > 1:
                 self.retract(decoders)
             else:
                 self._preempt()
-        if self.world.batch.retracted:  # what the kept requests show becomes the ratio
-            self.world.batch.ratio.retracted(
+        if batch.retracted:  # what the kept requests show becomes the ratio
+            batch.ratio.retracted(
                 [j.req.output_len - j.outputs_left for j in decoders],
                 [j.req.output_len for j in decoders],
             )
@@ -161,7 +163,7 @@ class Preemption:
             self.world.waiting.append(victim)
             self.kv.evict_for(len(order) * RETRACT_DECODE_STEPS * kv)  # ``release_req``
         for index, job in enumerate(order):  # the batch keeps them in this order
-            job.batch_rank = self.world.rank(index)
+            job.batch_rank = self.world.batch.rank(index)
 
     def drop_progress(self, victim: Job) -> None:
         """A preempted (retracted) request, out of the running set: :func:`drop_progress`, its

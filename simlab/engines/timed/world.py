@@ -170,8 +170,6 @@ class TimedWorld:
         self._queue_changed = now
 
     # ------------------------------------------------------------------ GPU
-
-    # ------------------------------------------------------------------ GPU
     def _gpu(self) -> Generator[Any, Any, None]:
         env = self.env
         overlap = self.settings.overlap
@@ -220,7 +218,7 @@ class TimedWorld:
     def batch_members(self) -> list[Job]:
         """SGLang's running batch: the running requests past their prefill, those whose
         finishing result the overlap scheduler has not processed yet included (without
-        ``engine.overlap`` there are none: the decoders, :meth:`_decoders`)."""
+        ``engine.overlap`` there are none: the decoders, :meth:`decoders`)."""
         return [j for j in self.running if j.prefilled >= j.input_tokens]
 
     def prefilling(self) -> bool:
@@ -229,8 +227,6 @@ class TimedWorld:
 
     def _no_more_arrivals(self) -> bool:
         return not self.waiting and self._open_sources == 0
-
-    # ------------------------------------------------------------------ scheduling
 
     # ------------------------------------------------------------------ iterations
     def decoders(self) -> list[Job]:
@@ -335,12 +331,7 @@ class TimedWorld:
         if self.settings.request_admission == "sglang" and abs(job.batch_rank[0]) != (
             self.batch.admission_passes
         ):
-            job.batch_rank = self.rank(-1)
-
-    def rank(self, index: int) -> tuple[int, int]:
-        """Batch rank of the ``index``-th request of the last admission pass
-        (:meth:`RunningBatch.rank`)."""
-        return self.batch.rank(index)
+            job.batch_rank = self.batch.rank(-1)
 
     def _await_loads(self):
         """The GPU idles until the first host load ends, or a request arrives."""
