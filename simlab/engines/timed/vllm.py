@@ -145,11 +145,6 @@ class VllmMemory:
         self.world.pool.evicted_bytes = self.hybrid.pool.evicted * self.shape.block_bytes
 
     # ------------------------------------------------------------------ scheduler steps
-    def schedule(self) -> None:
-        """vLLM's scheduler step (:meth:`_plan_step`): the GPU loop then runs it as a mixed
-        iteration when it has prefill chunks (:meth:`prefills`), else as a decode span."""
-        self._plan_step()
-
     def prefills(self) -> bool:
         return bool(self.prefill_chunks(0))
 
@@ -169,10 +164,12 @@ class VllmMemory:
     def checkpoint(self, job: Job) -> None:
         """Nothing to publish (see :meth:`prompt_done`)."""
 
-    def _plan_step(self) -> None:
-        """Every running request's step takes its blocks, in the running order (a decoder's
-        one token, a prefilling request's chunk within the budget left); then, unless that
-        preempted a request, queued requests are scheduled (:meth:`_admit`)."""
+    def schedule(self) -> None:
+        """vLLM's scheduler step: every running request's step takes its blocks, in the
+        running order (a decoder's one token, a prefilling request's chunk within the budget
+        left); then, unless that preempted a request, queued requests are scheduled
+        (:meth:`_admit`). The GPU loop then runs it as a mixed iteration when it has prefill
+        chunks (:meth:`prefills`), else as a decode span."""
         preemptions = self.world.pool.preemptions
         self.hybrid.fresh.clear()
         self._prev, self._in_flight = self._in_flight, {}
