@@ -106,3 +106,26 @@ def test_token_parameters_are_typed_and_converted_to_trace_units(admission, fiel
 def test_every_engine_config_builds_an_engine_named_after_it(path):
     engine = build_engine(compose([f"engine={path.stem}"]))
     assert isinstance(engine, Engine) and engine.name == path.stem
+
+
+def policy_names_in(path: Path) -> list[str]:
+    """String constants in ``path`` that name a module or class of ``policies``."""
+    return [
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.startswith("policies.")
+    ]
+
+
+@pytest.mark.parametrize("path", modules("simlab"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_string_in_the_simulator_names_a_policy_class(path):
+    """Routes and presets come from what a plug-in declares, never from its class name."""
+    assert policy_names_in(path) == []
+
+
+def test_a_string_naming_a_policy_class_is_found(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('LRU = "policies.lru.LRU"\n"""policies. in a docstring is prose too."""\n')
+    assert policy_names_in(path) == ["policies.lru.LRU", "policies. in a docstring is prose too."]
