@@ -13,7 +13,9 @@ import pandas as pd
 from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
-from simlab.report import routing_pages, run_pages, sweep_pages
+import simlab.report.routing_pages as routing_pages
+import simlab.report.run_pages as run_pages
+import simlab.report.sweep_pages as sweep_pages
 from simlab.report.describe import engine_label, run_caption, sweep_caption
 from simlab.report.load import ReportInputError, RunResults, SweepResults, load_results
 from simlab.report.provenance import provenance_pages
