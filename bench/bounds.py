@@ -19,6 +19,7 @@ from simlab.config import run_settings
 from simlab.engines.records import write_json_atomic
 from simlab.engines.replay import ReplayEngine
 from simlab.run.bounds import infinite_cache_hits
+from simlab.run.plan import policy_spec, trace_spec
 from simlab.run.simulate import load_trace, run_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def bench_case(trace: str, size_gb: float, requests: list, extra: list[str]) -> 
         cfg = _cfg([f"trace={trace}", f"cache.size_gb={size_gb}", f"+policy={name}", *extra])
         settings = run_settings(cfg)
         model = ModelSpec.from_config(cfg.model)
-        run = run_policy(name, cfg.policy, requests, model, settings, ReplayEngine())
+        run = run_policy(policy_spec(name, cfg.policy), requests, model, settings, ReplayEngine())
         summary = run.summary
         rows[name] = {"token_hit_rate": summary["token_hit_rate"], "wall_s": summary["wall_s"]}
     bound = rows["clairvoyant"]["token_hit_rate"]
@@ -67,7 +68,7 @@ def main() -> None:
         trace, size = case.split(":")
         if trace not in loaded:
             cfg = _cfg([f"trace={trace}", *args.overrides])
-            loaded[trace] = list(load_trace(cfg, run_settings(cfg)).requests())
+            loaded[trace] = list(load_trace(trace_spec(cfg), run_settings(cfg)).requests())
         requests = loaded[trace]
         rows = bench_case(trace, float(size), requests, args.overrides)
         total = sum(r.input_len for r in requests)

@@ -44,9 +44,9 @@ overrides += ["model=llama3_8b", *policy] if kernel == "block" else ["+policy=vl
 with initialize_config_dir(config_dir=sys.argv[3], version_base="1.3"):
     cfg = compose("config", overrides=overrides)
 plan = plan_run(cfg)
-_, requests = trace_requests(cfg, plan.settings)
-((name, pcfg),) = plan.settings.policies.items()
-step = policy_step(name, pcfg, plan.model, plan.settings, requests[0].block_size)
+_, requests = trace_requests(plan.trace, plan.settings)
+(spec,) = plan.policies.values()
+step = policy_step(spec, plan.model, plan.settings, requests[0].block_size)
 if kernel == "block":
     flat = block_kernel.FlatPaths(block_paths(requests, block_replay.step_keys(step)), None)
 assert "numba" not in sys.modules

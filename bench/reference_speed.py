@@ -109,12 +109,12 @@ def simlab_runner(trace: str, gb: float, alpha: float, mode: str, shared: dict |
     overrides += [f"cache.size_gb={gb!r}", f"policy.alpha={alpha!r}", "policy.tuning.enabled=false"]
     cfg = compose([*overrides, *SIMLAB_MODES[mode]])
     plan = plan_run(cfg)
-    loaded, requests = trace_requests(cfg, plan.settings)
-    ((name, pcfg),) = plan.settings.policies.items()
+    loaded, requests = trace_requests(plan.trace, plan.settings)
+    (spec,) = plan.policies.values()
 
     def run() -> tuple[float, list[int]]:
         policy_run = run_policy(
-            name, pcfg, requests, plan.model, plan.settings, plan.engine, loaded.block_size, shared
+            spec, requests, plan.model, plan.settings, plan.engine, loaded.block_size, shared
         )
         records = policy_run.records
         by_id = dict(zip(records["request_id"], records["hit_tokens"], strict=True))

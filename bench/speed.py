@@ -37,13 +37,13 @@ def bench_trace(
     plan = plan_run(cfg)
     settings, model, engine = plan.settings, plan.model, plan.engine
     t0 = time.perf_counter()
-    requests = list(load_trace(cfg, settings).requests())
+    requests = list(load_trace(plan.trace, settings).requests())
     load_s = time.perf_counter() - t0
     out = {}
-    for name, pcfg in settings.policies.items():
+    for name, spec in plan.policies.items():
         rates = []
         for _ in range(repeat):
-            summary = run_policy(name, pcfg, requests, model, settings, engine).summary
+            summary = run_policy(spec, requests, model, settings, engine).summary
             rates.append(summary["requests_per_s"])
         out[name] = {
             "requests": len(requests),

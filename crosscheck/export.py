@@ -37,6 +37,7 @@ from hydra import compose, initialize_config_dir
 
 from simlab import ModelSpec
 from simlab.config import run_settings
+from simlab.run.plan import trace_spec
 from simlab.run.simulate import load_trace
 from traces.format import Request
 
@@ -52,7 +53,7 @@ def export(overrides: list[str], out: Path, replies: str = "one") -> int:
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     model = ModelSpec.from_config(cfg.model)
-    trace = load_trace(cfg, run_settings(cfg))
+    trace = load_trace(trace_spec(cfg), run_settings(cfg))
     requests = list(trace.requests())
     if trace.block_size == 1:
         for r in requests:

@@ -251,13 +251,14 @@ def export_requests(folder: Path, traces: set[str]) -> dict[str, list[dict]]:
     """Each trace's request sequence in simlab's replay order, to ``folder/<trace>.jsonl``."""
     sys.path.insert(0, str(ROOT))
     from simlab.config import run_settings
+    from simlab.run.plan import trace_spec
     from simlab.run.simulate import load_trace
     from tests.fixtures import compose
 
     out = {}
     for trace in sorted(traces):
         cfg = compose(TRACES[trace])
-        reqs = list(load_trace(cfg, run_settings(cfg)).requests())
+        reqs = list(load_trace(trace_spec(cfg), run_settings(cfg)).requests())
         rows = [
             {
                 "position": i,

@@ -60,8 +60,8 @@ MEANINGS: dict[str, str] = {
     "run.seed": "the run seed (`seed`)",
     "run.cache": "the `cache.*` section, validated",
     "run.arrivals": "the `arrivals.*` section, validated",
-    "run.policies": "the selected policies by name: `+policy=NAME`, else the `compare` set",
     "run.metrics": "the `metrics.*` section, validated (the request-hit rule)",
+    "run.cluster": "the `cluster.*` section, validated",
     # engine
     "engine.name": "the engine's name (`timed`, `replay` or `offline`)",
     "engine.hardware": "the GPU the engine runs on: the `hardware` group's preset",
@@ -698,7 +698,9 @@ def typed_sections(missing: Missing, settings: Any) -> list[str]:
         "## The validated run (`simlab.config.RunSettings`)",
         "",
         "What `simlab.config.run_settings` returns from the composed config; an unknown key in a "
-        "typed section is an error naming it.",
+        "typed section is an error naming it. `simlab.run.plan.plan_run` holds it in the run's "
+        "plan (`RunPlan`) with the selected policies, the bound, the engine, the trace and the "
+        "output directory, every check done.",
         "",
     ]
     return out + typed_section(missing, settings.RunSettings, "run", {}, {}, code)

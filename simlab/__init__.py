@@ -25,14 +25,15 @@ if TYPE_CHECKING:
     from simlab.engines.step import RequestStep
     from simlab.engines.timed.engine import TimedEngine
     from simlab.model.spec import ModelSpec
-    from simlab.run.simulate import RunPlan, plan_run, simulate
+    from simlab.run.plan import RunPlan, plan_run
+    from simlab.run.simulate import simulate
     from simlab.run.summary import Summary
 
 #: public name -> the module that defines it
 _HOMES = {
     "simulate": "simlab.run.simulate",
-    "plan_run": "simlab.run.simulate",
-    "RunPlan": "simlab.run.simulate",
+    "plan_run": "simlab.run.plan",
+    "RunPlan": "simlab.run.plan",
     "Summary": "simlab.run.summary",
     "ModelSpec": "simlab.model.spec",
     "Hardware": "simlab.cost.hardware",

@@ -3,7 +3,8 @@
 Hydra composes the YAML tree (``configs/``); these dataclasses are what the engine reads, so a
 bad value (a zero cache, a negative rate) fails here with a message naming the key, before a
 trace is loaded or a policy run. The engine and the plug-ins validate their own parameters when
-they are instantiated (``simlab.run.simulate.build_engine`` / ``build_policy``), also before any work.
+they are instantiated (``simlab.run.plan.build_engine`` / ``policy_step``), also before any work;
+:func:`simlab.run.plan.plan_run` runs every check.
 """
 
 from __future__ import annotations
@@ -242,15 +243,6 @@ class ArrivalSettings:
             )
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    seed: int
-    cache: CacheSettings
-    arrivals: ArrivalSettings
-    policies: dict[str, DictConfig]
-    metrics: MetricSettings = MetricSettings()
-
-
 def _section(cfg: DictConfig, key: str) -> dict[str, Any]:
     node = cfg.get(key)
     if node is None:
@@ -306,12 +298,12 @@ def run_settings(cfg: DictConfig) -> RunSettings:
         arrivals=ArrivalSettings(
             **_known_keys(ArrivalSettings, "arrivals", _section(cfg, "arrivals"))
         ),
-        policies=selected_policies(cfg),
         metrics=MetricSettings(
             **_known_keys(
                 MetricSettings, "metrics", _section(cfg, "metrics") if cfg.get("metrics") else {}
             )
         ),
+        cluster=ClusterSettings.from_config(cfg.get("cluster")),
     )
 
 
@@ -410,3 +402,15 @@ def _non_negative(key: str, value: Any) -> None:
         raise ConfigError(f"{key}: must be a number >= 0 (got {value!r})")
     if not 0 <= value < math.inf:
         raise ConfigError(f"{key}: must be a finite number >= 0 (got {value!r})")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The typed settings of a run: ``seed``, ``cache.*``, ``arrivals.*``, ``metrics.*`` and
+    ``cluster.*`` (the policies, engine and trace: :class:`simlab.run.plan.RunPlan`)."""
+
+    seed: int
+    cache: CacheSettings
+    arrivals: ArrivalSettings
+    metrics: MetricSettings = MetricSettings()
+    cluster: ClusterSettings = ClusterSettings()

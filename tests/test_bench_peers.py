@@ -188,11 +188,9 @@ def test_one_call_compare_set_is_the_three_peer_policies():
     """The one-call case's ``compare`` set: kvcache-simulator's names, 512-token blocks, LRU
     computed in one stack-distance pass, FIFO and optimal on block ids (no request-by-request
     replay)."""
-    from simlab.config import run_settings
     from simlab.fastpaths.blocks.replay import heap_order
-    from simlab.model.spec import ModelSpec
     from simlab.run import routes
-    from simlab.run.simulate import build_engine, policy_step
+    from simlab.run.simulate import build_engine, plan_run, policy_step
     from tests.fixtures import compose
 
     cfg = compose(
@@ -204,13 +202,13 @@ def test_one_call_compare_set_is_the_three_peer_policies():
             "cache.size_gb=2",
         ]
     )
-    settings = run_settings(cfg)
-    assert list(settings.policies) == list(peers.POLICIES)
-    model = ModelSpec.from_config(cfg.model)
+    plan = plan_run(cfg)
+    settings, model = plan.settings, plan.model
+    assert list(plan.policies) == list(peers.POLICIES)
     engine = build_engine(cfg)
     orders = {}
-    for name, pcfg in settings.policies.items():
-        step = policy_step(name, pcfg, model, settings, peers.BLOCK_TOKENS)
+    for name, spec in plan.policies.items():
+        step = policy_step(spec, model, settings, peers.BLOCK_TOKENS)
         assert step.cache.semantics.whole_input_hit
         assert step.admission.keys.whole_last_id  # kvcache-simulator: every id a whole block
         assert step.cache.kv_per_token == peers.BLOCK_BYTES  # one node per 512-token block

@@ -35,9 +35,9 @@ def walk_of(overrides: list[str]) -> tuple[Paths, int, int, bool]:
     """The block walk of a configured run, its block bytes, hit slack and eviction order."""
     cfg = compose(overrides)
     plan = plan_run(cfg)
-    _, requests = trace_requests(cfg, plan.settings)
-    ((name, pcfg),) = plan.settings.policies.items()
-    step = policy_step(name, pcfg, plan.model, plan.settings, requests[0].block_size)
+    _, requests = trace_requests(plan.trace, plan.settings)
+    (spec,) = plan.policies.values()
+    step = policy_step(spec, plan.model, plan.settings, requests[0].block_size)
     keys = block_replay.step_keys(step)
     slack = 0 if step.cache.semantics.whole_input_hit else 1
     belady = block_replay.heap_order(step.eviction) == "belady"

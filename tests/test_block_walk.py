@@ -54,9 +54,9 @@ CASES = {
 def requests_and_keys(overrides: list[str]):
     cfg = compose([*overrides, *QUIET])
     plan = plan_run(cfg)
-    _, requests = trace_requests(cfg, plan.settings)
-    ((name, pcfg),) = plan.settings.policies.items()
-    step = policy_step(name, pcfg, plan.model, plan.settings, requests[0].block_size)
+    _, requests = trace_requests(plan.trace, plan.settings)
+    (spec,) = plan.policies.values()
+    step = policy_step(spec, plan.model, plan.settings, requests[0].block_size)
     keys = step_keys(step)
     assert isinstance(keys, BlockKeys)
     return requests, keys

@@ -20,6 +20,7 @@ from simlab.engines.replay import replay, replay_step
 from simlab.engines.step import RequestStep
 from simlab.experiments.crosscheck import FIXTURES
 from simlab.run.bounds import infinite_cache_hits
+from simlab.run.plan import trace_spec
 from simlab.run.simulate import load_trace, simulate
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, compose, ideal_hits, model, policy_plugins
 from tests.test_capacities import MOONCAKE, needs_mooncake
@@ -77,7 +78,7 @@ def test_the_infinite_bound_on_a_hash_id_trace_is_real_sglangs_infinite_cache():
     all of it but one token. Counted in ids (the hit leaving one id) the bound was 0.6504,
     below what SGLang hits."""
     cfg = compose(["trace=mooncake", "model=llama3_8b", "arrivals.mode=timestamps"])
-    requests = list(load_trace(cfg, run_settings(cfg)).requests())
+    requests = list(load_trace(trace_spec(cfg), run_settings(cfg)).requests())
     sglang = pd.read_csv(FIXTURES / "mooncake_llama3_8b-sglang_radix-inf.csv")
     assert sglang["request_id"].tolist() == [r.request_id for r in requests]
     assert infinite_cache_hits(requests) == sglang["hit_tokens"].tolist()

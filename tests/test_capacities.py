@@ -17,13 +17,13 @@ import pandas as pd
 import pytest
 from pandas.testing import assert_frame_equal
 
-from simlab.config import ConfigError, run_settings
+from simlab.config import ConfigError
 from simlab.engines.records import strict_json
 from simlab.fastpaths.stack import Fenwick, matched_blocks
 from simlab.model.spec import ModelSpec
 from simlab.run import routes
 from simlab.run.capacities import TABLE, point_dir_name, run_capacities
-from simlab.run.simulate import build_engine, policy_step, saved_config, simulate
+from simlab.run.simulate import plan_run, policy_step, saved_config, simulate
 from tests.fixtures import ROOT, compose
 from traces.paths import resolve_data_dir
 
@@ -201,10 +201,10 @@ def test_back_to_back_points_equal_scalar_runs_for_a_hybrid(tmp_path):
 # ------------------------------------------------------------------------ which policies
 def _obstacle(overrides: list[str]) -> str | None:
     cfg = compose([*overrides, "cache.size_gb=2"])
-    settings = run_settings(cfg)
-    ((name, pcfg),) = settings.policies.items()
+    plan = plan_run(cfg)
+    settings, (spec,) = plan.settings, plan.policies.values()
     model = ModelSpec.from_config(cfg.model)
-    step, engine = policy_step(name, pcfg, model, settings), build_engine(cfg)
+    step, engine = policy_step(spec, model, settings), plan.engine
     if routes.engine_routes(engine) != routes.REPLAY_ROUTES:
         return f"engine {engine.name}"
     route = routes.choose(routes.Case(step, engine, []))

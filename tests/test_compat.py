@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from policies.flop_aware import FlopAware
 from policies.judicious import Judicious
@@ -24,7 +25,8 @@ from simlab.engines.replay import replay_step
 from simlab.engines.step import RequestStep
 from simlab.model.spec import ModelSpec
 from simlab.run.compat import semantics_for, with_compat
-from simlab.run.simulate import load_trace, policy_step
+from simlab.run.plan import trace_spec
+from simlab.run.simulate import load_trace, policy_spec, policy_step
 from tests.fixtures import compose, model
 from tests.marconi_reference_model import HybridShape, ReferenceTree
 from traces.format import Request
@@ -38,7 +40,7 @@ HYBRID = model("marconi_7b")
 def requests(trace: str) -> tuple[Request, ...]:
     overrides = [f"trace={trace}"] + (["trace.limit=10"] if trace == "swebench" else [])
     cfg = compose(overrides)
-    return tuple(load_trace(cfg, run_settings(cfg)).requests())
+    return tuple(load_trace(trace_spec(cfg), run_settings(cfg)).requests())
 
 
 def simlab_hits(
@@ -48,7 +50,9 @@ def simlab_hits(
     if policy == "marconi":
         overrides += [f"policy.alpha={alpha}", "policy.tuning.enabled=false"]
     cfg = compose(overrides)
-    step = policy_step(policy, cfg.policy, ModelSpec.from_config(cfg.model), run_settings(cfg))
+    step = policy_step(
+        policy_spec(policy, cfg.policy), ModelSpec.from_config(cfg.model), run_settings(cfg)
+    )
     return [r.hit_tokens for r in replay_step(list(requests(trace)), step)]
 
 
@@ -109,21 +113,29 @@ def test_simlab_semantics_differ_from_the_reference():
 
 # ------------------------------------------------------------------------ the switches
 def test_presets_set_every_switch():
-    cfg = compose(["+policy=marconi", "policy.compat=reference"])
-    pcfg = with_compat(cfg.policy)
-    assert pcfg.eviction.memory == "path" and pcfg.eviction.recency == "inverse_age"
-    assert pcfg.eviction.ties == "dfs" and pcfg.eviction.mlp_bug is True
-    sglang = with_compat(compose(["+policy=sglang_plus", "policy.compat=reference"]).policy)
-    assert sglang.eviction.ties == "heap" and sglang.eviction.refreshes_insert_path is True
-    assert pcfg.eviction.miscounts_freed_bytes is True
-    assert pcfg.admission.branch_on == "sequence"
+    pcfg = with_compat(policy_dict(["+policy=marconi", "policy.compat=reference"]))
+    evict = pcfg["eviction"]
+    assert evict["memory"] == "path" and evict["recency"] == "inverse_age"
+    assert evict["ties"] == "dfs" and evict["mlp_bug"] is True
+    sglang = with_compat(policy_dict(["+policy=sglang_plus", "policy.compat=reference"]))
+    assert sglang["eviction"]["ties"] == "heap"
+    assert sglang["eviction"]["refreshes_insert_path"] is True
+    assert evict["miscounts_freed_bytes"] is True
+    assert pcfg["admission"]["branch_on"] == "sequence"
     assert semantics_for(pcfg) == Semantics("operation", False, True, True, True)
-    vllm = compose(["+policy=vllm_plus", "policy.compat=reference"]).policy
+    vllm = policy_dict(["+policy=vllm_plus", "policy.compat=reference"])
     assert semantics_for(vllm) == Semantics("operation", False, True, True, False, 32)
-    fixed = with_compat(compose(["+policy=marconi", "policy.compat=reference_fixed"]).policy)
-    assert fixed.eviction.mlp_bug is False and fixed.eviction.memory == "path"
-    plain = compose(["+policy=marconi"]).policy
+    fixed = with_compat(policy_dict(["+policy=marconi", "policy.compat=reference_fixed"]))
+    assert fixed["eviction"]["mlp_bug"] is False and fixed["eviction"]["memory"] == "path"
+    plain = policy_dict(["+policy=marconi"])
     assert with_compat(plain) is plain and semantics_for(plain) == Semantics()
+
+
+def policy_dict(overrides: list[str]) -> dict:
+    """The composed ``policy`` section as plain values (what a plan's policy spec reads)."""
+    policy = OmegaConf.to_container(compose(overrides).policy, resolve=True)
+    assert isinstance(policy, dict)
+    return policy
 
 
 def test_a_switch_alone_changes_the_run():
@@ -139,7 +151,7 @@ def test_a_switch_alone_changes_the_run():
             "policy.eviction.memory=path",
         ]
     )
-    step = policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg))
+    step = policy_step(policy_spec("marconi", cfg.policy), HYBRID, run_settings(cfg))
     assert [r.hit_tokens for r in replay_step(list(requests("sharegpt")), step)] != base
 
 
@@ -173,7 +185,7 @@ def test_reference_vllm_plus_inserts_past_capacity():
     used = {}
     for preset in ("reference", "null"):
         cfg = compose(["+policy=vllm_plus", f"policy.compat={preset}", "cache.size_gb=1"])
-        step = policy_step("vllm_plus", cfg.policy, HYBRID, run_settings(cfg))
+        step = policy_step(policy_spec("vllm_plus", cfg.policy), HYBRID, run_settings(cfg))
         step.serve(request)
         step.cache.check_invariants()
         used[preset] = step.cache.used_bytes
@@ -191,7 +203,7 @@ def test_reference_vllm_plus_estimates_in_a_hash_id_traces_ids():
     cfg = compose(["+policy=vllm_plus", "policy.compat=reference", "cache.size_gb=1"])
     settings = run_settings(cfg)
     settings = replace(settings, cache=replace(settings.cache, size_gb=10 * per_id / 1e9))
-    step = policy_step("vllm_plus", cfg.policy, HYBRID, settings, unit_tokens=512)
+    step = policy_step(policy_spec("vllm_plus", cfg.policy), HYBRID, settings, unit_tokens=512)
     empty = np.zeros(0, dtype=np.int32)
     for i in range(6):
         ids = np.arange(4 * i + 1, 4 * i + 5, dtype=np.int32)
@@ -241,7 +253,7 @@ def test_the_descent_bug_credits_what_is_not_a_prefix():
 def test_bad_compat_settings_name_the_key(override, key):
     cfg = compose(["+policy=marconi", override])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg))
+        policy_step(policy_spec("marconi", cfg.policy), HYBRID, run_settings(cfg))
 
 
 # ------------------------------------------------------------------------ the real code

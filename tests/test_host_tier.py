@@ -103,9 +103,10 @@ def test_tier_bytes_stay_within_capacity_through_a_run(setting):
     bytes <= cache.host_gb; the host is small enough that it drops entries."""
     cfg = compose([*SHAREGPT, "engine=replay", "cache.host_bw_gbps=25", *setting])
     plan = plan_run(cfg)
-    trace = load_trace(cfg, plan.settings)
+    trace = load_trace(plan.trace, plan.settings)
     reqs = list(trace.requests())
-    step = policy_step(str(cfg.policy.name), cfg.policy, plan.model, plan.settings)
+    (spec,) = plan.policies.values()
+    step = policy_step(spec, plan.model, plan.settings)
     step.prepare(reqs)
     cache, host = step.cache, step.cache.host
     assert host is not None

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from simlab.config import ArrivalSettings, ConfigError, run_settings
+from simlab.run.plan import trace_spec
 from simlab.run.simulate import load_trace
 from tests.fixtures import ROOT, compose
 from traces.arrival_modes import assign
@@ -215,7 +216,7 @@ def test_typing_gaps_need_the_word_counts() -> None:
 def test_typing_on_a_trace_without_words_is_a_one_line_config_error() -> None:
     cfg = compose(["+policy=sglang_plus", "trace=chat", "arrivals.gaps=typing"])
     with pytest.raises(ConfigError) as err:
-        load_trace(cfg, run_settings(cfg))
+        load_trace(trace_spec(cfg), run_settings(cfg))
     message = str(err.value)
     assert message.startswith("arrivals.gaps=typing: trace 'chat_synthetic' has no ref_user_words")
     assert "\n" not in message

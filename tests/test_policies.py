@@ -19,7 +19,7 @@ from simlab.config import run_settings
 from simlab.engines.records import records_frame
 from simlab.engines.replay import replay_step
 from simlab.engines.step import RequestStep
-from simlab.run.simulate import policy_step
+from simlab.run.simulate import policy_spec, policy_step
 from tests.fixtures import (
     POLICIES,
     chat_trace,
@@ -127,8 +127,8 @@ def test_a_hash_id_holds_the_states_its_tokens_would(policy, states_per_id):
     0.0021 now)."""
     cfg = compose([f"+policy={policy}", "cache.size_gb=inf"])
     settings = run_settings(cfg)
-    by_ids = policy_step(policy, cfg.policy, HYBRID, settings, unit_tokens=ID_TOKENS)
-    by_tokens = policy_step(policy, cfg.policy, HYBRID, settings)
+    by_ids = policy_step(policy_spec(policy, cfg.policy), HYBRID, settings, unit_tokens=ID_TOKENS)
+    by_tokens = policy_step(policy_spec(policy, cfg.policy), HYBRID, settings)
     empty = np.zeros(0, dtype=np.int32)
     prompts = [[1, 2, 3], [1, 2, 4, 5], [1, 2, 4, 6], [7], [1, 2, 4, 5, 8]]
     fields = ("hit_tokens", "kv_bytes_admitted", "ssm_bytes_admitted", "ckpts_admitted")

@@ -47,9 +47,9 @@ def configured(overrides: list[str]) -> tuple[list[Request], RequestStep, object
     """A configured run's requests, a fresh step of its one policy and its engine."""
     cfg = compose(["engine=replay", *overrides])
     plan = plan_run(cfg)
-    trace, requests = trace_requests(cfg, plan.settings)
-    ((name, pcfg),) = plan.settings.policies.items()
-    step = policy_step(name, pcfg, plan.model, plan.settings, trace.block_size)
+    trace, requests = trace_requests(plan.trace, plan.settings)
+    (spec,) = plan.policies.values()
+    step = policy_step(spec, plan.model, plan.settings, trace.block_size)
     return requests, step, plan.engine
 
 
@@ -411,10 +411,10 @@ def run(overrides: list[str], compiled: bool):
 
     cfg = compose(["engine=replay", *overrides, f"cache.compiled={str(compiled).lower()}"])
     plan = plan_run(cfg)
-    trace, requests = trace_requests(cfg, plan.settings)
-    ((name, pcfg),) = plan.settings.policies.items()
+    trace, requests = trace_requests(plan.trace, plan.settings)
+    (spec,) = plan.policies.values()
     args = (plan.model, plan.settings, plan.engine, trace.block_size)
-    return run_policy(name, pcfg, requests, *args)
+    return run_policy(spec, requests, *args)
 
 
 @pytest.mark.parametrize("case", list(TUNED_CASES))

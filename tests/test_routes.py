@@ -107,8 +107,8 @@ def test_the_block_pool_runs_a_hybrid_under_vllm_and_refuses_a_transformer(tmp_p
     assert "Transformer" in summary["routes"]["vllm"]["refused"]["block_pool"]
     cfg = compose([*CHAT, *llama])
     plan = plan_run(cfg)
-    _, requests = trace_requests(cfg, plan.settings)
-    step = policy_step("vllm", plan.settings.policies["vllm"], plan.model, plan.settings)
+    _, requests = trace_requests(plan.trace, plan.settings)
+    step = policy_step(plan.policies["vllm"], plan.model, plan.settings)
     assert routes.pool_refusal(step, requests, transformers=True) is None
     shape = pool_shape(step, requests)
     assert shape is not None

@@ -19,10 +19,10 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from simlab.config import run_settings
+from simlab.config import run_settings, selected_policies
 from simlab.engines.replay import ReplayEngine
 from simlab.model.spec import ModelSpec
-from simlab.run.simulate import build_engine, policy_step
+from simlab.run.simulate import build_engine, policy_spec, policy_step
 from simlab.run.sweep import (
     META_KEY,
     _tidy,
@@ -245,8 +245,8 @@ def test_sweep_and_experiment_files_give_valid_points(group, name):
         point = _compose([select, *job])
         settings = run_settings(point)
         model = ModelSpec.from_config(point.model)
-        for policy, pcfg in settings.policies.items():
-            policy_step(policy, pcfg, model, settings)
+        for policy, pcfg in selected_policies(point).items():
+            policy_step(policy_spec(policy, pcfg), model, settings)
         engine = build_engine(point)
         if group == "experiment":
             assert isinstance(engine, ReplayEngine)

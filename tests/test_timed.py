@@ -22,7 +22,7 @@ from simlab.engines.timed.batch import unique_tokens
 from simlab.engines.timed.engine import TimedEngine, saturation
 from simlab.engines.timed.feeders import SessionFeeder
 from simlab.engines.timed.jobs import EngineStats
-from simlab.run.simulate import policy_step, simulate
+from simlab.run.simulate import policy_spec, policy_step, simulate
 from simlab.run.summary import Summary
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, compose, model, policy_plugins
 from traces.arrivals import assign_arrivals
@@ -361,7 +361,7 @@ def test_vllm_plus_stores_every_state_of_a_hash_id_as_of_its_tokens():
     tokens = Request(0, 0, 0, 0.0, np.arange(512, 2048, dtype=np.int32), empty, 1)
     ttft = []
     for req, unit in ((by_ids, 512), (tokens, 1)):
-        step = policy_step("vllm_plus", cfg.policy, HYBRID, settings, unit_tokens=unit)
+        step = policy_step(policy_spec("vllm_plus", cfg.policy), HYBRID, settings, unit_tokens=unit)
         engine = TimedEngine(hardware=A100, costs={"state_store_s": 0.05})
         ttft.append(engine.run([req], step).records[0].ttft)
     assert ttft[0] == pytest.approx(ttft[1])

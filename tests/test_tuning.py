@@ -26,7 +26,7 @@ from simlab.engines.tuning.window import (
     replay_window,
     snapshot,
 )
-from simlab.run.simulate import policy_step
+from simlab.run.simulate import policy_spec, policy_step
 from tests.fixtures import chat_trace, compose, model
 from traces.format import Trace, make_frame
 
@@ -123,7 +123,7 @@ def conversations_trace(rounds: int = 25) -> Trace:
 # ---------------------------------------------------------------------------------- settings
 def test_marconi_is_tuned_by_default_with_the_robust_protocol():
     cfg = compose(["+policy=marconi", "policy.tuning.grid=[2,0,1]"])
-    step = policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg))
+    step = policy_step(policy_spec("marconi", cfg.policy), HYBRID, run_settings(cfg))
     (tuner,) = step.controllers
     assert isinstance(tuner, AlphaTuner) and tuner.settings.grid == (0.0, 1.0, 2.0)
     robust = PROTOCOLS["robust"]
@@ -137,20 +137,22 @@ def test_marconi_is_tuned_by_default_with_the_robust_protocol():
 
 def test_tuning_off_runs_the_fixed_alpha():
     cfg = compose(["+policy=marconi", "policy.tuning.enabled=false", "policy.alpha=0.7"])
-    step = policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg))
+    step = policy_step(policy_spec("marconi", cfg.policy), HYBRID, run_settings(cfg))
     assert step.controllers == () and step.eviction.alpha == 0.7
 
 
 def test_marconi_plus_takes_the_same_tuning_block():
     cfg = compose(["+policy=marconi_plus"])
     assert set(cfg.policy.tuning) == set(compose(["+policy=marconi"]).policy.tuning)
-    step = policy_step("marconi_plus", cfg.policy, HYBRID, run_settings(cfg))
+    step = policy_step(policy_spec("marconi_plus", cfg.policy), HYBRID, run_settings(cfg))
     assert step.controllers == () and step.eviction.alpha == 1.0
 
 
 def test_one_override_selects_the_paper_protocol():
     cfg = compose(["+policy=marconi", "policy.tuning.protocol=paper"])
-    (tuner,) = policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg)).controllers
+    (tuner,) = policy_step(
+        policy_spec("marconi", cfg.policy), HYBRID, run_settings(cfg)
+    ).controllers
     s = tuner.settings
     assert s.grid == tuple(i / 10 for i in range(21)) and len(s.grid) == 21
     assert (s.bootstrap_multiplier, s.objective, s.snapshot) == (5.0, "flops_saved", "start")
@@ -171,7 +173,7 @@ def test_explicit_keys_override_the_protocol_and_nulls_take_it():
 def test_tuning_a_policy_without_set_alpha_fails_clearly():
     cfg = compose(["+policy=sglang_plus", "+policy.tuning.enabled=true"])
     with pytest.raises(ConfigError, match="set_alpha"):
-        policy_step("sglang_plus", cfg.policy, HYBRID, run_settings(cfg))
+        policy_step(policy_spec("sglang_plus", cfg.policy), HYBRID, run_settings(cfg))
 
 
 @pytest.mark.parametrize(
@@ -194,7 +196,7 @@ def test_tuning_a_policy_without_set_alpha_fails_clearly():
 def test_bad_tuning_settings_fail_clearly(override, message):
     cfg = compose(["+policy=marconi", override])
     with pytest.raises(ConfigError, match=message) as err:
-        policy_step("marconi", cfg.policy, HYBRID, run_settings(cfg))
+        policy_step(policy_spec("marconi", cfg.policy), HYBRID, run_settings(cfg))
     assert "\n" not in str(err.value)  # one line
 
 

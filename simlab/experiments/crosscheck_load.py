@@ -167,11 +167,11 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     plan = plan_run(cfg)
-    trace, loaded = trace_requests(cfg, plan.settings)
+    trace, loaded = trace_requests(plan.trace, plan.settings)
     by_id = {r.request_id: r for r in loaded}
     requests = [by_id[int(i)] for i in engine["request_id"]]
-    ((name, pcfg),) = plan.settings.policies.items()
-    step = policy_step(name, pcfg, plan.model, plan.settings, trace.block_size)
+    (spec,) = plan.policies.values()
+    step = policy_step(spec, plan.model, plan.settings, trace.block_size)
     settings = plan.engine
     assert isinstance(settings, TimedEngine)  # the case's overrides pick engine=timed
     clock = cast(CostModel, StepClock())

@@ -38,23 +38,14 @@ from omegaconf import DictConfig, ListConfig, open_dict
 from simlab.config import ConfigError
 from simlab.fastpaths.blocks.replay import Walks
 from simlab.run import routes
+from simlab.run.checks import check_request_fits, check_writable
+from simlab.run.plan import RunPlan, output_dir, plan_run
+from simlab.run.policy import PolicyRun, policy_step, run_policy, stacked_runs
 from simlab.run.routes import Route
-from simlab.run.simulate import (
-    PolicyRun,
-    RunPlan,
-    check_request_fits,
-    check_writable,
-    finish_run,
-    output_dir,
-    plan_run,
-    policy_step,
-    run_policy,
-    saved_config,
-    stacked_runs,
-    trace_requests,
-)
+from simlab.run.simulate import finish_run
 from simlab.run.summary import Summary
 from simlab.run.sweep import _scalar, check_no_overwrite, finished_summary, tidy_table, write_points
+from simlab.run.trace import trace_requests
 from simlab.util.provenance import code_version
 from traces.format import Request
 
@@ -99,13 +90,11 @@ def shortest(value: float) -> str:
 
 @dataclass
 class Point:
-    """One capacity of the list: its scalar config, plan, directory and, if resumed, its
-    stored summary."""
+    """One capacity of the list: the plan of its scalar config (its directory among it) and,
+    if resumed, its stored summary."""
 
     size: Any
-    cfg: DictConfig
     plan: RunPlan
-    out_dir: Path | None
     done: Summary | None = None
     replay: dict[str, str] = field(default_factory=dict)  # policy -> how it ran (table)
 
@@ -166,9 +155,7 @@ def plan_points(cfg: DictConfig, sizes: list[Any]) -> list[Point]:
     check_writable(top)
     points = []
     for size in sizes:
-        point_cfg = point_config(cfg, size, top)
-        plan = plan_run(point_cfg)
-        point = Point(size, point_cfg, plan, output_dir(point_cfg))
+        point = Point(size, plan_run(point_config(cfg, size, top)))
         point.done = finished(point)
         points.append(point)
     return points
@@ -178,21 +165,20 @@ def finished(point: Point) -> Summary | None:
     """The stored summary of a point that already finished with the same config and code (it
     is skipped); :class:`ConfigError` when its directory holds another config's or code's
     results (unless ``overwrite=true``)."""
-    if point.out_dir is None:
+    plan = point.plan
+    if plan.out_dir is None:
         return None
-    config, code = saved_config(point.cfg), code_version()
-    done = finished_summary(point.out_dir, config, code)
+    done = finished_summary(plan.out_dir, plan.config, code_version())
     if done is None:
-        overwrite = bool(point.cfg.get("overwrite", False))
-        check_no_overwrite(point.out_dir, config, code, overwrite)
+        check_no_overwrite(plan.out_dir, plan.config, code_version(), plan.overwrite)
         return None
-    log.info("capacity %s already finished, skipped: %s", point.size, point.out_dir)
+    log.info("capacity %s already finished, skipped: %s", point.size, plan.out_dir)
     return Summary(
         policies=done["policies"],
         trace=done["trace"],
         config=done["config"],
         bounds=done.get("bounds") or {},
-        out_dir=point.out_dir,
+        out_dir=plan.out_dir,
     )
 
 
@@ -207,14 +193,12 @@ def run_capacities(cfg: DictConfig) -> CapacityRun:
     summaries: dict[int, Summary] = {id(p): p.done for p in points if p.done is not None}
     if pending:
         first = pending[0].plan
-        trace, requests = trace_requests(pending[0].cfg, first.settings)
+        trace, requests = trace_requests(first.trace, first.settings)
         for point in pending:
             check_request_fits(point.plan.settings, point.plan.model, requests)
         runs = run_policies(pending, requests, trace.block_size)
         for point in pending:
-            summaries[id(point)] = finish_run(
-                point.cfg, point.plan, trace, requests, runs[id(point)]
-            )
+            summaries[id(point)] = finish_run(point.plan, trace, requests, runs[id(point)])
     ordered = [summaries[id(p)] for p in points]
     top = output_dir(cfg)
     table = capacity_table(points, ordered, top)
@@ -233,10 +217,9 @@ def run_policies(
     first = points[0].plan.settings
     walks: Walks = {}  # block walks of the requests, shared by the policies
     plans = []
-    for name in first.policies:
+    for name in points[0].plan.policies:
         steps = [
-            policy_step(name, p.plan.settings.policies[name], p.plan.model, p.plan.settings, unit)
-            for p in points
+            policy_step(p.plan.policies[name], p.plan.model, p.plan.settings, unit) for p in points
         ]
         case = routes.Case(
             steps[0], points[0].plan.engine, requests, first.cache.one_pass, first.cache.compiled
@@ -254,16 +237,9 @@ def run_policies(
         why = routes.describe(route)
         log.info("%s: back to back for %d capacities (%s)", name, len(points), why)
         for point in points:
-            settings = point.plan.settings
+            plan = point.plan
             runs[id(point)][name] = run_policy(
-                name,
-                settings.policies[name],
-                requests,
-                point.plan.model,
-                settings,
-                point.plan.engine,
-                unit,
-                walks,
+                plan.policies[name], requests, plan.model, plan.settings, plan.engine, unit, walks
             )
             point.replay[name] = "back_to_back"
     return runs
@@ -306,7 +282,7 @@ def capacity_table(points: list[Point], summaries: list[Summary], top: Path | No
     :func:`simlab.run.sweep.tidy_table`; no pandas)."""
     rows: list[dict[str, Any]] = []
     for point, summary in zip(points, summaries, strict=True):
-        run_dir = point.out_dir
+        run_dir = point.plan.out_dir
         if run_dir is not None and top is not None:
             run_dir = run_dir.relative_to(top)
         for policy, metrics in summary.policies.items():

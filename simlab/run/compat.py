@@ -49,11 +49,11 @@ whole blocks only, as vLLM does; 0.02-0.11 points in the notes).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
 
 from simlab.cache.contract import Semantics
 
@@ -72,7 +72,7 @@ _SEMANTICS: dict[str, dict[str, Any]] = {
 _SEMANTICS["reference_fixed"] = _SEMANTICS["reference"] | {"partial_descent": False}
 
 
-def compat_preset(pcfg: Mapping[str, Any] | DictConfig) -> str | None:
+def compat_preset(pcfg: Mapping[str, Any]) -> str | None:
     """The policy's ``compat`` preset (None for simlab's semantics); ValueError naming
     ``policy.compat`` for an unknown one."""
     compat = pcfg.get("compat")
@@ -83,7 +83,7 @@ def compat_preset(pcfg: Mapping[str, Any] | DictConfig) -> str | None:
     return str(compat)
 
 
-def plugin_class(plugin: Mapping[str, Any] | DictConfig) -> type | None:
+def plugin_class(plugin: Mapping[str, Any]) -> type | None:
     """The class a plug-in's config names (``_target_``); None when it names none that loads
     (instantiating it reports why)."""
     try:
@@ -92,7 +92,7 @@ def plugin_class(plugin: Mapping[str, Any] | DictConfig) -> type | None:
         return None
 
 
-def semantics_for(pcfg: Mapping[str, Any] | DictConfig) -> Semantics:
+def semantics_for(pcfg: Mapping[str, Any]) -> Semantics:
     """The cache semantics of a policy: its preset's, then what its admission's reference
     counterpart sets over them (:meth:`simlab.cache.contract.AdmissionPolicy.
     reference_semantics`: vLLM+'s own match and insertion estimate), then its own
@@ -105,8 +105,6 @@ def semantics_for(pcfg: Mapping[str, Any] | DictConfig) -> Semantics:
         if kind is not None and hasattr(kind, "reference_semantics"):
             values |= kind.reference_semantics(admission)
     own = pcfg.get("semantics") or {}
-    if isinstance(own, DictConfig):
-        own = OmegaConf.to_container(own, resolve=True)
     if not isinstance(own, Mapping):
         raise ValueError(f"policy.semantics must be a mapping, got {own!r}")
     known = set(Semantics.__dataclass_fields__)
@@ -116,19 +114,17 @@ def semantics_for(pcfg: Mapping[str, Any] | DictConfig) -> Semantics:
     return Semantics(**(values | dict(own)))
 
 
-def with_compat(pcfg: DictConfig) -> DictConfig:
-    """``pcfg`` with its preset's plug-in switches set, as each plug-in class declares them
-    (``reference_switches``; a preset sets all of a plug-in's switches, a plug-in declaring
-    none is left as it is). Without a preset, ``pcfg`` itself."""
+def with_compat(pcfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``pcfg`` (a plain mapping) with its preset's plug-in switches set, as each plug-in class
+    declares them (``reference_switches``; a preset sets all of a plug-in's switches, a plug-in
+    declaring none is left as it is). Without a preset, ``pcfg`` itself."""
     preset = compat_preset(pcfg)
     if preset is None:
         return pcfg
-    out = OmegaConf.create(OmegaConf.to_container(pcfg, resolve=True))
-    assert isinstance(out, DictConfig)
+    out = copy.deepcopy(dict(pcfg))
     for part in ("admission", "eviction"):
         plugin = out.get(part)
-        kind = None if plugin is None else plugin_class(plugin)
-        switches = getattr(kind, "reference_switches", {})
-        for key, value in switches.get(preset, {}).items():
-            plugin[key] = value
+        if plugin is not None:
+            switches = getattr(plugin_class(plugin), "reference_switches", {})
+            out[part] = dict(plugin) | switches.get(preset, {})
     return out

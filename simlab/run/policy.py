@@ -1,29 +1,29 @@
-"""One policy's run: its plug-ins and request step built from its config, and its records,
-summary and occupancy computed on the route the route table picks (:mod:`simlab.run.routes`)."""
+"""One policy's run: its plug-ins and request step built from its checked spec
+(:class:`PolicySpec`, made by :func:`simlab.run.plan.plan_run`), and its records, summary and
+occupancy computed on the route the route table picks (:mod:`simlab.run.routes`)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
 
 from simlab.cache.contract import AdmissionPolicy, EvictionPolicy, Semantics, in_units
 from simlab.config import ConfigError, MetricSettings, RunSettings
 from simlab.engines.base import Engine, EngineRun, Replicated
 from simlab.engines.records import Columns, latency_summary, record_columns, summarize
 from simlab.engines.step import Controller, RequestStep
+from simlab.engines.tuning.settings import TuningSettings
 from simlab.engines.tuning.tuner import AlphaTuner
 from simlab.fastpaths.blocks.replay import Walks, block_replay
 from simlab.fastpaths.radix import replay as radix_replay
 from simlab.model.spec import ModelSpec
 from simlab.run import routes
-from simlab.run.compat import semantics_for, with_compat
 from simlab.run.routes import Route
 from simlab.util.collector import collector_paused
 from traces.format import Request
@@ -41,47 +41,52 @@ class PolicyRun:
     route: Route | None = None  # the code that computed it (:mod:`simlab.run.routes`)
 
 
-def build_policy(name: str, pcfg: DictConfig) -> tuple[AdmissionPolicy, EvictionPolicy]:
-    """Instantiate a policy's admission and eviction plug-ins, with its ``compat`` preset's
-    switches (:mod:`simlab.run.compat`; :class:`ConfigError` if invalid)."""
+@dataclass(frozen=True)
+class PolicySpec:
+    """A selected policy, checked (:func:`simlab.run.plan.policy_spec`): its plug-ins' configs
+    as plain dicts (its ``compat`` preset's switches set: :mod:`simlab.run.compat`), its cache
+    semantics, its tuning (None: off) and its own ``block_size`` (None: none)."""
+
+    name: str
+    admission: dict[str, Any]
+    eviction: dict[str, Any]
+    semantics: Semantics = field(default_factory=Semantics)
+    tuning: TuningSettings | None = None
+    block_size: int | None = None
+
+
+def build_policy(spec: PolicySpec) -> tuple[AdmissionPolicy, EvictionPolicy]:
+    """Instantiate a policy's admission and eviction plug-ins (:class:`ConfigError` if invalid)."""
     try:
-        pcfg = with_compat(pcfg)
-        return instantiate(pcfg.admission), instantiate(pcfg.eviction)
+        return instantiate(spec.admission), instantiate(spec.eviction)
     except ValueError as err:
-        raise ConfigError(f"policy {name!r}: {err}") from err
+        raise ConfigError(f"policy {spec.name!r}: {err}") from err
     except InstantiationException as err:
-        raise ConfigError(f"policy {name!r}: {err.__cause__ or err}") from err
-
-
-def policy_semantics(name: str, pcfg: DictConfig) -> Semantics:
-    """The cache semantics of a policy (``policy.compat`` / ``policy.semantics``)."""
-    try:
-        return semantics_for(pcfg)
-    except ValueError as err:
-        raise ConfigError(f"policy {name!r}: {err}") from err
+        raise ConfigError(f"policy {spec.name!r}: {err.__cause__ or err}") from err
 
 
 def policy_step(
-    name: str, pcfg: DictConfig, model: ModelSpec, settings: RunSettings, unit_tokens: int = 1
+    spec: PolicySpec, model: ModelSpec, settings: RunSettings, unit_tokens: int = 1
 ) -> RequestStep:
     """A fresh cache with the policy's plug-ins (admission in the trace's units) and its
     controllers (``policy.tuning``: the alpha tuner)."""
-    admission, eviction = build_policy(name, pcfg)
+    name = spec.name
+    admission, eviction = build_policy(spec)
     ckpt_states = admission.states_per_checkpoint(unit_tokens)
     admission, eviction = in_units(admission, unit_tokens), in_units(eviction, unit_tokens)
     page = max(1, round(settings.cache.page_size / unit_tokens))
     block = admission.keys.block_size
-    if block is not None and settings.cache.page_size not in (1, pcfg.get("block_size")):
+    if block is not None and settings.cache.page_size not in (1, spec.block_size):
         raise ConfigError(
             f"cache.page_size: policy {name!r} pages by its own block_size "
-            f"({pcfg.get('block_size')}); leave cache.page_size at 1 (got {settings.cache.page_size})"
+            f"({spec.block_size}); leave cache.page_size at 1 (got {settings.cache.page_size})"
         )
     if block is None:
         admission = admission.paged(page, model)
         if admission.keys.block_size is not None:  # its keys are the pages now
             page = 1
     controllers: list[Controller] = []
-    tuner = AlphaTuner.for_policy(pcfg.get("tuning"), eviction, name)
+    tuner = AlphaTuner.for_policy(spec.tuning, eviction, name)
     if tuner is not None:
         controllers.append(tuner)
     return RequestStep.build(
@@ -94,7 +99,7 @@ def policy_step(
         unit_tokens=unit_tokens,
         controllers=controllers,
         ssm_capacity_bytes=settings.cache.ssm_bytes,
-        semantics=in_units_semantics(policy_semantics(name, pcfg), unit_tokens),
+        semantics=in_units_semantics(spec.semantics, unit_tokens),
         host_capacity_bytes=settings.cache.host_bytes,
         host_bw_bytes=settings.cache.host_bw_bytes,
         ckpt_states=ckpt_states,
@@ -112,8 +117,7 @@ def in_units_semantics(semantics: Semantics, unit_tokens: int) -> Semantics:
 
 
 def run_policy(
-    name: str,
-    pcfg: DictConfig,
+    spec: PolicySpec,
     requests: list[Request],
     model: ModelSpec,
     settings: RunSettings,
@@ -127,7 +131,8 @@ def run_policy(
     replay (:func:`compiled_run`) or the engine itself, whose records the fast routes give
     exactly. ``walks`` shares the walk of the trace (and the compiled replay's token pool) with
     the run's other policies."""
-    step = policy_step(name, pcfg, model, settings, unit_tokens)
+    name = spec.name
+    step = policy_step(spec, model, settings, unit_tokens)
     cache = settings.cache
     case = routes.Case(step, engine, requests, cache.one_pass, cache.compiled)
     route = routes.choose(case)
@@ -140,7 +145,7 @@ def run_policy(
         return compiled_run(name, requests, step, settings.metrics, walks, route)
 
     def replica() -> RequestStep:  # a cluster's fresh step per replica, on the same route
-        fresh = routes.routed(policy_step(name, pcfg, model, settings, unit_tokens), route)
+        fresh = routes.routed(policy_step(spec, model, settings, unit_tokens), route)
         return routes.with_compiled_search(fresh, case)
 
     start = time.perf_counter()

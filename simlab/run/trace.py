@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 
 from simlab.config import ConfigError, RunSettings
 from traces.arrival_modes import assign as assign_arrival_times
@@ -17,6 +18,24 @@ from traces.arrivals import GapsError
 from traces.format import Request, Trace
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """The configured trace (``trace.*``, checked by :func:`simlab.run.plan.plan_run`): its
+    loader (``target``), the loader's keyword arguments (``options``, resolved: plain values,
+    ``name`` among them, which labels the results) and ``data_dir``."""
+
+    target: str
+    options: dict[str, Any]
+    data_dir: str | None = None
+
+    @property
+    def name(self) -> str | None:
+        """The name that labels the results (None: the loader's)."""
+        name = self.options.get("name")
+        return None if name is None else str(name)
+
 
 #: ``(key, trace, requests)`` of the last trace loaded while :func:`shared_traces` is on
 _shared: list[tuple[str, Trace, list[Request]]] | None = None
@@ -37,38 +56,37 @@ def shared_traces() -> Iterator[None]:
         _shared = outer
 
 
-def trace_key(cfg: DictConfig, settings: RunSettings) -> str:
+def trace_key(spec: TraceSpec, settings: RunSettings) -> str:
     """What the loaded trace and its arrival times depend on."""
-    trace = OmegaConf.to_container(cfg.trace, resolve=True)
-    return repr((trace, cfg.get("data_dir"), settings.arrivals, settings.seed))
+    return repr((spec, settings.arrivals, settings.seed))
 
 
-def trace_requests(cfg: DictConfig, settings: RunSettings) -> tuple[Trace, list[Request]]:
+def trace_requests(spec: TraceSpec, settings: RunSettings) -> tuple[Trace, list[Request]]:
     """The configured trace (:func:`load_trace`) and its requests in processing order; the
     shared ones inside :func:`shared_traces` when the last run loaded the same."""
     if _shared is None:
-        trace = load_trace(cfg, settings)
+        trace = load_trace(spec, settings)
         return trace, list(trace.requests())
-    key = trace_key(cfg, settings)
+    key = trace_key(spec, settings)
     if _shared and _shared[0][0] == key:
-        log.info("trace shared with the previous point: %s", cfg.trace.get("name"))
+        log.info("trace shared with the previous point: %s", spec.name)
         return _shared[0][1], _shared[0][2]
     _shared.clear()
-    trace = load_trace(cfg, settings)
+    trace = load_trace(spec, settings)
     requests = list(trace.requests())
     _shared.append((key, trace, requests))
     return trace, requests
 
 
-def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
+def load_trace(spec: TraceSpec, settings: RunSettings) -> Trace:
     """Instantiate the configured loader and assign arrival times (seeded)."""
     try:
-        trace: Trace = instantiate(cfg.trace, _convert_="all")
+        trace: Trace = instantiate({"_target_": spec.target, **spec.options}, _convert_="all")
     except InstantiationException as err:  # a missing or malformed file: the loader's message
         if isinstance(err.__cause__, FileNotFoundError | ValueError):
             raise ConfigError(f"trace: {err.__cause__}") from err
         raise
-    trace.name = str(cfg.trace.get("name") or trace.name)  # the config's name labels results
+    trace.name = spec.name or trace.name  # the config's name labels results
     arrivals = settings.arrivals
     try:
         return assign_arrival_times(
@@ -79,7 +97,7 @@ def load_trace(cfg: DictConfig, settings: RunSettings) -> Trace:
             seed=settings.seed,
             azure=arrivals.azure,
             azure_path=arrivals.azure_path,
-            data_dir=cfg.get("data_dir"),
+            data_dir=spec.data_dir,
             time_scale=arrivals.time_scale,
             gaps=arrivals.gaps,
             typing_wpm=arrivals.typing_wpm,

@@ -9,8 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 OBJECTIVES = ("token_hit_rate", "flops_saved")
 SNAPSHOTS = ("start", "first_eviction")
 #: The reference code's grid (``ConfigTuner.tune_config``): 0, 0.1, ..., 2.0.
@@ -118,8 +116,6 @@ class TuningSettings:
             return None
         if isinstance(cfg, TuningSettings):
             return cfg if cfg.enabled else None
-        if isinstance(cfg, DictConfig):
-            cfg = OmegaConf.to_container(cfg, resolve=True)
         if not isinstance(cfg, Mapping):
             raise ValueError(f"policy.tuning must be a mapping, got {cfg!r}")
         settings = cls.resolve(**{str(k): v for k, v in cfg.items()})
