@@ -98,6 +98,11 @@ class Point:
     done: Summary | None = None
     replay: dict[str, str] = field(default_factory=dict)  # policy -> how it ran (table)
 
+    @property
+    def out_dir(self) -> Path | None:
+        """The point's results directory (None: none)."""
+        return self.plan.out_dir
+
 
 @dataclass
 class CapacityRun:
@@ -282,7 +287,7 @@ def capacity_table(points: list[Point], summaries: list[Summary], top: Path | No
     :func:`simlab.run.sweep.tidy_table`; no pandas)."""
     rows: list[dict[str, Any]] = []
     for point, summary in zip(points, summaries, strict=True):
-        run_dir = point.plan.out_dir
+        run_dir = point.out_dir
         if run_dir is not None and top is not None:
             run_dir = run_dir.relative_to(top)
         for policy, metrics in summary.policies.items():
