@@ -183,7 +183,7 @@ def test_the_command_writes_prediction_json(tmp_path):
         [
             sys.executable,
             "-m",
-            "simlab.experiments.predict",
+            "simlab.predict",  # the documented command (the shim of simlab.experiments.predict)
             "prefill=[1000,2000]",
             f"hydra.run.dir={tmp_path}",
         ],

@@ -166,7 +166,7 @@ def test_the_command_prints_the_comparison_and_writes_it(tmp_path):
         [
             sys.executable,
             "-m",
-            "simlab.experiments.predict",
+            "simlab.predict",  # the documented command (the shim of simlab.experiments.predict)
             "prefill=[1000]",
             f"measured.path={table}",
             f"hydra.run.dir={tmp_path / 'run'}",

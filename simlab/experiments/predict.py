@@ -65,6 +65,8 @@ from traces.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
 TOP_OPS = 4  # ops named per length in the printed table
 
 
@@ -390,7 +392,9 @@ def write(prediction: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
-@hydra.main(version_base="1.3", config_path="../../configs", config_name="predict")
+# an absolute path: run through the shim simlab/predict.py, Hydra would resolve a relative one
+# against this module's package, where configs/ is not a package
+@hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name="predict")
 def main(cfg: DictConfig) -> None:
     with reported_as_one_line():
         prediction = predict(cfg)
