@@ -252,6 +252,14 @@ class VLLM(BlockPool):
         """With ``block_pool`` on: a hybrid in ``align`` mode, and a Transformer."""
         return self.block_pool and (self.mamba_cache_mode == "align" or not hybrid)
 
+    def caveats(self, hybrid: bool) -> tuple[str, ...]:
+        if hybrid and self.mamba_cache_mode == "none":
+            return (
+                "policy.mamba_cache_mode=none disables vLLM's prefix caching for the Mamba "
+                "state: a hybrid never hits",
+            )
+        return ()
+
     def for_model(self, model: ModelSpec, unit_tokens: int = 1) -> VLLM:
         if not model.is_hybrid or self.mamba_cache_mode != "align":
             return self

@@ -125,19 +125,18 @@ class Tracking:
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """What a request leaves in the cache.
-
-    ``ckpts``: SSM checkpoint positions (1..end, sorted; ignored for a pure Transformer);
-    ``end``: how many ids of the sequence to admit; ``cuts``: positions that become node
-    boundaries without a state (a production radix tree splits its nodes where a request's
-    match, prompt and committed sequence end, so eviction frees a request's output before its
-    prompt); ``held_from``: when set, the running request holds every id of its sequence from
-    this position on (a production engine allocates all of them: those the tree already holds
-    are duplicates, and a block pool's partial tail block is never cached), so eviction makes
-    room for all of them, not only for the admitted tail; ``publishes_prompt``: the prompt's
-    KV (and its states) enter the cache when the prefill ends, not when the request finishes
-    (SGLang's ``checkpoint_kv_cache``; vLLM caches each block once it is computed), so a timed
-    engine's later requests can hit it while this one still decodes.
+    """What a request leaves in the cache. ``ckpts``: SSM checkpoint positions (1..end, sorted;
+    ignored for a pure Transformer); ``end``: how many ids of the sequence to admit; ``cuts``:
+    positions that become node boundaries without a state (a production radix tree splits its
+    nodes where a request's match, prompt and committed sequence end, so eviction frees a
+    request's output before its prompt); ``held_from``: when set, the running request holds
+    every id of its sequence from this position on (a production engine allocates all of them:
+    those the tree already holds are duplicates, and a block pool's partial tail block is never
+    cached), so eviction makes room for all of them, not only for the admitted tail;
+    ``publishes_prompt``: the prompt's KV (and its states) enter the cache when the prefill
+    ends, not when the request finishes (SGLang's ``checkpoint_kv_cache``; vLLM caches each
+    block once it is computed), so a timed engine's later requests can hit it while this one
+    still decodes.
     """
 
     ckpts: list[int]
@@ -266,10 +265,8 @@ Switches = dict[str, dict[str, Any]]
 
 
 class AdmissionPolicy:
-    """Decides which SSM states of a request are checkpointed into the cache.
-
-    Subclasses are dataclasses; their :data:`Tokens` fields are converted to the trace's units.
-    """
+    """Decides which SSM states of a request are checkpointed into the cache (subclasses are
+    dataclasses; their :data:`Tokens` fields are converted to the trace's units)."""
 
     #: its fields under each ``policy.compat`` preset (the Marconi reference code's counterpart)
     reference_switches: ClassVar[Switches] = {}
@@ -283,6 +280,10 @@ class AdmissionPolicy:
         """Whether vLLM's block pool (``simlab.engines.block_pool``) models this admission, on
         a hybrid or on a Transformer (where the engine runs one)."""
         return False
+
+    def caveats(self, hybrid: bool) -> tuple[str, ...]:
+        """One line per setting that disables reuse (logged; ``summary.json``'s ``caveats``)."""
+        return ()
 
     @classmethod
     def reference_semantics(cls, options: Any) -> dict[str, Any]:

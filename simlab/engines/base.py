@@ -49,9 +49,10 @@ class Engine(Protocol):
 @runtime_checkable
 class MemoryChecked(Protocol):
     """An engine that checks, before any work, that the model and the cache fit its GPU (the
-    timed engines; :class:`ConfigError` naming the key otherwise)."""
+    timed engines; :class:`ConfigError` naming the key otherwise); ``reserve``: whether a
+    policy runs where running sequences need memory beside the cache (the prefix tree)."""
 
-    def check_memory(self, model: ModelSpec, cache_gb: float) -> None: ...
+    def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None: ...
 
 
 @runtime_checkable

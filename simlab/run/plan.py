@@ -9,6 +9,7 @@ it receives a ``DictConfig``; a bad value raises :class:`ConfigError` naming the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +25,13 @@ from simlab.engines.base import Engine, MemoryChecked
 from simlab.engines.tuning.settings import TuningSettings
 from simlab.model.spec import ModelSpec
 from simlab.run.checks import check_capacity, check_loader_options, check_writable
+from simlab.engines.step import RequestStep
 from simlab.run.compat import semantics_for, with_compat
 from simlab.run.policy import PolicySpec, policy_step
+from simlab.run.routes import on_pool
 from simlab.run.trace import TraceSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,14 +63,16 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         model = ModelSpec.from_config(cfg.model)
     except ValueError as err:
         raise ConfigError(f"model: {err}") from err
-    check_capacity(settings, model, int(cfg.trace.get("block_size") or 1))
+    block_size = int(cfg.trace.get("block_size") or 1)
+    check_capacity(settings, model, block_size)
     check_loader_options(cfg.trace)
-    for spec in policies.values():
-        policy_step(spec, model, settings)
+    steps = [policy_step(spec, model, settings) for spec in policies.values()]
+    warn_caveats(steps)
     clairvoyant = bound_policy(cfg, model, settings)
     engine = build_engine(cfg)
     if isinstance(engine, MemoryChecked):
-        engine.check_memory(model, settings.cache.size_gb)
+        tree = not all(on_pool(step, engine, block_size) for step in steps)
+        engine.check_memory(model, settings.cache.size_gb, reserve=tree)
     out_dir = output_dir(cfg)
     check_writable(out_dir)
     return RunPlan(
@@ -102,6 +109,13 @@ def policy_spec(name: str, pcfg: Mapping[str, Any]) -> PolicySpec:
         tuning,
         config.get("block_size"),
     )
+
+
+def warn_caveats(steps: list[RequestStep]) -> None:
+    """One warning line per setting that disables reuse (``summary.json``'s ``caveats``)."""
+    for step in steps:
+        for caveat in step.admission.caveats(step.cache.hybrid):
+            log.warning("%s: %s", step.policy, caveat)
 
 
 def bounds_enabled(cfg: DictConfig) -> bool:

@@ -38,6 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from simlab.cache.contract import RECENCY_ORDERS, Keys, Semantics
 from simlab.cache.keys import BlockKeys, key_scheme
 from simlab.engines.base import Engine, Replicated
@@ -298,6 +300,14 @@ def choose(case: Case) -> Route:
             return Route(name, refused)
         refused[name] = why
     raise AssertionError("every engine has a route that always serves")
+
+
+def on_pool(step: RequestStep, engine: Engine, block_size: int = 1) -> bool:
+    """Whether :func:`choose` runs ``step`` on vLLM's pool, told before the trace is loaded (the
+    run plan): a request of ``block_size`` tokens per id (the trace's) stands for its requests."""
+    empty = np.zeros(0, dtype=np.int64)
+    probe = Request(0, 0, 0, 0.0, empty, empty, 0, block_size=block_size)
+    return choose(Case(step, engine, [probe])).taken in POOL_ROUTES
 
 
 def routed(step: RequestStep, route: Route) -> RequestStep:

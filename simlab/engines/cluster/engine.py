@@ -54,9 +54,9 @@ class ClusterEngine:
     def replicas(self) -> int:
         return self.settings.replicas
 
-    def check_memory(self, model: Any, cache_gb: float) -> None:
+    def check_memory(self, model: Any, cache_gb: float, reserve: bool = True) -> None:
         """Each replica is one GPU (x tp) with its own cache: the single engine's check."""
-        self.engine.check_memory(model, cache_gb)
+        self.engine.check_memory(model, cache_gb, reserve)
 
     def run(
         self,

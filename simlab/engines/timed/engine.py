@@ -81,26 +81,46 @@ class TimedEngine(TimedSettings):
         object.__setattr__(self, "_calibration", calibration)
         object.__setattr__(self, "_terms", terms)
 
-    def check_memory(self, model: ModelSpec, cache_gb: float) -> None:
+    def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None:
         """``tp`` splits ``model``'s heads evenly (:func:`simlab.cost.shapes.check_tp`), and the
-        prefix cache + memory for running sequences + weights must fit the GPUs' memory
-        (``hardware.mem_gb`` x ``tp``); ``engine.memory_check=false`` allows what-if studies."""
+        pool + weights must fit the GPUs' memory (``hardware.mem_gb`` x ``tp``;
+        ``engine.memory_check=false`` allows what-if studies). The pool is the cache, plus
+        :meth:`running_gb` for running sequences. ``reserve``: whether a policy runs on the
+        prefix tree (the plan's routes)."""
         try:
             check_tp(model, self.tp)
         except ValueError as err:
             raise ConfigError(str(err)) from err
+        running = self.running_gb(reserve)
         if not self.memory_check or not math.isfinite(cache_gb):
             return
         weights = (model.layer_params + model.embedding_params) * model.dtype_bytes / 1e9
-        need = cache_gb + self.running_memory_gb + weights
         have = self.hardware.mem_gb * self.tp
-        if need > have:
+        if cache_gb + running + weights > have:
+            pool = f"{cache_gb:g} GB of cache"
+            if running:
+                pool += f" + {running:g} GB for running sequences (engine.running_memory_gb)"
             raise ConfigError(
-                f"cache.size_gb: {cache_gb:g} GB of cache + {self.running_memory_gb:g} GB for "
-                f"running sequences (engine.running_memory_gb) + {weights:.1f} GB of "
-                f"{model.name} weights exceed {have:g} GB ({self.hardware.name} x tp "
-                f"{self.tp}); engine.memory_check=false for a what-if study"
+                f"cache.size_gb: {pool} + {weights:.1f} GB of {model.name} weights exceed "
+                f"{have:g} GB ({self.hardware.name} x tp {self.tp}); engine.memory_check=false "
+                "for a what-if study"
             )
+
+    def running_gb(self, reserve: bool) -> float:
+        """The memory running sequences take beside the cache: ``running_memory_gb`` where the
+        prefix tree reserves it (``reserve``; it must be > 0) or ``kv_pool=shared`` adds it to
+        the pool; none on vLLM's own block pool, whose running blocks come out of the cache."""
+        if self.kv_pool == "shared":
+            return self.running_memory_gb
+        if not reserve:
+            return 0.0
+        if self.running_memory_gb <= 0:
+            raise ConfigError(
+                f"engine.running_memory_gb must be > 0, got {self.running_memory_gb:g}: the "
+                "prefix tree keeps it for running sequences beside the cache (0 only on vLLM's "
+                "block pool or with engine.kv_pool=shared)"
+            )
+        return self.running_memory_gb
 
     def cost_model(self, model: ModelSpec) -> CostModel:
         return CostModel(

@@ -39,8 +39,8 @@ class TimedSettings:
     def __post_init__(self) -> None:
         self._check_counts()
         shared = self.kv_pool == "shared"  # one budget: the cache alone may be the whole pool
-        if not (self.running_memory_gb >= 0 if shared else self.running_memory_gb > 0):
-            least = ">= 0 with kv_pool=shared" if shared else "> 0"
+        if not self.running_memory_gb >= 0:  # 0 separate: vLLM's pool (TimedEngine.check_memory)
+            least = ">= 0 with kv_pool=shared" if shared else "> 0 (or 0 on vLLM's block pool)"
             raise ValueError(
                 f"engine.running_memory_gb must be {least}, got {self.running_memory_gb!r}"
             )
