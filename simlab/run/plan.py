@@ -22,10 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from simlab.config import ClusterSettings, ConfigError, RunSettings, run_settings, selected_policies
 from simlab.engines.base import Engine, MemoryChecked
+from simlab.engines.step import RequestStep
 from simlab.engines.tuning.settings import TuningSettings
 from simlab.model.spec import ModelSpec
 from simlab.run.checks import check_capacity, check_loader_options, check_writable
-from simlab.engines.step import RequestStep
 from simlab.run.compat import semantics_for, with_compat
 from simlab.run.policy import PolicySpec, policy_step
 from simlab.run.routes import on_pool
