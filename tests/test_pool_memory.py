@@ -54,6 +54,13 @@ def test_a_compare_set_with_a_tree_policy_is_charged_the_reserve():
         )
 
 
+def test_a_hybrid_on_a_hash_id_trace_runs_on_the_tree_and_is_charged_its_reserve():
+    """vLLM's pool runs a hybrid on a token trace only (:func:`simlab.run.routes.pool_refusal`);
+    the plan asks the route table with the trace's block size before loading it."""
+    with pytest.raises(ConfigError, match="16 GB for running sequences"):
+        plan_run(compose([*H100_VLLM, BIG, "trace=mooncake"]))
+
+
 def test_a_shared_pool_is_charged_cache_and_running_memory():
     shared = [*H100_VLLM, "engine.kv_pool=shared"]
     with pytest.raises(ConfigError, match="16 GB for running sequences"):
