@@ -396,8 +396,8 @@ class RequestStep:
             items |= controller.summary()
         if self.cache.host is not None:
             items |= self.cache.host.summary()
-        caveats = self.admission.caveats(self.cache.hybrid)
-        return items | {"caveats": list(caveats)} if caveats else items
+        caveats = [*self.admission.caveats(self.cache.hybrid), *items.pop("caveats", [])]
+        return items | {"caveats": caveats} if caveats else items
 
     def _record(self, started: Started, admitted: InsertResult) -> RequestRecord:
         req, cache, hit = started.req, self.cache, started.hit

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import pandas as pd
@@ -16,7 +17,7 @@ from matplotlib.figure import Figure
 import simlab.report.routing_pages as routing_pages
 import simlab.report.run_pages as run_pages
 import simlab.report.sweep_pages as sweep_pages
-from simlab.report.describe import engine_label, run_caption, sweep_caption
+from simlab.report.describe import engine_label, policy_label, run_caption, sweep_caption
 from simlab.report.load import ReportInputError, RunResults, SweepResults, load_results
 from simlab.report.provenance import provenance_pages
 from simlab.report.run_pages import SkipPage, Style
@@ -121,6 +122,13 @@ def resolve_diff(diff: Sequence[str] | None, policies: Sequence[str]) -> tuple[s
     return diff[0], diff[1]
 
 
+def alpha_notes(policies: dict[str, dict[str, Any]]) -> list[str]:
+    """A line naming each tuned policy's alpha, and its tuning caveats (summary.json's)."""
+    tuned = [policy_label(n, p) for n, p in policies.items() if isinstance(p.get("alpha"), dict)]
+    notes = [f"Alpha (tuned): {', '.join(tuned)}."] if tuned else []
+    return notes + [f"Caveat: {n}: {c}" for n, p in policies.items() for c in p.get("caveats", [])]
+
+
 def summary_pages(
     results: RunResults | SweepResults, style: Style, skipped: dict[str, str]
 ) -> tuple[pd.DataFrame, list[Figure]]:
@@ -130,6 +138,7 @@ def summary_pages(
     policies = base.summary.get("policies") or {}
     rules = [p["request_hit_rule"] for p in policies.values() if p.get("request_hit_rule")]
     notes = table_notes(table, engine_label(base.config), rules[0] if rules else None)
+    notes += alpha_notes(policies)
     if isinstance(results, RunResults):
         notes.insert(0, trace_note(results.trace))
         bounds = results.summary.get("bounds") or {}

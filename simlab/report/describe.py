@@ -15,6 +15,7 @@ from simlab.cost.terms import CostTerms
 from simlab.model.spec import ModelSpec
 from simlab.report.load import RunResults, SweepResults
 from simlab.report.style import fmt_value
+from simlab.run.summary import alpha_label
 
 
 def trace_label(config: dict[str, Any], trace: dict[str, Any] | None = None) -> str:
@@ -84,8 +85,16 @@ def run_parts(config: dict[str, Any], trace: dict[str, Any] | None) -> list[str]
     return parts
 
 
+def policy_label(name: str, summary: dict[str, Any]) -> str:
+    """A policy's name, with its alpha when it was tuned (``marconi (alpha 0.0 (untuned))``)."""
+    alpha = summary.get("alpha")
+    return f"{name} (alpha {alpha_label(alpha)})" if isinstance(alpha, dict) else name
+
+
 def run_caption(run: RunResults) -> str:
-    parts = [*run_parts(run.config, run.trace), f"policies {', '.join(run.policies)}"]
+    summaries = run.summary["policies"]
+    names = ", ".join(policy_label(p, summaries.get(p, {})) for p in run.policies)
+    parts = [*run_parts(run.config, run.trace), f"policies {names}"]
     return "Run: " + " | ".join(parts) + f"\nResults: {run.path}"
 
 

@@ -43,7 +43,7 @@ from simlab.run.plan import RunPlan, output_dir, plan_run
 from simlab.run.policy import PolicyRun, policy_step, run_policy, stacked_runs
 from simlab.run.routes import Route
 from simlab.run.simulate import finish_run
-from simlab.run.summary import Summary
+from simlab.run.summary import Summary, alpha_label
 from simlab.run.sweep import _scalar, check_no_overwrite, finished_summary, tidy_table, write_points
 from simlab.run.trace import trace_requests
 from simlab.util.provenance import code_version
@@ -117,8 +117,9 @@ class CapacityRun:
         """One line per (capacity, policy): hit rates, peak bytes and how it was replayed."""
         if not self.table.num_rows:
             return "(no capacity)"
-        keys = [SIZE_KEY, "policy", *TABLE_COLUMNS, "replay"]
-        header = [SIZE_KEY, "policy", *TABLE_COLUMNS.values(), "replay"]
+        tuned = ["alpha"] if "alpha" in self.table.column_names else []
+        keys = [SIZE_KEY, "policy", *TABLE_COLUMNS, *tuned, "replay"]
+        header = [SIZE_KEY, "policy", *TABLE_COLUMNS.values(), *tuned, "replay"]
         columns = [self.table.column(key).to_pylist() for key in keys]
         rows = range(len(columns[0]))
         cells = [header] + [[_cell(col[i], j == 0) for j, col in enumerate(columns)] for i in rows]
@@ -133,7 +134,7 @@ def _cell(value: Any, size: bool) -> str:
     """A capacity as short as it reads back (GB); a metric to 4 decimals."""
     if isinstance(value, float):
         return shortest(value) if size or value.is_integer() else f"{value:.4f}"
-    return str(value)
+    return "" if value is None else str(value)
 
 
 def point_config(cfg: DictConfig, size: Any, out_dir: Path | None) -> DictConfig:
@@ -297,6 +298,8 @@ def capacity_table(points: list[Point], summaries: list[Summary], top: Path | No
                 "policy": policy,
                 "replay": point.replay.get(policy, "resumed"),
             }
+            if isinstance(metrics.get("alpha"), dict):  # tuned: the alpha in a few words
+                row["alpha"] = alpha_label(metrics["alpha"])
             row.update({k: _scalar(v) for k, v in metrics.items() if k not in row})
             rows.append(row)
     return tidy_table(rows)

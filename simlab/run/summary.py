@@ -62,16 +62,27 @@ class Summary:
         rules = {p.get("request_hit_rule") for p in self.policies.values()} - {None}
         if len(rules) == 1:
             columns["request_hit_rate"] = f"req hit ({rules.pop()})"
-        text = text_table(
-            list(self.policies),
-            list(columns.values()),
-            [[p.get(key, math.nan) for key in columns] for p in self.policies.values()],
-        )
+        rows = [[p.get(key, math.nan) for key in columns] for p in self.policies.values()]
+        headers = list(columns.values())
+        if any("alpha" in p for p in self.policies.values()):
+            headers.append("alpha")
+            for row, p in zip(rows, self.policies.values(), strict=True):
+                row.append(alpha_label(p["alpha"]) if "alpha" in p else "")
+        text = text_table(list(self.policies), headers, rows)
         if self.bounds:
             text += "\nbounds (token hit rate): " + ", ".join(
                 f"{name} {rate:.4f}" for name, rate in self.bounds.items()
             )
-        return text + "\n" + self.speed_line() + self.saturation_lines()
+        return text + "\n" + self.speed_line() + self.saturation_lines() + self.caveat_lines()
+
+    def caveat_lines(self) -> str:
+        """A warning per caveat of a policy (``summary.json``'s: a setting that disables reuse,
+        a tuning that fell short)."""
+        return "".join(
+            f"\nwarning: {name}: {caveat}"
+            for name, p in self.policies.items()
+            for caveat in p.get("caveats", [])
+        )
 
     def saturation_lines(self) -> str:
         """A warning per saturated timed run: its latencies measure the backlog."""
@@ -96,6 +107,16 @@ class Summary:
             "routes": self.routes,
             "provenance": provenance(),
         }
+
+
+def alpha_label(alpha: dict[str, Any]) -> str:
+    """A tuned policy's alpha (``summary.json``'s ``alpha``) in a few words: ``0.0 (untuned)``,
+    ``0.3 (1 tuning)`` or ``1.5 (3 tunings, 0.5-1.5)``."""
+    final, n = alpha["final"], alpha["tunings"]
+    if not alpha["tuned"]:
+        return f"{final} (untuned)"
+    spread = "" if alpha["min"] == alpha["max"] else f", {alpha['min']}-{alpha['max']}"
+    return f"{final} ({n} tuning{'s' if n != 1 else ''}{spread})"
 
 
 def text_table(index: list[str], headers: list[str], rows: list[list[Any]]) -> str:

@@ -14,6 +14,10 @@ Invariants: 0 is always in the grid (a grid without it is rejected), so recency 
 candidate; the adopted alpha scores at least as well on the window as the alpha it replaces, and as
 alpha 0 up to ``margin`` (exactly, with the default margin 0); ties go to the smallest alpha, so the
 result never depends on the number of workers or their order; the same seed gives the same run.
+The first window is ``first_window`` requests when set (else ``bootstrap_multiplier x N``, as each
+protocol below says): a short trace can end before it. A run with fewer than ``min_tunings``
+tunings (default 1) logs a WARNING that says why and lists it in its summary's ``caveats``; its
+summary's ``alpha`` gives the final, smallest and largest adopted alpha and the number of tunings.
 
 ``paper``: what the Marconi reference code does (``../shared/notes/marconi_reference.md`` Sec. 2.5;
 ``radix_cache_hybrid.py``, ``config_tuner.py``).
@@ -24,7 +28,7 @@ result never depends on the number of workers or their order; the same seed give
 * Each alpha replays the whole window from the empty snapshot and is scored on its last
   ``score_last: 500`` requests, objective ``flops_saved``; grid 0, 0.1, ..., 2.0 (21 values).
 * Tuned exactly once (``retune_every: null``); if the trace ends before the window fills, ``alpha``
-  stays 0.
+  stays 0 (and the run warns: :meth:`~simlab.engines.tuning.tuner.AlphaTuner.caveats`).
 * Deviation: the reference breaks ties between equally scored alphas by its worker processes'
   completion order (nondeterministic, and ties are common); simlab takes the smallest alpha.
 * The paper's *text* differs from its code: it snapshots at the first eviction and replays the

@@ -41,6 +41,7 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
         "snapshot": "start",
         "score_last": 500,
         "retune_every": None,
+        "first_window": None,
         "window": None,
         "margin": 0.0,
     },
@@ -51,6 +52,7 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
         "snapshot": "first_eviction",
         "score_last": 50,
         "retune_every": 50,
+        "first_window": None,
         "window": None,
         "margin": 0.0,
     },
@@ -71,9 +73,12 @@ class TuningSettings:
     snapshot: str = PROTOCOLS["robust"]["snapshot"]
     score_last: int | None = PROTOCOLS["robust"]["score_last"]
     retune_every: int | None = PROTOCOLS["robust"]["retune_every"]
+    first_window: int | None = PROTOCOLS["robust"]["first_window"]
     window: int | None = PROTOCOLS["robust"]["window"]
     margin: float = PROTOCOLS["robust"]["margin"]
     workers: int = 2
+    #: fewer tunings than this in a run: a caveat (a WARNING and ``summary.json``'s ``caveats``)
+    min_tunings: int = 1
 
     def __post_init__(self) -> None:
         _check_choice("protocol", self.protocol, tuple(PROTOCOLS))
@@ -89,10 +94,16 @@ class TuningSettings:
         for key, nullable in (
             ("score_last", True),
             ("retune_every", True),
+            ("first_window", True),
             ("window", True),
             ("workers", False),
         ):
             _check_count(key, getattr(self, key), nullable)
+        if not (isinstance(self.min_tunings, int) and not isinstance(self.min_tunings, bool)
+                and self.min_tunings >= 0):  # fmt: skip
+            raise ValueError(
+                f"policy.tuning.min_tunings must be an integer >= 0, got {self.min_tunings!r}"
+            )
 
     @classmethod
     def resolve(cls, **values: Any) -> TuningSettings:

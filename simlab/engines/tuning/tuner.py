@@ -71,6 +71,7 @@ class AlphaTuner:
 
     settings: TuningSettings
     template: EvictionPolicy
+    policy: str = "policy"  # its name, in the caveats
     seen: int = 0
     evicted: bool = False
     bootstrap_requests: int | None = None  # N: requests seen up to the first eviction
@@ -100,7 +101,7 @@ class AlphaTuner:
             )
         template = copy.deepcopy(eviction)
         eviction.set_alpha(0.0)
-        return cls(settings, template)
+        return cls(settings, template, policy)
 
     @property
     def alpha(self) -> float:
@@ -140,7 +141,7 @@ class AlphaTuner:
         """The first eviction (``seen`` = N): schedule the first tuning."""
         s, n = self.settings, self.seen
         self.bootstrap_requests = n
-        length = max(1, round(s.bootstrap_multiplier * n))
+        length = s.first_window or max(1, round(s.bootstrap_multiplier * n))
         if s.snapshot == "start":  # the first ``length`` requests of the trace (at least N)
             self.first_tune = max(n, length)
         else:  # the ``length`` requests after the first eviction
@@ -244,9 +245,49 @@ class AlphaTuner:
                  tune, start_at, tune, s.objective, grid, alpha, elapsed)  # fmt: skip
         return alpha
 
+    def caveats(self) -> list[str]:
+        """One line per way the run fell short of the tuning it was asked for: no tuning at all,
+        or fewer than ``min_tunings`` (empty when it tuned enough)."""
+        tunings, wanted = len(self.history) - 1, self.settings.min_tunings
+        if tunings >= wanted:
+            return []
+        if tunings == 0:
+            head, tail = "alpha never tuned", f"alpha stayed {self.alpha}"
+        else:
+            head = f"alpha tuned {tunings} time(s), fewer than policy.tuning.min_tunings {wanted}"
+            tail = f"alpha {self.alpha} at the end"
+        if self.first_tune is None:
+            why = (
+                f"no admission evicted in the run's {self.seen:,} requests (the cache never filled)"
+            )
+        elif self.first_tune > self.seen:
+            why = (
+                f"the first tuning window [{self._origin}, {self.first_tune}) ends past the "
+                f"run's {self.seen:,} requests"
+            )
+            tail += " (policy.tuning.first_window sets a shorter one)"
+        else:
+            every = self.settings.retune_every
+            why = f"first tuning at request {self.first_tune} of the run's {self.seen:,}"
+            why += f", then every {every}" if every else ", never re-tuned (retune_every null)"
+        return [f"{head}: {why}; {tail}"]
+
     def summary(self) -> dict[str, Any]:
-        """Items for the policy's run summary (``summary.json``)."""
+        """Items for the policy's run summary (``summary.json``; the request step adds
+        ``caveats`` to its admission's); logs each caveat as a WARNING."""
+        alphas = [float(h["alpha"]) for h in self.history]
+        caveats = self.caveats()
+        for caveat in caveats:
+            log.warning("%s: %s", self.policy, caveat)
         return {
+            "alpha": {
+                "final": self.alpha,
+                "min": min(alphas[1:] or alphas),
+                "max": max(alphas[1:] or alphas),
+                "tunings": len(alphas) - 1,
+                "tuned": len(alphas) > 1,
+            },
+            "caveats": caveats,
             "alpha_protocol": self.settings.protocol,
             "alpha_final": self.alpha,
             "alpha_tunings": len(self.history) - 1,
