@@ -24,6 +24,7 @@ from simlab.run.simulate import simulate
 
 Plugins.instance().register(GroupedJoblibLauncher)  # hydra/launcher=simlab_joblib
 
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> None:
     if capacity_list(cfg) is not None:

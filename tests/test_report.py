@@ -104,7 +104,11 @@ def test_run_report_pages_and_table(run_dir, tmp_path):
     assert list(report.table.index) == ["vllm_plus", "sglang_plus", "marconi"]
     for policy, metrics in summary["policies"].items():
         for col in COLUMNS:
-            assert same(report.table.at[policy, col.key], float(metrics.get(col.key, math.nan)))
+            value = report.table.at[policy, col.key]
+            if col.text:  # the load verdict: a timed run's only
+                assert value == metrics.get(col.key) is None
+            else:
+                assert same(value, float(metrics.get(col.key, math.nan)))
 
 
 def test_timed_run_adds_ttft_pages_and_numbers(timed_dir, tmp_path):
@@ -114,8 +118,9 @@ def test_timed_run_adds_ttft_pages_and_numbers(timed_dir, tmp_path):
     assert pdf_pages(report.path) == len(report.pages)
     summary = json.loads((timed_dir / "summary.json").read_text())
     for policy, metrics in summary["policies"].items():
-        for key in ("ttft_p5", "ttft_p50", "ttft_p95", "throughput_rps", "throughput_tps"):
+        for key in ("ttft_p5", "ttft_p50", "ttft_p95", "throughput_rps", "throughput_tps", "load"):
             assert report.table.at[policy, key] == metrics[key]
+        assert metrics["load"] in ("ok", "queueing", "saturated")
 
 
 def test_report_is_deterministic(run_dir, tmp_path):
@@ -176,7 +181,8 @@ def test_sweep_report_pages_and_table(sweep_dir, tmp_path):
     assert len(merged) == len(points)
     for col in COLUMNS:
         if col.key in points:
-            assert np.array_equal(merged[col.key], merged[f"{col.key}_file"], equal_nan=True)
+            a, b = merged[col.key], merged[f"{col.key}_file"]
+            assert a.equals(b) if col.text else np.array_equal(a, b, equal_nan=True)
         else:
             assert merged[col.key].isna().all()
     assert list(report.table.columns[:3]) == ["point", "cache.size_gb", ALPHA_KEY]

@@ -19,11 +19,9 @@ from simlab.cost.terms import CostTerms
 from simlab.engines.replay import ReplayEngine
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.batch import unique_tokens
-from simlab.engines.timed.engine import TimedEngine, saturation
+from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import SessionFeeder
-from simlab.engines.timed.jobs import EngineStats
 from simlab.run.simulate import policy_spec, policy_step, simulate
-from simlab.run.summary import Summary
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, compose, model, policy_plugins
 from traces.arrivals import assign_arrivals
 from traces.format import Request
@@ -233,21 +231,6 @@ def test_pins_hold_while_running_and_capacity_is_never_exceeded():
     engine.cache.check_invariants()
 
 
-def test_a_saturated_run_is_flagged_and_a_light_one_is_not():
-    """GPU busy above 0.95 or a queue that grows to the end: the summary says so."""
-    trace = chat_trace(seed=7, sessions=40)
-    heavy, records, _ = timed_run("sglang_plus", trace, 30 * CKPT, session_rate=50.0, max_running=2)
-    flags = saturation(heavy.stats, records)
-    assert flags["saturated"] and "GPU busy 1.00" in flags["saturation"]
-    light, records, _ = timed_run("sglang_plus", trace, 30 * CKPT, session_rate=1e-3)
-    assert saturation(light.stats, records) == {"saturated": False, "saturation": ""}
-    policy = {"token_hit_rate": 0.5, "saturated": True, "saturation": "GPU busy 0.99 > 0.95"}
-    assert (
-        "warning: lru saturates the GPU (GPU busy 0.99"
-        in Summary(policies={"lru": policy}, trace={}, config={}).saturation_lines()
-    )
-
-
 @pytest.mark.parametrize("policy", ["clairvoyant", "sglang_plus"])
 def test_a_clairvoyant_eviction_on_the_timed_engine_is_logged_as_no_bound(policy, caplog):
     """Its future is the arrival order, which requests in flight change (README)."""
@@ -260,23 +243,6 @@ def test_a_clairvoyant_eviction_on_the_timed_engine_is_logged_as_no_bound(policy
         TimedEngine(hardware=A100).run(list(trace.requests()), step)
     warned = [r for r in caplog.records if "not a bound" in r.getMessage()]
     assert len(warned) == (policy == "clairvoyant")
-
-
-def test_a_busy_fraction_just_over_the_threshold_is_not_printed_as_the_threshold():
-    """0.9502 rounds to 0.95: the reason shows four digits, not "GPU busy 0.95 > 0.95"."""
-    stats = EngineStats(busy=95.02, first_arrival=0.0, last_departure=100.0)
-    assert saturation(stats, [])["saturation"] == "GPU busy 0.9502 > 0.95"
-    stats = EngineStats(busy=99.0, first_arrival=0.0, last_departure=100.0)
-    assert saturation(stats, [])["saturation"] == "GPU busy 0.99 > 0.95"
-
-
-def test_a_queue_that_grows_to_the_end_is_saturation():
-    _, records, _ = timed_run("sglang_plus", chat_trace(seed=7), 30 * CKPT, session_rate=1e-3)
-    records = sorted(records, key=lambda r: r.arrival)
-    for i, record in enumerate(records):  # delays growing linearly to 10 s
-        record.queue_delay = 10.0 * i / len(records)
-    stats = EngineStats(busy=0.5, first_arrival=0.0, last_departure=1.0)
-    assert "queue delay grows" in saturation(stats, records)["saturation"]
 
 
 CALIBRATIONS = CONFIGS.parent / "gpu_validate" / "calibration"

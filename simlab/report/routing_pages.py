@@ -128,7 +128,12 @@ def routing_page(run: RunResults, style: Style) -> Figure:
             x = np.arange(len(replicas)) + (i - (len(policies) - 1) / 2) * width
             ttft.plot(x, rows["ttft_p95"], "v", color="black", markersize=5)
         ttft.set_ylabel("TTFT (s)")
-        ttft.set_title("TTFT per replica (bars: P50, triangles: P95)", fontsize=10)
+        verdicts = ", ".join(
+            f"{p} {run.summary['policies'][p].get('load', 'n/a')}" for p in policies
+        )
+        ttft.set_title(
+            f"TTFT per replica (bars: P50, triangles: P95)\nload: {verdicts}", fontsize=10
+        )
     else:
         ttft.set_axis_off()
 

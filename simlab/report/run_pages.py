@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -164,12 +165,14 @@ def draw_ttft_cdf(
     colours: dict[str, str],
     compact: bool = False,
 ) -> None:
-    """Empirical CDF of TTFT (ms) per policy, log x when it spans more than two decades;
-    ``compact`` (small multiples) leaves the legend to the page."""
-    lows, highs = [], []
+    """Empirical CDF of TTFT (ms) per policy, log x when it spans more than two decades, each
+    policy named with its token hit rate and load verdict; ``compact`` (small multiples) leaves
+    the legend to the page and writes the hit rates and verdicts in the panel."""
+    lows, highs, verdicts = [], [], []
     for policy in policies:
         if policy not in run.summary["policies"]:
             continue
+        verdict = load_words(run.summary["policies"][policy])
         ttft = 1000 * run.policy_records(policy)["ttft"].dropna().to_numpy(dtype=float)
         if ttft.size == 0:
             continue
@@ -181,8 +184,11 @@ def draw_ttft_cdf(
             100 * frac,
             where="post",
             color=colours[policy],
-            label=policy if compact else f"{policy} (P50 {p50:,.0f} ms, P95 {p95:,.0f} ms)",
+            label=policy
+            if compact
+            else f"{policy} (P50 {p50:,.0f} ms, P95 {p95:,.0f} ms; {verdict})",
         )
+        verdicts.append((policy, verdict))
         lows.append(ttft[ttft > 0].min() if (ttft > 0).any() else 1.0)
         highs.append(ttft.max())
     if highs and max(highs) / max(min(lows), 1e-9) > 100:
@@ -195,6 +201,24 @@ def draw_ttft_cdf(
     ax.set_ylabel("Requests with TTFT <= x (%)")
     if not compact:
         ax.legend(loc="lower right")
+        return
+    for i, (policy, verdict) in enumerate(verdicts):
+        ax.annotate(
+            verdict,
+            (0.98, 0.04 + 0.075 * i),
+            xycoords="axes fraction",
+            ha="right",
+            fontsize=7,
+            color=colours[policy],
+        )
+
+
+def load_words(metrics: dict[str, Any]) -> str:
+    """A timed policy's token hit rate and load verdict (``summary.json``'s ``load``: ok,
+    queueing, saturated), e.g. ``hit 51.2%, saturated``."""
+    hit = metrics.get("token_hit_rate")
+    words = [f"hit {100 * hit:.1f}%"] if isinstance(hit, int | float) else []
+    return ", ".join([*words, str(metrics.get("load", "load n/a"))])
 
 
 def ttft_page(run: RunResults, style: Style) -> Figure:

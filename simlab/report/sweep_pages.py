@@ -4,7 +4,9 @@ multiples of the run figures."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import math
 import textwrap
 from collections.abc import Callable, Sequence
@@ -13,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
 from simlab.report.describe import cost_model_note, point_label, unique_in_order
@@ -147,6 +150,7 @@ def draw_vs_key(
             lo, hi = stats["mean"] - stats["sd"], stats["mean"] + stats["sd"]
             ax.fill_between(x, lo, hi, color=colour, alpha=0.18, linewidth=0)
         series[policy] = dict(zip(stats.index, stats["mean"], strict=True))
+        _mark_points(ax, rows, key, pos, series[policy], name == "token_hit_rate")
     if name == "token_hit_rate":
         _draw_bounds(ax, points, key, pos, scale)
     if style.diff and all(p in series for p in style.diff) and name == "token_hit_rate":
@@ -161,6 +165,29 @@ def draw_vs_key(
     ax.set_ylabel(ylabel)
     if name == "token_hit_rate":
         ax.yaxis.set_major_formatter(PercentFormatter())
+
+
+def _mark_points(
+    ax: Axes, rows: pd.DataFrame, key: str, pos: dict, means: dict, alphas: bool
+) -> None:
+    """A red ring on each point where a run of the policy was saturated (its latencies measure
+    a backlog); with ``alphas``, each tuned point's final alpha (``*``: never tuned) beside it."""
+    for value, group in rows.groupby(key, sort=False, dropna=False):
+        x, y = pos[value], means.get(value)
+        if y is None or not math.isfinite(y):
+            continue
+        if "saturated" in group and group["saturated"].fillna(False).astype(bool).any():
+            ax.plot(x, y, "o", ms=11, mfc="none", mec="red", mew=1.3, label="_saturated")
+        if alphas and "alpha" in group and group["alpha"].notna().any():
+            alpha = json.loads(group["alpha"].dropna().iloc[0])
+            mark = "" if alpha["tuned"] else "*"
+            ax.annotate(
+                f"alpha {alpha['final']:.3g}{mark}",
+                (x, y),
+                xytext=(4, -10),
+                textcoords="offset points",
+                fontsize=7,
+            )
 
 
 #: bound -> (line style, label)
@@ -234,13 +261,16 @@ def key_pages(sweep: SweepResults, key: str, style: Style) -> list[Figure]:
         for r, (name, _, scale) in enumerate(panels):
             top = float(np.nanmax(sweep.points[name].to_numpy(dtype=float))) * scale
             if name == "token_hit_rate":  # shared by the page's facets: set once, after drawing
+                top = max(top, _bounds_top(sweep.points) * scale)
                 axes[r, 0].set_ylim(0, min(105.0, max(10.0, top * 1.18)))
             else:
                 axes[r, 0].set_ylim(0, top * 1.12 if np.isfinite(top) and top > 0 else 1.0)
         for i in range(len(chunk), facet_rows * cols):
             for r in range(len(panels)):
                 axes[(i // cols) * len(panels) + r, i % cols].set_visible(False)
+        handles, _ = axes[0, cols - 1].get_legend_handles_labels()
         axes[0, cols - 1].legend(
+            handles=handles + _marker_keys(sweep.points),
             loc="upper left",
             bbox_to_anchor=(1.02, 1),
             borderaxespad=0,
@@ -249,6 +279,28 @@ def key_pages(sweep: SweepResults, key: str, style: Style) -> list[Figure]:
         )
         pages.append(fig)
     return pages
+
+
+def _bounds_top(points: pd.DataFrame) -> float:
+    """The highest hit-rate bound the page draws (:func:`_draw_bounds`), 0 without one."""
+    tops = [
+        float(np.nanmax((points["token_hit_rate"] / points[f"hit_vs_{b}"]).to_numpy(dtype=float)))
+        for b in BOUND_LINES
+        if f"hit_vs_{b}" in points and (points[f"hit_vs_{b}"] > 0).any()
+    ]
+    return max([t for t in tops if math.isfinite(t)], default=0.0)
+
+
+def _marker_keys(points: pd.DataFrame) -> list[Line2D]:
+    """Legend entries for :func:`_mark_points`' marks, where the sweep has them."""
+    keys = []
+    if "saturated" in points and points["saturated"].fillna(False).astype(bool).any():
+        ring = Line2D([], [], marker="o", mfc="none", mec="red", ms=9, ls="none")
+        ring.set_label("saturated run")
+        keys.append(ring)
+    if "alpha" in points and points["alpha"].notna().any():
+        keys.append(Line2D([], [], ls="none", label="alpha a: tuned alpha (* never tuned)"))
+    return keys
 
 
 def contention_pages(sweep: SweepResults, style: Style) -> list[Figure]:
@@ -336,8 +388,8 @@ def ttft_pages(sweep: SweepResults, style: Style) -> list[Figure]:
 
     title = "Time to first token: CDF per policy and sweep point (dotted: P5, P50, P95)"
     note = cost_model_note(sweep.base.config)  # point 0's; a swept calibration shows in the caption
-    if note:
-        title += "\n" + "\n".join(textwrap.wrap(note, 110))
+    if note:  # in the caption's small print: a title of five bold lines overflows the page
+        style = dataclasses.replace(style, caption=f"{note}\n{style.caption}")
     return small_multiples(sweep, title, style, draw, timed, legend=sweep.policies)
 
 

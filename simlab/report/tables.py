@@ -30,6 +30,7 @@ class Column:
     key: str  # summary metric
     label: str
     fmt: Callable[[float], str]
+    text: bool = False  # a word (the load verdict), not a number
 
 
 def _pct(v: float) -> str:
@@ -60,8 +61,9 @@ COLUMNS = (
     Column("ttft_p95", "TTFT P95\n(ms)", _ms),
     Column("throughput_rps", "Throughput\n(req/s)", _num),
     Column("throughput_tps", "Throughput\n(tok/s)", _num),
+    Column("load", "Load", str, text=True),
 )
-TIMED_KEYS = ("ttft_p5", "ttft_p50", "ttft_p95", "throughput_rps", "throughput_tps")
+TIMED_KEYS = ("ttft_p5", "ttft_p50", "ttft_p95", "throughput_rps", "throughput_tps", "load")
 ROWS_PER_PAGE = 20
 USABLE_HEIGHT = 6.9  # inches of a page between title and caption
 NA = "n/a"
@@ -69,10 +71,14 @@ NA = "n/a"
 
 def run_table(run: RunResults) -> pd.DataFrame:
     """One row per policy (index), one column per :data:`COLUMNS` key; NaN where absent."""
-    rows = {
-        p: {c.key: metric(run.summary["policies"][p], c.key) for c in COLUMNS} for p in run.policies
-    }
+    rows = {p: _row(run.summary["policies"][p]) for p in run.policies}
     return pd.DataFrame.from_dict(rows, orient="index")[[c.key for c in COLUMNS]]
+
+
+def _row(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A policy's :data:`COLUMNS` values: numbers as floats (NaN where absent), words as
+    they are (None where absent)."""
+    return {c.key: metrics.get(c.key) if c.text else metric(metrics, c.key) for c in COLUMNS}
 
 
 def sweep_table(sweep: SweepResults) -> pd.DataFrame:
@@ -80,7 +86,7 @@ def sweep_table(sweep: SweepResults) -> pd.DataFrame:
     frame = sweep.points.copy()
     for col in COLUMNS:
         if col.key not in frame.columns:
-            frame[col.key] = math.nan
+            frame[col.key] = None if col.text else math.nan
     order = {p: i for i, p in enumerate(sweep.policies)}
     frame = frame.sort_values(
         ["point", "policy"], key=lambda s: s.map(order) if s.name == "policy" else s
@@ -91,7 +97,7 @@ def sweep_table(sweep: SweepResults) -> pd.DataFrame:
 def format_cell(col: Column, value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return NA
-    return col.fmt(float(value))
+    return str(value) if col.text else col.fmt(float(value))
 
 
 def draw_table(
@@ -261,6 +267,11 @@ def table_notes(frame: pd.DataFrame, engine: str, hit_rule: str | None = None) -
         notes.append(
             f"{NA}: not in the results; TTFT and throughput come from the timed engine "
             f"(engine here: {engine})."
+        )
+    if frame["load"].notna().any():
+        notes.append(
+            "Load: ok; queueing = the median request waits longer than it is served; "
+            "saturated = its latencies measure a backlog (summary.json's saturation says why)."
         )
     return notes
 

@@ -64,6 +64,8 @@ TABLE_COLUMNS = {
     "peak_gb": "peak GB",
     "wall_s": "wall s",
 }
+#: a timed run's columns: TTFT and the load verdict beside the hit rate
+TIMED_TABLE_COLUMNS = {"ttft_p50": "TTFT p50 s", "ttft_p95": "TTFT p95 s", "load": "load"}
 
 
 def capacity_list(cfg: DictConfig) -> list[Any] | None:
@@ -117,9 +119,11 @@ class CapacityRun:
         """One line per (capacity, policy): hit rates, peak bytes and how it was replayed."""
         if not self.table.num_rows:
             return "(no capacity)"
-        tuned = ["alpha"] if "alpha" in self.table.column_names else []
-        keys = [SIZE_KEY, "policy", *TABLE_COLUMNS, *tuned, "replay"]
-        header = [SIZE_KEY, "policy", *TABLE_COLUMNS.values(), *tuned, "replay"]
+        names = self.table.column_names
+        extra = [key for key in (*TIMED_TABLE_COLUMNS, "alpha") if key in names]
+        keys = [SIZE_KEY, "policy", *TABLE_COLUMNS, *extra, "replay"]
+        header = [SIZE_KEY, "policy", *TABLE_COLUMNS.values()]
+        header += [TIMED_TABLE_COLUMNS.get(key, key) for key in extra] + ["replay"]
         columns = [self.table.column(key).to_pylist() for key in keys]
         rows = range(len(columns[0]))
         cells = [header] + [[_cell(col[i], j == 0) for j, col in enumerate(columns)] for i in rows]

@@ -31,6 +31,7 @@ TIMED_COLUMNS = {
     "ttft_p95": "TTFT p95 s",
     "throughput_rps": "served req/s",
     "gpu_busy_frac": "GPU busy",
+    "load": "load",  # the verdict: ok, queueing or saturated (simlab.engines.timed.load)
 }
 
 
@@ -87,8 +88,8 @@ class Summary:
     def saturation_lines(self) -> str:
         """A warning per saturated timed run: its latencies measure the backlog."""
         return "".join(
-            f"\nwarning: {name} saturates the GPU ({p['saturation']}); lower the load "
-            f"(arrivals.session_rate) to compare latencies"
+            f"\nwarning: {name} is saturated ({p['saturation']}); its latencies measure the "
+            f"backlog: lower the load (arrivals.session_rate) to compare policies"
             for name, p in self.policies.items()
             if p.get("saturated")
         )

@@ -395,7 +395,9 @@ class AggregatePoints(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         try:
             aggregate(Path(str(config.hydra.sweep.dir)))
-        except Exception:  # the points are on disk; `python -m simlab.run.sweep aggregate` redoes it
+        except (
+            Exception
+        ):  # the points are on disk; `python -m simlab.run.sweep aggregate` redoes it
             log.exception("aggregating %s failed", config.hydra.sweep.dir)
 
 

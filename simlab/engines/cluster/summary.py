@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from simlab.engines.records import RequestRecord
-from simlab.engines.timed.engine import TimedEngine, saturation
+from simlab.engines.timed.engine import TimedEngine, verdict_of
+from simlab.engines.timed.load import LOAD_ORDER
 from simlab.engines.timed.world import TimedWorld
 
 if TYPE_CHECKING:
@@ -93,14 +94,17 @@ def cluster_stats(worlds: list[TimedWorld], n_requests: int) -> dict[str, Any]:
 def cluster_saturation(
     worlds: list[TimedWorld], per_replica: list[list[RequestRecord]]
 ) -> dict[str, Any]:
-    """Saturated when any replica is (:func:`simlab.engines.timed.engine.saturation`), saying which."""
-    reasons = []
+    """Saturated when any replica is (:func:`simlab.engines.timed.load.load_verdict`), saying
+    which; the verdict is the worst replica's."""
+    reasons, verdicts = [], []
     for k, (world, records) in enumerate(zip(worlds, per_replica, strict=True)):
         if records:
-            flagged = saturation(world.stats, records)
+            flagged = verdict_of(world, records)
+            verdicts.append(flagged["load"])
             if flagged["saturated"]:
                 reasons.append(f"replica {k}: {flagged['saturation']}")
-    return {"saturated": bool(reasons), "saturation": "; ".join(reasons)}
+    worst = max(verdicts, key=LOAD_ORDER.index, default="ok")
+    return {"load": worst, "saturated": bool(reasons), "saturation": "; ".join(reasons)}
 
 
 def merged_occupancy(worlds: list[TimedWorld]) -> list[tuple[float, int, int]]:

@@ -109,6 +109,7 @@ class Admission:
         if not fits:
             if self.world.running:
                 self.world.batch.full = sglang
+                self.world.stats.stalled.add(job.req.request_id)
                 return False
             self.kv.make_room(self.kv.whole_bytes(job))
             return True

@@ -24,7 +24,7 @@ from simlab.engines.base import EngineRun
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.feeders import SessionFeeder
-from simlab.engines.timed.jobs import EngineStats
+from simlab.engines.timed.load import load_verdict, steady_state
 from simlab.engines.timed.settings import TimedSettings
 from simlab.engines.timed.vllm import VllmMemory
 from simlab.engines.timed.world import TimedWorld
@@ -154,10 +154,10 @@ class TimedEngine(TimedSettings):
             )
         world = self.world(requests, step)
         records = world.run(SessionFeeder(requests, self.typing_wpm))
-        extras = world.stats.summary(len(records)) | saturation(world.stats, records)
-        extras |= world.cache_peaks()
+        extras = world.stats.summary(len(records)) | verdict_of(world, records)
+        extras |= world.cache_peaks() | steady(step.policy, records)
         if extras["saturated"]:
-            log.warning("%s: the GPU is saturated (%s)", step.policy, extras["saturation"])
+            log.warning("%s: saturated (%s)", step.policy, extras["saturation"])
         if not world.preempts:
             return EngineRun(records, extras, world.stats.occupancy)
         extras |= world.pool.summary(self)
@@ -165,24 +165,17 @@ class TimedEngine(TimedSettings):
         return EngineRun(records, extras, world.stats.occupancy, columns)
 
 
-#: GPU busy fraction above which a timed run counts as saturated
-SATURATED_BUSY = 0.95
+def verdict_of(world: TimedWorld, records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """:func:`~simlab.engines.timed.load.load_verdict` of ``world``'s run of ``records``."""
+    busy = world.stats.summary(len(records))["gpu_busy_frac"]
+    return load_verdict(records, busy, len(world.pool.preempted), len(world.stats.stalled))
 
 
-def saturation(stats: EngineStats, records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """Whether the load exceeded what the GPU serves: busy more than 95% of the time, or a queue
-    that grows to the end (the last quarter of requests, by arrival, waits more than twice as
-    long as the first quarter and over a second). Latencies of a saturated run measure the
-    backlog, not the policy."""
-    busy = stats.summary(len(records))["gpu_busy_frac"]
-    delays = [r.queue_delay for r in sorted(records, key=lambda r: r.arrival)]
-    quarter = len(delays) // 4
-    first = sum(delays[:quarter]) / quarter if quarter else 0.0
-    last = sum(delays[-quarter:]) / quarter if quarter else 0.0
-    reasons = []
-    if busy > SATURATED_BUSY:
-        shown = f"{busy:.2f}" if round(busy, 2) > SATURATED_BUSY else f"{busy:.4f}"  # not "0.95"
-        reasons.append(f"GPU busy {shown} > {SATURATED_BUSY}")
-    if quarter and last > max(1.0, 2 * first):
-        reasons.append(f"queue delay grows from {first:.2f} s to {last:.2f} s")
-    return {"saturated": bool(reasons), "saturation": "; ".join(reasons)}
+def steady(policy: str, records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """``steady_state`` for the summary, its caveat logged once and listed in ``caveats``."""
+    state = steady_state(records)
+    caveat = state.pop("caveat", None)
+    if caveat is None:
+        return {"steady_state": state} if state else {}
+    log.warning("%s: %s", policy, caveat)
+    return {"steady_state": state, "caveats": [caveat]}

@@ -121,6 +121,7 @@ class EngineStats:
     first_arrival: float = math.inf
     last_departure: float = 0.0
     occupancy: list[tuple[float, int, int]] = field(default_factory=list)
+    stalled: set[int] = field(default_factory=set)  # ids of requests that waited for memory
 
     def summary(self, n_requests: int) -> dict[str, Any]:
         """GPU busy fraction and the queue's time-average length (Little's law: = rate x

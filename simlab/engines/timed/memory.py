@@ -94,6 +94,7 @@ class SeparateMemory:
                 return
             need = self._reservation(job)
             if need > self.free and running:
+                world.stats.stalled.add(job.req.request_id)
                 return
             world.note_queue()
             waiting.popleft()

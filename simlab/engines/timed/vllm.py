@@ -230,6 +230,7 @@ class VllmMemory:
                 and queue.finite
                 and (run.full_need() > free or run.first_need(budget) > free)
             ):
+                self.world.stats.stalled.add(job.req.request_id)
                 return
             self.world.note_queue()
             self.world.waiting.popleft()

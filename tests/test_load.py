@@ -1,0 +1,123 @@
+"""The load verdict and the steady-state check of timed runs (simlab.engines.timed.load): judged
+on queueing, the pool's preemptions and stalls, and whether arrivals outlast the service."""
+
+from __future__ import annotations
+
+import pytest
+
+from simlab.engines.records import RequestRecord
+from simlab.engines.step import RequestStep
+from simlab.engines.timed.engine import TimedEngine
+from simlab.engines.timed.load import load_verdict, steady_state
+from simlab.run.summary import Summary
+from tests.fixtures import chat_trace, policy_plugins
+from tests.test_timed import A100, CKPT, HYBRID, timed_run
+from traces.arrivals import assign_arrivals
+
+
+def record(session: int, arrival: float, wait: float, served: float, rid: int = 0) -> RequestRecord:
+    """A finished request that waited ``wait`` s and was served (to its first token, and
+    finished) ``served`` s later."""
+    out = RequestRecord(
+        "p", rid, session, 0, arrival, 100, 10, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, False, 0, 0
+    )
+    out.queue_delay, out.scheduled = wait, arrival + wait
+    out.ttft, out.finished = wait + served, arrival + wait + served
+    return out
+
+
+def spaced(waits: list[float], served: float = 0.5) -> list[RequestRecord]:
+    return [record(i, float(i), w, served, rid=i) for i, w in enumerate(waits)]
+
+
+def test_a_busy_gpu_that_serves_without_queueing_is_not_saturated():
+    """Case 2 of issue 78: GPU busy alone flagged runs whose requests barely waited."""
+    verdict = load_verdict(spaced([0.01] * 50), busy=0.99, preempted=0, stalled=0)
+    assert verdict["load"] == "ok" and not verdict["saturated"]
+
+
+def test_a_queue_that_grows_then_drains_is_a_building_backlog():
+    """The hump of a finite session population (8.7 -> 24 -> 33 -> 32 -> 10 s by arrival fifth)
+    was read as no saturation: the last quarter waited no more than twice the first."""
+    waits = [w for w in (8.7, 24.0, 33.0, 32.0, 10.0) for _ in range(20)]
+    verdict = load_verdict(spaced(waits, served=1.0), busy=0.87, preempted=0, stalled=0)
+    assert verdict["saturated"] and verdict["load"] == "saturated"
+    assert "8.70 -> 24.00 -> 33.00 -> 32.00 -> 10.00" in verdict["saturation"]
+
+
+def test_preemptions_or_memory_stalls_make_the_pool_the_bottleneck():
+    waits = [2.0] * 100  # flat: no backlog builds, the GPU not busy
+    verdict = load_verdict(spaced(waits), busy=0.5, preempted=14, stalled=0)
+    assert verdict["saturated"] and "14 of 100 requests preempted" in verdict["saturation"]
+    verdict = load_verdict(spaced(waits), busy=0.5, preempted=0, stalled=30)
+    assert (
+        verdict["saturated"]
+        and "30 of 100 requests waited for pool memory" in (verdict["saturation"])
+    )
+    quick = load_verdict(spaced([0.1] * 100), busy=0.5, preempted=0, stalled=30)
+    assert not quick["saturated"], "stalls that cost less than service are not a bottleneck"
+    few = load_verdict(spaced(waits), busy=0.5, preempted=4, stalled=4)
+    assert few["load"] == "queueing", "waiting longer than served, at a load kept up with"
+
+
+def test_a_burst_of_sessions_never_reaches_a_steady_state():
+    """Case 3 of issue 78: 100 sessions at 2/s lasting 280 s each is a 50-second burst; a
+    steady 2/s would hold about 560 open."""
+    records = [
+        record(s, s / 2 + t, 0.0, 1.0, rid=100 * s + t) for s in range(100) for t in (0, 279)
+    ]
+    state = steady_state(records)
+    assert not state["reached"] and state["peak_open_sessions"] == 100
+    assert state["expected_open_sessions"] == pytest.approx(2 * 280, rel=0.01)
+    assert "at most 100 sessions open at once" in state["caveat"]
+    assert "= 560: a burst" in state["caveat"]
+
+
+def test_a_long_run_reaches_a_steady_state_and_a_drain_is_named():
+    steady = [record(s, s + t, 0.0, 1.0, rid=10 * s + t) for s in range(500) for t in (0, 5)]
+    state = steady_state(steady)
+    assert state["reached"] and "caveat" not in state
+    assert state["peak_open_sessions"] >= state["expected_open_sessions"]
+    # the last 100 requests arrive together and wait in turn: the queue clears 99 s later,
+    # over a tenth of the 505 s of arrivals
+    drained = steady[:-1] + [
+        record(999 + k, 505.0, float(k), 1.0, rid=9999 + k) for k in range(100)
+    ]
+    state = steady_state(drained)
+    assert not state["reached"] and state["queued_at_last_arrival"] == 99
+    assert (
+        "arrivals stop at 505 s with 99 requests queued, and the queue clears 99 s later"
+        in state["caveat"]
+    )
+
+
+def test_timed_runs_carry_the_verdict_and_a_heavy_one_is_saturated():
+    trace = chat_trace(seed=7, sessions=40)
+    heavy, records, _ = timed_run("sglang_plus", trace, 30 * CKPT, session_rate=50.0, max_running=2)
+    flags = load_verdict(records, 1.0, 0, len(heavy.stats.stalled))
+    assert flags["saturated"] and "the backlog builds" in flags["saturation"]
+    _, records, _ = timed_run("sglang_plus", trace, 30 * CKPT, session_rate=1e-3)
+    assert load_verdict(records, 0.1, 0, 0)["load"] == "ok"
+    policy = {"token_hit_rate": 0.5, "saturated": True, "saturation": "the backlog builds"}
+    lines = Summary(policies={"lru": policy}, trace={}, config={}).saturation_lines()
+    assert "warning: lru is saturated (the backlog builds); its latencies measure" in lines
+
+
+def test_a_timed_engine_run_states_its_load_and_warns_of_a_burst(caplog):
+    """The engine's summary items: the verdict, the steady state and, for a burst, a caveat
+    logged once as a WARNING; the memory stalls of a shared pool that is too small."""
+    trace = assign_arrivals(
+        chat_trace(seed=3, sessions=20), session_rate=50.0, think_time_mean=2.0, seed=0
+    )
+    admission, eviction = policy_plugins("sglang_plus")
+    step = RequestStep.build(HYBRID, 4 * CKPT, admission, eviction, "sglang_plus")
+    engine = TimedEngine(hardware=A100, kv_pool="shared", running_memory_gb=4 * CKPT / 1e9)
+    with caplog.at_level("WARNING", logger="simlab.engines.timed.engine"):
+        extras = engine.run(list(trace.requests()), step).extras
+    assert extras["load"] in ("ok", "queueing", "saturated")
+    assert extras["memory_stalled_requests"] > 0
+    assert not extras["steady_state"]["reached"]
+    assert extras["caveats"] == [extras["caveats"][0]]
+    assert extras["caveats"][0].startswith("no steady state: at most 20 sessions open")
+    warned = [r for r in caplog.records if "no steady state" in r.getMessage()]
+    assert len(warned) == 1
