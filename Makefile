@@ -30,12 +30,14 @@ test: $(STAMP)
 ## Replay and timed-engine speed per policy on the real traces, then the side-by-side runs against
 ## the peer simulators (bench-peers) and the Marconi reference code (when MARCONI_REFERENCE_DIR
 ## names a checkout of it; skipped otherwise), and what loading a compiled kernel costs a fresh
-## process (bench/numba_load.py, printed); writes bench/results/.
+## process (bench/numba_load.py, printed), and time and peak memory at 100K and 1M requests
+## (bench/scale.py, about 40 minutes); writes bench/results/.
 bench: $(STAMP)
 	$(BIN)/python -m bench.speed $(ARGS)
 	$(BIN)/python -m bench.peers $(PEERS_ARGS)
 	$(BIN)/python -m bench.reference_speed
 	$(BIN)/python -m bench.numba_load
+	$(BIN)/python -m bench.scale
 
 ## simlab beside kvcache-simulator and DynoSim on the Mooncake-format trace (bench/peers.py):
 ## installs them into .bench-peers/ (throwaway venvs; skipped with a message when they cannot be
