@@ -66,14 +66,26 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FLOP_FORMULAS", "SSM_KINDS", "ModelSpec"]
+from simlab.model import layers
+
+__all__ = ["ATTN_KINDS", "FLOP_FORMULAS", "SSM_KINDS", "ModelSpec"]
 
 FLOP_FORMULAS = ("paper", "exact")
-SSM_KINDS = ("mamba1", "mamba2")
+SSM_KINDS = ("mamba1", "mamba2", "gdn", "kda", "short_conv")
+ATTN_KINDS = ("gqa", "mla")
 
 # Fields that may be 0 in a config, meaning "derive from the others".
 _AUTO_FIELDS = frozenset(
-    {"n_kv_heads", "head_dim", "mlp_intermediate", "moe_intermediate", "ssm_n_heads", "ssm_dt_rank"}
+    {
+        "n_kv_heads",
+        "head_dim",
+        "v_head_dim",
+        "mlp_intermediate",
+        "moe_intermediate",
+        "ssm_n_heads",
+        "ssm_dt_rank",
+        "ssm_conv_state_width",
+    }
 )
 
 
@@ -93,18 +105,28 @@ class ModelSpec:
     name: str = "model"
     n_mlp_layers: int = 0
     n_moe_layers: int = 0
-    # attention
+    # attention (``n_swa_layers`` of the ``n_attn_layers`` are sliding-window)
     n_heads: int = 0
     n_kv_heads: int = 0
     head_dim: int = 0
+    v_head_dim: int = 0
+    attn_kind: Literal["gqa", "mla"] = "gqa"
+    attn_gate: bool = False
+    mla_q_rank: int = 0
+    mla_kv_rank: int = 0
+    mla_rope_dim: int = 0
+    n_swa_layers: int = 0
+    swa_window: int = 0
     # dense MLP / MoE
     mlp_intermediate: int = 0
     mlp_gated: bool = False
     moe_experts: int = 0
     moe_top_k: int = 0
     moe_intermediate: int = 0
-    # SSM
-    ssm_kind: Literal["mamba1", "mamba2"] = "mamba2"
+    moe_shared_intermediate: int = 0
+    moe_latent: int = 0
+    # SSM (recurrent layers: see simlab.model.layers for each kind's shapes)
+    ssm_kind: Literal["mamba1", "mamba2", "gdn", "kda", "short_conv"] = "mamba2"
     ssm_state_dim: int = 128
     ssm_expand: int = 2
     ssm_conv_kernel: int = 4
@@ -112,12 +134,14 @@ class ModelSpec:
     ssm_head_dim: int = 64
     ssm_n_heads: int = 0
     ssm_dt_rank: int = 0
-    # numerics and head
+    ssm_conv_state_width: int = 0
+    # numerics and head; state_dtypes says which dtype each state is kept in, and why
     dtype_bytes: int = 2
     ssm_state_dtype_bytes: int = 2
     vocab_size: int = 0
     tie_embeddings: bool = False
     flop_formula: Literal["paper", "exact"] = "exact"
+    state_dtypes: str = ""
 
     # ---- derived at construction (not config fields) ----
     is_hybrid: bool = field(default=False, init=False, repr=False, compare=False)
@@ -182,10 +206,10 @@ class ModelSpec:
             if not f.init:
                 continue
             v = getattr(self, f.name)
-            if f.name in ("mlp_gated", "tie_embeddings"):
+            if f.name in ("mlp_gated", "tie_embeddings", "attn_gate"):
                 if not isinstance(v, bool):
                     raise ValueError(f"model.{f.name} must be true/false, got {v!r}")
-            elif f.name in ("name", "ssm_kind", "flop_formula"):
+            elif f.name in ("name", "ssm_kind", "flop_formula", "attn_kind", "state_dtypes"):
                 if not isinstance(v, str):
                     raise ValueError(f"model.{f.name} must be a string, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int | np.integer):
@@ -198,6 +222,8 @@ class ModelSpec:
             )
         if self.ssm_kind not in SSM_KINDS:
             raise ValueError(f"model.ssm_kind must be one of {SSM_KINDS}, got {self.ssm_kind!r}")
+        if self.attn_kind not in ATTN_KINDS:
+            raise ValueError(f"model.attn_kind must be one of {ATTN_KINDS}, got {self.attn_kind!r}")
 
     def _resolve_auto(self) -> None:
         for name in _AUTO_FIELDS:
@@ -214,6 +240,8 @@ class ModelSpec:
                     f"divide d_model ({self.d_model})"
                 )
             self._set("head_dim", self.d_model // self.n_heads)
+        if self.v_head_dim == 0:
+            self._set("v_head_dim", self.head_dim)
         if self.mlp_intermediate == 0:
             self._set("mlp_intermediate", 4 * self.d_model)
         if self.moe_intermediate == 0:
@@ -221,6 +249,8 @@ class ModelSpec:
         d_inner = self.ssm_expand * self.d_model
         if self.ssm_n_heads == 0 and self.ssm_head_dim > 0:
             self._set("ssm_n_heads", d_inner // self.ssm_head_dim)
+        if self.ssm_conv_state_width == 0:
+            self._set("ssm_conv_state_width", self.ssm_conv_kernel)
         if self.ssm_dt_rank == 0:
             self._set("ssm_dt_rank", math.ceil(self.d_model / 16))
 
@@ -257,18 +287,38 @@ class ModelSpec:
             raise ValueError(
                 f"model.n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})"
             )
+        if not 0 <= self.n_swa_layers <= self.n_attn_layers:
+            raise ValueError(
+                f"model.n_swa_layers ({self.n_swa_layers}) must be in 0..n_attn_layers "
+                f"({self.n_attn_layers})"
+            )
+        if self.n_swa_layers:
+            self._positive("swa_window")
+        if self.attn_kind == "mla":
+            self._positive("mla_kv_rank", "mla_rope_dim")
+            if self.mla_rope_dim >= self.head_dim:
+                raise ValueError(
+                    f"model.mla_rope_dim ({self.mla_rope_dim}) must be < head_dim "
+                    f"({self.head_dim} = qk_nope_head_dim + qk_rope_head_dim)"
+                )
 
     def _validate_ssm(self) -> None:
-        self._positive("ssm_state_dim", "ssm_expand", "ssm_conv_kernel", "ssm_n_groups")
-        if self.ssm_kind == "mamba1":
-            self._positive("ssm_dt_rank")
+        self._positive("ssm_state_dim", "ssm_conv_kernel", "ssm_n_groups")
+        if not 0 < self.ssm_conv_state_width <= self.ssm_conv_kernel:
+            raise ValueError(
+                f"model.ssm_conv_state_width ({self.ssm_conv_state_width}) must be in "
+                f"1..ssm_conv_kernel ({self.ssm_conv_kernel})"
+            )
+        if self.ssm_kind in ("mamba1", "short_conv"):
+            self._positive("ssm_expand", *(("ssm_dt_rank",) if self.ssm_kind == "mamba1" else ()))
             return
         self._positive("ssm_head_dim", "ssm_n_heads")
         d_inner = self.ssm_expand * self.d_model
-        if self.ssm_n_heads * self.ssm_head_dim != d_inner:
+        if self.ssm_expand < 0 or (d_inner and self.ssm_n_heads * self.ssm_head_dim != d_inner):
             raise ValueError(
                 f"model.ssm_n_heads * ssm_head_dim ({self.ssm_n_heads} * {self.ssm_head_dim}) "
-                f"must equal ssm_expand * d_model ({d_inner}) for mamba2"
+                f"must equal ssm_expand * d_model ({d_inner}) for {self.ssm_kind} "
+                "(ssm_expand 0: d_inner is ssm_n_heads * ssm_head_dim)"
             )
         if self.ssm_n_heads % self.ssm_n_groups:
             raise ValueError(
@@ -279,6 +329,12 @@ class ModelSpec:
         why = "flop_formula 'paper' models"
         if self.n_moe_layers:
             raise ValueError(f"model.n_moe_layers must be 0: {why} have no MoE")
+        if self.attn_kind != "gqa" or self.n_swa_layers or self.attn_gate:
+            raise ValueError(
+                f"model.attn_kind/n_swa_layers/attn_gate: {why} plain full attention"
+            )
+        if self.n_ssm_layers and self.ssm_kind != "mamba2":
+            raise ValueError(f"model.ssm_kind must be mamba2: {why} use the Mamba2 SSM formula")
         if self.n_attn_layers and (
             self.n_kv_heads != self.n_heads or self.n_heads * self.head_dim != self.d_model
         ):
@@ -294,27 +350,18 @@ class ModelSpec:
 
     # ------------------------------------------------------------------ derived numbers
     def _derive(self) -> None:
-        D, N, dtype = self.d_model, self.ssm_state_dim, self.dtype_bytes
-        d_inner = self.ssm_expand * D
-        if self.flop_formula == "paper":
-            state_ch = D
-        elif self.ssm_kind == "mamba2":
-            state_ch = self.ssm_n_heads * self.ssm_head_dim
-        else:
-            state_ch = d_inner
-        if self.flop_formula == "paper" or self.ssm_kind == "mamba2":
-            conv_ch = d_inner + 2 * self.ssm_n_groups * N  # x, B, C go through the conv
-        else:
-            conv_ch = d_inner
-        kv_layer = 2 * self.n_kv_heads * self.head_dim * dtype if self.n_attn_layers else 0
+        dtype = self.dtype_bytes
+        state_ch, conv_ch = layers.ssm_channels(self)
+        width = self.ssm_conv_state_width or self.ssm_conv_kernel
+        kv_layer = layers.kv_elements_per_token(self) * dtype if self.n_attn_layers else 0
         state_layer = (
-            state_ch * N * self.ssm_state_dtype_bytes + conv_ch * self.ssm_conv_kernel * dtype
+            state_ch * self.ssm_state_dim * self.ssm_state_dtype_bytes + conv_ch * width * dtype
             if self.n_ssm_layers
             else 0
         )
         self._set("is_hybrid", self.n_ssm_layers > 0)
         self._set("is_transformer", self.n_ssm_layers == 0)
-        self._set("ssm_d_inner", d_inner)
+        self._set("ssm_d_inner", layers.ssm_d_inner(self))
         self._set("ssm_state_channels", state_ch)
         self._set("ssm_conv_channels", conv_ch)
         self._set("kv_bytes_per_token_per_layer", kv_layer)
@@ -324,85 +371,42 @@ class ModelSpec:
         self._derive_flops()
         self._derive_params()
 
-    def _mlp_matrices(self) -> int:
-        return 3 if self.mlp_gated else 2
-
     def _derive_flops(self) -> None:
         D, N = self.d_model, self.ssm_state_dim
         na, ns = self.n_attn_layers, self.n_ssm_layers
         if self.flop_formula == "paper":
             # F(p+q) - F(p) for 8LD^2 + 4L^2D  ->  q * (8D^2 + 8D*p + 4D*q)
-            attn = (8 * D * D, 8 * D, 4 * D)
+            attn = (8 * D * D * na, 8 * D * na, 4 * D * na)
             ssm = 12 * D * D + 16 * D * N + 10 * D
             mlp = 16 * D * D * self.n_mlp_layers
         else:
-            qdim, kvdim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-            # 4*qdim*sum_{i=1..q}(p+i) = q * (4*qdim*p + 2*qdim*q + 2*qdim)
-            proj = 2 * D * (qdim + 2 * kvdim) + 2 * qdim * D
-            attn = (proj + 2 * qdim, 4 * qdim, 2 * qdim)
-            ssm = self._ssm_token_flops()
-            per_expert = 2 * self._mlp_matrices() * D * self.moe_intermediate
-            mlp = (
-                2 * self._mlp_matrices() * D * self.mlp_intermediate * self.n_mlp_layers
-                + (2 * D * self.moe_experts + self.moe_top_k * per_expert) * self.n_moe_layers
-            )
-        self._set("_attn_lin", float(attn[0] * na))
-        self._set("_attn_pq", float(attn[1] * na))
-        self._set("_attn_qq", float(attn[2] * na))
+            attn = layers.attention_coefficients(self) if na else (0, 0, 0)
+            ssm = layers.ssm_token_flops(self) if ns else 0
+            mlp = layers.ffn_flops(self)
+        self._set("_attn_lin", float(attn[0]))
+        self._set("_attn_pq", float(attn[1]))
+        self._set("_attn_qq", float(attn[2]))
         self._set("_ssm_lin", float(ssm * ns))
         self._set("_mlp_lin", float(mlp))
-        self._set("_lin", float(attn[0] * na + ssm * ns + mlp))
-
-    def _ssm_token_flops(self) -> int:
-        """Exact-mode FLOPs of one SSM layer for one token (see the module docstring)."""
-        D, N, di, K = self.d_model, self.ssm_state_dim, self.ssm_d_inner, self.ssm_conv_kernel
-        if self.ssm_kind == "mamba2":
-            G, H = self.ssm_n_groups, self.ssm_n_heads
-            in_proj = 2 * D * (2 * di + 2 * G * N + H)
-            conv = 2 * K * self.ssm_conv_channels
-            scan = 6 * di * N
-        else:
-            R = self.ssm_dt_rank
-            in_proj = 2 * D * 2 * di
-            conv = 2 * K * di
-            scan = 2 * di * (R + 2 * N) + 2 * R * di + 9 * di * N  # x_proj, dt_proj, scan
-        return in_proj + conv + scan + 10 * di + 2 * di * D
+        self._set("_lin", float(attn[0] + ssm * ns + mlp))
 
     def _derive_params(self) -> None:
         """Weight counts (norm vectors included, biases of projections excluded)."""
         D = self.d_model
-        attn = ssm = 0
-        if self.n_attn_layers:
-            qdim, kvdim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-            attn = D * (qdim + 2 * kvdim) + qdim * D + D
-        if self.n_ssm_layers:
-            ssm = self._ssm_layer_params()
-        mlp = self._mlp_matrices() * D * self.mlp_intermediate + D
-        expert = self._mlp_matrices() * D * self.moe_intermediate
-        moe_shared = D * self.moe_experts + D
+        attn = layers.attention_params(self) if self.n_attn_layers else 0
+        ssm = layers.ssm_params(self) if self.n_ssm_layers else 0
+        mlp = layers.mlp_matrices(self) * D * self.mlp_intermediate + D
+        expert, moe_other = layers.moe_params(self)
         common = (
             attn * self.n_attn_layers
             + ssm * self.n_ssm_layers
             + mlp * self.n_mlp_layers
-            + moe_shared * self.n_moe_layers
+            + moe_other * self.n_moe_layers
             + D  # final norm
         )
         self._set("layer_params", common + expert * self.moe_experts * self.n_moe_layers)
         self._set("active_layer_params", common + expert * self.moe_top_k * self.n_moe_layers)
         self._set("embedding_params", self.vocab_size * D * (1 if self.tie_embeddings else 2))
-
-    def _ssm_layer_params(self) -> int:
-        D, N, di, K = self.d_model, self.ssm_state_dim, self.ssm_d_inner, self.ssm_conv_kernel
-        if self.ssm_kind == "mamba2":
-            G, H = self.ssm_n_groups, self.ssm_n_heads
-            conv_ch = di + 2 * G * N
-            # in_proj, conv weight+bias, A/D/dt_bias, gated norm, out_proj, pre-norm
-            return D * (2 * di + 2 * G * N + H) + conv_ch * (K + 1) + 3 * H + di + di * D + D
-        R = self.ssm_dt_rank
-        # in_proj, conv weight+bias, x_proj, dt_proj(+bias), A, D, out_proj, pre-norm
-        return (
-            D * 2 * di + di * (K + 1) + di * (R + 2 * N) + (R + 1) * di + di * N + di + di * D + D
-        )
 
     # ------------------------------------------------------------------ hot-loop queries
     def attention_flops(self, prefix: int, new: int) -> float:
