@@ -174,6 +174,10 @@ class ModelSpec:
         """
         if not isinstance(cfg, Mapping):
             raise ValueError(f"model config must be a mapping, got {type(cfg).__name__}")
+        if "id" in cfg:  # model=hf: a Hugging Face config.json (simlab.model.hf imports us)
+            from simlab.model.hf import spec_from_config  # noqa: PLC0415
+
+            return spec_from_config(cfg)
         known = {f.name for f in fields(cls) if f.init}
         values: dict[str, Any] = {}
         unknown: list[str] = []
