@@ -175,7 +175,7 @@ class ModelSpec:
         if not isinstance(cfg, Mapping):
             raise ValueError(f"model config must be a mapping, got {type(cfg).__name__}")
         if "id" in cfg:  # model=hf: a Hugging Face config.json (simlab.model.hf imports us)
-            from simlab.model.hf import spec_from_config  # noqa: PLC0415
+            from simlab.model.hf import spec_from_config
 
             return spec_from_config(cfg)
         known = {f.name for f in fields(cls) if f.init}
@@ -244,8 +244,6 @@ class ModelSpec:
                     f"divide d_model ({self.d_model})"
                 )
             self._set("head_dim", self.d_model // self.n_heads)
-        if self.v_head_dim == 0:
-            self._set("v_head_dim", self.head_dim)
         if self.mlp_intermediate == 0:
             self._set("mlp_intermediate", 4 * self.d_model)
         if self.moe_intermediate == 0:
@@ -253,6 +251,11 @@ class ModelSpec:
         d_inner = self.ssm_expand * self.d_model
         if self.ssm_n_heads == 0 and self.ssm_head_dim > 0:
             self._set("ssm_n_heads", d_inner // self.ssm_head_dim)
+        self._resolve_widths()
+
+    def _resolve_widths(self) -> None:
+        if self.v_head_dim == 0:
+            self._set("v_head_dim", self.head_dim)
         if self.ssm_conv_state_width == 0:
             self._set("ssm_conv_state_width", self.ssm_conv_kernel)
         if self.ssm_dt_rank == 0:
@@ -334,9 +337,7 @@ class ModelSpec:
         if self.n_moe_layers:
             raise ValueError(f"model.n_moe_layers must be 0: {why} have no MoE")
         if self.attn_kind != "gqa" or self.n_swa_layers or self.attn_gate:
-            raise ValueError(
-                f"model.attn_kind/n_swa_layers/attn_gate: {why} plain full attention"
-            )
+            raise ValueError(f"model.attn_kind/n_swa_layers/attn_gate: {why} plain full attention")
         if self.n_ssm_layers and self.ssm_kind != "mamba2":
             raise ValueError(f"model.ssm_kind must be mamba2: {why} use the Mamba2 SSM formula")
         if self.n_attn_layers and (

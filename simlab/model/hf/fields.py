@@ -93,6 +93,8 @@ class Fields:
         out: set[int] = set()
         for v in values:
             if isinstance(v, bool) or not isinstance(v, int) or not base <= v < layers + base:
-                raise self.error(name, f"has a layer number {v!r} outside {base}..{layers + base - 1}")
+                raise self.error(
+                    name, f"has a layer number {v!r} outside {base}..{layers + base - 1}"
+                )
             out.add(v - base)
         return out

@@ -32,13 +32,18 @@ def nemotron_h(f: Fields) -> Spec:
         kinds = f.pattern("hybrid_override_pattern", letters, layers)
     else:
         kinds = f.pattern("layers_block_type", names, layers)
-    spec = {**trunk(f), **gqa(f, head_dim="head_dim" if f.has("head_dim") else "attention_head_dim")}
+    spec = {
+        **trunk(f),
+        **gqa(f, head_dim="head_dim" if f.has("head_dim") else "attention_head_dim"),
+    }
     gated = str(f.get("mlp_hidden_act", "relu2")) not in ("relu2", "relu")
     spec.update(layer_counts(kinds), mlp_gated=gated, mlp_intermediate=f.int("intermediate_size"))
     if "moe" in kinds:
         shared = f.int("moe_shared_expert_intermediate_size", 0, minimum=0)
         spec.update(moe(f, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"))
-        spec.update(moe_shared_intermediate=shared, moe_latent=f.int("moe_latent_size", 0, minimum=0))
+        spec.update(
+            moe_shared_intermediate=shared, moe_latent=f.int("moe_latent_size", 0, minimum=0)
+        )
     return {**spec, **_mamba2(f, spec)}
 
 
@@ -87,7 +92,9 @@ def jamba(f: Fields) -> Spec:
         "ssm_expand": f.int("mamba_expand"),
         "ssm_state_dim": f.int("mamba_d_state"),
         "ssm_conv_kernel": f.int("mamba_d_conv"),
-        "ssm_dt_rank": math.ceil(spec["d_model"] / 16) if dt_rank == "auto" else f.int("mamba_dt_rank"),
+        "ssm_dt_rank": math.ceil(spec["d_model"] / 16)
+        if dt_rank == "auto"
+        else f.int("mamba_dt_rank"),
     }
     return {**spec, **recurrent(f, spec, "mamba1", shapes)}
 

@@ -58,13 +58,13 @@ def _cached(model_id: str) -> Path | None:
 
 
 def find_config(model_id: str, config: str | os.PathLike[str] | None = None) -> Path:
-    """The ``config.json`` of ``model_id`` (see the module docstring); ``FileNotFoundError``
+    """The ``config.json`` of ``model_id`` (see the module docstring); ``ValueError``
     naming the three places looked at when there is none."""
     if config:
         path = Path(config).expanduser()
         path = path / "config.json" if path.is_dir() else path
         if not path.is_file():
-            raise FileNotFoundError(f"model.config: no such file {path}")
+            raise ValueError(f"model.config: no such file {path}")
         return path
     cached = _cached(model_id)
     if cached is not None:
@@ -75,7 +75,7 @@ def find_config(model_id: str, config: str | os.PathLike[str] | None = None) -> 
         if bundled.is_file():
             return bundled
     where = str(folder) if folder is not None else "aiconfigurator-core not installed"
-    raise FileNotFoundError(
+    raise ValueError(
         f"model.id {model_id!r}: no config.json found in model.config (not set), the Hugging "
         f"Face cache ({hf_cache_dir()}) or aiconfigurator-core's bundled configs ({where}); "
         "set model.config=PATH (nothing is downloaded)"
