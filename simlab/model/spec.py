@@ -1,20 +1,33 @@
 """Model architecture specs: cache bytes per token / per SSM checkpoint, and prefill FLOPs.
 
 A :class:`ModelSpec` is a frozen description of one model, built from the ``model`` config
-group with :meth:`ModelSpec.from_config`. Everything the cache and the cost model ask of it is a
-precomputed attribute or a one-line polynomial in ``(prefix, new)``, so it is cheap enough for
-hot loops (the prefix cache calls :meth:`ModelSpec.prefill_flops` for every node it touches).
+group with :meth:`ModelSpec.from_config` (a preset's fields, or ``model=hf model.id=...``: a
+Hugging Face ``config.json`` read by :mod:`simlab.model.hf`). Everything the cache and the cost
+model ask of it is a precomputed attribute or a one-line polynomial in ``(prefix, new)``, so it
+is cheap enough for hot loops (the prefix cache calls :meth:`ModelSpec.prefill_flops` for every
+node it touches). Each layer kind's shapes, bytes and FLOPs are in :mod:`simlab.model.layers`.
+
+Layer kinds: ``n_attn_layers`` attention layers (``attn_kind`` ``gqa``: MHA/GQA, optionally
+with Qwen's output gate ``attn_gate``; ``mla``: DeepSeek's latent attention), of which
+``n_swa_layers`` are sliding-window (``swa_window``); ``n_ssm_layers`` recurrent layers of one
+``ssm_kind`` (``mamba1``, ``mamba2``, ``gdn`` = gated delta net, ``kda`` = Kimi delta attention,
+``short_conv``); ``n_mlp_layers`` dense MLPs and ``n_moe_layers`` MoE layers (routed experts,
+``moe_shared_intermediate`` of shared experts, optionally at a ``moe_latent`` width). A layer of
+the config counts once per part it has (Falcon-H1's layer is one attention, one SSM, one MLP).
 
 Bytes (precomputed ``int`` attributes)
-  * ``kv_bytes_per_token``: K and V of one token for *all* attention layers, GQA-aware:
-    ``2 * n_kv_heads * head_dim * dtype_bytes * n_attn_layers``.
+  * ``kv_bytes_per_token``: what one token writes in *all* attention layers: K and V of every
+    KV head (``n_kv_heads * (head_dim + v_head_dim) * dtype_bytes`` per layer), or MLA's latent
+    ``(mla_kv_rank + mla_rope_dim) * dtype_bytes``. Sliding-window layers are counted for every
+    token (a cached prefix keeps their blocks until evicted; a running request needs only its
+    last ``swa_window`` of them).
   * ``ssm_state_bytes``: one SSM checkpoint = recurrent state + conv state of *all* SSM layers:
-    per layer ``ssm_state_channels * N * ssm_state_dtype_bytes
-    + ssm_conv_channels * ssm_conv_kernel * dtype_bytes``. The conv state is counted with the
-    full kernel width (as ``mamba_ssm``/Hugging Face caches keep it and as the Marconi reference
-    code counts it; vLLM keeps ``kernel - 1`` columns: ~1% less for Nemotron-H, ~5% for Jamba).
-    ``ssm_state_dtype_bytes`` defaults to 2 (FP16/BF16, as in the Marconi paper); engines that
-    keep the recurrent state in FP32 are modelled by setting it to 4.
+    per layer ``ssm_state_channels * N * ssm_state_dtype_bytes + ssm_conv_channels *
+    ssm_conv_state_width * dtype_bytes``. The hand-written presets count the conv state over
+    the full kernel width (``ssm_conv_state_width`` 0 = the kernel, as ``mamba_ssm``/Hugging
+    Face caches keep it and as the Marconi reference code counts it); ``model=hf`` uses vLLM's
+    ``kernel - 1`` columns and its state dtypes, and says which in ``state_dtypes``.
+    ``ssm_state_dtype_bytes`` defaults to 2 (FP16/BF16, as in the Marconi paper).
 
 FLOPs (``float``; prefill of ``new`` tokens after an already-cached prefix of ``prefix``)
   ``attention_flops + ssm_flops + mlp_flops == prefill_flops``, each summed over all layers of
@@ -27,33 +40,35 @@ FLOPs (``float``; prefill of ``new`` tokens after an already-cached prefix of ``
   ``flop_formula: paper`` -- the Marconi paper's per-layer full-sequence formulas (``D`` =
   d_model, ``N`` = state dim): Attention ``8LD^2 + 4L^2D``, MLP ``16LD^2``,
   SSM ``12LD^2 + 16LDN + 10LD``; the cost of ``new`` after ``prefix`` is ``F(p+q) - F(p)``.
-  The paper model is MHA with ``n_heads * head_dim == d_model`` and a non-gated ``4D`` MLP
-  (this is validated), so its KV bytes are ``2 * D * dtype_bytes`` per attention layer, and its
-  SSM state is the reference code's ``get_mamba_state_size``: ``D*N + (expand*D + 2N)*conv``
-  elements (``ssm_state_channels = D``).
+  The paper model is MHA with ``n_heads * head_dim == d_model``, a non-gated ``4D`` MLP and a
+  Mamba2 SSM (this is validated), so its KV bytes are ``2 * D * dtype_bytes`` per attention
+  layer, and its SSM state is the reference code's ``get_mamba_state_size``:
+  ``D*N + (expand*D + 2N)*conv`` elements (``ssm_state_channels = D``).
 
-  ``flop_formula: exact`` -- matmul FLOPs counted as ``2*m*n*k``:
-    * Attention: QKV and O projections with GQA, plus causal scores and AV over the prefix,
-      ``4 * n_heads * head_dim * sum_{i=1..new} (prefix + i)``.
+  ``flop_formula: exact`` -- matmul FLOPs counted as ``2*m*n*k`` (:mod:`simlab.model.layers`):
+    * Attention: the projections, plus scores and AV over the keys a query attends,
+      ``2 * n_heads * (head_dim + v_head_dim)`` per (query, key) pair: ``prefix + i`` keys for
+      token ``i`` of ``new`` in a full layer, ``swa_window`` in a sliding-window layer.
     * Mamba2 per token: in_proj ``D -> 2*d_inner + 2*G*N + H``; causal conv (``2*kernel`` per
       conv channel); SSD scan ``6*d_inner*N``; gating, D-skip and gated RMSNorm ``10*d_inner``;
       out_proj ``d_inner -> D``. Why ``6*d_inner*N``: the chunked SSD algorithm costs
       ``4*d_inner*N`` (chunk states ``B^T x`` and state-to-output ``C h``) plus an intra-chunk
       ``2*Q*(d_inner + G*N)``, i.e. about ``6*d_inner*N`` for chunk ``Q ~ N``; the recurrent
-      decode step (decay, ``B x`` update, ``C h`` read-out) is ~5-6 ``d_inner*N`` too. One
-      per-token count keeps the FLOPs additive; the scan is ~3% of a Mamba2 layer's FLOPs
-      (the projections dominate), so the choice of ``Q`` changes totals by ~1%.
+      decode step is ~5-6 ``d_inner*N`` too. One per-token count keeps the FLOPs additive; the
+      scan is ~3% of a Mamba2 layer's FLOPs, so the choice of ``Q`` changes totals by ~1%.
     * Mamba1 per token: in_proj ``D -> 2*d_inner``; conv; x_proj ``d_inner -> dt_rank + 2N``;
       dt_proj ``dt_rank -> d_inner``; selective scan ``9*d_inner*N`` (the Mamba paper's scan
-      count; also the ``9*l*d*n`` term of "Albert's estimate" in the Marconi reference code);
-      gating ``10*d_inner``; out_proj. SSM FLOPs do not depend on the prefix.
+      count); gating ``10*d_inner``; out_proj. GDN and KDA: their projections, conv, a delta
+      rule of ``8*d_inner*N``, gating and out_proj. SSM FLOPs do not depend on the prefix.
     * MLP: ``2*3*D*I`` per token if gated (SwiGLU), ``2*2*D*I`` if not (squared-ReLU, GELU).
-      MoE: router ``2*D*E`` plus ``top_k`` experts' MLP.
+      MoE: router ``2*D*E`` plus ``top_k`` experts' MLP plus the shared experts' MLP.
 
-Config values of ``0`` for ``n_kv_heads``, ``head_dim``, ``mlp_intermediate``,
-``moe_intermediate``, ``ssm_n_heads`` and ``ssm_dt_rank`` mean "derive" (``n_heads``,
-``d_model // n_heads``, ``4 * d_model``, ``mlp_intermediate``, ``d_inner // ssm_head_dim``,
-``ceil(d_model / 16)``); they are resolved once, at construction.
+Config values of ``0`` for ``n_kv_heads``, ``head_dim``, ``v_head_dim``, ``mlp_intermediate``,
+``moe_intermediate``, ``ssm_n_heads``, ``ssm_dt_rank`` and ``ssm_conv_state_width`` mean
+"derive" (``n_heads``, ``d_model // n_heads``, ``head_dim``, ``4 * d_model``,
+``mlp_intermediate``, ``d_inner // ssm_head_dim``, ``ceil(d_model / 16)``, the kernel); they are
+resolved once, at construction. ``ssm_expand`` 0 (Mamba2, GDN, KDA) makes ``d_inner`` the
+heads times the head dim.
 """
 
 from __future__ import annotations
@@ -142,6 +157,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     flop_formula: Literal["paper", "exact"] = "exact"
     state_dtypes: str = ""
+    source: str = ""  # model=hf: the config.json it was read from
 
     # ---- derived at construction (not config fields) ----
     is_hybrid: bool = field(default=False, init=False, repr=False, compare=False)
@@ -213,7 +229,7 @@ class ModelSpec:
             if f.name in ("mlp_gated", "tie_embeddings", "attn_gate"):
                 if not isinstance(v, bool):
                     raise ValueError(f"model.{f.name} must be true/false, got {v!r}")
-            elif f.name in ("name", "ssm_kind", "flop_formula", "attn_kind", "state_dtypes"):
+            elif f.name in ("name", "ssm_kind", "flop_formula", "attn_kind", "state_dtypes", "source"):
                 if not isinstance(v, str):
                     raise ValueError(f"model.{f.name} must be a string, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int | np.integer):
@@ -412,6 +428,10 @@ class ModelSpec:
         self._set("layer_params", common + expert * self.moe_experts * self.n_moe_layers)
         self._set("active_layer_params", common + expert * self.moe_top_k * self.n_moe_layers)
         self._set("embedding_params", self.vocab_size * D * (1 if self.tie_embeddings else 2))
+
+    def config_fields(self) -> dict[str, Any]:
+        """The config fields, resolved (what ``from_config`` of them rebuilds)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
     # ------------------------------------------------------------------ hot-loop queries
     def attention_flops(self, prefix: int, new: int) -> float:

@@ -50,7 +50,7 @@ ARCHITECTURES: dict[str, Callable[[Fields], Spec]] = {
 
 def spec_fields(model_id: str, config: str | os.PathLike[str] | None = None) -> Spec:
     """The :class:`ModelSpec` fields of ``model_id``'s config (found as
-    :func:`~simlab.model.hf.resolve.find_config` says); ``name`` is the id's last part."""
+    :func:`~simlab.model.hf.resolve.find_config` says); ``name`` is the id."""
     path = find_config(model_id, config)
     f = Fields(read_config(path), path)
     archs = f.get("architectures")
@@ -63,7 +63,16 @@ def spec_fields(model_id: str, config: str | os.PathLike[str] | None = None) -> 
             f"{', '.join(sorted(ARCHITECTURES))}"
         )
     log.info("model %s: %s from %s", model_id, archs[0], path)
-    return {"name": model_id.rsplit("/", 1)[-1], **parser(f)}
+    spec = {"name": model_id, **parser(f), "source": str(path)}
+    if spec.get("n_swa_layers"):
+        log.warning(
+            "model %s: its %d sliding-window layers (window %d) are charged KV for every cached "
+            "token, as a prefix cache keeps their blocks; a running request needs only its window",
+            model_id,
+            spec["n_swa_layers"],
+            spec["swa_window"],
+        )
+    return spec
 
 
 def model_spec(

@@ -11,14 +11,15 @@ from simlab.model.hf.fields import Fields
 log = logging.getLogger(__name__)
 
 Spec = dict[str, Any]  # ModelSpec fields
+DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
 
 
 def trunk(f: Fields) -> Spec:
     """Width, vocabulary, tied head and the model dtype (KV cache, conv state, activations)."""
-    dtype = f.dtype_bytes("torch_dtype", "dtype")
+    dtype, why = f.dtype_bytes("torch_dtype", "dtype"), "config torch_dtype"
     if dtype is None:
         log.warning("%s: no torch_dtype/dtype; assuming bfloat16 (2 bytes)", f.path)
-        dtype = 2
+        dtype, why = 2, "assumed: the config sets no torch_dtype"
     return {
         "flop_formula": "exact",
         "d_model": f.int("hidden_size"),
@@ -26,6 +27,7 @@ def trunk(f: Fields) -> Spec:
         "tie_embeddings": bool(f.get("tie_word_embeddings", False)),
         "dtype_bytes": dtype,
         "ssm_state_dtype_bytes": dtype,
+        "state_dtypes": f"KV cache {DTYPE_NAMES.get(dtype, dtype)} ({why})",
     }
 
 
@@ -82,7 +84,7 @@ def ssm_dtype(f: Fields, spec: Spec, kind: str) -> Spec:
     FP32 always; the others in the config's ``mamba_ssm_cache_dtype`` / ``mamba_ssm_dtype``
     when it sets one (vLLM copies it into ``mamba_ssm_cache_dtype``), else the model dtype. The
     conv state and the KV cache stay in the model dtype. Records why in ``state_dtypes``."""
-    names = {2: "bfloat16", 4: "float32"}
+    names = DTYPE_NAMES
     model = names.get(spec["dtype_bytes"], f"{spec['dtype_bytes']} bytes")
     ssm, why = spec["dtype_bytes"], "the model dtype"
     if kind == "kda":
