@@ -6,6 +6,7 @@ layer kind, and bad input gets one line naming the field and the file."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simlab.config import ConfigError
 from simlab.model.hf import ARCHITECTURES, bundled_ids, model_spec, spec_fields
 from simlab.model.hf.resolve import read_config
 from simlab.model.spec import ModelSpec
-from tests.fixtures import CONFIGS
+from simlab.run.plan import plan_run
+from tests.fixtures import CONFIGS, compose
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
 HYBRIDS = [
@@ -160,7 +163,8 @@ def _yaml(name: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- additivity, every kind
 def _kinds() -> dict[str, ModelSpec]:
-    specs = {p.stem: fixture(p.stem) for p in sorted(FIXTURES.glob("*.json"))}
+    paths = sorted(FIXTURES.glob("*.json"))
+    specs = {p.stem: fixture(p.stem) for p in paths if not p.stem.startswith("unsupported")}
     base = {"d_model": 1024, "n_attn_layers": 2, "n_ssm_layers": 6, "n_heads": 8, "n_mlp_layers": 8}
     specs["short_conv"] = ModelSpec(**base, ssm_kind="short_conv", ssm_expand=1)
     specs["swa_gated_latent_moe"] = ModelSpec(
@@ -233,7 +237,7 @@ def test_text_config_of_a_conditional_generation_config_is_used(tmp_path: Path) 
 
 def _one_line_error(tmp_path: Path, cfg: dict[str, Any]) -> str:
     path = _write(tmp_path, cfg)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match=re.escape(str(path))) as err:
         model_spec("x/y", path)
     message = str(err.value)
     assert "\n" not in message and str(path) in message
@@ -267,16 +271,41 @@ def test_an_unsupported_architecture_names_it_and_the_supported_ones(tmp_path: P
 
 def test_a_missing_config_lists_the_three_places(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match=r"no config\.json found") as err:
         spec_fields("nobody/nothing-1B")
     message = str(err.value)
     assert "\n" not in message
     for place in ("model.config", str(tmp_path), "aiconfigurator-core"):
         assert place in message
-    with pytest.raises(ValueError, match="model.config: no such file"):
+    with pytest.raises(ValueError, match=r"model\.config: no such file"):
         spec_fields("x/y", tmp_path / "absent.json")
 
 
+@bundled
+def test_model_hf_composes_plans_and_records_what_it_resolved() -> None:
+    plan = plan_run(compose(["model=qwen3_5_27b", "+policy=vllm", "engine=replay", "report=false"]))
+    assert plan.model.name == "Qwen/Qwen3.5-27B" and plan.model.ssm_kind == "gdn"
+    resolved = plan.config["model_resolved"]
+    assert resolved["source"] == plan.model.source and resolved["ssm_state_dtype_bytes"] == 4
+    plan = plan_run(
+        compose(
+            [
+                "model=hf",
+                "model.id=Qwen/Qwen3.5-27B",
+                "+model.ssm_state_dtype_bytes=2",
+                "engine=replay",
+            ]
+        )
+    )
+    assert plan.model.ssm_state_dtype_bytes == 2  # any ModelSpec field overrides the config's
+    with pytest.raises(ConfigError, match="'GPT2LMHeadModel' is not supported"):
+        plan_run(compose(["model=hf", "model.id=x/y", f"model.config={_gpt2()}"]))
+
+
+def _gpt2() -> Path:
+    return FIXTURES / "unsupported_gpt2.json"
+
+
 def test_model_id_must_name_org_and_model() -> None:
-    with pytest.raises(ValueError, match="model.id must be"):
+    with pytest.raises(ValueError, match=r"model\.id must be"):
         ModelSpec.from_config({"id": "just-a-name", "config": None})

@@ -89,7 +89,7 @@ def model_spec(
 
 def spec_from_config(cfg: Mapping[str, Any]) -> ModelSpec:
     """The ``model`` config group's ``hf`` option: ``id``, optional ``config`` (a path) and any
-    ModelSpec field as an override (``model.ssm_state_dtype_bytes=2``)."""
+    ModelSpec field as an override (``+model.ssm_state_dtype_bytes=2``)."""
     # ``defaults`` is Hydra's: a preset file loaded without composing still has it
     values = {str(k): v for k, v in cfg.items() if not str(k).startswith("_") and k != "defaults"}
     model_id = values.pop("id")
