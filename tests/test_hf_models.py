@@ -165,7 +165,8 @@ def _yaml(name: str) -> dict[str, Any]:
 def _kinds() -> dict[str, ModelSpec]:
     paths = sorted(FIXTURES.glob("*.json"))
     specs = {p.stem: fixture(p.stem) for p in paths if not p.stem.startswith("unsupported")}
-    base = {"d_model": 1024, "n_attn_layers": 2, "n_ssm_layers": 6, "n_heads": 8, "n_mlp_layers": 8}
+    base: dict[str, Any] = {"d_model": 1024, "n_attn_layers": 2, "n_ssm_layers": 6}
+    base.update(n_heads=8, n_mlp_layers=8)
     specs["short_conv"] = ModelSpec(**base, ssm_kind="short_conv", ssm_expand=1)
     specs["swa_gated_latent_moe"] = ModelSpec(
         **{**base, "n_mlp_layers": 0},

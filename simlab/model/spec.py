@@ -229,7 +229,14 @@ class ModelSpec:
             if f.name in ("mlp_gated", "tie_embeddings", "attn_gate"):
                 if not isinstance(v, bool):
                     raise ValueError(f"model.{f.name} must be true/false, got {v!r}")
-            elif f.name in ("name", "ssm_kind", "flop_formula", "attn_kind", "state_dtypes", "source"):
+            elif f.name in (
+                "name",
+                "ssm_kind",
+                "flop_formula",
+                "attn_kind",
+                "state_dtypes",
+                "source",
+            ):
                 if not isinstance(v, str):
                     raise ValueError(f"model.{f.name} must be a string, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int | np.integer):

@@ -22,8 +22,8 @@ def trunk(f: Fields) -> Spec:
         dtype, why = 2, "assumed: the config sets no torch_dtype"
     return {
         "flop_formula": "exact",
-        "d_model": f.int("hidden_size"),
-        "vocab_size": f.int("vocab_size", 0, minimum=0),
+        "d_model": f.integer("hidden_size"),
+        "vocab_size": f.integer("vocab_size", 0, minimum=0),
         "tie_embeddings": bool(f.get("tie_word_embeddings", False)),
         "dtype_bytes": dtype,
         "ssm_state_dtype_bytes": dtype,
@@ -33,24 +33,28 @@ def trunk(f: Fields) -> Spec:
 
 def gqa(f: Fields, heads: str = "num_attention_heads", head_dim: str = "head_dim") -> Spec:
     """Multi-head / grouped-query attention."""
-    n_heads = f.int(heads)
-    d = f.int(head_dim) if f.has(head_dim) else 0  # 0: hidden_size // heads
-    return {"n_heads": n_heads, "n_kv_heads": f.int("num_key_value_heads", n_heads), "head_dim": d}
+    n_heads = f.integer(heads)
+    d = f.integer(head_dim) if f.has(head_dim) else 0  # 0: hidden_size // heads
+    return {
+        "n_heads": n_heads,
+        "n_kv_heads": f.integer("num_key_value_heads", n_heads),
+        "head_dim": d,
+    }
 
 
 def mla(f: Fields) -> Spec:
     """Multi-head latent attention (DeepSeek-V3, Kimi): the cache holds one compressed latent
     of ``kv_lora_rank + qk_rope_head_dim`` per token and layer."""
-    rope = f.int("qk_rope_head_dim")
-    n_heads = f.int("num_attention_heads")
+    rope = f.integer("qk_rope_head_dim")
+    n_heads = f.integer("num_attention_heads")
     return {
         "attn_kind": "mla",
         "n_heads": n_heads,
         "n_kv_heads": n_heads,
-        "head_dim": f.int("qk_nope_head_dim") + rope,
-        "v_head_dim": f.int("v_head_dim"),
-        "mla_q_rank": f.int("q_lora_rank", 0, minimum=0),
-        "mla_kv_rank": f.int("kv_lora_rank"),
+        "head_dim": f.integer("qk_nope_head_dim") + rope,
+        "v_head_dim": f.integer("v_head_dim"),
+        "mla_q_rank": f.integer("q_lora_rank", 0, minimum=0),
+        "mla_kv_rank": f.integer("kv_lora_rank"),
         "mla_rope_dim": rope,
     }
 
@@ -59,9 +63,9 @@ def moe(f: Fields, experts: str, top_k: str, inter: str, shared: int = 0) -> Spe
     """A routed MoE: ``experts`` experts of ``inter`` width, ``top_k`` per token, plus shared
     experts of ``shared`` total intermediate width."""
     return {
-        "moe_experts": f.int(experts),
-        "moe_top_k": f.int(top_k),
-        "moe_intermediate": f.int(inter),
+        "moe_experts": f.integer(experts),
+        "moe_top_k": f.integer(top_k),
+        "moe_intermediate": f.integer(inter),
         "moe_shared_intermediate": shared,
     }
 

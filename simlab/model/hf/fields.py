@@ -37,7 +37,7 @@ class Fields:
         value = self.cfg.get(name)
         return default if value is None else value
 
-    def int(self, name: str, default: int | None = None, minimum: int = 1) -> int:
+    def integer(self, name: str, default: int | None = None, minimum: int = 1) -> int:
         """An integer field (``default`` when absent or null; required when ``default`` is
         None), at least ``minimum``."""
         value = self.cfg.get(name)
@@ -55,7 +55,7 @@ class Fields:
         """The first of ``names`` present (configs of one family spell fields differently)."""
         for name in names:
             if self.has(name):
-                return self.int(name)
+                return self.integer(name)
         if default is None:
             raise self.error(names[0], "is missing" + (f" (nor {names[1:]})" if names[1:] else ""))
         return default

@@ -11,7 +11,7 @@ def _ffn_kinds(f: Fields, layers: int, sparse: bool) -> list[str]:
     if not sparse:
         return ["mlp"] * layers
     dense = f.indices("mlp_only_layers", f.get("mlp_only_layers", []), layers, 0)
-    step = f.int("decoder_sparse_step", 1)
+    step = f.integer("decoder_sparse_step", 1)
     return ["moe" if i not in dense and (i + 1) % step == 0 else "mlp" for i in range(layers)]
 
 
@@ -27,18 +27,23 @@ def _sliding(f: Fields, layers: int) -> list[str]:
 
 def dense(f: Fields) -> Spec:
     """Llama, Qwen3, Mistral: every layer attention + a gated MLP."""
-    layers = f.int("num_hidden_layers")
+    layers = f.integer("num_hidden_layers")
     attn = _sliding(f, layers)
-    spec = {**trunk(f), **gqa(f), "mlp_gated": True, "mlp_intermediate": f.int("intermediate_size")}
+    spec = {
+        **trunk(f),
+        **gqa(f),
+        "mlp_gated": True,
+        "mlp_intermediate": f.integer("intermediate_size"),
+    }
     spec.update(layer_counts(attn + ["mlp"] * layers), n_ssm_layers=0)
     if spec["n_swa_layers"]:
-        spec["swa_window"] = f.int("sliding_window")
+        spec["swa_window"] = f.integer("sliding_window")
     return spec
 
 
 def qwen3_moe(f: Fields) -> Spec:
     """Qwen3-MoE: attention + MoE (``mlp_only_layers`` dense)."""
-    layers = f.int("num_hidden_layers")
+    layers = f.integer("num_hidden_layers")
     spec = dense(f)
     spec.update(moe(f, "num_experts", "num_experts_per_tok", "moe_intermediate_size"))
     ffn = _ffn_kinds(f, layers, sparse=True)
@@ -57,13 +62,18 @@ def mixtral(f: Fields) -> Spec:
 def deepseek_v3(f: Fields) -> Spec:
     """DeepSeek-V3/R1, Kimi-K2: MLA; the first ``first_k_dense_replace`` layers dense, the
     others MoE with ``n_shared_experts`` shared experts."""
-    layers = f.int("num_hidden_layers")
-    first = f.int("first_k_dense_replace", 0, minimum=0)
+    layers = f.integer("num_hidden_layers")
+    first = f.integer("first_k_dense_replace", 0, minimum=0)
     if first > layers:
         raise f.error("first_k_dense_replace", f"({first}) exceeds num_hidden_layers ({layers})")
-    inter = f.int("moe_intermediate_size")
-    shared = f.int("n_shared_experts", 0, minimum=0) * inter
-    spec = {**trunk(f), **mla(f), "mlp_gated": True, "mlp_intermediate": f.int("intermediate_size")}
+    inter = f.integer("moe_intermediate_size")
+    shared = f.integer("n_shared_experts", 0, minimum=0) * inter
+    spec = {
+        **trunk(f),
+        **mla(f),
+        "mlp_gated": True,
+        "mlp_intermediate": f.integer("intermediate_size"),
+    }
     spec.update(moe(f, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", shared))
     spec.update(layer_counts(["attn"] * layers + ["mlp"] * first + ["moe"] * (layers - first)))
     return spec
@@ -72,10 +82,10 @@ def deepseek_v3(f: Fields) -> Spec:
 def gpt_oss(f: Fields) -> Spec:
     """gpt-oss: alternating sliding-window and full attention (``layer_types``), MoE in every
     layer."""
-    layers = f.int("num_hidden_layers")
+    layers = f.integer("num_hidden_layers")
     spec = {**trunk(f), **gqa(f), "mlp_gated": True}
     spec.update(moe(f, "num_local_experts", "num_experts_per_tok", "intermediate_size"))
     spec.update(layer_counts(_sliding(f, layers) + ["moe"] * layers))
     if spec["n_swa_layers"]:
-        spec["swa_window"] = f.int("sliding_window")
+        spec["swa_window"] = f.integer("sliding_window")
     return spec
