@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from simlab.model.hf import ARCHITECTURES, bundled_ids, model_spec, spec_fields
 from simlab.model.hf.resolve import read_config
 from simlab.model.spec import ModelSpec
 from simlab.run.plan import plan_run
-from tests.fixtures import CONFIGS, compose
+from tests.fixtures import CONFIGS, ROOT, compose
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
 HYBRIDS = [
@@ -310,3 +312,23 @@ def _gpt2() -> Path:
 def test_model_id_must_name_org_and_model() -> None:
     with pytest.raises(ValueError, match=r"model\.id must be"):
         ModelSpec.from_config({"id": "just-a-name", "config": None})
+
+
+@bundled
+def test_python_m_simlab_runs_a_bundled_hybrid_end_to_end(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["model=hf", "model.id=Qwen/Qwen3.5-27B", "trace=swebench", "trace.limit=3"]
+    args += ["+policy=vllm", "engine=replay", "cache.size_gb=60", "hardware=h200"]
+    args += ["report=false", f"hydra.run.dir={run}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "simlab", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert list(summary["policies"]) == ["vllm"]
+    assert summary["config"]["model_resolved"]["ssm_kind"] == "gdn"
