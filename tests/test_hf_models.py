@@ -17,6 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simlab.config import ConfigError
+from simlab.cost.layers import LayerOps
+from simlab.cost.shapes import BatchShape
+from simlab.cost.terms import CostTerms
 from simlab.model.hf import ARCHITECTURES, bundled_ids, model_spec, spec_fields
 from simlab.model.hf.resolve import read_config
 from simlab.model.spec import ModelSpec
@@ -332,3 +335,17 @@ def test_python_m_simlab_runs_a_bundled_hybrid_end_to_end(tmp_path: Path) -> Non
     summary = json.loads((run / "summary.json").read_text())
     assert list(summary["policies"]) == ["vllm"]
     assert summary["config"]["model_resolved"]["ssm_kind"] == "gdn"
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_the_cost_models_ops_count_the_specs_flops(name: str) -> None:
+    """Differential: the roofline's per-op FLOPs of one prefill chunk (no norms, no LM head)
+    sum to the spec's (past a sliding window, where both count ``window`` keys per query)."""
+    spec = KINDS[name]
+    layers = LayerOps(spec, 1, CostTerms())
+    prefix, new = 3000, 700
+    batch = BatchShape(prefill=[(prefix, new)])
+    ops = [*layers.attention_proj(new), *layers.attention(batch), *layers.ssm_proj(new)]
+    ops += [*layers.ssm(batch), *layers.mlp_and_norms(new)]
+    flops = sum(op.flops for op in ops if op.name != "norms_residuals")
+    assert flops == pytest.approx(spec.prefill_flops(prefix, new), rel=1e-12)
