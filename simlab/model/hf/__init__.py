@@ -80,11 +80,10 @@ def model_spec(
 ) -> ModelSpec:
     """The :class:`ModelSpec` of ``model_id`` with ``overrides`` (ModelSpec fields) on top."""
     fields = spec_fields(model_id, config)
-    path = str(config or model_id)
     try:
         return ModelSpec.from_config({**fields, **overrides})
     except ValueError as err:
-        raise ValueError(f"{path}: {err}") from err
+        raise ValueError(f"{fields['source']}: {err}") from err
 
 
 def spec_from_config(cfg: Mapping[str, Any]) -> ModelSpec:

@@ -6,7 +6,7 @@ import math
 
 from simlab.model.hf.common import Spec, gqa, layer_counts, mla, moe, recurrent, trunk
 from simlab.model.hf.fields import Fields
-from simlab.model.hf.transformers import _ffn_kinds
+from simlab.model.hf.transformers import ffn_kinds
 
 
 def _mamba2(f: Fields, spec: Spec, prefix: str = "mamba_") -> Spec:
@@ -66,7 +66,7 @@ def qwen3_next(f: Fields) -> Spec:
     if sparse:
         shared = f.integer("shared_expert_intermediate_size", 0, minimum=0)
         spec.update(moe(f, "num_experts", "num_experts_per_tok", "moe_intermediate_size", shared))
-    spec.update(layer_counts(mixers + _ffn_kinds(f, layers, sparse)))
+    spec.update(layer_counts(mixers + ffn_kinds(f, layers, sparse)))
     shapes = {
         "ssm_expand": 0,
         "ssm_n_heads": f.integer("linear_num_value_heads"),

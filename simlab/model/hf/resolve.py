@@ -51,8 +51,10 @@ def bundled_ids() -> list[str]:
 def _cached(model_id: str) -> Path | None:
     snapshots = hf_cache_dir() / f"models--{model_id.replace('/', '--')}" / "snapshots"
     ref = snapshots.parent / "refs" / "main"
-    if ref.is_file() and (snapshots / ref.read_text().strip() / "config.json").is_file():
-        return snapshots / ref.read_text().strip() / "config.json"
+    if ref.is_file():
+        named = snapshots / ref.read_text().strip() / "config.json"
+        if named.is_file():
+            return named
     found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 

@@ -6,7 +6,7 @@ from simlab.model.hf.common import Spec, gqa, layer_counts, mla, moe, trunk
 from simlab.model.hf.fields import Fields
 
 
-def _ffn_kinds(f: Fields, layers: int, sparse: bool) -> list[str]:
+def ffn_kinds(f: Fields, layers: int, sparse: bool) -> list[str]:
     """``moe``/``mlp`` per layer from Qwen's ``mlp_only_layers`` and ``decoder_sparse_step``."""
     if not sparse:
         return ["mlp"] * layers
@@ -35,7 +35,7 @@ def dense(f: Fields) -> Spec:
         "mlp_gated": True,
         "mlp_intermediate": f.integer("intermediate_size"),
     }
-    spec.update(layer_counts(attn + ["mlp"] * layers), n_ssm_layers=0)
+    spec.update(layer_counts(attn + ["mlp"] * layers))
     if spec["n_swa_layers"]:
         spec["swa_window"] = f.integer("sliding_window")
     return spec
@@ -46,7 +46,7 @@ def qwen3_moe(f: Fields) -> Spec:
     layers = f.integer("num_hidden_layers")
     spec = dense(f)
     spec.update(moe(f, "num_experts", "num_experts_per_tok", "moe_intermediate_size"))
-    ffn = _ffn_kinds(f, layers, sparse=True)
+    ffn = ffn_kinds(f, layers, sparse=True)
     spec.update(n_mlp_layers=ffn.count("mlp"), n_moe_layers=ffn.count("moe"))
     return spec
 
