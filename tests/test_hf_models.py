@@ -146,6 +146,11 @@ def test_fixture_architectures_load_with_vllms_states() -> None:
     assert kimi.kv_bytes_per_token == 7 * (512 + 64) * 2
     assert kimi.ssm_state_bytes == 20 * kda_state(32, 128, 4)
     assert 45 < kimi.total_params / 1e9 < 52  # "48B-A3B"
+    lfm2 = fixture("lfm2_1_2b")  # short_conv_state_shape: conv (conv_dim, L_cache - 1)
+    assert (lfm2.ssm_kind, lfm2.n_ssm_layers, lfm2.n_attn_layers) == ("short_conv", 10, 6)
+    assert lfm2.ssm_state_bytes == 10 * 2048 * (3 - 1) * 2
+    assert lfm2.mlp_intermediate == 8192  # Lfm2MLP's auto-adjusted 2/3 of 12288
+    assert round(lfm2.total_params / 1e8) == 12  # "1.2B"
 
 
 @pytest.mark.parametrize("name", ["nemotron_h_8b", "jamba_1_5_mini"])

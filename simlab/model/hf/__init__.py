@@ -45,6 +45,7 @@ ARCHITECTURES: dict[str, Callable[[Fields], Spec]] = {
     "FalconH1ForCausalLM": hybrids.falcon_h1,
     "KimiLinearForCausalLM": hybrids.kimi_linear,
     "KimiK3ForConditionalGeneration": hybrids.kimi_linear,
+    "Lfm2ForCausalLM": hybrids.lfm2,
 }
 
 

@@ -169,3 +169,30 @@ def kimi_linear(f: Fields) -> Spec:
         "ssm_conv_kernel": sub.integer("short_conv_kernel_size"),
     }
     return {**spec, **recurrent(f, spec, "kda", shapes)}
+
+
+def lfm2(f: Fields) -> Spec:
+    """LFM2: short gated convolutions (``conv``) and attention (``full_attention``) by
+    ``layer_types``, each followed by a gated MLP (``block_auto_adjust_ff_dim`` shrinks
+    ``intermediate_size`` to 2/3, times ``block_ffn_dim_multiplier``, rounded up to
+    ``block_multiple_of``, as vLLM's ``Lfm2MLP``)."""
+    layers = f.integer("num_hidden_layers")
+    kinds = {"conv": "ssm", "full_attention": "attn"}
+    mixers = f.pattern("layer_types", kinds, layers)
+    inter = f.integer("intermediate_size")
+    if f.get("block_auto_adjust_ff_dim", False):
+        inter = int(inter * 2 / 3)
+        inter = int(float(f.get("block_ffn_dim_multiplier", 1.0)) * inter)
+        step = f.integer("block_multiple_of", 1)
+        inter = step * -(-inter // step)
+    spec = {**trunk(f), **gqa(f), "mlp_gated": True, "mlp_intermediate": inter}
+    spec["tie_embeddings"] = bool(f.get("tie_word_embeddings", f.get("tie_embedding", False)))
+    spec.update(layer_counts(mixers + ["mlp"] * layers))
+    conv_dim = f.integer("conv_dim", spec["d_model"])
+    if conv_dim % spec["d_model"]:
+        raise f.error("conv_dim", f"({conv_dim}) must be a multiple of hidden_size")
+    shapes = {
+        "ssm_expand": conv_dim // spec["d_model"],
+        "ssm_conv_kernel": f.integer("conv_L_cache"),
+    }
+    return {**spec, **recurrent(f, spec, "short_conv", shapes)}
