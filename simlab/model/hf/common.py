@@ -91,6 +91,8 @@ def ssm_dtype(f: Fields, spec: Spec, kind: str) -> Spec:
     names = DTYPE_NAMES
     model = names.get(spec["dtype_bytes"], f"{spec['dtype_bytes']} bytes")
     ssm, why = spec["dtype_bytes"], "the model dtype"
+    if kind == "short_conv":
+        return {"state_dtypes": f"KV and conv state {model} (model dtype); no recurrent state"}
     if kind == "kda":
         ssm, why = 4, "vLLM's kda_state_dtype: float32 always"
     else:
