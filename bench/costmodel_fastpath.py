@@ -72,10 +72,12 @@ def load_hardware(preset: str) -> tuple[Hardware, Calibration | None]:
 
 
 def model_specs() -> dict[str, ModelSpec]:
-    """Every model preset of ``configs/model``."""
+    """Every model preset of ``configs/model`` (``hf`` is the option the ``model=hf`` presets
+    extend, not a model)."""
     return {
         path.stem: ModelSpec.from_config(load_yaml(path))
         for path in sorted((CONFIGS / "model").glob("*.yaml"))
+        if path.stem != "hf"
     }
 
 

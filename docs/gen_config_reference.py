@@ -98,7 +98,8 @@ MEANINGS: dict[str, str] = {
     "model.moe_experts": "experts per MoE layer",
     "model.moe_top_k": "experts each token is routed to",
     "model.moe_intermediate": "an expert's intermediate size (0: `mlp_intermediate`)",
-    "model.ssm_kind": "`mamba1` (selective scan) or `mamba2` (SSD chunked scan)",
+    "model.ssm_kind": "`mamba1` (selective scan), `mamba2` (SSD chunked scan), `gdn` (gated "
+    "delta net), `kda` (Kimi delta attention) or `short_conv`",
     "model.ssm_state_dim": "SSM state dimension N",
     "model.ssm_expand": "SSM inner expansion (`d_inner = ssm_expand x d_model`)",
     "model.ssm_conv_kernel": "causal convolution width (the conv state is counted at full width)",
@@ -111,6 +112,23 @@ MEANINGS: dict[str, str] = {
     "engines that keep the state in FP32)",
     "model.vocab_size": "vocabulary size, for the LM head's cost (0: the LM head is not modelled)",
     "model.tie_embeddings": "input embedding and LM head share one matrix (weight bytes)",
+    "model.v_head_dim": "attention value head dimension (0: `head_dim`)",
+    "model.attn_kind": "`gqa` (MHA/GQA: K and V per KV head) or `mla` (latent attention: one "
+    "compressed latent per token)",
+    "model.attn_gate": "attention output gate (Qwen3-Next/3.5): q_proj twice as wide",
+    "model.mla_q_rank": "MLA query compression rank (`q_lora_rank`; 0: none)",
+    "model.mla_kv_rank": "MLA latent width (`kv_lora_rank`), cached per token",
+    "model.mla_rope_dim": "MLA rotary key width (`qk_rope_head_dim`), cached per token",
+    "model.n_swa_layers": "of the attention layers, the sliding-window ones",
+    "model.swa_window": "tokens a sliding-window layer attends",
+    "model.moe_shared_intermediate": "shared experts' total intermediate size (0: none)",
+    "model.moe_latent": "width the routed experts run at (latent MoE; 0: `d_model`)",
+    "model.ssm_conv_state_width": "conv-state columns kept (0: the kernel; vLLM keeps kernel - 1)",
+    "model.state_dtypes": "which dtype each state is kept in, and why (set by `model=hf`)",
+    "model.source": "the config.json a `model=hf` model was read from",
+    "model.id": "`model=hf`: the Hugging Face id `<org>/<name>`",
+    "model.config": "`model=hf`: a config.json (or a folder holding one) to read instead",
+    "model.defaults": "the option a preset extends (`hf`: read from its config.json)",
     # trace
     "trace.kind": "which Azure service's trace: `conv` (conversation) or `code` (code completion)",
     "trace.path": "read this file (or folder) in the loader's format instead of the default under "

@@ -27,6 +27,7 @@ from dataclasses import replace
 from simlab.cost.profiles import ALLREDUCE, X_PROJ_ALLREDUCE
 from simlab.cost.shapes import ENGINE_OVERHEAD, BatchShape, Op
 from simlab.cost.terms import CostTerms
+from simlab.model import layers as kinds
 from simlab.model.spec import ModelSpec
 
 
@@ -58,11 +59,14 @@ class LayerOps:
 
     def _gemm(self, name: str, tokens: int, d_in: int, d_out: int, layers: int) -> Op:
         """A ``d_in -> d_out`` GEMM over ``tokens`` rows in each of ``layers`` layers, per GPU."""
+        return self._per_gpu(self._gemm_op(name, tokens, d_in, d_out, layers))
+
+    def _gemm_op(self, name: str, tokens: int, d_in: int, d_out: int, layers: int) -> Op:
+        """:meth:`_gemm` over all GPUs."""
         w = self.model.dtype_bytes
         flops = 2.0 * tokens * d_in * d_out * layers
         moved = (d_in * d_out + tokens * (d_in + d_out)) * w * layers
-        op = Op(name, "gemm", flops, moved, layers, tokens, shape=(d_in, d_out, w), units=layers)
-        return self._per_gpu(op)
+        return Op(name, "gemm", flops, moved, layers, tokens, shape=(d_in, d_out, w), units=layers)
 
     # ------------------------------------------------------------------ attention
     def attention_proj(self, pos: int) -> list[Op]:
@@ -70,42 +74,67 @@ class LayerOps:
         m = self.model
         if not m.n_attn_layers:
             return []
-        na, D = m.n_attn_layers, m.d_model
-        qdim, kvdim = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+        na = m.n_attn_layers
         return [
-            self._gemm("attn_qkv_proj", pos, D, qdim + 2 * kvdim, na),
-            self._gemm("attn_out_proj", pos, qdim, D, na),
+            self._gemm(name, pos, d_in, d_out, na) for name, d_in, d_out in kinds.attention_gemms(m)
         ]
 
     def attention(self, batch: BatchShape) -> list[Op]:
-        """Prefill and decode attention: what depends on the chunks and the contexts."""
+        """Prefill and decode attention: what depends on the chunks and the contexts. A
+        sliding-window layer's query attends at most ``swa_window`` keys and reads only them."""
         m = self.model
         na, w = m.n_attn_layers, m.dtype_bytes
-        qdim, kvdim = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+        qo = sum(kinds.q_dims(m))  # query read and output written, per token
+        pair, kv = float(kinds.pair_flops(m)), kinds.kv_elements_per_token(m)
         ops: list[Op] = []
         if batch.prefill:
             flops = bytes_ = 0.0
             for prefix, new in batch.prefill:
-                flops += 4.0 * qdim * (new * prefix + new * (new + 1) / 2)
-                bytes_ += (2 * new * qdim + (prefix + new) * 2 * kvdim) * w
+                flops += pair * (new * prefix + new * (new + 1) / 2)
+                bytes_ += (new * qo + (prefix + new) * kv) * w
+            flops, bytes_ = flops * (na - m.n_swa_layers), bytes_ * (na - m.n_swa_layers)
+            if m.n_swa_layers:
+                swa_flops, swa_bytes = self._window_prefill(batch.prefill)
+                flops, bytes_ = flops + swa_flops, bytes_ + swa_bytes
             new_tok = sum(q for _, q in batch.prefill)
-            op = Op("attn_prefill", "attn_prefill", flops * na, bytes_ * na, na, new_tok)
+            op = Op("attn_prefill", "attn_prefill", flops, bytes_, na, new_tok)
             ops.append(self._per_gpu(op))
         if batch.decode:
             n, context_sum = len(batch.decode), sum(batch.decode)
             ops.append(self.attention_decode(n, context_sum, batch.shared_kv_tokens))
         return ops
 
+    def _window_prefill(self, chunks: list[tuple[int, int]]) -> tuple[float, float]:
+        """FLOPs and bytes of the sliding-window layers over prefill ``chunks``: query ``j``
+        attends ``min(j, window)`` keys, a chunk reads the keys of its window and itself."""
+        m = self.model
+        W, pair = m.swa_window, float(kinds.pair_flops(m))
+        qo, kv = sum(kinds.q_dims(m)), kinds.kv_elements_per_token(m)
+
+        def pairs(n: int) -> float:  # sum_{j=1..n} min(j, W)
+            return n * (n + 1) / 2 if n <= W else W * (W + 1) / 2 + (n - W) * W
+
+        flops = sum(pair * (pairs(p + q) - pairs(p)) for p, q in chunks)
+        bytes_ = sum((q * qo + (min(p, W) + q) * kv) * m.dtype_bytes for p, q in chunks)
+        return flops * m.n_swa_layers, bytes_ * m.n_swa_layers
+
     def attention_decode(self, n: int, context_sum: int, shared_kv_tokens: int) -> Op:
-        """Decode attention of ``n`` requests whose contexts sum to ``context_sum``."""
+        """Decode attention of ``n`` requests whose contexts sum to ``context_sum``; a
+        sliding-window layer reads ``swa_window`` keys per request (its contexts are taken to
+        exceed the window, which keeps the time affine in ``context_sum``)."""
         m = self.model
         na, w = m.n_attn_layers, m.dtype_bytes
-        qdim, kvdim = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+        full, swa = na - m.n_swa_layers, m.n_swa_layers
+        qo, pair = sum(kinds.q_dims(m)), float(kinds.pair_flops(m))
+        kv = kinds.kv_elements_per_token(m)
         ctx = float(context_sum)
         kv_reads = max(ctx - shared_kv_tokens, 0.0)
-        flops = 4.0 * qdim * ctx
-        bytes_ = (kv_reads * 2 * kvdim + 2 * n * qdim) * w
-        return self._per_gpu(Op("attn_decode", "attn_decode", flops * na, bytes_ * na, na, n))
+        flops = pair * ctx * full
+        bytes_ = (kv_reads * kv + n * qo) * w * full
+        if swa:
+            flops += pair * n * m.swa_window * swa
+            bytes_ += (n * m.swa_window * kv + n * qo) * w * swa
+        return self._per_gpu(Op("attn_decode", "attn_decode", flops, bytes_, na, n))
 
     # ------------------------------------------------------------------ SSM
     def ssm_proj(self, pos: int) -> list[Op]:
@@ -114,10 +143,9 @@ class LayerOps:
         if not m.n_ssm_layers:
             return []
         ns, D, N, di = m.n_ssm_layers, m.d_model, m.ssm_state_dim, m.ssm_d_inner
-        if m.ssm_kind == "mamba2":
-            in_dim = 2 * di + 2 * m.ssm_n_groups * N + m.ssm_n_heads
+        if m.ssm_kind != "mamba1":
             return [
-                self._gemm("ssm_in_proj", pos, D, in_dim, ns),
+                self._gemm("ssm_in_proj", pos, D, kinds.ssm_in_dim(m), ns),
                 self._gemm("ssm_out_proj", pos, di, D, ns),
             ]
         R = m.ssm_dt_rank
@@ -139,7 +167,7 @@ class LayerOps:
         if prefill_tok:
             # activations of every token, plus each sequence's state read and written
             moved = prefill_tok * activations + 2 * state * len(batch.prefill)
-            scan = "ssm_scan" if m.ssm_kind == "mamba2" else "selective_scan"
+            scan = "selective_scan" if m.ssm_kind == "mamba1" else "ssm_scan"
             flops = self._scan_flops_per_token() * prefill_tok * ns
             ops.append(Op("ssm_scan", scan, flops, moved * ns, ns, prefill_tok))
         if batch.decode:
@@ -156,12 +184,9 @@ class LayerOps:
         return [self._per_gpu(op) for op in ops]
 
     def _scan_flops_per_token(self) -> int:
-        """FLOPs of one token's conv and scan in one SSM layer."""
-        m = self.model
-        N, di, K = m.ssm_state_dim, m.ssm_d_inner, m.ssm_conv_kernel
-        if m.ssm_kind == "mamba2":
-            return 6 * di * N + 2 * K * m.ssm_conv_channels + 10 * di
-        return 9 * di * N + 2 * K * di + 10 * di  # x_proj and dt_proj are GEMMs (ssm_proj)
+        """FLOPs of one token's conv and scan in one SSM layer (Mamba1's x_proj and dt_proj
+        are GEMMs: :meth:`ssm_proj`)."""
+        return kinds.scan_flops_per_token(self.model)
 
     # ------------------------------------------------------------------ position-wise, output
     def mlp_and_norms(self, pos: int) -> list[Op]:
@@ -172,6 +197,7 @@ class LayerOps:
             ops.append(self._mlp(pos))
         if m.n_moe_layers:
             ops.append(self._moe(pos))
+            ops += self._moe_dense_parts(pos)
         ops.append(self._norms(pos))
         return [self._per_gpu(op) for op in ops]
 
@@ -187,14 +213,30 @@ class LayerOps:
     def _moe(self, pos: int) -> Op:
         m = self.model
         mats = 3 if m.mlp_gated else 2
-        w, D, inter, n = m.dtype_bytes, m.d_model, m.moe_intermediate, m.n_moe_layers
+        w, D, inter, n = m.dtype_bytes, kinds.moe_width(m), m.moe_intermediate, m.n_moe_layers
         active = min(m.moe_experts, pos * m.moe_top_k)  # distinct experts whose weights are read
-        flops = (2.0 * pos * D * m.moe_experts + 2.0 * pos * m.moe_top_k * D * inter * mats) * n
+        router = 2.0 * pos * m.d_model * m.moe_experts
+        flops = (router + 2.0 * pos * m.moe_top_k * D * inter * mats) * n
         moved = (active * mats * D * inter + pos * m.moe_top_k * (2 * D + mats * inter)) * w * n
         # the GEMM class curve's argument is a GEMM's rows: an expert's, not the batch's (at
         # the batch's count the dense curve's ridge bump made 128 tokens slower than 1,042)
         rows = max(1, round(pos * m.moe_top_k / m.moe_experts))
         return Op("moe", "gemm", flops, moved, 3 * n, rows)
+
+    def _moe_dense_parts(self, pos: int) -> list[Op]:
+        """The MoE layers' always-active GEMMs: shared experts, latent down/up projections."""
+        m = self.model
+        ops, mats, w, D, n = [], 3 if m.mlp_gated else 2, m.dtype_bytes, m.d_model, m.n_moe_layers
+        if m.moe_shared_intermediate:
+            inter = m.moe_shared_intermediate
+            flops = 2.0 * pos * D * inter * mats * n
+            moved = (mats * D * inter + pos * (2 * D + mats * inter)) * w * n
+            shape = (D, inter, int(m.mlp_gated), w)
+            ops.append(Op("moe_shared", "gemm", flops, moved, 2 * n, pos, shape=shape, units=n))
+        if m.moe_latent:
+            ops.append(self._gemm_op("moe_latent_down", pos, D, m.moe_latent, n))
+            ops.append(self._gemm_op("moe_latent_up", pos, m.moe_latent, D, n))
+        return ops
 
     def _norms(self, pos: int) -> Op:
         m = self.model

@@ -1,20 +1,33 @@
 """Model architecture specs: cache bytes per token / per SSM checkpoint, and prefill FLOPs.
 
 A :class:`ModelSpec` is a frozen description of one model, built from the ``model`` config
-group with :meth:`ModelSpec.from_config`. Everything the cache and the cost model ask of it is a
-precomputed attribute or a one-line polynomial in ``(prefix, new)``, so it is cheap enough for
-hot loops (the prefix cache calls :meth:`ModelSpec.prefill_flops` for every node it touches).
+group with :meth:`ModelSpec.from_config` (a preset's fields, or ``model=hf model.id=...``: a
+Hugging Face ``config.json`` read by :mod:`simlab.model.hf`). Everything the cache and the cost
+model ask of it is a precomputed attribute or a one-line polynomial in ``(prefix, new)``, so it
+is cheap enough for hot loops (the prefix cache calls :meth:`ModelSpec.prefill_flops` for every
+node it touches). Each layer kind's shapes, bytes and FLOPs are in :mod:`simlab.model.layers`.
+
+Layer kinds: ``n_attn_layers`` attention layers (``attn_kind`` ``gqa``: MHA/GQA, optionally
+with Qwen's output gate ``attn_gate``; ``mla``: DeepSeek's latent attention), of which
+``n_swa_layers`` are sliding-window (``swa_window``); ``n_ssm_layers`` recurrent layers of one
+``ssm_kind`` (``mamba1``, ``mamba2``, ``gdn`` = gated delta net, ``kda`` = Kimi delta attention,
+``short_conv``); ``n_mlp_layers`` dense MLPs and ``n_moe_layers`` MoE layers (routed experts,
+``moe_shared_intermediate`` of shared experts, optionally at a ``moe_latent`` width). A layer of
+the config counts once per part it has (Falcon-H1's layer is one attention, one SSM, one MLP).
 
 Bytes (precomputed ``int`` attributes)
-  * ``kv_bytes_per_token``: K and V of one token for *all* attention layers, GQA-aware:
-    ``2 * n_kv_heads * head_dim * dtype_bytes * n_attn_layers``.
+  * ``kv_bytes_per_token``: what one token writes in *all* attention layers: K and V of every
+    KV head (``n_kv_heads * (head_dim + v_head_dim) * dtype_bytes`` per layer), or MLA's latent
+    ``(mla_kv_rank + mla_rope_dim) * dtype_bytes``. Sliding-window layers are counted for every
+    token (a cached prefix keeps their blocks until evicted; a running request needs only its
+    last ``swa_window`` of them).
   * ``ssm_state_bytes``: one SSM checkpoint = recurrent state + conv state of *all* SSM layers:
-    per layer ``ssm_state_channels * N * ssm_state_dtype_bytes
-    + ssm_conv_channels * ssm_conv_kernel * dtype_bytes``. The conv state is counted with the
-    full kernel width (as ``mamba_ssm``/Hugging Face caches keep it and as the Marconi reference
-    code counts it; vLLM keeps ``kernel - 1`` columns: ~1% less for Nemotron-H, ~5% for Jamba).
-    ``ssm_state_dtype_bytes`` defaults to 2 (FP16/BF16, as in the Marconi paper); engines that
-    keep the recurrent state in FP32 are modelled by setting it to 4.
+    per layer ``ssm_state_channels * N * ssm_state_dtype_bytes + ssm_conv_channels *
+    ssm_conv_state_width * dtype_bytes``. The hand-written presets count the conv state over
+    the full kernel width (``ssm_conv_state_width`` 0 = the kernel, as ``mamba_ssm``/Hugging
+    Face caches keep it and as the Marconi reference code counts it); ``model=hf`` uses vLLM's
+    ``kernel - 1`` columns and its state dtypes, and says which in ``state_dtypes``.
+    ``ssm_state_dtype_bytes`` defaults to 2 (FP16/BF16, as in the Marconi paper).
 
 FLOPs (``float``; prefill of ``new`` tokens after an already-cached prefix of ``prefix``)
   ``attention_flops + ssm_flops + mlp_flops == prefill_flops``, each summed over all layers of
@@ -27,33 +40,35 @@ FLOPs (``float``; prefill of ``new`` tokens after an already-cached prefix of ``
   ``flop_formula: paper`` -- the Marconi paper's per-layer full-sequence formulas (``D`` =
   d_model, ``N`` = state dim): Attention ``8LD^2 + 4L^2D``, MLP ``16LD^2``,
   SSM ``12LD^2 + 16LDN + 10LD``; the cost of ``new`` after ``prefix`` is ``F(p+q) - F(p)``.
-  The paper model is MHA with ``n_heads * head_dim == d_model`` and a non-gated ``4D`` MLP
-  (this is validated), so its KV bytes are ``2 * D * dtype_bytes`` per attention layer, and its
-  SSM state is the reference code's ``get_mamba_state_size``: ``D*N + (expand*D + 2N)*conv``
-  elements (``ssm_state_channels = D``).
+  The paper model is MHA with ``n_heads * head_dim == d_model``, a non-gated ``4D`` MLP and a
+  Mamba2 SSM (this is validated), so its KV bytes are ``2 * D * dtype_bytes`` per attention
+  layer, and its SSM state is the reference code's ``get_mamba_state_size``:
+  ``D*N + (expand*D + 2N)*conv`` elements (``ssm_state_channels = D``).
 
-  ``flop_formula: exact`` -- matmul FLOPs counted as ``2*m*n*k``:
-    * Attention: QKV and O projections with GQA, plus causal scores and AV over the prefix,
-      ``4 * n_heads * head_dim * sum_{i=1..new} (prefix + i)``.
+  ``flop_formula: exact`` -- matmul FLOPs counted as ``2*m*n*k`` (:mod:`simlab.model.layers`):
+    * Attention: the projections, plus scores and AV over the keys a query attends,
+      ``2 * n_heads * (head_dim + v_head_dim)`` per (query, key) pair: ``prefix + i`` keys for
+      token ``i`` of ``new`` in a full layer, ``swa_window`` in a sliding-window layer.
     * Mamba2 per token: in_proj ``D -> 2*d_inner + 2*G*N + H``; causal conv (``2*kernel`` per
       conv channel); SSD scan ``6*d_inner*N``; gating, D-skip and gated RMSNorm ``10*d_inner``;
       out_proj ``d_inner -> D``. Why ``6*d_inner*N``: the chunked SSD algorithm costs
       ``4*d_inner*N`` (chunk states ``B^T x`` and state-to-output ``C h``) plus an intra-chunk
       ``2*Q*(d_inner + G*N)``, i.e. about ``6*d_inner*N`` for chunk ``Q ~ N``; the recurrent
-      decode step (decay, ``B x`` update, ``C h`` read-out) is ~5-6 ``d_inner*N`` too. One
-      per-token count keeps the FLOPs additive; the scan is ~3% of a Mamba2 layer's FLOPs
-      (the projections dominate), so the choice of ``Q`` changes totals by ~1%.
+      decode step is ~5-6 ``d_inner*N`` too. One per-token count keeps the FLOPs additive; the
+      scan is ~3% of a Mamba2 layer's FLOPs, so the choice of ``Q`` changes totals by ~1%.
     * Mamba1 per token: in_proj ``D -> 2*d_inner``; conv; x_proj ``d_inner -> dt_rank + 2N``;
       dt_proj ``dt_rank -> d_inner``; selective scan ``9*d_inner*N`` (the Mamba paper's scan
-      count; also the ``9*l*d*n`` term of "Albert's estimate" in the Marconi reference code);
-      gating ``10*d_inner``; out_proj. SSM FLOPs do not depend on the prefix.
+      count); gating ``10*d_inner``; out_proj. GDN and KDA: their projections, conv, a delta
+      rule of ``8*d_inner*N``, gating and out_proj. SSM FLOPs do not depend on the prefix.
     * MLP: ``2*3*D*I`` per token if gated (SwiGLU), ``2*2*D*I`` if not (squared-ReLU, GELU).
-      MoE: router ``2*D*E`` plus ``top_k`` experts' MLP.
+      MoE: router ``2*D*E`` plus ``top_k`` experts' MLP plus the shared experts' MLP.
 
-Config values of ``0`` for ``n_kv_heads``, ``head_dim``, ``mlp_intermediate``,
-``moe_intermediate``, ``ssm_n_heads`` and ``ssm_dt_rank`` mean "derive" (``n_heads``,
-``d_model // n_heads``, ``4 * d_model``, ``mlp_intermediate``, ``d_inner // ssm_head_dim``,
-``ceil(d_model / 16)``); they are resolved once, at construction.
+Config values of ``0`` for ``n_kv_heads``, ``head_dim``, ``v_head_dim``, ``mlp_intermediate``,
+``moe_intermediate``, ``ssm_n_heads``, ``ssm_dt_rank`` and ``ssm_conv_state_width`` mean
+"derive" (``n_heads``, ``d_model // n_heads``, ``head_dim``, ``4 * d_model``,
+``mlp_intermediate``, ``d_inner // ssm_head_dim``, ``ceil(d_model / 16)``, the kernel); they are
+resolved once, at construction. ``ssm_expand`` 0 (Mamba2, GDN, KDA) makes ``d_inner`` the
+heads times the head dim.
 """
 
 from __future__ import annotations
@@ -66,14 +81,26 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FLOP_FORMULAS", "SSM_KINDS", "ModelSpec"]
+from simlab.model import layers
+
+__all__ = ["ATTN_KINDS", "FLOP_FORMULAS", "SSM_KINDS", "ModelSpec"]
 
 FLOP_FORMULAS = ("paper", "exact")
-SSM_KINDS = ("mamba1", "mamba2")
+SSM_KINDS = ("mamba1", "mamba2", "gdn", "kda", "short_conv")
+ATTN_KINDS = ("gqa", "mla")
 
 # Fields that may be 0 in a config, meaning "derive from the others".
 _AUTO_FIELDS = frozenset(
-    {"n_kv_heads", "head_dim", "mlp_intermediate", "moe_intermediate", "ssm_n_heads", "ssm_dt_rank"}
+    {
+        "n_kv_heads",
+        "head_dim",
+        "v_head_dim",
+        "mlp_intermediate",
+        "moe_intermediate",
+        "ssm_n_heads",
+        "ssm_dt_rank",
+        "ssm_conv_state_width",
+    }
 )
 
 
@@ -93,18 +120,28 @@ class ModelSpec:
     name: str = "model"
     n_mlp_layers: int = 0
     n_moe_layers: int = 0
-    # attention
+    # attention (``n_swa_layers`` of the ``n_attn_layers`` are sliding-window)
     n_heads: int = 0
     n_kv_heads: int = 0
     head_dim: int = 0
+    v_head_dim: int = 0
+    attn_kind: Literal["gqa", "mla"] = "gqa"
+    attn_gate: bool = False
+    mla_q_rank: int = 0
+    mla_kv_rank: int = 0
+    mla_rope_dim: int = 0
+    n_swa_layers: int = 0
+    swa_window: int = 0
     # dense MLP / MoE
     mlp_intermediate: int = 0
     mlp_gated: bool = False
     moe_experts: int = 0
     moe_top_k: int = 0
     moe_intermediate: int = 0
-    # SSM
-    ssm_kind: Literal["mamba1", "mamba2"] = "mamba2"
+    moe_shared_intermediate: int = 0
+    moe_latent: int = 0
+    # SSM (recurrent layers: see simlab.model.layers for each kind's shapes)
+    ssm_kind: Literal["mamba1", "mamba2", "gdn", "kda", "short_conv"] = "mamba2"
     ssm_state_dim: int = 128
     ssm_expand: int = 2
     ssm_conv_kernel: int = 4
@@ -112,12 +149,15 @@ class ModelSpec:
     ssm_head_dim: int = 64
     ssm_n_heads: int = 0
     ssm_dt_rank: int = 0
-    # numerics and head
+    ssm_conv_state_width: int = 0
+    # numerics and head; state_dtypes says which dtype each state is kept in, and why
     dtype_bytes: int = 2
     ssm_state_dtype_bytes: int = 2
     vocab_size: int = 0
     tie_embeddings: bool = False
     flop_formula: Literal["paper", "exact"] = "exact"
+    state_dtypes: str = ""
+    source: str = ""  # model=hf: the config.json it was read from
 
     # ---- derived at construction (not config fields) ----
     is_hybrid: bool = field(default=False, init=False, repr=False, compare=False)
@@ -150,6 +190,10 @@ class ModelSpec:
         """
         if not isinstance(cfg, Mapping):
             raise ValueError(f"model config must be a mapping, got {type(cfg).__name__}")
+        if "id" in cfg:  # model=hf: a Hugging Face config.json (simlab.model.hf imports us)
+            from simlab.model.hf import spec_from_config
+
+            return spec_from_config(cfg)
         known = {f.name for f in fields(cls) if f.init}
         values: dict[str, Any] = {}
         unknown: list[str] = []
@@ -182,10 +226,17 @@ class ModelSpec:
             if not f.init:
                 continue
             v = getattr(self, f.name)
-            if f.name in ("mlp_gated", "tie_embeddings"):
+            if f.name in ("mlp_gated", "tie_embeddings", "attn_gate"):
                 if not isinstance(v, bool):
                     raise ValueError(f"model.{f.name} must be true/false, got {v!r}")
-            elif f.name in ("name", "ssm_kind", "flop_formula"):
+            elif f.name in (
+                "name",
+                "ssm_kind",
+                "flop_formula",
+                "attn_kind",
+                "state_dtypes",
+                "source",
+            ):
                 if not isinstance(v, str):
                     raise ValueError(f"model.{f.name} must be a string, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int | np.integer):
@@ -198,6 +249,8 @@ class ModelSpec:
             )
         if self.ssm_kind not in SSM_KINDS:
             raise ValueError(f"model.ssm_kind must be one of {SSM_KINDS}, got {self.ssm_kind!r}")
+        if self.attn_kind not in ATTN_KINDS:
+            raise ValueError(f"model.attn_kind must be one of {ATTN_KINDS}, got {self.attn_kind!r}")
 
     def _resolve_auto(self) -> None:
         for name in _AUTO_FIELDS:
@@ -221,6 +274,13 @@ class ModelSpec:
         d_inner = self.ssm_expand * self.d_model
         if self.ssm_n_heads == 0 and self.ssm_head_dim > 0:
             self._set("ssm_n_heads", d_inner // self.ssm_head_dim)
+        self._resolve_widths()
+
+    def _resolve_widths(self) -> None:
+        if self.v_head_dim == 0:
+            self._set("v_head_dim", self.head_dim)
+        if self.ssm_conv_state_width == 0:
+            self._set("ssm_conv_state_width", self.ssm_conv_kernel)
         if self.ssm_dt_rank == 0:
             self._set("ssm_dt_rank", math.ceil(self.d_model / 16))
 
@@ -257,18 +317,38 @@ class ModelSpec:
             raise ValueError(
                 f"model.n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})"
             )
+        if not 0 <= self.n_swa_layers <= self.n_attn_layers:
+            raise ValueError(
+                f"model.n_swa_layers ({self.n_swa_layers}) must be in 0..n_attn_layers "
+                f"({self.n_attn_layers})"
+            )
+        if self.n_swa_layers:
+            self._positive("swa_window")
+        if self.attn_kind == "mla":
+            self._positive("mla_kv_rank", "mla_rope_dim")
+            if self.mla_rope_dim >= self.head_dim:
+                raise ValueError(
+                    f"model.mla_rope_dim ({self.mla_rope_dim}) must be < head_dim "
+                    f"({self.head_dim} = qk_nope_head_dim + qk_rope_head_dim)"
+                )
 
     def _validate_ssm(self) -> None:
-        self._positive("ssm_state_dim", "ssm_expand", "ssm_conv_kernel", "ssm_n_groups")
-        if self.ssm_kind == "mamba1":
-            self._positive("ssm_dt_rank")
+        self._positive("ssm_state_dim", "ssm_conv_kernel", "ssm_n_groups")
+        if not 0 < self.ssm_conv_state_width <= self.ssm_conv_kernel:
+            raise ValueError(
+                f"model.ssm_conv_state_width ({self.ssm_conv_state_width}) must be in "
+                f"1..ssm_conv_kernel ({self.ssm_conv_kernel})"
+            )
+        if self.ssm_kind in ("mamba1", "short_conv"):
+            self._positive("ssm_expand", *(("ssm_dt_rank",) if self.ssm_kind == "mamba1" else ()))
             return
         self._positive("ssm_head_dim", "ssm_n_heads")
         d_inner = self.ssm_expand * self.d_model
-        if self.ssm_n_heads * self.ssm_head_dim != d_inner:
+        if self.ssm_expand < 0 or (d_inner and self.ssm_n_heads * self.ssm_head_dim != d_inner):
             raise ValueError(
                 f"model.ssm_n_heads * ssm_head_dim ({self.ssm_n_heads} * {self.ssm_head_dim}) "
-                f"must equal ssm_expand * d_model ({d_inner}) for mamba2"
+                f"must equal ssm_expand * d_model ({d_inner}) for {self.ssm_kind} "
+                "(ssm_expand 0: d_inner is ssm_n_heads * ssm_head_dim)"
             )
         if self.ssm_n_heads % self.ssm_n_groups:
             raise ValueError(
@@ -279,6 +359,10 @@ class ModelSpec:
         why = "flop_formula 'paper' models"
         if self.n_moe_layers:
             raise ValueError(f"model.n_moe_layers must be 0: {why} have no MoE")
+        if self.attn_kind != "gqa" or self.n_swa_layers or self.attn_gate:
+            raise ValueError(f"model.attn_kind/n_swa_layers/attn_gate: {why} plain full attention")
+        if self.n_ssm_layers and self.ssm_kind != "mamba2":
+            raise ValueError(f"model.ssm_kind must be mamba2: {why} use the Mamba2 SSM formula")
         if self.n_attn_layers and (
             self.n_kv_heads != self.n_heads or self.n_heads * self.head_dim != self.d_model
         ):
@@ -294,27 +378,18 @@ class ModelSpec:
 
     # ------------------------------------------------------------------ derived numbers
     def _derive(self) -> None:
-        D, N, dtype = self.d_model, self.ssm_state_dim, self.dtype_bytes
-        d_inner = self.ssm_expand * D
-        if self.flop_formula == "paper":
-            state_ch = D
-        elif self.ssm_kind == "mamba2":
-            state_ch = self.ssm_n_heads * self.ssm_head_dim
-        else:
-            state_ch = d_inner
-        if self.flop_formula == "paper" or self.ssm_kind == "mamba2":
-            conv_ch = d_inner + 2 * self.ssm_n_groups * N  # x, B, C go through the conv
-        else:
-            conv_ch = d_inner
-        kv_layer = 2 * self.n_kv_heads * self.head_dim * dtype if self.n_attn_layers else 0
+        dtype = self.dtype_bytes
+        state_ch, conv_ch = layers.ssm_channels(self)
+        width = self.ssm_conv_state_width or self.ssm_conv_kernel
+        kv_layer = layers.kv_elements_per_token(self) * dtype if self.n_attn_layers else 0
         state_layer = (
-            state_ch * N * self.ssm_state_dtype_bytes + conv_ch * self.ssm_conv_kernel * dtype
+            state_ch * self.ssm_state_dim * self.ssm_state_dtype_bytes + conv_ch * width * dtype
             if self.n_ssm_layers
             else 0
         )
         self._set("is_hybrid", self.n_ssm_layers > 0)
         self._set("is_transformer", self.n_ssm_layers == 0)
-        self._set("ssm_d_inner", d_inner)
+        self._set("ssm_d_inner", layers.ssm_d_inner(self))
         self._set("ssm_state_channels", state_ch)
         self._set("ssm_conv_channels", conv_ch)
         self._set("kv_bytes_per_token_per_layer", kv_layer)
@@ -324,85 +399,46 @@ class ModelSpec:
         self._derive_flops()
         self._derive_params()
 
-    def _mlp_matrices(self) -> int:
-        return 3 if self.mlp_gated else 2
-
     def _derive_flops(self) -> None:
         D, N = self.d_model, self.ssm_state_dim
         na, ns = self.n_attn_layers, self.n_ssm_layers
         if self.flop_formula == "paper":
             # F(p+q) - F(p) for 8LD^2 + 4L^2D  ->  q * (8D^2 + 8D*p + 4D*q)
-            attn = (8 * D * D, 8 * D, 4 * D)
+            attn = (8 * D * D * na, 8 * D * na, 4 * D * na)
             ssm = 12 * D * D + 16 * D * N + 10 * D
             mlp = 16 * D * D * self.n_mlp_layers
         else:
-            qdim, kvdim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-            # 4*qdim*sum_{i=1..q}(p+i) = q * (4*qdim*p + 2*qdim*q + 2*qdim)
-            proj = 2 * D * (qdim + 2 * kvdim) + 2 * qdim * D
-            attn = (proj + 2 * qdim, 4 * qdim, 2 * qdim)
-            ssm = self._ssm_token_flops()
-            per_expert = 2 * self._mlp_matrices() * D * self.moe_intermediate
-            mlp = (
-                2 * self._mlp_matrices() * D * self.mlp_intermediate * self.n_mlp_layers
-                + (2 * D * self.moe_experts + self.moe_top_k * per_expert) * self.n_moe_layers
-            )
-        self._set("_attn_lin", float(attn[0] * na))
-        self._set("_attn_pq", float(attn[1] * na))
-        self._set("_attn_qq", float(attn[2] * na))
+            attn = layers.attention_coefficients(self) if na else (0, 0, 0)
+            ssm = layers.ssm_token_flops(self) if ns else 0
+            mlp = layers.ffn_flops(self)
+        self._set("_attn_lin", float(attn[0]))
+        self._set("_attn_pq", float(attn[1]))
+        self._set("_attn_qq", float(attn[2]))
         self._set("_ssm_lin", float(ssm * ns))
         self._set("_mlp_lin", float(mlp))
-        self._set("_lin", float(attn[0] * na + ssm * ns + mlp))
-
-    def _ssm_token_flops(self) -> int:
-        """Exact-mode FLOPs of one SSM layer for one token (see the module docstring)."""
-        D, N, di, K = self.d_model, self.ssm_state_dim, self.ssm_d_inner, self.ssm_conv_kernel
-        if self.ssm_kind == "mamba2":
-            G, H = self.ssm_n_groups, self.ssm_n_heads
-            in_proj = 2 * D * (2 * di + 2 * G * N + H)
-            conv = 2 * K * self.ssm_conv_channels
-            scan = 6 * di * N
-        else:
-            R = self.ssm_dt_rank
-            in_proj = 2 * D * 2 * di
-            conv = 2 * K * di
-            scan = 2 * di * (R + 2 * N) + 2 * R * di + 9 * di * N  # x_proj, dt_proj, scan
-        return in_proj + conv + scan + 10 * di + 2 * di * D
+        self._set("_lin", float(attn[0] + ssm * ns + mlp))
 
     def _derive_params(self) -> None:
         """Weight counts (norm vectors included, biases of projections excluded)."""
         D = self.d_model
-        attn = ssm = 0
-        if self.n_attn_layers:
-            qdim, kvdim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-            attn = D * (qdim + 2 * kvdim) + qdim * D + D
-        if self.n_ssm_layers:
-            ssm = self._ssm_layer_params()
-        mlp = self._mlp_matrices() * D * self.mlp_intermediate + D
-        expert = self._mlp_matrices() * D * self.moe_intermediate
-        moe_shared = D * self.moe_experts + D
+        attn = layers.attention_params(self) if self.n_attn_layers else 0
+        ssm = layers.ssm_params(self) if self.n_ssm_layers else 0
+        mlp = layers.mlp_matrices(self) * D * self.mlp_intermediate + D
+        expert, moe_other = layers.moe_params(self)
         common = (
             attn * self.n_attn_layers
             + ssm * self.n_ssm_layers
             + mlp * self.n_mlp_layers
-            + moe_shared * self.n_moe_layers
+            + moe_other * self.n_moe_layers
             + D  # final norm
         )
         self._set("layer_params", common + expert * self.moe_experts * self.n_moe_layers)
         self._set("active_layer_params", common + expert * self.moe_top_k * self.n_moe_layers)
         self._set("embedding_params", self.vocab_size * D * (1 if self.tie_embeddings else 2))
 
-    def _ssm_layer_params(self) -> int:
-        D, N, di, K = self.d_model, self.ssm_state_dim, self.ssm_d_inner, self.ssm_conv_kernel
-        if self.ssm_kind == "mamba2":
-            G, H = self.ssm_n_groups, self.ssm_n_heads
-            conv_ch = di + 2 * G * N
-            # in_proj, conv weight+bias, A/D/dt_bias, gated norm, out_proj, pre-norm
-            return D * (2 * di + 2 * G * N + H) + conv_ch * (K + 1) + 3 * H + di + di * D + D
-        R = self.ssm_dt_rank
-        # in_proj, conv weight+bias, x_proj, dt_proj(+bias), A, D, out_proj, pre-norm
-        return (
-            D * 2 * di + di * (K + 1) + di * (R + 2 * N) + (R + 1) * di + di * N + di + di * D + D
-        )
+    def config_fields(self) -> dict[str, Any]:
+        """The config fields, resolved (what ``from_config`` of them rebuilds)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
     # ------------------------------------------------------------------ hot-loop queries
     def attention_flops(self, prefix: int, new: int) -> float:

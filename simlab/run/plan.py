@@ -75,6 +75,9 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         engine.check_memory(model, settings.cache.size_gb, reserve=tree)
     out_dir = output_dir(cfg)
     check_writable(out_dir)
+    config = saved_config(cfg)
+    if model.source:  # model=hf: what its config.json resolved to, in summary.json
+        config["model_resolved"] = model.config_fields()
     return RunPlan(
         settings,
         model,
@@ -85,7 +88,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         overwrite=bool(cfg.get("overwrite", False)),
         bounds=bounds_enabled(cfg),
         clairvoyant=clairvoyant,
-        config=saved_config(cfg),
+        config=config,
     )
 
 
