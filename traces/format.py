@@ -64,6 +64,19 @@ class TraceFormatError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class AgentStep:
+    """Where a request of an agentic trace sits in its session graph and when it leaves
+    (the ``ref_*`` columns of :mod:`traces.agents`)."""
+
+    parent_session: int
+    spawn_turn: int
+    depth: int
+    anchor: int
+    delay: float
+    users: int
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
     """One request of a trace, in the form the engines consume."""
 
@@ -78,6 +91,8 @@ class Request:
     block_size: int = 1
     #: true input tokens when the trace knows them (``ref_input_length``), else None
     ref_input_tokens: int | None = None
+    #: agentic traces only: the request's place in its session graph
+    agent: AgentStep | None = None
 
     @property
     def input_len(self) -> int:
@@ -221,6 +236,7 @@ class Trace:
         output_lens = column("output_len")
         inputs, outputs = column("input_ids"), column("output_ids")
         true_inputs = column("ref_input_length") if "ref_input_length" in self.columns else None
+        agents = self._agent_steps()
         for pos in order.tolist():
             yield Request(
                 request_id=pos,
@@ -232,7 +248,20 @@ class Trace:
                 output_len=int(output_lens[pos]),
                 block_size=self.block_size,
                 ref_input_tokens=None if true_inputs is None else int(true_inputs[pos]),
+                agent=None if agents is None else agents[pos],
             )
+
+    def _agent_steps(self) -> list[AgentStep] | None:
+        """Per row, its :class:`AgentStep` (None: not an agentic trace)."""
+        if "ref_parent_session" not in self.columns:
+            return None
+        names = ("ref_parent_session", "ref_spawn_turn", "ref_agent_depth", "ref_anchor")
+        ints = [np.asarray(self.column(n)).tolist() for n in (*names, "ref_users")]
+        delays = np.asarray(self.column("ref_delay"), dtype=np.float64).tolist()
+        return [
+            AgentStep(p, s, d, a, delay, u)
+            for p, s, d, a, u, delay in zip(*ints, delays, strict=True)
+        ]
 
     def to_parquet(self, path: Path) -> None:
         """Write the trace with its inputs stored as prefix chains (:mod:`traces.columnar`)."""

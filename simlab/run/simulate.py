@@ -16,8 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from simlab.config import CacheSettings
-from simlab.engines.records import concat_columns, write_json_atomic, write_records
+from simlab.engines.records import Columns, concat_columns, write_json_atomic, write_records
 from simlab.engines.replay import ReplayEngine
 from simlab.fastpaths.blocks.replay import Walks
 from simlab.run.bounds import infinite_cache_hits
@@ -42,6 +44,7 @@ from simlab.run.summary import Summary, add_bound_ratios, trace_stats
 from simlab.run.sweep import check_no_overwrite, finished_summary, is_multirun
 from simlab.run.trace import TraceSpec, load_trace, shared_traces, trace_key, trace_requests
 from simlab.util.provenance import code_version
+from traces.agents import is_agentic
 from traces.format import Request, Trace
 
 if TYPE_CHECKING:
@@ -136,12 +139,25 @@ def finish_run(
         trace=trace_stats(trace),
         config=plan.config,
         out_dir=plan.out_dir,
-        record_columns=concat_columns([run.records for run in runs.values()]),
+        record_columns=agent_columns(concat_columns([r.records for r in runs.values()]), trace),
         routes={name: run.route.to_dict() for name, run in runs.items() if run.route},
     )
     if summary.out_dir is not None:
         write_results(summary, summary.out_dir, runs)
     return summary
+
+
+def agent_columns(columns: Columns, trace: Trace) -> Columns:
+    """An agentic trace's records gain ``parent_session`` (-1 for a root) and ``agent_depth``
+    of their session (:mod:`traces.agents`); other traces' records are unchanged."""
+    if not is_agentic(trace) or not columns:
+        return columns
+    sessions = np.asarray(trace.column("session_id"))
+    for name, source in (("parent_session", "ref_parent_session"), ("agent_depth", "ref_agent_depth")):
+        of_session = np.zeros(int(sessions.max()) + 1, dtype=np.int64)
+        of_session[sessions] = trace.column(source)
+        columns[name] = of_session[np.asarray(columns["session_id"], dtype=np.int64)]
+    return columns
 
 
 def write_results(summary: Summary, out_dir: Path, runs: dict[str, PolicyRun]) -> None:

@@ -13,6 +13,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from simlab.config import ConfigError, RunSettings
+from traces.agents import assign_agent_arrivals, is_agentic
 from traces.arrival_modes import assign as assign_arrival_times
 from traces.arrivals import GapsError
 from traces.format import Request, Trace
@@ -88,6 +89,8 @@ def load_trace(spec: TraceSpec, settings: RunSettings) -> Trace:
         raise
     trace.name = spec.name or trace.name  # the config's name labels results
     arrivals = settings.arrivals
+    if is_agentic(trace):
+        return agent_arrivals(trace, settings)
     try:
         return assign_arrival_times(
             trace,
@@ -106,4 +109,24 @@ def load_trace(spec: TraceSpec, settings: RunSettings) -> Trace:
     except GapsError as err:  # e.g. typing gaps on a trace without word counts
         raise ConfigError(f"arrivals.gaps={arrivals.gaps}: {err}") from err
     except ValueError as err:  # e.g. timestamps on a trace without them
+        raise ConfigError(f"arrivals.mode={arrivals.mode}: {err}") from err
+
+
+def agent_arrivals(trace: Trace, settings: RunSettings) -> Trace:
+    """An agentic trace's arrivals: its root sessions start by ``arrivals.mode`` (or its closed
+    loop), everything else follows its session graph (:mod:`traces.agents`); the gaps within a
+    session are the trace's own, so ``arrivals.gaps`` must stay ``exponential`` and
+    ``arrivals.think_time_mean`` is not used."""
+    arrivals = settings.arrivals
+    if arrivals.gaps != "exponential":
+        raise ConfigError(f"arrivals.gaps={arrivals.gaps}: an agentic trace has its own gaps")
+    try:
+        return assign_agent_arrivals(
+            trace,
+            mode=arrivals.mode,
+            session_rate=arrivals.session_rate,
+            seed=settings.seed,
+            time_scale=arrivals.time_scale,
+        )
+    except ValueError as err:
         raise ConfigError(f"arrivals.mode={arrivals.mode}: {err}") from err

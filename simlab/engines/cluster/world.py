@@ -16,7 +16,7 @@ from simlab.engines.cluster.summary import cluster_extras, merged_occupancy, poo
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import steady
-from simlab.engines.timed.feeders import SessionFeeder
+from simlab.engines.timed.feeders import session_feeder
 from simlab.engines.timed.jobs import Job
 from simlab.engines.timed.vllm import VllmMemory
 from simlab.engines.timed.world import TimedWorld
@@ -81,7 +81,7 @@ class Cluster:
 
     def run(self) -> EngineRun:
         """Simulate until every session ended and every request completed."""
-        feeder = SessionFeeder(self.requests, self.engine.engine.typing_wpm)
+        feeder = session_feeder(self.requests, self.engine.engine.typing_wpm)
         sessions = feeder.processes(cast(TimedWorld, self))  # they use only env and submit
         for process in sessions:
             self.env.process(self._source(process))

@@ -23,7 +23,7 @@ from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
-from simlab.engines.timed.feeders import SessionFeeder
+from simlab.engines.timed.feeders import session_feeder
 from simlab.engines.timed.load import load_verdict, steady_state
 from simlab.engines.timed.settings import TimedSettings
 from simlab.engines.timed.vllm import VllmMemory
@@ -153,7 +153,7 @@ class TimedEngine(TimedSettings):
                 step.policy,
             )
         world = self.world(requests, step)
-        records = world.run(SessionFeeder(requests, self.typing_wpm))
+        records = world.run(session_feeder(requests, self.typing_wpm))
         extras = world.stats.summary(len(records)) | verdict_of(world, records)
         extras |= world.cache_peaks() | steady(step.policy, records)
         if extras["saturated"]:

@@ -67,6 +67,16 @@ class SessionFeeder:
         return new_tokens / TOKENS_PER_WORD / self.typing_wpm * 60.0
 
 
+def session_feeder(requests: Sequence[Request], typing_wpm: float | None = None) -> Feeder:
+    """The feeder of a trace's sessions: an agentic trace's session graph
+    (:class:`simlab.engines.timed.agents.AgentFeeder`), else :class:`SessionFeeder`."""
+    if requests and requests[0].agent is not None:
+        from simlab.engines.timed.agents import AgentFeeder
+
+        return AgentFeeder(requests)
+    return SessionFeeder(requests, typing_wpm)
+
+
 def sessions(requests: Sequence[Request]) -> list[list[Request]]:
     """Requests grouped by session, turns in order, sessions by first arrival."""
     by_session: dict[int, list[Request]] = {}
