@@ -1,4 +1,6 @@
-"""``python -m traces describe TRACE [overrides...] [--json]``: workload statistics of a trace.
+"""``python -m traces describe TRACE [overrides...] [--json]``: workload statistics of a trace;
+``python -m traces convert --from FORMAT IN OUT``: another format to the request log
+(:mod:`traces.convert`).
 
 ``TRACE`` is a config of ``configs/trace/`` (``sharegpt``, ``swebench``, ``lmsys``, ``mooncake``,
 ``azure_conv``, ``batchllm``, ...); overrides use Hydra syntax and the run config's keys, e.g.
@@ -54,7 +56,27 @@ def _parser() -> argparse.ArgumentParser:
     desc.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trace.limit=10")
     desc.add_argument("--json", action="store_true", help="print the statistics as JSON")
     desc.add_argument("-v", "--verbose", action="store_true", help="log loader progress")
+    conv = sub.add_parser("convert", help="another trace format to simlab's request log")
+    conv.add_argument("--from", dest="fmt", required=True, help="mooncake|bailian|aiperf|...")
+    conv.add_argument("source", help="the input file (claude_code: a file or a folder)")
+    conv.add_argument("out", help="the request log to write (.jsonl or .parquet)")
+    conv.add_argument("-v", "--verbose", action="store_true", help="log progress")
     return parser
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from traces.convert import convert
+
+    try:
+        n = convert(args.fmt, Path(args.source), Path(args.out))
+    except (*USER_ERRORS, OSError) as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        sys.stderr.write(f"traces: error: {lines[0]}\n")
+        return 2
+    sys.stdout.write(f"{n} requests written to {args.out}\n")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "convert":
+        return run_convert(args)
     from hydra.errors import HydraException
 
     started = time.perf_counter()
