@@ -122,11 +122,12 @@ def read_document(path: Path) -> dict[str, Any]:
         except (EOFError, OSError, zlib.error) as exc:
             raise TraceFileError(f"{path}: not a complete gzip file ({exc}): truncated?") from exc
     try:
-        doc = json.loads(raw)
+        text = raw.decode("utf-8")
+        doc = json.loads(text)
     except UnicodeDecodeError as exc:
         raise TraceFileError(f"{path}: not UTF-8 JSON text (a binary file?)") from exc
     except json.JSONDecodeError as exc:
-        cut = " (truncated?)" if exc.pos >= len(raw.rstrip()) else ""
+        cut = " (truncated?)" if exc.pos >= len(text.rstrip()) else ""
         raise TraceFileError(
             f"{path}: line {exc.lineno} column {exc.colno}: invalid JSON ({exc.msg}){cut}"
         ) from exc
@@ -231,17 +232,23 @@ def _parse_call(entry: Any, block_size: int) -> _Call:
     t = get_number(entry, "t", minimum=0)
     tokens = get_int(entry, "in", minimum=1)
     out = get_int(entry, "out", minimum=0)
-    ids = get_list(entry, "hash_ids")
+    ids = _hash_ids(get_list(entry, "hash_ids"))
     if len(ids) != tokens // block_size:
         raise RecordError(
             f"hash_ids has {len(ids)} blocks but in={tokens} needs floor({tokens}/{block_size})"
         )
-    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 17 for v in ids):
-        raise RecordError("hash_ids: not all integers in [0, 131072)")
     think = get_number(entry, "think_time", minimum=0) if entry.get("think_time") is not None else None
     api = get_number(entry, "api_time", minimum=0) if entry.get("api_time") is not None else None
-    request = AgentRequest(np.asarray(ids, dtype=np.int64), tokens, out)
+    request = AgentRequest(ids, tokens, out)
     return _Call(t, think, api, request)
+
+
+def _hash_ids(values: list[Any]) -> np.ndarray:
+    """The ids as int64; :class:`RecordError` unless all are integers in [0, 2^17)."""
+    ids = np.asarray(values) if values else np.zeros(0, dtype=np.int64)
+    if ids.dtype.kind not in "iu" or (ids.size and (ids.min() < 0 or ids.max() >= 1 << 17)):
+        raise RecordError("hash_ids: not all integers in [0, 131072)")
+    return ids.astype(np.int64, copy=False)
 
 
 def _time_session(calls: list[_Call], markers: dict[int, list[_Marker]], opts: Options, lead: float) -> None:
@@ -356,7 +363,7 @@ def check_options(opts: Options, limit: int | None, users: int | None) -> None:
 def load_claude_code(
     path: str | os.PathLike[str] | None = None,
     data_dir: str | os.PathLike[str] | None = None,
-    sessions: int | list[str] | None = None,
+    sessions: Any = None,  # an int, a list of ids or None (checked by _select)
     limit: int | None = None,
     shared_prefix: str = "system+tools",
     timing: str = "think",
