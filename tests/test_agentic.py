@@ -8,6 +8,7 @@ records; token-id and hash-id logs of the same prompts; converted traces against
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import math
@@ -180,8 +181,11 @@ def test_replay_order_is_topological_and_users_close_the_loop(cache: Path) -> No
         assert k == 0 or position[(p, k - 1)] < first
         assert (p, k) not in position or last < position[(p, k)]
     roots = [s for s, rows in _rows(trace).items() if parent[rows[0]] < 0]
-    spans = [(position[(s, 0)], max(position[(s, t)] for t in range(len(_rows(trace)[s])))) for s in roots]
-    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))  # one user: in turn
+    spans = [
+        (position[(s, 0)], max(position[(s, t)] for t in range(len(_rows(trace)[s]))))
+        for s in roots
+    ]
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(spans))  # one user: in turn
 
 
 def token_and_hash_logs(tmp_path: Path, block: int = 16) -> tuple[Path, Path]:
@@ -198,13 +202,16 @@ def token_and_hash_logs(tmp_path: Path, block: int = 16) -> tuple[Path, Path]:
                 prompt.append(1)
             if turn == 3:  # a branch: the session edits its history
                 prompt[len(prompt) // 2] = 99
-            ids, key = [], ()
+            ids: list[int] = []
+            key: tuple = ()
             for b in range(len(prompt) // block):
                 key = (key, tuple(prompt[b * block : (b + 1) * block]))
                 ids.append(chain.setdefault(key, len(chain)))
             common = {"session": f"s{session}", "output_len": 5, "think": 1.0}
             tokens_lines.append({**common, "input_ids": list(prompt)})
-            hash_lines.append({**common, "hash_ids": ids, "block_size": block, "input_len": len(prompt)})
+            hash_lines.append(
+                {**common, "hash_ids": ids, "block_size": block, "input_len": len(prompt)}
+            )
     paths = tmp_path / "tokens.jsonl", tmp_path / "hashes.jsonl"
     for path, lines in zip(paths, (tokens_lines, hash_lines), strict=True):
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -266,8 +273,14 @@ def small_doc() -> dict:
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
-        (lambda d: d["requests"][2].update(hash_ids=[1]), "session tiny: requests[2]: hash_ids has 1"),
-        (lambda d: d["requests"][1]["requests"][1].update(out="x"), "session tiny/agent_001: requests[1]: field 'out'"),
+        (
+            lambda d: d["requests"][2].update(hash_ids=[1]),
+            "session tiny: requests[2]: hash_ids has 1",
+        ),
+        (
+            lambda d: d["requests"][1]["requests"][1].update(out="x"),
+            "session tiny/agent_001: requests[1]: field 'out'",
+        ),
         (lambda d: d["requests"][0].pop("in"), "session tiny: requests[0]: field 'in' is missing"),
     ],
 )
@@ -293,7 +306,11 @@ def test_truncated_binary_and_malformed_files(tmp_path: Path, caplog) -> None:
     binary.write_bytes(bytes(range(256)) * 4)
     broken = tmp_path / "d.json"
     broken.write_text(json.dumps(small_doc())[:-40])
-    for path, fault in [(cut, "not a complete gzip file"), (binary, "not UTF-8"), (broken, "invalid JSON")]:
+    for path, fault in [
+        (cut, "not a complete gzip file"),
+        (binary, "not UTF-8"),
+        (broken, "invalid JSON"),
+    ]:
         with pytest.raises(TraceFileError) as exc:
             build_claude_code([path], Options(), None, 0)
         assert one_line(exc).startswith(f"{path}: ") and fault in str(exc.value)
@@ -340,20 +357,40 @@ def test_claude_code_converted_replays_the_same(cache: Path, tmp_path: Path, suf
     convert("claude_code", CC / "trace_0254.json.gz", out)
     direct = build_claude_code([CC / "trace_0254.json.gz"], Options(), None, 0)
     logged = load_request_log(out)
-    assert logged.column("ref_parent_session").tolist() == direct.column("ref_parent_session").tolist()
+    assert (
+        logged.column("ref_parent_session").tolist() == direct.column("ref_parent_session").tolist()
+    )
     assert logged.column("ref_delay").tolist() == pytest.approx(direct.column("ref_delay").tolist())
     hits = [infinite_cache_hits(list(t.requests())) for t in (direct, logged)]
     assert hits[0] == hits[1] and sum(hits[0]) > 0
 
 
 def test_converters_of_the_other_formats(cache: Path, tmp_path: Path) -> None:
-    sources = {
-        "mooncake": [{"timestamp": 1000, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}],
+    sources: dict[str, list[dict]] = {
+        "mooncake": [
+            {"timestamp": 1000, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}
+        ],
         "bailian": [
-            {"chat_id": 5, "parent_chat_id": -1, "timestamp": 1.0, "input_length": 40,
-             "output_length": 3, "turn": 1, "type": "text", "hash_ids": [1, 2, 3]},
-            {"chat_id": 8, "parent_chat_id": 5, "timestamp": 4.0, "input_length": 70,
-             "output_length": 3, "turn": 2, "type": "text", "hash_ids": [1, 2, 3, 4, 5]},
+            {
+                "chat_id": 5,
+                "parent_chat_id": -1,
+                "timestamp": 1.0,
+                "input_length": 40,
+                "output_length": 3,
+                "turn": 1,
+                "type": "text",
+                "hash_ids": [1, 2, 3],
+            },
+            {
+                "chat_id": 8,
+                "parent_chat_id": 5,
+                "timestamp": 4.0,
+                "input_length": 70,
+                "output_length": 3,
+                "turn": 2,
+                "type": "text",
+                "hash_ids": [1, 2, 3, 4, 5],
+            },
         ],
         "aiperf": [
             {"session_id": "a", "turns": [{"text": "hello there", "delay": 500}, {"text": "more"}]},

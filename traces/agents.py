@@ -135,7 +135,7 @@ def _row(sid: int, turn: int, session: AgentSession, req: AgentRequest, ids, use
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
-    for column in AGENT_COLUMNS + ("ref_input_length",):
+    for column in (*AGENT_COLUMNS, "ref_input_length"):
         dtype = np.float64 if column == "ref_delay" else np.int64
         frame[column] = frame[column].astype(dtype)
     return frame
@@ -143,7 +143,9 @@ def _typed(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _block_ids(reqs: list[AgentRequest], block_size: int) -> list[np.ndarray]:
     """Each request's ids plus its unique tail id, as int32 (dense remap when needed)."""
-    flat = np.concatenate([np.asarray(r.ids, dtype=np.int64) for r in reqs] or [np.zeros(0)])
+    flat = np.concatenate(
+        [np.asarray(r.ids, dtype=np.int64) for r in reqs] or [np.zeros(0, dtype=np.int64)]
+    )
     lengths = np.fromiter((len(r.ids) for r in reqs), dtype=np.int64, count=len(reqs))
     if flat.size and (flat.min() < 0 or flat.max() > _INT32_MAX - len(reqs)):
         _, flat = np.unique(flat, return_inverse=True)  # order-free dense ids: equality kept

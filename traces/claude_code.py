@@ -142,8 +142,9 @@ def read_document(path: Path) -> dict[str, Any]:
 class _Conversation:
     """Parse one document into sessions (root first, sub-agents depth-first)."""
 
-    def __init__(self, path: Path, doc: dict[str, Any], opts: Options, kinds: dict[str, int],
-                 offset: int = 0):
+    def __init__(
+        self, path: Path, doc: dict[str, Any], opts: Options, kinds: dict[str, int], offset: int = 0
+    ):
         self.path, self.opts, self.kinds, self.offset = path, opts, kinds, offset
         self.name = str(doc.get("id", path.name.split(".")[0]))
         self.block_size = self._int(doc, "block_size", self.name, minimum=1)
@@ -237,7 +238,9 @@ def _parse_call(entry: Any, block_size: int) -> _Call:
         raise RecordError(
             f"hash_ids has {len(ids)} blocks but in={tokens} needs floor({tokens}/{block_size})"
         )
-    think = get_number(entry, "think_time", minimum=0) if entry.get("think_time") is not None else None
+    think = (
+        get_number(entry, "think_time", minimum=0) if entry.get("think_time") is not None else None
+    )
     api = get_number(entry, "api_time", minimum=0) if entry.get("api_time") is not None else None
     request = AgentRequest(ids, tokens, out)
     return _Call(t, think, api, request)
@@ -251,11 +254,13 @@ def _hash_ids(values: list[Any]) -> np.ndarray:
     return ids.astype(np.int64, copy=False)
 
 
-def _time_session(calls: list[_Call], markers: dict[int, list[_Marker]], opts: Options, lead: float) -> None:
+def _time_session(
+    calls: list[_Call], markers: dict[int, list[_Marker]], opts: Options, lead: float
+) -> None:
     """Set each request's anchor and delay by ``opts.timing`` (module docstring)."""
     for k, call in enumerate(calls):
         req = call.request
-        resumed = markers.get(k)
+        resumed = markers.get(k, [])
         if k == 0 or resumed:
             gap = lead if k == 0 else max(call.t - max(m.end for m in resumed), 0.0)
         else:
@@ -307,7 +312,9 @@ def build_claude_code(files: list[Path], opts: Options, limit: int | None, users
     if skipped_files or skipped:
         log.warning(
             "claude_code: skipped %d file(s) and %d request(s) (lenient); first: %s",
-            skipped_files, skipped, first_fault,
+            skipped_files,
+            skipped,
+            first_fault,
         )
     if len(block_sizes) > 1:
         raise TraceFileError(f"claude_code: files with different block sizes {sorted(block_sizes)}")
@@ -332,7 +339,7 @@ def _fingerprint(files: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def _select(files: list[Path], sessions: int | list[str] | None) -> list[Path]:
+def _select(files: list[Path], sessions: Any) -> list[Path]:
     if sessions is None:
         return files
     if isinstance(sessions, int) and not isinstance(sessions, bool):

@@ -119,7 +119,9 @@ def _input_len(record: dict[str, Any], n: int, block: int) -> int:
         return n * block
     tokens = get_int(record, "input_len", minimum=1)
     if tokens <= (n - 1) * block or (block == 1 and tokens != n):
-        raise RecordError(f"field 'input_len' is {tokens}: {n} ids of {block} tokens cannot hold it")
+        raise RecordError(
+            f"field 'input_len' is {tokens}: {n} ids of {block} tokens cannot hold it"
+        )
     return tokens
 
 
@@ -147,7 +149,7 @@ def _parquet_rows(path: Path, lenient: bool) -> Iterator[tuple[str, LogLine]]:
 
     try:
         rows = pq.ParquetFile(path).read().to_pylist()
-    except Exception as exc:  # noqa: BLE001 - any unreadable parquet is the user's file
+    except Exception as exc:
         raise TraceFileError(f"{path}: not a readable parquet file ({exc})") from exc
     skipped, first = 0, None
     for i, row in enumerate(rows):
@@ -209,13 +211,13 @@ class _Sessions:
     def _request(self, lines: list[LogLine], k: int) -> AgentRequest:
         line = lines[k]
         req = AgentRequest(np.asarray(line.ids, dtype=np.int64), line.input_len, line.output_len)
-        first_t = lines[0].t
+        first_t, prev_t = lines[0].t, lines[k - 1].t
         if self.timing == "original" and line.t is not None and first_t is not None:
             req.anchor, req.delay = START, max(line.t - first_t, 0.0)
         elif line.think is not None or k == 0:
             req.anchor, req.delay = READY, line.think or 0.0
-        elif line.t is not None and lines[k - 1].t is not None:
-            req.anchor, req.delay = SENT, max(line.t - lines[k - 1].t, 0.0)
+        elif line.t is not None and prev_t is not None:
+            req.anchor, req.delay = SENT, max(line.t - prev_t, 0.0)
         return req
 
 

@@ -153,7 +153,10 @@ def agent_columns(columns: Columns, trace: Trace) -> Columns:
     if not is_agentic(trace) or not columns:
         return columns
     sessions = np.asarray(trace.column("session_id"))
-    for name, source in (("parent_session", "ref_parent_session"), ("agent_depth", "ref_agent_depth")):
+    for name, source in (
+        ("parent_session", "ref_parent_session"),
+        ("agent_depth", "ref_agent_depth"),
+    ):
         of_session = np.zeros(int(sessions.max()) + 1, dtype=np.int64)
         of_session[sessions] = trace.column(source)
         columns[name] = of_session[np.asarray(columns["session_id"], dtype=np.int64)]
