@@ -14,6 +14,11 @@ Loaders (selected by Hydra ``_target_`` in ``configs/trace/*.yaml``; no registry
   the paper's selection (>= 10 turns, mostly-non-ASCII excluded, token cap, first 100).
 * :func:`traces.mooncake.load_mooncake` -- Mooncake hash-id traces: one id per 512-token block
   (``Trace.block_size``), real timestamps, output lengths only.
+* :func:`traces.claude_code.load_claude_code` -- real Claude Code agentic sessions (64-token
+  block hash ids, a shared system prompt, sub-agents as a session graph: :mod:`traces.agents`).
+* :func:`traces.request_log.load_request_log` -- the documented request-log format for users' own
+  logs (JSONL or parquet); ``python -m traces convert`` (:mod:`traces.convert`) writes it from
+  Mooncake, Bailian, AIPerf, vLLM-benchmark and Claude Code traces.
 * :mod:`traces.azure` -- Azure LLM inference CSVs: arrival processes and length distributions,
   and a no-sharing baseline trace.
 * :func:`traces.sweagent.load_sweagent` -- classic SWE-agent ``.traj`` files; both agent formats
