@@ -411,3 +411,27 @@ def test_converters_of_the_other_formats(cache: Path, tmp_path: Path) -> None:
     first, second = aiperf.column("input_ids")[:2]
     assert second[: len(first)].tolist() == first.tolist()  # a turn holds the earlier text
     assert math.isclose(aiperf.column("ref_delay")[0], 0.5)
+
+
+@needs_data
+def test_users_close_the_loop_on_the_timed_engine(cache: Path, tmp_path: Path) -> None:
+    overrides = [sessions_override(WITH_SUBAGENTS), "trace.users=2", "+policy=sglang"]
+    overrides += ["hardware=h100_sxm", "cache.size_gb=20", "bounds.enabled=false"]
+    records = run(overrides, tmp_path / "run").record_columns
+    trace = load_claude_code(sessions=WITH_SUBAGENTS, users=2, data_dir=CC.parent.parent)
+    parent = {
+        int(s): int(p)
+        for s, p in zip(trace.column("session_id"), trace.column("ref_parent_session"), strict=True)
+    }
+
+    def root(sid: int) -> int:
+        return sid if parent[sid] < 0 else root(parent[sid])
+
+    spans: dict[int, list[float]] = {}
+    for sid, arrival, finished in zip(
+        records["session_id"], records["arrival"], records["finished"], strict=True
+    ):
+        span = spans.setdefault(root(int(sid)), [math.inf, 0.0])
+        span[0], span[1] = min(span[0], float(arrival)), max(span[1], float(finished))
+    (a0, a1), (b0, b1), (c0, _) = sorted(spans.values())
+    assert a0 == b0 == 0.0 < min(a1, b1) <= c0  # two users; the third waits for one of them
