@@ -42,9 +42,13 @@ class _Admit(EvictionPolicy):
         raise AssertionError("an infinite cache never evicts")
 
 
-def infinite_cache_hits(requests: Sequence[Any], page_size: int = 1) -> list[int]:
+def infinite_cache_hits(
+    requests: Sequence[Any], page_size: int = 1, committed: bool = False
+) -> list[int]:
     """Ideal reuse in tokens: per request (in order) the longest prefix shared with any earlier
-    input + output, rounded down to ``page_size`` ids and capped at ``input tokens - 1``.
+    input + output, rounded down to ``page_size`` ids and capped at ``input tokens - 1``;
+    ``committed``: without each output's last token, whose KV an engine never computes (the
+    production engines' keys, :attr:`simlab.cache.keys.TokenKeys.committed`).
 
     This is what an infinite cache gives a Transformer, and a hybrid whose every position is
     checkpointed; no policy at any capacity can hit more. On a hash-id trace (ids of many
@@ -55,7 +59,7 @@ def infinite_cache_hits(requests: Sequence[Any], page_size: int = 1) -> list[int
     model = cast(ModelSpec, _TokenUnits())
     cache = PrefixCache(model, math.inf, page_size, unit_tokens=unit)
     admit = _Admit()
-    keys = TokenKeys()
+    keys = TokenKeys(committed)
     hits = []
     for req in requests:
         if unit > 1:  # Requests of a hash-id trace
@@ -67,6 +71,8 @@ def infinite_cache_hits(requests: Sequence[Any], page_size: int = 1) -> list[int
         seq = np.asarray(getattr(req, "input_ids", req))
         hits.append(cache.lookup(seq, page_size).hit)
         out = getattr(req, "output_ids", None)
+        if out is not None and committed:
+            out = out[:-1]
         full = seq if out is None or len(out) == 0 else np.concatenate((seq, out))
         cache.insert(full, [], int(full.shape[0]), admit)
     return hits

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, ListConfig, open_dict
 from simlab.config import ConfigError
 from simlab.fastpaths.blocks.replay import Walks
 from simlab.run import routes
+from simlab.run.breakdown import Counterfactuals
 from simlab.run.checks import check_request_fits, check_writable
 from simlab.run.plan import RunPlan, output_dir, plan_run
 from simlab.run.policy import PolicyRun, policy_step, run_policy, stacked_runs
@@ -207,8 +208,10 @@ def run_capacities(cfg: DictConfig) -> CapacityRun:
         for point in pending:
             check_request_fits(point.plan.settings, point.plan.model, requests)
         runs = run_policies(pending, requests, trace.block_size)
+        shared = Counterfactuals()  # the infinite cache's hits, the same at every capacity
         for point in pending:
-            summaries[id(point)] = finish_run(point.plan, trace, requests, runs[id(point)])
+            point_runs = runs[id(point)]
+            summaries[id(point)] = finish_run(point.plan, trace, requests, point_runs, shared)
     ordered = [summaries[id(p)] for p in points]
     top = output_dir(cfg)
     table = capacity_table(points, ordered, top)

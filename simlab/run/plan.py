@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 class RunPlan:
     """A composed config, validated: everything a run needs, before it loads anything.
     ``bounds``: ``bounds.enabled``; ``clairvoyant``: the bound's policy (None: none);
-    ``config``: the resolved config as run, saved in ``summary.json``."""
+    ``config``: the resolved config as run, saved in ``summary.json``; ``breakdown``:
+    ``reuse_breakdown`` (:mod:`simlab.run.breakdown`)."""
 
     settings: RunSettings
     model: ModelSpec
@@ -50,6 +51,7 @@ class RunPlan:
     bounds: bool = False
     clairvoyant: PolicySpec | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    breakdown: bool = True
 
 
 def plan_run(cfg: DictConfig) -> RunPlan:
@@ -89,6 +91,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         bounds=bounds_enabled(cfg),
         clairvoyant=clairvoyant,
         config=config,
+        breakdown=breakdown_enabled(cfg),
     )
 
 
@@ -123,6 +126,14 @@ def warn_caveats(steps: list[RequestStep]) -> None:
 
 def bounds_enabled(cfg: DictConfig) -> bool:
     return bool(cfg.get("bounds") and cfg.bounds.get("enabled"))
+
+
+def breakdown_enabled(cfg: DictConfig) -> bool:
+    """``reuse_breakdown``: true or false (default true; :class:`ConfigError` otherwise)."""
+    value = cfg.get("reuse_breakdown", True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"reuse_breakdown: must be true or false (got {value!r})")
+    return value
 
 
 def bound_policy(cfg: DictConfig, model: ModelSpec, settings: RunSettings) -> PolicySpec | None:

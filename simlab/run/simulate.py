@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simlab.config import CacheSettings
 from simlab.engines.records import Columns, concat_columns, write_json_atomic, write_records
 from simlab.engines.replay import ReplayEngine
 from simlab.fastpaths.blocks.replay import Walks
 from simlab.run.bounds import infinite_cache_hits
+from simlab.run.breakdown import Counterfactuals, Setting, add_breakdowns, pooled
 from simlab.run.checks import check_request_fits, check_writable
 from simlab.run.plan import (
     RunPlan,
@@ -73,12 +73,6 @@ def hit_rate_bounds(plan: RunPlan, requests: list[Request], unit: int) -> dict[s
     return bounds
 
 
-def pooled(cache: CacheSettings, replicas: int) -> CacheSettings:
-    """One cache holding ``replicas`` caches' bytes (GPU, SSM pool and host tier)."""
-    scale = {k: getattr(cache, k) for k in ("size_gb", "ssm_gb", "host_gb")}
-    return replace(cache, **{k: v * replicas for k, v in scale.items() if v is not None})
-
-
 def finished_point(plan: RunPlan) -> Summary | None:
     """In a multirun, the stored summary of this point if it already finished with the same
     config and code (``simlab.run.sweep``: rerunning an interrupted sweep skips its finished
@@ -127,9 +121,15 @@ def finish_run(
     trace: Trace,
     requests: list[Request],
     runs: dict[str, PolicyRun],
+    shared: Counterfactuals | None = None,
 ) -> Summary:
-    """A run's policy runs with its bounds, as a :class:`Summary`, written to its output
-    directory (one scalar capacity's; :mod:`simlab.run.capacities` calls it once per capacity)."""
+    """A run's policy runs with their reuse breakdowns (:mod:`simlab.run.breakdown`; ``shared``:
+    the counterfactuals of other capacities of the same trace) and its bounds, as a
+    :class:`Summary`, written to its output directory (one scalar capacity's;
+    :mod:`simlab.run.capacities` calls it once per capacity)."""
+    if plan.breakdown:
+        setting = Setting(plan.model, plan.settings, plan.engine, trace.block_size)
+        add_breakdowns(runs, plan.policies, requests, setting, shared)
     policies = {name: run.summary for name, run in runs.items()}
     bounds = hit_rate_bounds(plan, requests, trace.block_size)
     add_bound_ratios(policies, bounds)
