@@ -1,0 +1,216 @@
+"""Where each lost hit went (simlab/run/breakdown.py): the parts of every request's input are
+>= 0 and sum to it exactly, for every policy and engine; the structural zeros (an infinite
+cache loses nothing to capacity, replay nothing to concurrency, a Transformer on 1-token pages
+nothing to granularity or placement); one hand-built case per part."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simlab.run.breakdown import COLUMNS, PARTS, Setting, add_breakdowns, attribute
+from simlab.run.plan import RunPlan, plan_run
+from simlab.run.policy import PolicyRun, run_policy
+from tests.fixtures import compose
+from traces.format import Request
+
+POLICIES = {
+    "lru": ["+policy=sglang_plus"],
+    "marconi": ["+policy=marconi", "policy.tuning.enabled=false"],
+    "sglang": ["+policy=sglang"],
+    "vllm": ["+policy=vllm"],
+}
+MODELS = {"hybrid": "nemotron_h_8b", "transformer": "llama3_8b"}
+ENGINES = {
+    "replay": ["engine=replay"],
+    "timed": ["engine=timed"],
+    "cluster": ["engine=timed", "cluster.replicas=2", "cluster.router=round_robin"],
+}
+SIZES = {"hybrid": "cache.size_gb=0.3", "transformer": "cache.size_gb=0.15"}
+
+
+@functools.cache
+def plan(policy: str, model: str, engine: str, *extra: str) -> RunPlan:
+    overrides = [*POLICIES[policy], f"model={MODELS[model]}", *ENGINES[engine], SIZES[model]]
+    return plan_run(compose([*overrides, "report=false", "bounds.enabled=false", *extra]))
+
+
+def run(the_plan: RunPlan, requests: list[Request]) -> PolicyRun:
+    """One policy's run of ``requests`` with its reuse breakdown."""
+    ((name, spec),) = the_plan.policies.items()
+    done = run_policy(spec, requests, the_plan.model, the_plan.settings, the_plan.engine)
+    setting = Setting(the_plan.model, the_plan.settings, the_plan.engine)
+    add_breakdowns({name: done}, the_plan.policies, requests, setting)
+    return done
+
+
+def parts(done: PolicyRun) -> dict[str, np.ndarray]:
+    records = done.records
+    return {"hit": records["hit_tokens"]} | {p: records[c] for p, c in COLUMNS.items()}
+
+
+def request(i: int, tokens: list[int] | np.ndarray, output: int = 8, at: float | None = None):
+    return Request(
+        request_id=i,
+        session_id=i,
+        turn=0,
+        arrival=float(i * 100) if at is None else at,
+        input_ids=np.asarray(tokens, dtype=np.int32),
+        output_ids=np.arange(10_000 + 50 * i, 10_000 + 50 * i + output, dtype=np.int32),
+        output_len=output,
+    )
+
+
+@st.composite
+def traces(draw) -> list[Request]:
+    """2-7 requests, each a prefix of an earlier request's input + output or of a shared
+    prompt (or nothing), then fresh tokens: shared prefixes of every length, block-aligned or
+    not, and whole earlier turns."""
+    shared = [np.arange(1, 1 + n, dtype=np.int32) * 7 for n in (40, 600, 1400)]
+    requests: list[Request] = []
+    for i in range(draw(st.integers(2, 7))):
+        sources = shared + [np.concatenate((r.input_ids, r.output_ids)) for r in requests]
+        source = sources[draw(st.integers(0, len(sources) - 1))]
+        keep = draw(st.integers(0, len(source)))
+        fresh = np.arange(draw(st.integers(1, 300)), dtype=np.int32) + 50_000 + 1000 * i
+        tokens = np.concatenate((source[:keep], fresh))
+        requests.append(request(i, tokens, draw(st.integers(1, 40)), at=i * draw(st.sampled_from([0.01, 50.0]))))
+    return requests
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("policy", list(POLICIES))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=traces())
+def test_parts_sum_to_the_input(policy, model, engine, requests):
+    """Every part >= 0, their sum the input on every request; replay loses nothing to
+    concurrency, one replica nothing to routing, a Transformer on a 1-token grid nothing to
+    granularity or placement; the summary's fractions sum to 1."""
+    done = run(plan(policy, model, engine), requests)
+    split = parts(done)
+    total = sum(split.values())
+    assert (total == done.records["input_tokens"]).all()
+    assert all((values >= 0).all() for values in split.values())
+    if engine == "replay":
+        assert not split["concurrency"].any()
+    if engine != "cluster":
+        assert not split["routing"].any()
+    notes = done.summary["reuse_breakdown_notes"]
+    if model == "transformer" and notes["grid_tokens"] == 1:
+        assert not split["granularity"].any() and not split["placement"].any()
+    assert sum(done.summary["reuse_breakdown"][p] for p in PARTS) == pytest.approx(1.0)
+    assert notes["uncomputed"] == {}
+
+
+@pytest.mark.parametrize("engine", ["replay", "timed"])
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_an_infinite_cache_loses_nothing_to_capacity(policy, engine):
+    requests = [request(i, np.arange(1, 700 + 100 * i) % (300 + 37 * i)) for i in range(8)]
+    for model in MODELS:
+        done = run(plan(policy, model, engine, "cache.size_gb=inf"), requests)
+        assert not parts(done)["capacity"].any()
+
+
+@pytest.mark.parametrize("policy", ["lru", "sglang", "vllm"])
+def test_a_transformer_on_one_token_pages_loses_nothing_to_the_grid(policy):
+    """Shared prefixes of every length, multi-turn and cross-session; the grid is 1 token."""
+    base = np.arange(1, 2000, dtype=np.int32)
+    requests = [request(i, np.concatenate((base[: 37 * i + 5], [90_000 + i]))) for i in range(10)]
+    pages = ["policy.block_size=1"] if policy == "vllm" else []
+    done = run(plan(policy, "transformer", "replay", *pages), requests)
+    split = parts(done)
+    assert done.summary["reuse_breakdown_notes"]["grid_tokens"] == 1
+    assert not split["granularity"].any() and not split["placement"].any()
+    assert split["hit"][1:].all()
+
+
+def test_never_seen_before_is_compulsory():
+    requests = [request(0, np.arange(1, 500)), request(1, np.arange(1000, 1300))]
+    split = parts(run(plan("lru", "transformer", "replay"), requests))
+    assert split["compulsory"].tolist() == [499, 300]
+
+
+def test_a_shared_prefix_shorter_than_a_block_is_granularity():
+    """vLLM's 16-token blocks on a Transformer: 10 shared tokens never hit (vllm #54607)."""
+    shared = list(range(1, 11))
+    requests = [request(0, [*shared, *range(100, 140)]), request(1, [*shared, *range(200, 230)])]
+    split = parts(run(plan("vllm", "transformer", "replay"), requests))
+    assert split["granularity"][1] == 10
+    assert split["hit"][1] == 0 and split["compulsory"][1] == 30
+
+
+def test_align_mode_states_past_the_divergence_are_placement():
+    """vLLM's align mode at concurrency 1 (vllm #42317): a shared system prompt, then
+    different questions; the state is kept only at the first prompt's end, past where the
+    second diverges, so the block-aligned shared prefix is lost to placement."""
+    system = np.arange(1, 1201, dtype=np.int32)
+    requests = [
+        request(0, np.concatenate((system, np.arange(20_000, 20_400)))),
+        request(1, np.concatenate((system, np.arange(30_000, 30_300)))),
+    ]
+    done = run(plan("vllm", "hybrid", "replay"), requests)
+    split, grid = parts(done), done.summary["reuse_breakdown_notes"]["grid_tokens"]
+    assert grid > 16  # the hybrid's forced block
+    assert split["hit"][1] == 0
+    assert split["placement"][1] == 1200 // grid * grid
+    assert split["granularity"][1] == 1200 - 1200 // grid * grid
+
+
+def test_an_evicted_prefix_is_capacity():
+    """A 1,000-token prompt evicted by an unrelated one before a third request shares 800 of
+    its tokens (0.15 GB holds about 1,100 tokens of Llama-3-8B)."""
+    first = np.arange(1, 1001, dtype=np.int32)
+    requests = [
+        request(0, first),
+        request(1, np.arange(5000, 6000)),
+        request(2, np.concatenate((first[:800], np.arange(9000, 9100)))),
+    ]
+    split = parts(run(plan("lru", "transformer", "replay"), requests))
+    assert split["capacity"][2] == 800 and split["hit"][2] == 0
+
+
+def test_a_sharer_in_flight_is_concurrency():
+    """Two requests arriving together with a long shared prefix: the second is looked up
+    before the first has published it."""
+    shared = np.arange(1, 1001, dtype=np.int32)
+    requests = [
+        request(0, np.concatenate((shared, [7000])), output=64, at=0.0),
+        request(1, np.concatenate((shared, [8000])), output=64, at=0.0),
+    ]
+    split = parts(run(plan("lru", "transformer", "timed", "arrivals.mode=timestamps"), requests))
+    assert split["concurrency"][1] == 1000 and split["hit"][1] == 0
+
+
+def test_the_other_replica_had_it_is_routing():
+    """Round robin sends the second request to the replica without its prefix."""
+    shared = np.arange(1, 1001, dtype=np.int32)
+    requests = [
+        request(0, np.concatenate((shared, [7000]))),
+        request(1, np.concatenate((shared, [8000]))),
+    ]
+    done = run(plan("lru", "transformer", "cluster", "arrivals.mode=timestamps"), requests)
+    split = parts(done)
+    assert split["routing"][1] == 1000 and split["hit"][1] == 0
+
+
+def test_clamping_keeps_the_hit_and_the_sum():
+    """A counterfactual above the level over it (a non-monotone policy) raises that level:
+    the hit stays exact, every part >= 0, the sum the input; the raised tokens are counted."""
+    inputs, hits = np.array([100, 100]), np.array([60, 10])
+    levels = {
+        "ideal": np.array([90, 99]),
+        "grid": np.array([80, 96]),
+        "infinite": np.array([40, 96]),  # below the hit of request 0
+        "capacity": np.array([70, 50]),
+        "routed": np.array([60, 30]),
+    }
+    split, clamped = attribute(inputs, hits, levels)
+    assert split["hit"].tolist() == [60, 10]
+    assert split["placement"].tolist() == [10, 0] and split["capacity"].tolist() == [0, 46]
+    assert sum(split.values()).tolist() == [100, 100]
+    assert clamped.tolist() == [30, 0]
