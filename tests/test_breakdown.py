@@ -78,7 +78,9 @@ def traces(draw) -> list[Request]:
         keep = draw(st.integers(0, len(source)))
         fresh = np.arange(draw(st.integers(1, 300)), dtype=np.int32) + 50_000 + 1000 * i
         tokens = np.concatenate((source[:keep], fresh))
-        requests.append(request(i, tokens, draw(st.integers(1, 40)), at=i * draw(st.sampled_from([0.01, 50.0]))))
+        requests.append(
+            request(i, tokens, draw(st.integers(1, 40)), at=i * draw(st.sampled_from([0.01, 50.0])))
+        )
     return requests
 
 

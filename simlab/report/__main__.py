@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from simlab.report.build import REPORTS_DIR, render_report
+from simlab.report.build import REPORTS_DIR, render_report, render_waterfall
 from simlab.report.load import ReportInputError
 
 
@@ -39,6 +39,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="policies of the hit-rate difference page (default: marconi "
         "sglang_plus when both ran)",
     )
+    where.add_argument(
+        "--waterfall",
+        metavar="PNG",
+        help="write only the reuse breakdown's waterfall page, as a PNG (a run directory)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log each page")
     return parser.parse_args(argv)
 
@@ -50,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("simlab").setLevel(logging.INFO)
     out = f"{args.results_dir}/report.pdf" if args.in_dir else args.out
     try:
+        if args.waterfall:
+            check_writable(Path(args.waterfall))
+            print(f"waterfall: {render_waterfall(args.results_dir, args.waterfall)}")
+            return 0
         if out is not None:
             check_writable(Path(out))
         report = render_report(args.results_dir, out, args.diff)

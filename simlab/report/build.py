@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
+import simlab.report.breakdown_pages as breakdown_pages
 import simlab.report.routing_pages as routing_pages
 import simlab.report.run_pages as run_pages
 import simlab.report.sweep_pages as sweep_pages
@@ -49,6 +50,7 @@ OTHER_KEYS = "Other swept keys"
 OCCUPANCY = "Cache occupancy"
 PROVENANCE = "Provenance"
 ROUTING = routing_pages.ROUTING
+BREAKDOWN = breakdown_pages.BREAKDOWN
 ROUTING_SWEEP = routing_pages.ROUTING_SWEEP
 
 Builder = Callable[[Style], Figure | Sequence[Figure]]
@@ -74,6 +76,7 @@ def _not_a_sweep(what: str) -> Builder:
 
 def run_sections(run: RunResults) -> list[tuple[str, Builder]]:
     return [
+        (BREAKDOWN, lambda s: breakdown_pages.breakdown_pages(run, s)),
         (BOXES, lambda s: run_pages.hit_cdf_page(run, s)),
         (TTFT, lambda s: run_pages.ttft_page(run, s)),
         (CONTENTION, _not_a_sweep("cache.size_gb")),
@@ -203,6 +206,22 @@ def build_report(
     :class:`ReportInputError` naming the file when a results file is missing or corrupt.
     """
     return render_report(results_dir, out_path, diff).path
+
+
+def render_waterfall(results_dir: Path | str, png: Path | str) -> Path:
+    """The reuse breakdown's first page of a run directory as a PNG (the docs' figures)."""
+    results = load_results(Path(results_dir))
+    if not isinstance(results, RunResults):
+        raise ReportInputError(f"{results_dir}: a sweep; the waterfall is drawn per run")
+    style = Style(run_caption(results), palette(results.policies), None)
+    with matplotlib.rc_context(RC):
+        try:
+            page = breakdown_pages.breakdown_pages(results, style)[0]
+        except SkipPage as why:
+            raise ReportInputError(f"{results_dir}: {why}") from why
+        with atomic_path(Path(png)) as tmp:
+            page.savefig(tmp, format="png", dpi=110)
+    return Path(png)
 
 
 def write_pdf(path: Path, figures: Sequence[Figure], title: str) -> None:
