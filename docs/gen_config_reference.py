@@ -685,7 +685,7 @@ def top_section(missing: Missing) -> list[str]:
         rows.append([f"`{group}`", f"`{option}`", MEANINGS.get(f"defaults.{name}", "")])
     out += table(["group", "option", "role"], rows)
     rows = []
-    for key in ("seed", "data_dir", "output_dir", "overwrite", "report"):
+    for key in ("seed", "data_dir", "output_dir", "overwrite", "reuse_breakdown", "report"):
         meaning = missing.meaning(notes.get((key,)), lookup("top", key), key=key)
         kind = TYPES.get(key) or yaml_type(top[key])
         rows.append([f"`{key}`", kind, fmt_value(top[key]), meaning])

@@ -75,7 +75,7 @@ def _not_a_sweep(what: str) -> Builder:
 
 
 def run_sections(run: RunResults) -> list[tuple[str, Builder]]:
-    return [
+    sections: list[tuple[str, Builder]] = [
         (BREAKDOWN, lambda s: breakdown_pages.breakdown_pages(run, s)),
         (BOXES, lambda s: run_pages.hit_cdf_page(run, s)),
         (TTFT, lambda s: run_pages.ttft_page(run, s)),
@@ -83,7 +83,8 @@ def run_sections(run: RunResults) -> list[tuple[str, Builder]]:
         (DIFF, lambda s: run_pages.hit_diff_page(run, s)),
         (ALPHA, _not_a_sweep("an alpha key such as policy.alpha")),
         (OCCUPANCY, lambda s: run_pages.occupancy_page(run, s)),
-    ] + (  # a cluster run (cluster.replicas > 1): its routing page
+    ]
+    return sections + (  # a cluster run (cluster.replicas > 1): its routing page
         [(ROUTING, lambda s: routing_pages.routing_page(run, s))]
         if routing_pages.has_replicas(run)
         else []

@@ -241,6 +241,12 @@ def _replay_hits(
 ) -> dict[int, int] | None:
     """Hits per request id of ``spec`` replayed under ``settings``; None (and ``part`` named
     in the notes' ``uncomputed``, counted in the part above it) if that cannot run."""
+    log.info(
+        "%s: reuse breakdown: a replay at cache.size_gb=%s (%s)",
+        spec.name,
+        settings.cache.size_gb,
+        part,
+    )
     try:
         run = run_policy(spec, requests, setting.model, settings, ReplayEngine(), setting.unit)
     except (ConfigError, ValueError) as err:

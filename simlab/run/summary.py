@@ -74,7 +74,17 @@ class Summary:
             text += "\nbounds (token hit rate): " + ", ".join(
                 f"{name} {rate:.4f}" for name, rate in self.bounds.items()
             )
+        text += self.breakdown_lines()
         return text + "\n" + self.speed_line() + self.saturation_lines() + self.caveat_lines()
+
+    def breakdown_lines(self) -> str:
+        """Per policy, where its input tokens went (``reuse_breakdown``, shares of the input)."""
+        lines = [
+            f"\n{name}: " + ", ".join(f"{part} {share:.4f}" for part, share in parts.items())
+            for name, p in self.policies.items()
+            if (parts := p.get("reuse_breakdown"))
+        ]
+        return "\nwhere the input went (share of input tokens):" + "".join(lines) if lines else ""
 
     def caveat_lines(self) -> str:
         """A warning per caveat of a policy (``summary.json``'s: a setting that disables reuse,
