@@ -42,8 +42,9 @@ def plan(policy: str, model: str, engine: str, *extra: str) -> RunPlan:
 def run(the_plan: RunPlan, requests: list[Request]) -> PolicyRun:
     """One policy's run of ``requests`` with its reuse breakdown."""
     ((name, spec),) = the_plan.policies.items()
-    done = run_policy(spec, requests, the_plan.model, the_plan.settings, the_plan.engine)
-    setting = Setting(the_plan.model, the_plan.settings, the_plan.engine)
+    unit = requests[0].block_size  # tokens per id (a hash-id trace's block)
+    done = run_policy(spec, requests, the_plan.model, the_plan.settings, the_plan.engine, unit)
+    setting = Setting(the_plan.model, the_plan.settings, the_plan.engine, unit)
     add_breakdowns({name: done}, the_plan.policies, requests, setting)
     return done
 
@@ -216,3 +217,107 @@ def test_clamping_keeps_the_hit_and_the_sum():
     assert split["placement"].tolist() == [10, 0] and split["capacity"].tolist() == [0, 46]
     assert sum(split.values()).tolist() == [100, 100]
     assert clamped.tolist() == [30, 0]
+
+
+@pytest.mark.parametrize("engine", ["replay", "timed", "offline"])
+def test_a_host_tier_splits_the_hit(engine):
+    """With a host tier the hit is split into its GPU and host parts, in the records and the
+    summary; the parts still sum to the input (here also on the offline engine)."""
+    shared = np.arange(1, 1001, dtype=np.int32)
+    requests = [
+        request(i, np.concatenate((shared[: 900 - 50 * (i % 3)], [7000 + i]))) for i in range(6)
+    ]
+    requests.insert(3, request(99, np.arange(20_000, 21_100)))
+    host = ["cache.host_gb=1", "cache.host_bw_gbps=25", "cache.size_gb=0.15"]
+    engines = {"offline": ["engine=offline"]}.get(engine, [])
+    the_plan = plan(
+        "lru", "transformer", "timed" if engine == "offline" else engine, *host, *engines
+    )
+    done = run(the_plan, requests)
+    records, shares = done.records, done.summary["reuse_breakdown"]
+    assert (records["gpu_hit_tokens"] + records["host_hit_tokens"] == records["hit_tokens"]).all()
+    assert (sum(parts(done).values()) == records["input_tokens"]).all()
+    assert shares["hit_gpu"] + shares["hit_host"] == pytest.approx(shares["hit"])
+    assert sum(shares[p] for p in PARTS) == pytest.approx(1.0)
+
+
+def test_a_hash_id_trace_is_split_in_tokens():
+    """Mooncake-style ids of 512 tokens, a prompt's last id short: the parts are tokens and
+    sum to the input; a block-keyed vLLM on 512-token blocks has the trace's grid."""
+
+    def hashed(i: int, ids: list[int], tokens: int) -> Request:
+        return Request(i, i, 0, float(i), np.asarray(ids, dtype=np.int32),
+                       np.zeros(0, dtype=np.int32), 4, block_size=512, ref_input_tokens=tokens)  # fmt: skip
+
+    requests = [
+        hashed(0, [1, 2, 3], 1400),
+        hashed(1, [1, 2, 4], 1300),
+        hashed(2, [1, 2, 3, 5], 2000),
+    ]
+    done = run(
+        plan("vllm", "transformer", "replay", "policy.block_size=512", "cache.size_gb=1"), requests
+    )
+    split = parts(done)
+    assert (sum(split.values()) == done.records["input_tokens"]).all()
+    assert split["hit"].tolist()[1:] == [1024, 1024]  # request 0's id 3 was short: another key
+    assert done.summary["reuse_breakdown_notes"]["grid_tokens"] == 512
+
+
+def test_capacities_share_the_infinite_cache(tmp_path):
+    """A cache.size_gb list: every capacity gets its breakdown; more room, less capacity loss."""
+    from simlab.run.capacities import run_capacities
+
+    overrides = ["+policy=sglang_plus", "model=llama3_8b", "engine=replay", "trace=chat",
+                 "trace.n_sessions=12", "cache.size_gb=[0.05,0.5]", "report=false",
+                 f"output_dir={tmp_path}"]  # fmt: skip
+    done = run_capacities(compose(overrides))
+    small, large = (s.policies["sglang_plus"]["reuse_breakdown"] for s in done.summaries)
+    assert small["capacity"] > large["capacity"] and small["hit"] < large["hit"]
+    assert small["compulsory"] == large["compulsory"] and small["granularity"] == 0.0
+
+
+def test_the_report_draws_the_summary_and_can_be_turned_off(tmp_path):
+    """The waterfall page reads summary.json's shares; ``reuse_breakdown=false`` writes no
+    columns or keys, and the report leaves the page out, saying why."""
+    from simlab.report.breakdown_pages import breakdown_table, waterfall_steps
+    from simlab.report.build import BREAKDOWN, render_report
+    from simlab.report.load import load_run
+    from simlab.run.simulate import simulate
+
+    common = ["+policy=vllm", "model=nemotron_h_8b", "engine=replay", "trace=chat",
+              "trace.n_sessions=10", "bounds.enabled=false", "report=false"]  # fmt: skip
+    simulate(compose([*common, f"output_dir={tmp_path / 'on'}"]))
+    results = load_run(tmp_path / "on")
+    shares = results.summary["policies"]["vllm"]["reuse_breakdown"]
+    table = breakdown_table(results)
+    assert table.loc["vllm"].to_dict() == {p: shares[p] for p in PARTS}
+    steps = waterfall_steps(shares)
+    assert steps[-1] == ("hit", 0.0, shares["hit"])
+    assert steps[-2][1] == pytest.approx(shares["hit"])  # the last loss ends on the hit
+    simulate(compose([*common, "reuse_breakdown=false", f"output_dir={tmp_path / 'off'}"]))
+    off = load_run(tmp_path / "off")
+    assert "reuse_breakdown" not in off.summary["policies"]["vllm"]
+    assert "placement_tokens" not in off.records.columns
+    report = render_report(tmp_path / "off", tmp_path / "off.pdf")
+    assert BREAKDOWN not in report.pages and "reuse_breakdown=false" in report.skipped[BREAKDOWN]
+
+
+def test_a_counterfactual_that_cannot_run_is_named(monkeypatch):
+    """If the infinite cache's replay fails, its capacity loss is counted in placement and
+    ``uncomputed`` says so (never a silent 0); the parts still sum to the input."""
+    import simlab.run.breakdown as breakdown
+    from simlab.config import ConfigError
+
+    def refuse(spec, requests, model, settings, *args):
+        if settings.cache.size_gb == float("inf"):
+            raise ConfigError("cache.size_gb: refused")
+        return run_policy(spec, requests, model, settings, *args)
+
+    monkeypatch.setattr(breakdown, "run_policy", refuse)
+    first = np.arange(1, 1001, dtype=np.int32)
+    requests = [request(0, first), request(1, np.arange(5000, 6000)), request(2, first[:900])]
+    done = run(plan("lru", "transformer", "timed"), requests)
+    notes, split = done.summary["reuse_breakdown_notes"], parts(done)
+    assert notes["uncomputed"] == {"capacity": "counted in placement: cache.size_gb: refused"}
+    assert not split["capacity"].any() and split["placement"][2] > 0
+    assert (sum(split.values()) == done.records["input_tokens"]).all()

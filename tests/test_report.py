@@ -19,6 +19,7 @@ from simlab.report import ReportInputError, build_report, render_report
 from simlab.report.build import (
     ALPHA,
     BOXES,
+    BREAKDOWN,
     CONTENTION,
     DIFF,
     OCCUPANCY,
@@ -95,8 +96,8 @@ def test_run_report_pages_and_table(run_dir, tmp_path):
     report = render_report(run_dir, tmp_path / "run.pdf")
     assert report.path.read_bytes().startswith(b"%PDF")
     assert report.kind == "run"
-    assert report.pages[:5] == [SUMMARY, BOXES, DIFF, OCCUPANCY, PROVENANCE]
-    assert set(report.pages[5:]) <= {PROVENANCE}  # a long config continues on more pages
+    assert report.pages[:6] == [SUMMARY, BREAKDOWN, BOXES, DIFF, OCCUPANCY, PROVENANCE]
+    assert set(report.pages[6:]) <= {PROVENANCE}  # a long config continues on more pages
     assert set(report.skipped) == {TTFT, CONTENTION, ALPHA}
     assert "replay" in report.skipped[TTFT] and "sweep" in report.skipped[CONTENTION]
     assert pdf_pages(report.path) == len(report.pages)
@@ -113,7 +114,7 @@ def test_run_report_pages_and_table(run_dir, tmp_path):
 
 def test_timed_run_adds_ttft_pages_and_numbers(timed_dir, tmp_path):
     report = render_report(timed_dir, tmp_path / "timed.pdf")
-    assert report.pages[:5] == [SUMMARY, BOXES, TTFT, DIFF, OCCUPANCY]
+    assert report.pages[:6] == [SUMMARY, BREAKDOWN, BOXES, TTFT, DIFF, OCCUPANCY]
     assert TTFT not in report.skipped
     assert pdf_pages(report.path) == len(report.pages)
     summary = json.loads((timed_dir / "summary.json").read_text())

@@ -241,19 +241,15 @@ def _replay_hits(
 ) -> dict[int, int] | None:
     """Hits per request id of ``spec`` replayed under ``settings``; None (and ``part`` named
     in the notes' ``uncomputed``, counted in the part above it) if that cannot run."""
+    size = settings.cache.size_gb
     log.info(
-        "%s: reuse breakdown: a replay at cache.size_gb=%s (%s)",
-        spec.name,
-        settings.cache.size_gb,
-        part,
+        "%s: reuse breakdown: replaying at cache.size_gb=%s (the %s part)", spec.name, size, part
     )
     try:
         run = run_policy(spec, requests, setting.model, settings, ReplayEngine(), setting.unit)
-    except (ConfigError, ValueError) as err:
+    except ConfigError as err:
         above = LOSSES[LOSSES.index(part) - 1]
-        log.warning(
-            "%s: reuse breakdown: %s not computed (counted in %s): %s", spec.name, part, above, err
-        )
+        log.warning("%s: reuse breakdown: %s not computed (in %s): %s", spec.name, part, above, err)
         notes["uncomputed"][part] = f"counted in {above}: {err}"
         return None
     ids = (int(i) for i in run.records["request_id"])
