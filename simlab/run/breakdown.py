@@ -143,7 +143,7 @@ def policy_levels(
     ideal = _ideal(records, requests, step.admission.keys.committed, shared)
     grid = grid_tokens(step, setting.unit)
     routed = hits + np.asarray(records.get("routing_regret", np.zeros_like(hits)), dtype=np.int64)
-    notes: dict[str, Any] = {"grid_tokens": grid, "uncomputed": {}}
+    notes: dict[str, Any] = {"grid_tokens": grid}
     capacity = _capacity_hits(spec, requests, setting, ids, routed, notes)
     infinite = _infinite_hits(spec, requests, setting, shared, ids, capacity, notes)
     levels = {
@@ -250,7 +250,7 @@ def _replay_hits(
     except ConfigError as err:
         above = LOSSES[LOSSES.index(part) - 1]
         log.warning("%s: reuse breakdown: %s not computed (in %s): %s", spec.name, part, above, err)
-        notes["uncomputed"][part] = f"counted in {above}: {err}"
+        notes.setdefault("uncomputed", {})[part] = f"counted in {above}: {err}"
         return None
     ids = (int(i) for i in run.records["request_id"])
     return dict(zip(ids, (int(h) for h in run.records["hit_tokens"]), strict=True))
