@@ -283,6 +283,7 @@ def test_capacities_share_the_infinite_cache(tmp_path):
 def test_the_report_draws_the_summary_and_can_be_turned_off(tmp_path):
     """The waterfall page reads summary.json's shares; ``reuse_breakdown=false`` writes no
     columns or keys, and the report leaves the page out, saying why."""
+    from simlab.report.__main__ import main as report_main
     from simlab.report.breakdown_pages import breakdown_table, waterfall_steps
     from simlab.report.build import BREAKDOWN, render_report
     from simlab.report.load import load_run
@@ -304,6 +305,10 @@ def test_the_report_draws_the_summary_and_can_be_turned_off(tmp_path):
     assert "placement_tokens" not in off.records.columns
     report = render_report(tmp_path / "off", tmp_path / "off.pdf")
     assert BREAKDOWN not in report.pages and "reuse_breakdown=false" in report.skipped[BREAKDOWN]
+    png = tmp_path / "waterfall.png"
+    assert report_main([str(tmp_path / "on"), "--waterfall", str(png)]) == 0
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert report_main([str(tmp_path / "off"), "--waterfall", str(png)]) == 2  # says why
 
 
 def test_a_counterfactual_that_cannot_run_is_named(monkeypatch):
