@@ -93,7 +93,7 @@ def traces(draw) -> list[Request]:
 @pytest.mark.parametrize("engine", list(ENGINES))
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("policy", list(POLICIES))
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=traces())
 def test_parts_sum_to_the_input(policy, model, engine, requests):
     """Every part >= 0, their sum the input on every request; replay loses nothing to

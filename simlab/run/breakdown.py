@@ -3,9 +3,9 @@
 Per request, five *levels* of reuse are computed, each a counterfactual with one more of the
 run's constraints than the level above it, from ideal reuse down to the hit:
 
-1. ``ideal``: the longest prefix shared with the input + output of any request processed
-   before it (the replay's order; the timed engine's scheduling order), capped at the input
-   less one token (:func:`simlab.run.bounds.infinite_cache_hits`);
+1. ``ideal``: the longest prefix shared with the input + output of any request that arrived
+   before it (the trace's order, which the replays follow), capped at the input less one token
+   (:func:`simlab.run.bounds.infinite_cache_hits`);
 2. ``grid``: ``ideal`` rounded down to the policy's block grid (its block or page, in tokens);
 3. ``infinite``: the hit of the same policy with an infinite cache (GPU, SSM states, no host
    tier) on the replay engine: instant completion, one cache;
@@ -59,10 +59,10 @@ COLUMNS = {part: f"{part}_tokens" for part in PARTS[1:]}
 
 @dataclass
 class Counterfactuals:
-    """What the policies of one trace share across capacities: ideal reuse per processing
-    order, and each policy's infinite-cache hits (request id -> tokens)."""
+    """What the policies of one trace share across capacities: ideal reuse with and without
+    the outputs' last tokens, and each policy's infinite-cache hits (request id -> tokens)."""
 
-    ideal: dict[tuple[tuple[int, ...], bool], dict[int, int]] = field(default_factory=dict)
+    ideal: dict[bool, dict[int, int]] = field(default_factory=dict)
     infinite: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
@@ -140,7 +140,7 @@ def policy_levels(
     ids = [int(i) for i in records["request_id"]]
     hits = np.asarray(records["hit_tokens"], dtype=np.int64)
     step = policy_step(spec, setting.model, setting.settings, setting.unit)
-    ideal = _ideal(records, requests, step.admission.keys.committed, shared)
+    ideal = _ideal(requests, step.admission.keys.committed, shared)
     grid = grid_tokens(step, setting.unit)
     routed = hits + np.asarray(records.get("routing_regret", np.zeros_like(hits)), dtype=np.int64)
     notes: dict[str, Any] = {"grid_tokens": grid}
@@ -161,28 +161,15 @@ def grid_tokens(step: RequestStep, unit: int) -> int:
     return math.lcm(step.admission.keys.block_size or 1, step.page_size) * unit
 
 
-def processing_order(records: Columns) -> list[int]:
-    """Request ids in the order they were looked up: by ``scheduled`` (a timed engine's; ties
-    and NaN keep the records' order), else the records' order (replay's processing order)."""
-    ids = [int(i) for i in records["request_id"]]
-    scheduled = np.asarray(records.get("scheduled", np.full(len(ids), math.nan)), dtype=np.float64)
-    if np.isnan(scheduled).all():
-        return ids
-    order = np.argsort(np.where(np.isnan(scheduled), np.inf, scheduled), kind="stable")
-    return [ids[i] for i in order]
-
-
-def _ideal(
-    records: Columns, requests: list[Request], committed: bool, shared: Counterfactuals
-) -> dict[int, int]:
-    """Ideal reuse per request id, in the records' processing order, each output's last
-    token left out if ``committed`` (shared across policies and capacities alike in both)."""
-    key = (tuple(processing_order(records)), committed)
-    if key not in shared.ideal:
-        by_id = {req.request_id: req for req in requests}
-        hits = infinite_cache_hits([by_id[i] for i in key[0]], committed=committed)
-        shared.ideal[key] = dict(zip(key[0], hits, strict=True))
-    return shared.ideal[key]
+def _ideal(requests: list[Request], committed: bool, shared: Counterfactuals) -> dict[int, int]:
+    """Ideal reuse per request id, in arrival order (the requests' order, the replays'), each
+    output's last token left out if ``committed`` (shared by the policies alike in it)."""
+    if committed not in shared.ideal:
+        hits = infinite_cache_hits(requests, committed=committed)
+        shared.ideal[committed] = {
+            req.request_id: hit for req, hit in zip(requests, hits, strict=True)
+        }
+    return shared.ideal[committed]
 
 
 def _capacity_hits(

@@ -53,12 +53,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def hit_rate_bounds(plan: RunPlan, requests: list[Request], unit: int) -> dict[str, float]:
+def hit_rate_bounds(
+    plan: RunPlan, requests: list[Request], unit: int, ideal: dict[int, int] | None = None
+) -> dict[str, float]:
     """Token hit rates no policy can beat: the infinite cache (ideal reuse at token
     granularity, as if every position were checkpointed) and the clairvoyant policy (Belady on
     the prefix tree at this capacity, replayed in arrival order; for a cluster, one cache of
     all its replicas' capacity, which their caches together never exceed: at one replica's, 4
-    replicas read 4.0x the bound); none with ``bounds.enabled`` false."""
+    replicas read 4.0x the bound); none with ``bounds.enabled`` false. ``ideal``: the
+    infinite cache's hits per request id, if the reuse breakdown computed them already."""
     if not plan.bounds:
         return {}
     settings = plan.settings
@@ -66,7 +69,8 @@ def hit_rate_bounds(plan: RunPlan, requests: list[Request], unit: int) -> dict[s
     if replicas > 1:
         settings = replace(settings, cache=pooled(settings.cache, replicas))
     total = sum(req.input_tokens for req in requests)
-    bounds = {"infinite": sum(infinite_cache_hits(requests)) / total}
+    hits = ideal.values() if ideal is not None else infinite_cache_hits(requests)
+    bounds = {"infinite": sum(hits) / total}
     if plan.clairvoyant is not None:
         run = run_policy(plan.clairvoyant, requests, plan.model, settings, ReplayEngine(), unit)
         bounds["clairvoyant"] = run.summary["token_hit_rate"]
@@ -127,11 +131,12 @@ def finish_run(
     the counterfactuals of other capacities of the same trace) and its bounds, as a
     :class:`Summary`, written to its output directory (one scalar capacity's;
     :mod:`simlab.run.capacities` calls it once per capacity)."""
+    shared = shared if shared is not None else Counterfactuals()
     if plan.breakdown:
         setting = Setting(plan.model, plan.settings, plan.engine, trace.block_size)
         add_breakdowns(runs, plan.policies, requests, setting, shared)
     policies = {name: run.summary for name, run in runs.items()}
-    bounds = hit_rate_bounds(plan, requests, trace.block_size)
+    bounds = hit_rate_bounds(plan, requests, trace.block_size, shared.ideal.get(False))
     add_bound_ratios(policies, bounds)
     summary = Summary(
         policies=policies,
