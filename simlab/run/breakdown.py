@@ -4,8 +4,9 @@ Per request, five *levels* of reuse are computed, each a counterfactual with one
 run's constraints than the level above it, from ideal reuse down to the hit:
 
 1. ``ideal``: the longest prefix shared with the input + output of any request that arrived
-   before it (the trace's order, which the replays follow), capped at the input less one token
-   (:func:`simlab.run.bounds.infinite_cache_hits`);
+   before it (the trace's order, which the replays follow; without each output's last token
+   where the policy's keys are ``committed``, as the production engines never compute its KV),
+   capped at the input less one token (:func:`simlab.run.bounds.infinite_cache_hits`);
 2. ``grid``: ``ideal`` rounded down to the policy's block grid (its block or page, in tokens);
 3. ``infinite``: the hit of the same policy with an infinite cache (GPU, SSM states, no host
    tier) on the replay engine: instant completion, one cache;
