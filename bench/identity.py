@@ -8,7 +8,8 @@ this checkout's ``configs/``), each into ``OUTDIR/<case name>`` (``records.parqu
 byte-identical (on a mismatch the frames are loaded and the differing columns and first rows are
 reported) and that ``summary.json`` agrees on ``policies`` (wall-clock keys such as ``wall_s``,
 ``requests_per_s`` or anything ending in ``_wall_s`` ignored), ``bounds`` and ``trace``. It prints
-one line per case and exits 1 if any case differs or is missing.
+one line per case and exits 1 if any case differs or is missing; ``--accept-added`` lists B's
+added columns and keys instead (:mod:`bench.identity_added`).
 
 Before / after a refactor::
 
@@ -35,7 +36,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -46,13 +46,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.identity_added import is_added, print_added, without_added
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 OUTPUT_FILES = ("records.parquet", "occupancy.parquet")
 SUMMARY_SECTIONS = ("policies", "bounds", "trace")
 WALL_KEYS = frozenset({"wall_s", "requests_per_s", "tuning_wall_s", "snapshot_wall_s"})
 MAX_REPORTED = 5
-ONLY_IN_B = ": only in B"
 
 log = logging.getLogger("bench.identity")
 
@@ -338,15 +339,13 @@ def summary_diffs(path_a: Path, path_b: Path) -> list[str]:
 
 
 def frame_diffs(path_a: Path, path_b: Path, accept_added: bool = False) -> list[str]:
-    """Why two parquet files with different bytes differ: schema, shape, columns, rows;
-    ``accept_added``: columns only B has (after A's, in A's order) are not a difference."""
+    """Why two parquet files with different bytes differ (``accept_added``: B's added apart)."""
     import pandas as pd
 
     a, b = pd.read_parquet(path_a), pd.read_parquet(path_b)
     name = path_a.name
-    added = [c for c in b.columns if c not in a.columns]
-    if accept_added and added and [c for c in b.columns if c in a.columns] == list(a.columns):
-        b = b[list(a.columns)]  # B's added columns are reported by the caller
+    added = accept_added and len(b.columns) > len(a.columns)
+    b = without_added(a, b) if added else b
     if list(a.columns) != list(b.columns):
         return [f"{name}: columns {list(a.columns)} != {list(b.columns)}"]
     if len(a) != len(b):
@@ -362,17 +361,9 @@ def frame_diffs(path_a: Path, path_b: Path, accept_added: bool = False) -> list[
             rows = list(differ[differ].index[:MAX_REPORTED])
             sample = ", ".join(f"row {r}: {plain(left[r])!r} != {plain(right[r])!r}" for r in rows)
             out.append(f"{name}: column {column} differs in {int(differ.sum())} rows ({sample})")
-    if not out and not (accept_added and added):
+    if not out and not added:
         out.append(f"{name}: bytes differ but the loaded frames are equal (file metadata?)")
     return out
-
-
-def added_columns(path_a: Path, path_b: Path) -> list[str]:
-    """Columns of B's parquet file that A's lacks."""
-    import pyarrow.parquet as pq
-
-    known = set(pq.read_schema(path_a).names)
-    return [c for c in pq.read_schema(path_b).names if c not in known]
 
 
 def plain(value: Any) -> Any:
@@ -383,8 +374,7 @@ def plain(value: Any) -> Any:
 
 def case_diffs(dir_a: Path, dir_b: Path, accept_added: bool = False) -> list[str]:
     """Every difference between one case's outputs in two directories (empty: identical);
-    ``accept_added``: columns and summary keys only B has are not differences (see
-    :func:`case_added`)."""
+    ``accept_added``: B's added columns and keys are none (:mod:`bench.identity_added`)."""
     if not dir_b.is_dir():
         return [f"missing in {dir_b.parent}"]
     diffs: list[str] = []
@@ -399,21 +389,8 @@ def case_diffs(dir_a: Path, dir_b: Path, accept_added: bool = False) -> list[str
         if (dir_a / filename).read_bytes() != (dir_b / filename).read_bytes():
             diffs.extend(frame_diffs(dir_a / filename, dir_b / filename, accept_added))
     summary = summary_diffs(dir_a / "summary.json", dir_b / "summary.json")
-    diffs.extend(d for d in summary if not (accept_added and d.endswith(ONLY_IN_B)))
+    diffs.extend(d for d in summary if not (accept_added and is_added(d)))
     return diffs
-
-
-def case_added(dir_a: Path, dir_b: Path) -> list[str]:
-    """The columns and summary keys only B's outputs of a case have."""
-    if not all((d / f).is_file() for d in (dir_a, dir_b) for f in (*OUTPUT_FILES, "summary.json")):
-        return []
-    added = [
-        f"{filename}: column {column}"
-        for filename in OUTPUT_FILES
-        for column in added_columns(dir_a / filename, dir_b / filename)
-    ]
-    summary = summary_diffs(dir_a / "summary.json", dir_b / "summary.json")
-    return added + [d.removesuffix(ONLY_IN_B) for d in summary if d.endswith(ONLY_IN_B)]
 
 
 def case_dirs(root: Path) -> list[str]:
@@ -449,11 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     compare_cmd = commands.add_parser("compare", help="compare the cases of DIR_A with DIR_B")
     compare_cmd.add_argument("dir_a", type=Path)
     compare_cmd.add_argument("dir_b", type=Path)
-    compare_cmd.add_argument(
-        "--accept-added",
-        action="store_true",
-        help="columns and summary keys only DIR_B has are listed, not counted as differences",
-    )
+    added = "columns and summary keys only DIR_B has are listed, not counted as differences"
+    compare_cmd.add_argument("--accept-added", action="store_true", help=added)
     commands.add_parser("list", help="print the case names and overrides")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -513,27 +487,13 @@ def cmd_compare(dir_a: Path, dir_b: Path, accept_added: bool = False) -> int:
         for diff in diffs:
             print(f"    {diff}")
     if accept_added:
-        print_added(dir_a, dir_b, list(results))
+        print_added(dir_a, dir_b, results, OUTPUT_FILES, summary_diffs)
     extra = sorted(set(case_dirs(dir_b)) - set(results))
     if extra:
         print(f"(cases only in {dir_b}, not compared: {', '.join(extra)})")
     differing = sum(1 for diffs in results.values() if diffs)
     print(f"{len(results) - differing}/{len(results)} cases identical")
     return 1 if differing else 0
-
-
-def print_added(dir_a: Path, dir_b: Path, names: list[str]) -> None:
-    """The columns and summary keys B added, once each, with how many cases have them (a
-    policy's key under its generic name)."""
-    counts: dict[str, int] = {}
-    for name in names:
-        for item in case_added(dir_a / name, dir_b / name):
-            generic = re.sub(
-                r"^summary\.json policies\.[^.]+\.", "summary.json policies.<policy>.", item
-            )
-            counts[generic] = counts.get(generic, 0) + 1
-    for item, n in sorted(counts.items()):
-        print(f"added (accepted): {item} ({n} case entries)")
 
 
 if __name__ == "__main__":
