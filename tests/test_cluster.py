@@ -20,6 +20,7 @@ from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import SessionFeeder, sessions
 from simlab.engines.timed.vllm import VllmMemory
 from simlab.run.bounds import infinite_cache_hits
+from simlab.run.breakdown import COLUMNS as PART_COLUMNS
 from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import build_engine, simulate
 from tests.fixtures import (
@@ -319,8 +320,9 @@ def test_a_cluster_run_writes_routing_columns_and_summary(tmp_path):
     simulate(compose([*overrides, "cluster.replicas=3", f"output_dir={tmp_path / 'three'}"]))
     one = pd.read_parquet(tmp_path / "one" / "records.parquet")
     three = pd.read_parquet(tmp_path / "three" / "records.parquet")
-    assert list(one.columns) == RECORD_COLUMNS
-    assert list(three.columns) == [*RECORD_COLUMNS, *ROUTE_COLUMNS]
+    parts = list(PART_COLUMNS.values())  # the reuse breakdown's (simlab.run.breakdown)
+    assert list(one.columns) == [*RECORD_COLUMNS, *parts]
+    assert list(three.columns) == [*RECORD_COLUMNS, *ROUTE_COLUMNS, *parts]
     policy = json.loads((tmp_path / "three" / "summary.json").read_text())["policies"]
     summary = policy["sglang_plus"]
     assert sum(summary["replica_requests"]) == len(three) == summary["requests"]

@@ -12,6 +12,7 @@ import pytest
 
 from simlab.config import ConfigError
 from simlab.engines.records import HOST_COLUMNS, RECORD_COLUMNS
+from simlab.run.breakdown import COLUMNS as PART_COLUMNS
 from simlab.run.simulate import load_trace, plan_run, policy_step, simulate
 from tests.fixtures import compose
 
@@ -221,7 +222,8 @@ def test_without_a_host_tier_records_and_summaries_have_no_host_items():
             [*SHAREGPT, "trace.limit=5", "+policy=sglang_plus", "engine=replay", "report=false"]
         )
     )
-    assert list(summary.records.columns) == RECORD_COLUMNS
+    parts = list(PART_COLUMNS.values())  # the reuse breakdown's (simlab.run.breakdown)
+    assert list(summary.records.columns) == [*RECORD_COLUMNS, *parts]
     assert not any("host" in key for key in summary.policies["sglang_plus"])
 
 

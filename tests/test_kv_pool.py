@@ -19,6 +19,7 @@ from simlab.engines.timed.feeders import SessionFeeder
 from simlab.engines.timed.jobs import Job
 from simlab.engines.timed.kv_pool import KVPool
 from simlab.engines.timed.preemption import Preemption
+from simlab.run.breakdown import COLUMNS as PART_COLUMNS
 from simlab.run.cli import USER_ERRORS
 from simlab.run.simulate import simulate
 from tests.fixtures import compose, policy_plugins, routed
@@ -159,7 +160,8 @@ def test_a_shared_run_writes_the_preemption_column_and_summary(tmp_path):
     ]
     simulate(compose([*overrides, f"output_dir={tmp_path}"]))
     frame = pd.read_parquet(tmp_path / "records.parquet")
-    assert list(frame.columns) == [*RECORD_COLUMNS, "preemptions"]
+    parts = list(PART_COLUMNS.values())  # the reuse breakdown's (simlab.run.breakdown)
+    assert list(frame.columns) == [*RECORD_COLUMNS, "preemptions", *parts]
     summary = json.loads((tmp_path / "summary.json").read_text())["policies"]["sglang_plus"]
     assert summary["kv_pool"] == "shared" and summary["preemptions"] == 0
 
