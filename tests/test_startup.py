@@ -51,7 +51,12 @@ def test_a_replay_of_a_cached_trace_imports_neither_pandas_nor_the_timed_engine(
     imported = {line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines()}
     assert "pyarrow.parquet" in imported  # the check sees what is imported
     assert not {m for m in imported if m.split(".")[0] == "pandas"}
-    assert not imported & {"simpy", "simlab.engines.timed.world", "simlab.engines.cluster", "simlab.cost.model"}
+    assert not imported & {
+        "simpy",
+        "simlab.engines.timed.world",
+        "simlab.engines.cluster",
+        "simlab.cost.model",
+    }
     for name in ("records.parquet", "occupancy.parquet"):
         built = pd.read_parquet(tmp_path / "built" / name)
         assert_frame_equal(pd.read_parquet(tmp_path / "cached" / name), built)
