@@ -121,3 +121,28 @@ def test_a_timed_engine_run_states_its_load_and_warns_of_a_burst(caplog):
     assert extras["caveats"][0].startswith("no steady state: at most 20 sessions open")
     warned = [r for r in caplog.records if "no steady state" in r.getMessage()]
     assert len(warned) == 1
+
+
+def test_a_request_over_the_running_memory_runs_alone_and_says_so(caplog):
+    """``kv_pool=separate`` starts a request that needs more than ``engine.running_memory_gb``
+    once nothing else runs (it could never start otherwise): a long agentic context on a dense
+    model did so silently. Now it is one warning and a caveat beside the steady state's."""
+    trace = assign_arrivals(
+        chat_trace(seed=3, sessions=20), session_rate=50.0, think_time_mean=2.0, seed=0
+    )
+    requests = list(trace.requests())
+    longest = max(r.input_tokens + r.output_len for r in requests)
+    budget = (longest - 1) * HYBRID.kv_bytes_per_token + CKPT  # the longest does not fit
+    admission, eviction = policy_plugins("sglang_plus")
+    step = RequestStep.build(HYBRID, 40 * CKPT, admission, eviction, "sglang_plus")
+    engine = TimedEngine(hardware=A100, running_memory_gb=budget / 1e9)
+    with caplog.at_level("WARNING", logger="simlab.engines.timed.engine"):
+        extras = engine.run(requests, step).extras
+    over = [c for c in extras["caveats"] if "more running memory than" in c]
+    assert len(over) == 1 and over[0].startswith("1 requests needed more running memory")
+    assert any(c.startswith("no steady state") for c in extras["caveats"]), "both kept"
+    warned = [r for r in caplog.records if "more running memory than" in r.getMessage()]
+    assert len(warned) == 1
+    roomy = TimedEngine(hardware=A100, running_memory_gb=2 * budget / 1e9)
+    fresh = RequestStep.build(HYBRID, 40 * CKPT, admission, eviction, "sglang_plus")
+    assert not any("more running" in c for c in roomy.run(requests, fresh).extras["caveats"])

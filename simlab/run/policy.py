@@ -237,6 +237,8 @@ def policy_summary(
     cache = step.cache
     metrics = metrics or MetricSettings()
     speed = len(records["request_id"]) / wall if wall > 0 else float("inf")
+    items = step.summary()
+    caveats = [*run.extras.get("caveats", []), *items.get("caveats", [])]
     return (
         summarize(records, metrics.request_hit_min_tokens, metrics.request_hit_min_share)
         | {"request_hit_rule": metrics.rule}
@@ -248,7 +250,8 @@ def policy_summary(
         }
         | run.extras  # an engine's own peaks (a cluster's, summed) replace the step's
         | {"wall_s": wall, "requests_per_s": speed}
-        | step.summary()
+        | items
+        | ({"caveats": caveats} if caveats else {})  # the engine's and the plug-ins'
     )
 
 

@@ -155,7 +155,10 @@ class TimedEngine(TimedSettings):
         world = self.world(requests, step)
         records = world.run(session_feeder(requests, self.typing_wpm))
         extras = world.stats.summary(len(records)) | verdict_of(world, records)
-        extras |= world.cache_peaks() | steady(step.policy, records)
+        state = steady(step.policy, records)
+        caveats = over_budget(step.policy, world, self.running_memory_gb)
+        caveats += state.pop("caveats", [])
+        extras |= world.cache_peaks() | state | ({"caveats": caveats} if caveats else {})
         if extras["saturated"]:
             log.warning("%s: saturated (%s)", step.policy, extras["saturation"])
         if not world.preempts:
@@ -169,6 +172,21 @@ def verdict_of(world: TimedWorld, records: Sequence[RequestRecord]) -> dict[str,
     """:func:`~simlab.engines.timed.load.load_verdict` of ``world``'s run of ``records``."""
     busy = world.stats.summary(len(records))["gpu_busy_frac"]
     return load_verdict(records, busy, len(world.pool.preempted), len(world.stats.stalled))
+
+
+def over_budget(policy: str, world: TimedWorld, budget_gb: float) -> list[str]:
+    """The caveat (logged once) of requests that needed more running memory than
+    ``engine.running_memory_gb`` and started alone over it (``kv_pool=separate``), if any."""
+    needs = world.stats.over_budget
+    if not needs:
+        return []
+    caveat = (
+        f"{len(needs)} requests needed more running memory than engine.running_memory_gb "
+        f"({budget_gb:g} GB), up to {max(needs.values()) / 1e9:.4g} GB: each ran alone, "
+        "over the budget"
+    )
+    log.warning("%s: %s", policy, caveat)
+    return [caveat]
 
 
 def steady(policy: str, records: Sequence[RequestRecord]) -> dict[str, Any]:

@@ -122,6 +122,9 @@ class EngineStats:
     last_departure: float = 0.0
     occupancy: list[tuple[float, int, int]] = field(default_factory=list)
     stalled: set[int] = field(default_factory=set)  # ids of requests that waited for memory
+    #: ``kv_pool=separate``: request id -> the running memory (bytes) of a request that needed
+    #: more than ``engine.running_memory_gb`` and so started alone, over the budget
+    over_budget: dict[int, float] = field(default_factory=dict)
 
     def summary(self, n_requests: int) -> dict[str, Any]:
         """GPU busy fraction and the queue's time-average length (Little's law: = rate x

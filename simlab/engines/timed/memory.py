@@ -96,6 +96,8 @@ class SeparateMemory:
             if need > self.free and running:
                 world.stats.stalled.add(job.req.request_id)
                 return
+            if need > self.free:  # alone, and more than the whole budget
+                world.stats.over_budget[job.req.request_id] = need
             world.note_queue()
             waiting.popleft()
             if job.decode_only:
