@@ -96,3 +96,14 @@ def test_align_mode_has_no_caveat(tmp_path):
 def test_a_clusters_replicas_are_charged_as_one_engine():
     plan = plan_run(compose([*H100_VLLM, BIG, "cluster.replicas=2"]))
     assert isinstance(plan.engine, MemoryChecked) and plan.engine.name == "timed"
+
+
+def test_the_engines_caveats_are_kept_beside_the_plug_ins(tmp_path):
+    """A timed burst's steady-state caveat and the admission's caveat both reach summary.json
+    (the plug-ins' list used to replace the engine's)."""
+    none = ["policy.mamba_cache_mode=none", "bounds.enabled=false"]
+    cfg = compose(["+policy=vllm", "engine=timed", "trace.limit=3", "report=false", *none])
+    run_plan(dataclasses.replace(plan_run(cfg), out_dir=tmp_path))
+    caveats = json.loads((tmp_path / "summary.json").read_text())["policies"]["vllm"]["caveats"]
+    assert any(c.startswith("no steady state") for c in caveats)
+    assert any("policy.mamba_cache_mode=none disables" in c for c in caveats)
