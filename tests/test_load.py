@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from simlab.config import ClusterSettings
+from simlab.engines.cluster.engine import ClusterEngine
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
@@ -143,6 +145,9 @@ def test_a_request_over_the_running_memory_runs_alone_and_says_so(caplog):
     assert any(c.startswith("no steady state") for c in extras["caveats"]), "both kept"
     warned = [r for r in caplog.records if "more running memory than" in r.getMessage()]
     assert len(warned) == 1
+    fresh = lambda: RequestStep.build(HYBRID, 40 * CKPT, admission, eviction, "sglang_plus")  # noqa: E731
     roomy = TimedEngine(hardware=A100, running_memory_gb=2 * budget / 1e9)
-    fresh = RequestStep.build(HYBRID, 40 * CKPT, admission, eviction, "sglang_plus")
-    assert not any("more running" in c for c in roomy.run(requests, fresh).extras["caveats"])
+    assert not any("more running" in c for c in roomy.run(requests, fresh()).extras["caveats"])
+    cluster = ClusterEngine(engine, ClusterSettings(2, "round_robin"))
+    caveats = cluster.run(requests, fresh(), fresh).extras["caveats"]
+    assert [c for c in caveats if "more running memory than" in c] == over, "on a replica too"

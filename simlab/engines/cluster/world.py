@@ -15,7 +15,7 @@ from simlab.engines.cluster.router import Router
 from simlab.engines.cluster.summary import cluster_extras, merged_occupancy, pool_extras
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
-from simlab.engines.timed.engine import steady
+from simlab.engines.timed.engine import over_budget, steady
 from simlab.engines.timed.feeders import session_feeder
 from simlab.engines.timed.jobs import Job
 from simlab.engines.timed.vllm import VllmMemory
@@ -128,7 +128,10 @@ class Cluster:
             "routing_regret": [rt.best_overlap - rt.routed_overlap for rt in routes],
         }
         extras = cluster_extras(self, per_replica, routes)
-        extras |= steady(self.worlds[0].step.policy, records)
+        policy = self.worlds[0].step.policy
+        state = steady(policy, records)
+        caveats = over_budget(policy, self.worlds) + state.pop("caveats", [])
+        extras |= state | ({"caveats": caveats} if caveats else {})
         if self.worlds[0].preempts:  # a shared or vLLM's pool: preemptions, summed
             counts = [
                 w.preemption_column(rs) for w, rs in zip(self.worlds, per_replica, strict=True)

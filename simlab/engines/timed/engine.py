@@ -156,7 +156,7 @@ class TimedEngine(TimedSettings):
         records = world.run(session_feeder(requests, self.typing_wpm))
         extras = world.stats.summary(len(records)) | verdict_of(world, records)
         state = steady(step.policy, records)
-        caveats = over_budget(step.policy, world, self.running_memory_gb)
+        caveats = over_budget(step.policy, [world])
         caveats += state.pop("caveats", [])
         extras |= world.cache_peaks() | state | ({"caveats": caveats} if caveats else {})
         if extras["saturated"]:
@@ -174,16 +174,17 @@ def verdict_of(world: TimedWorld, records: Sequence[RequestRecord]) -> dict[str,
     return load_verdict(records, busy, len(world.pool.preempted), len(world.stats.stalled))
 
 
-def over_budget(policy: str, world: TimedWorld, budget_gb: float) -> list[str]:
+def over_budget(policy: str, worlds: Sequence[TimedWorld]) -> list[str]:
     """The caveat (logged once) of requests that needed more running memory than
-    ``engine.running_memory_gb`` and started alone over it (``kv_pool=separate``), if any."""
-    needs = world.stats.over_budget
+    ``engine.running_memory_gb`` and started alone over it (``kv_pool=separate``) on any of
+    ``worlds`` (a cluster's replicas), if any."""
+    needs = [need for world in worlds for need in world.stats.over_budget.values()]
     if not needs:
         return []
     caveat = (
         f"{len(needs)} requests needed more running memory than engine.running_memory_gb "
-        f"({budget_gb:g} GB), up to {max(needs.values()) / 1e9:.4g} GB: each ran alone, "
-        "over the budget"
+        f"({worlds[0].settings.running_memory_gb:g} GB), up to {max(needs) / 1e9:.4g} GB: "
+        "each ran alone, over the budget"
     )
     log.warning("%s: %s", policy, caveat)
     return [caveat]
