@@ -136,16 +136,18 @@ def test_a_request_over_the_running_memory_runs_alone_and_says_so(caplog):
     longest = max(r.input_tokens + r.output_len for r in requests)
     budget = (longest - 1) * HYBRID.kv_bytes_per_token + CKPT  # the longest does not fit
     admission, eviction = policy_plugins("sglang_plus")
-    step = RequestStep.build(HYBRID, 40 * CKPT, admission, eviction, "sglang_plus")
+
+    def fresh() -> RequestStep:
+        return RequestStep.build(HYBRID, 40 * CKPT, admission, eviction, "sglang_plus")
+
     engine = TimedEngine(hardware=A100, running_memory_gb=budget / 1e9)
     with caplog.at_level("WARNING", logger="simlab.engines.timed.engine"):
-        extras = engine.run(requests, step).extras
+        extras = engine.run(requests, fresh()).extras
     over = [c for c in extras["caveats"] if "more running memory than" in c]
     assert len(over) == 1 and over[0].startswith("1 requests needed more running memory")
     assert any(c.startswith("no steady state") for c in extras["caveats"]), "both kept"
     warned = [r for r in caplog.records if "more running memory than" in r.getMessage()]
     assert len(warned) == 1
-    fresh = lambda: RequestStep.build(HYBRID, 40 * CKPT, admission, eviction, "sglang_plus")  # noqa: E731
     roomy = TimedEngine(hardware=A100, running_memory_gb=2 * budget / 1e9)
     assert not any("more running" in c for c in roomy.run(requests, fresh()).extras["caveats"])
     cluster = ClusterEngine(engine, ClusterSettings(2, "round_robin"))

@@ -156,8 +156,7 @@ class TimedEngine(TimedSettings):
         records = world.run(session_feeder(requests, self.typing_wpm))
         extras = world.stats.summary(len(records)) | verdict_of(world, records)
         state = steady(step.policy, records)
-        caveats = over_budget(step.policy, [world])
-        caveats += state.pop("caveats", [])
+        caveats = over_budget(step.policy, [world]) + state.pop("caveats", [])
         extras |= world.cache_peaks() | state | ({"caveats": caveats} if caveats else {})
         if extras["saturated"]:
             log.warning("%s: saturated (%s)", step.policy, extras["saturation"])
