@@ -34,7 +34,7 @@ def spaced(waits: list[float], served: float = 0.5) -> list[RequestRecord]:
 
 def test_a_busy_gpu_that_serves_without_queueing_is_not_saturated():
     """Case 2 of issue 78: GPU busy alone flagged runs whose requests barely waited."""
-    verdict = load_verdict(spaced([0.01] * 50), busy=0.99, preempted=0, stalled=0)
+    verdict = load_verdict(spaced([0.01] * 50), busy=0.99, preempted=0, stalled=set())
     assert verdict["load"] == "ok" and not verdict["saturated"]
 
 
@@ -42,23 +42,24 @@ def test_a_queue_that_grows_then_drains_is_a_building_backlog():
     """The hump of a finite session population (8.7 -> 24 -> 33 -> 32 -> 10 s by arrival fifth)
     was read as no saturation: the last quarter waited no more than twice the first."""
     waits = [w for w in (8.7, 24.0, 33.0, 32.0, 10.0) for _ in range(20)]
-    verdict = load_verdict(spaced(waits, served=1.0), busy=0.87, preempted=0, stalled=0)
+    verdict = load_verdict(spaced(waits, served=1.0), busy=0.87, preempted=0, stalled=set())
     assert verdict["saturated"] and verdict["load"] == "saturated"
     assert "8.70 -> 24.00 -> 33.00 -> 32.00 -> 10.00" in verdict["saturation"]
 
 
 def test_preemptions_or_memory_stalls_make_the_pool_the_bottleneck():
     waits = [2.0] * 100  # flat: no backlog builds, the GPU not busy
-    verdict = load_verdict(spaced(waits), busy=0.5, preempted=14, stalled=0)
+    verdict = load_verdict(spaced(waits), busy=0.5, preempted=14, stalled=set())
     assert verdict["saturated"] and "14 of 100 requests preempted" in verdict["saturation"]
-    verdict = load_verdict(spaced(waits), busy=0.5, preempted=0, stalled=30)
-    assert (
-        verdict["saturated"]
-        and "30 of 100 requests waited for pool memory" in (verdict["saturation"])
-    )
-    quick = load_verdict(spaced([0.1] * 100), busy=0.5, preempted=0, stalled=30)
+    verdict = load_verdict(spaced(waits), busy=0.5, preempted=0, stalled=set(range(30)))
+    assert verdict["saturated"]
+    assert "30 of 100 requests waited for pool memory" in verdict["saturation"]
+    quick = load_verdict(spaced([0.1] * 100), busy=0.5, preempted=0, stalled=set(range(30)))
     assert not quick["saturated"], "stalls that cost less than service are not a bottleneck"
-    few = load_verdict(spaced(waits), busy=0.5, preempted=4, stalled=4)
+    # a tenth of the requests wait 20 s for memory while the median one waits none: pool-bound
+    tail = load_verdict(spaced([20.0] * 10 + [0.0] * 90), 0.1, 0, stalled=set(range(10)))
+    assert tail["saturated"] and "20.00 s on average" in tail["saturation"]
+    few = load_verdict(spaced(waits), busy=0.5, preempted=4, stalled=set(range(4)))
     assert few["load"] == "queueing", "waiting longer than served, at a load kept up with"
 
 
@@ -96,10 +97,10 @@ def test_a_long_run_reaches_a_steady_state_and_a_drain_is_named():
 def test_timed_runs_carry_the_verdict_and_a_heavy_one_is_saturated():
     trace = chat_trace(seed=7, sessions=40)
     heavy, records, _ = timed_run("sglang_plus", trace, 30 * CKPT, session_rate=50.0, max_running=2)
-    flags = load_verdict(records, 1.0, 0, len(heavy.stats.stalled))
+    flags = load_verdict(records, 1.0, 0, heavy.stats.stalled)
     assert flags["saturated"] and "the backlog builds" in flags["saturation"]
     _, records, _ = timed_run("sglang_plus", trace, 30 * CKPT, session_rate=1e-3)
-    assert load_verdict(records, 0.1, 0, 0)["load"] == "ok"
+    assert load_verdict(records, 0.1, 0, set())["load"] == "ok"
     policy = {"token_hit_rate": 0.5, "saturated": True, "saturation": "the backlog builds"}
     lines = Summary(policies={"lru": policy}, trace={}, config={}).saturation_lines()
     assert "warning: lru is saturated (the backlog builds); its latencies measure" in lines
@@ -153,3 +154,12 @@ def test_a_request_over_the_running_memory_runs_alone_and_says_so(caplog):
     cluster = ClusterEngine(engine, ClusterSettings(2, "round_robin"))
     caveats = cluster.run(requests, fresh(), fresh).extras["caveats"]
     assert [c for c in caveats if "more running memory than" in c] == over, "on a replica too"
+
+
+def test_a_closed_loop_has_no_backlog_to_build():
+    """trace.users: the queue holds at most one request per user; delays that grow with the
+    requests' contexts are not a building backlog."""
+    waits = [w for w in (0.5, 2.0, 4.0, 6.0, 8.0) for _ in range(20)]
+    assert load_verdict(spaced(waits), busy=0.1, preempted=0, stalled=set())["saturated"]
+    closed = load_verdict(spaced(waits), busy=0.1, preempted=0, stalled=set(), closed=True)
+    assert closed["load"] == "queueing" and not closed["saturated"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from simlab.engines.records import RequestRecord
+from simlab.engines.timed.agents import closed_loop
 from simlab.engines.timed.engine import TimedEngine, verdict_of
 from simlab.engines.timed.load import LOAD_ORDER
 from simlab.engines.timed.world import TimedWorld
@@ -24,7 +25,7 @@ def cluster_extras(
     regret = sum(rt.best_overlap - rt.routed_overlap for rt in routes)
     return (
         cluster_stats(worlds, sum(counts))
-        | cluster_saturation(worlds, per_replica)
+        | cluster_saturation(worlds, per_replica, closed_loop(cluster.requests))
         | {
             "replicas": settings.replicas,
             "router": settings.router,
@@ -92,14 +93,14 @@ def cluster_stats(worlds: list[TimedWorld], n_requests: int) -> dict[str, Any]:
 
 
 def cluster_saturation(
-    worlds: list[TimedWorld], per_replica: list[list[RequestRecord]]
+    worlds: list[TimedWorld], per_replica: list[list[RequestRecord]], closed: bool = False
 ) -> dict[str, Any]:
     """Saturated when any replica is (:func:`simlab.engines.timed.load.load_verdict`), saying
     which; the verdict is the worst replica's."""
     reasons, verdicts = [], []
     for k, (world, records) in enumerate(zip(worlds, per_replica, strict=True)):
         if records:
-            flagged = verdict_of(world, records)
+            flagged = verdict_of(world, records, closed)
             verdicts.append(flagged["load"])
             if flagged["saturated"]:
                 reasons.append(f"replica {k}: {flagged['saturation']}")

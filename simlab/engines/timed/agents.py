@@ -88,6 +88,11 @@ class AgentFeeder:
             yield env.all_of([env.process(self._session(world, kid)) for kid in kids])
 
 
+def closed_loop(requests: Sequence[Request]) -> bool:
+    """Whether ``requests`` come from a closed loop of users (``trace.users``)."""
+    return bool(requests) and requests[0].agent is not None and requests[0].agent.users > 0
+
+
 def _step(req: Request) -> AgentStep:
     if req.agent is None:
         raise ValueError(f"request {req.request_id} has no session graph (not an agentic trace)")

@@ -23,6 +23,7 @@ from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
+from simlab.engines.timed.agents import closed_loop
 from simlab.engines.timed.feeders import session_feeder
 from simlab.engines.timed.load import load_verdict, steady_state
 from simlab.engines.timed.settings import TimedSettings
@@ -154,7 +155,8 @@ class TimedEngine(TimedSettings):
             )
         world = self.world(requests, step)
         records = world.run(session_feeder(requests, self.typing_wpm))
-        extras = world.stats.summary(len(records)) | verdict_of(world, records)
+        closed = closed_loop(requests)
+        extras = world.stats.summary(len(records)) | verdict_of(world, records, closed)
         state = steady(step.policy, records)
         caveats = over_budget(step.policy, [world]) + state.pop("caveats", [])
         extras |= world.cache_peaks() | state | ({"caveats": caveats} if caveats else {})
@@ -167,10 +169,13 @@ class TimedEngine(TimedSettings):
         return EngineRun(records, extras, world.stats.occupancy, columns)
 
 
-def verdict_of(world: TimedWorld, records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """:func:`~simlab.engines.timed.load.load_verdict` of ``world``'s run of ``records``."""
+def verdict_of(
+    world: TimedWorld, records: Sequence[RequestRecord], closed: bool = False
+) -> dict[str, Any]:
+    """:func:`~simlab.engines.timed.load.load_verdict` of ``world``'s run of ``records``
+    (``closed``: from a closed loop of users)."""
     busy = world.stats.summary(len(records))["gpu_busy_frac"]
-    return load_verdict(records, busy, len(world.pool.preempted), len(world.stats.stalled))
+    return load_verdict(records, busy, len(world.pool.preempted), world.stats.stalled, closed)
 
 
 def over_budget(policy: str, worlds: Sequence[TimedWorld]) -> list[str]:

@@ -7,12 +7,14 @@ alone. Any of these makes it so, each named in ``saturation``:
 
 * the backlog builds: the mean queue delay of the worst fifth of requests by arrival is over a
   second and over :data:`GROWTH` times the first fifth's (a queue that grows to the end, or the
-  hump of a finite session population that drains once arrivals thin out);
+  hump of a finite session population that drains once arrivals thin out). Not in a closed loop
+  of users (``trace.users``): its queue holds at most one request per user, and its delays grow
+  with what the requests ask (longer contexts later in a session), not with a backlog;
 * the GPU is the bottleneck: busy over :data:`BUSY` of the span while the median request waits
   longer than it is served (``queue_delay`` against ``ttft - queue_delay``);
 * the KV pool is: at least :data:`POOL_SHARE` of the requests were preempted, or waited at the
-  queue's head for pool memory while others ran (admission stalls) and the median request
-  waits longer than it is served.
+  queue's head for pool memory while others ran (admission stalls), waiting longer on average
+  than the median request is served.
 
 Otherwise the verdict is ``queueing`` when the median request still waits longer than it is
 served (latency is mostly waiting, at a load the system keeps up with), and ``ok``.
@@ -28,7 +30,7 @@ warning with its numbers, and a caveat in ``summary.json``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,17 +62,22 @@ DRAIN_SHARE = 0.1
 
 
 def load_verdict(
-    records: Sequence[RequestRecord], busy: float, preempted: int, stalled: int
+    records: Sequence[RequestRecord],
+    busy: float,
+    preempted: int,
+    stalled: Collection[int],
+    closed: bool = False,
 ) -> dict[str, Any]:
     """The verdict of a run of ``records`` whose GPU was ``busy`` (fraction of its span), with
-    ``preempted`` requests preempted at least once and ``stalled`` requests that waited for
-    pool memory at the queue's head (see the module docstring)."""
+    ``preempted`` requests preempted at least once and ``stalled`` the ids of the requests that
+    waited for pool memory at the queue's head (see the module docstring); ``closed``: the
+    requests come from a closed loop of users, whose queue cannot build past them."""
     n = len(records)
     wait = float(np.median([r.queue_delay for r in records])) if n else 0.0
     served = float(np.median([r.ttft - r.queue_delay for r in records])) if n else 0.0
     waits_longer = wait > served
     reasons = []
-    fifths = _fifths(records)
+    fifths = [] if closed else _fifths(records)
     if fifths and max(fifths) > max(1.0, GROWTH * fifths[0]):
         shown = " -> ".join(f"{d:.2f}" for d in fifths)
         reasons.append(f"the backlog builds: mean queue delay by arrival fifth {shown} s")
@@ -81,8 +88,12 @@ def load_verdict(
         )
     if n and preempted >= POOL_SHARE * n:
         reasons.append(f"{preempted} of {n} requests preempted: the KV pool is the bottleneck")
-    if n and stalled >= POOL_SHARE * n and waits_longer:
-        reasons.append(f"{stalled} of {n} requests waited for pool memory at the queue's head")
+    stalled_wait = _mean_wait(records, stalled)
+    if n and len(stalled) >= POOL_SHARE * n and stalled_wait > served:
+        reasons.append(
+            f"{len(stalled)} of {n} requests waited for pool memory at the queue's head, "
+            f"{stalled_wait:.2f} s on average"
+        )
     verdict = "saturated" if reasons else ("queueing" if waits_longer else "ok")
     return {
         "load": verdict,
@@ -90,8 +101,14 @@ def load_verdict(
         "saturation": "; ".join(reasons),
         "queue_delay_p50": wait,
         "service_p50": served,
-        "memory_stalled_requests": stalled,
+        "memory_stalled_requests": len(stalled),
     }
+
+
+def _mean_wait(records: Sequence[RequestRecord], ids: Collection[int]) -> float:
+    """Mean queue delay of the requests of ``records`` whose ids are in ``ids`` (0 for none)."""
+    waits = [r.queue_delay for r in records if r.request_id in ids]
+    return float(np.mean(waits)) if waits else 0.0
 
 
 def _fifths(records: Sequence[RequestRecord]) -> list[float]:
