@@ -92,7 +92,8 @@ def test_policies_sharing_one_walk_equal_their_replays(tmp_path, monkeypatch):
     walk = block_replay.block_paths
     monkeypatch.setattr(block_replay, "block_paths", lambda *a: walks.append(1) or walk(*a))
     trace = [o for o in MOONCAKE_BLOCKS if not o.startswith("policy.")]
-    base = [*trace, *compare_overrides(["fifo", "lru", "optimal"])]
+    # the list's own walk: no reuse breakdown, whose infinite-cache replays walk again
+    base = [*trace, *compare_overrides(["fifo", "lru", "optimal"]), "reuse_breakdown=false"]
     sizes = ["0.3", "20"]
     run = run_list(base, sizes, tmp_path / "list")
     assert len(walks) == 1

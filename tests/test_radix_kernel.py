@@ -482,6 +482,7 @@ def test_a_compiled_run_writes_what_a_request_by_request_run_writes(tmp_path, ca
 
 def test_a_compiled_capacity_list_shares_one_token_pool(tmp_path, monkeypatch):
     base = [*SHAREGPT, "model=marconi_7b", *MARCONI, "engine=replay", "bounds.enabled=false"]
+    base.append("reuse_breakdown=false")  # the list's own pools: no counterfactual replays
     pools = []
     build = radix_kernel.token_pool
     monkeypatch.setattr(radix_kernel, "token_pool", lambda r: pools.append(1) or build(r))
