@@ -53,6 +53,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from simlab.config import ConfigError
+from simlab.cost.measured.hooks import PREFIX_ATTENTION_UNCERTAINTY
+from simlab.cost.measured.sources import SOURCES, shares, worst
 from simlab.cost.model import CostModel
 from simlab.cost.shapes import BatchShape, check_tp
 from simlab.engines.timed.engine import TimedEngine
@@ -271,9 +273,43 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         },
         # per length: the share of the predicted time that comes from measurements
         "measured_share": measured,
+        # the measured kernel tables (null: engine.kernels=roofline or none for the GPU)
+        "kernels": kernels_used(cost),
+        # per op: its time source per length (simlab.cost.measured.sources; the worst over
+        # the iterations), and per length the share of GPU time per source
+        "breakdown_sources": op_sources(cost, runs),
+        "time_sources": [shares(summed(cost.sources(shape) for shape in run)) for run in runs],
         # measured.path: the rows predicted and their error (simlab.experiments.measured.compare)
         "measured": None if rows is None or models is None else checked(rows, batch, models),
     }
+
+
+def kernels_used(cost: CostModel) -> dict[str, Any] | None:
+    """The measured kernels' GPU, backend, version, dtype and each table's version."""
+    if cost.kernels is None:
+        return None
+    k = cost.kernels.kernels
+    return {
+        "system": k.system,
+        "backend": k.backend,
+        "version": k.version,
+        "dtype": k.dtype,
+        "tables": k.used_versions(),
+        "prefix_attention_uncertainty": PREFIX_ATTENTION_UNCERTAINTY,
+    }
+
+
+def op_sources(cost: CostModel, runs: list[list[BatchShape]]) -> dict[str, list[str | None]]:
+    """Per op name, its source per length (the worst over that length's iterations; None
+    where the op does not run)."""
+    out: dict[str, list[str | None]] = {}
+    for i, run in enumerate(runs):
+        for shape in run:
+            for op in cost.ops(shape):
+                tags = out.setdefault(op.name, [None] * len(runs))
+                tag = cost.source(op)
+                tags[i] = tag if tags[i] is None else worst([tags[i] or tag, tag])
+    return out
 
 
 def prefill_seconds(cost: CostModel, run: list[BatchShape]) -> float:
@@ -349,8 +385,16 @@ def table(prediction: dict[str, Any]) -> str:
             )
             + "; classes not listed run on defaults"
         )
+    kernels = prediction.get("kernels")
+    if kernels:
+        lines.append(
+            f"measured kernels: {kernels['system']} {kernels['backend']} {kernels['version']} "
+            f"{kernels['dtype']} (tables: "
+            + ", ".join(f"{k} {v}" for k, v in kernels["tables"].items())
+            + "); the other ops on the calibrated roofline"
+        )
     measured = prediction.get("measured_ops") or []
-    if measured:
+    if measured and not kernels:
         lines.append(
             f"timed from measurements of their shape: {', '.join(measured)} (held back: "
             + ", ".join(
@@ -367,6 +411,11 @@ def table(prediction: dict[str, Any]) -> str:
         parts = ", ".join(f"{op} {ops[op][i]:.2f}" for op in top)
         share = prediction["measured_share"][i]
         measured_part = f"; {100 * share:.0f}% measured" if measured else ""
+        if prediction.get("kernels"):
+            time_sources = prediction["time_sources"][i]
+            measured_part = "; " + " / ".join(
+                f"{100 * time_sources[tag]:.0f}% {tag}" for tag in SOURCES
+            )
         chunks = prediction["iterations"][i]
         chunked = f"; {iterations(chunks, prediction)}" if chunks > 1 else ""
         lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms{measured_part}{chunked})")

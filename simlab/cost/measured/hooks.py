@@ -1,0 +1,155 @@
+"""Which measured kernel times each op of an iteration (:class:`MeasuredOps`).
+
+Each op name of :class:`~simlab.cost.layers.LayerOps` that a table covers has a hook here,
+keyed by name in :data:`HOOKS`; an op without one (the norms, the scans, the state copies, a
+layer kind added later) keeps the calibrated roofline until a hook is added for it. A hook
+returns the op's seconds and source (:mod:`~simlab.cost.measured.sources`), or None when no
+table covers its shape (then the roofline times it too).
+
+* GEMMs, per GPU: a column-parallel projection splits its outputs ``n`` over the GPUs, a
+  row-parallel one its inputs ``k`` (vLLM's and SGLang's ``ColumnParallelLinear`` /
+  ``RowParallelLinear``); the dense MLP is the fused gate-up GEMM and the down GEMM.
+* MoE: the fused MoE kernel at the model's (hidden, intermediate, top-k, experts) with
+  MoE-TP = ``tp`` (no expert parallelism), plus the router GEMM.
+* Prefill attention: the causal context-attention table at ``b`` sequences of the
+  compute-equivalent length ``L = sqrt(sum(new^2 + 2 new prefix) / b)`` -- exact for ``b``
+  equal chunks without a prefix (the table's own shape); a cached prefix or unequal chunks are
+  modelled (source ``interpolated``; :data:`PREFIX_ATTENTION_UNCERTAINTY`), never below the
+  time to read their KV at the peak bandwidth.
+* Decode attention: the generation table at the batch and the mean context (not with shared-
+  prefix attention, which no table measures).
+* All-reduce: the custom all-reduce (CUDA-graph kernel) at the message's elements.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from simlab.cost.hardware import Hardware
+from simlab.cost.measured.interpolate import Curve
+from simlab.cost.measured.kernels import Kernels
+from simlab.cost.measured.sources import INTERPOLATED, worst
+from simlab.cost.profiles import ALLREDUCE, X_PROJ_ALLREDUCE
+from simlab.cost.shapes import Op
+from simlab.model.spec import ModelSpec
+
+#: GEMMs whose outputs tensor parallelism splits (column-parallel) / whose inputs it splits
+COLUMN = ("attn_qkv_proj", "ssm_in_proj", "ssm_dt_proj", "lm_head")
+ROW = ("attn_out_proj", "ssm_out_proj", "ssm_x_proj")
+#: stated relative uncertainty of prefill attention over a cached prefix or unequal chunks
+#: (the compute-equivalent length; the tables hold neither)
+PREFIX_ATTENTION_UNCERTAINTY = 0.25
+
+Timed = tuple[float, str] | None  # (seconds, source)
+
+
+class MeasuredOps:
+    """The measured time of ``model``'s ops at tensor-parallel degree ``tp`` from ``kernels``."""
+
+    def __init__(self, kernels: Kernels, model: ModelSpec, tp: int, hardware: Hardware):
+        self.kernels = kernels
+        self.model = model
+        self.tp = tp
+        self.hw = hardware
+        self.heads = (model.n_heads // tp, max(1, model.n_kv_heads // tp), model.head_dim)
+        self._memo: dict[Op, Timed] = {}
+
+    def time(self, op: Op) -> Timed:
+        """``op``'s seconds (its ``fixed_s`` not included) and source, or None (memoised)."""
+        if op in self._memo:
+            return self._memo[op]
+        hook = HOOKS.get(op.name)
+        if hook is None and op.op_class == "gemm" and op.shape:
+            hook = MeasuredOps._projection
+        result = None if hook is None else hook(self, op)
+        if len(self._memo) >= 1 << 16:
+            self._memo.clear()
+        self._memo[op] = result
+        return result
+
+    # ------------------------------------------------------------------ hooks
+    def _gemms(self, m: int, shapes: list[tuple[int, int]], units: int) -> Timed:
+        """``units`` x the sum of GEMMs ``(n, k)`` over ``m`` rows."""
+        parts = [self.kernels.gemm(m, n, k) for n, k in shapes]
+        if any(p is None for p in parts):
+            return None
+        done = [p for p in parts if p is not None]
+        return units * sum(ms for ms, _ in done) / 1e3, worst([s for _, s in done])
+
+    def _projection(self, op: Op) -> Timed:
+        d_in, d_out = op.shape[0], op.shape[1]
+        if op.name in COLUMN:
+            d_out = math.ceil(d_out / self.tp)
+        elif op.name in ROW:
+            d_in = math.ceil(d_in / self.tp)
+        return self._gemms(max(op.tokens, 1), [(d_out, d_in)], op.units)
+
+    def _mlp(self, op: Op) -> Timed:
+        d, inter, gated = op.shape[0], math.ceil(op.shape[1] / self.tp), op.shape[2]
+        up = (inter * (2 if gated else 1), d)
+        return self._gemms(max(op.tokens, 1), [up, (d, inter)], op.units)
+
+    def _moe(self, op: Op) -> Timed:
+        m, pos = self.model, op.query[0]
+        shape = (m.d_model, m.moe_intermediate, m.moe_top_k, m.moe_experts, self.tp, 1)
+        fused = self.kernels.moe(pos, shape)
+        router = self.kernels.gemm(pos, m.moe_experts, m.d_model)
+        if fused is None or router is None:
+            return None
+        seconds = m.n_moe_layers * (fused[0] + router[0]) / 1e3
+        return seconds, worst([fused[1], router[1]])
+
+    def _allreduce(self, op: Op) -> Timed:
+        per_token = {ALLREDUCE: self.model.d_model}
+        if self.model.ssm_kind == "mamba1":
+            per_token[X_PROJ_ALLREDUCE] = self.model.ssm_dt_rank + 2 * self.model.ssm_state_dim
+        timed = self.kernels.allreduce(op.tokens * per_token[op.name], self.tp)
+        return None if timed is None else (op.units * timed[0] / 1e3, timed[1])
+
+    def _prefill_attention(self, op: Op) -> Timed:
+        chunks, length, uniform, kv_tokens = op.query
+        heads, kv, head_dim = self.heads
+        timed = self.kernels.context(chunks, length, heads, kv, head_dim)
+        if timed is None:
+            return None
+        m = self.model
+        kv_bytes = kv_tokens * 2 * kv * head_dim * m.dtype_bytes
+        seconds = max(timed[0] / 1e3, kv_bytes / self.hw.mem_bw)
+        return op.units * seconds, timed[1] if uniform else INTERPOLATED
+
+    def decode_curve(self, n: int) -> Curve | None:
+        """The generation table's curve over the context at batch ``n`` (None: not covered)."""
+        heads, kv, head_dim = self.heads
+        return self.kernels.generation(n, heads, kv, head_dim)
+
+    def decode_seconds(self, n: int, context_sums: np.ndarray, units: int) -> np.ndarray | None:
+        """Decode attention's seconds at each context sum of ``n`` requests (None: uncovered)."""
+        curve = self.decode_curve(n)
+        if curve is None:
+            return None
+        ms = curve.at_many(context_sums / n)
+        return None if ms is None else units * ms / 1e3
+
+    def _decode_attention(self, op: Op) -> Timed:
+        n, context_sum, shared = op.query
+        curve = self.decode_curve(n)
+        if shared or curve is None:
+            return None
+        timed = curve.at(context_sum / n)
+        seconds = self.decode_seconds(n, np.array([float(context_sum)]), op.units)
+        if timed is None or seconds is None:
+            return None
+        return float(seconds[0]), timed[1]
+
+
+HOOKS: dict[str, Callable[[MeasuredOps, Op], Timed]] = {
+    "mlp": MeasuredOps._mlp,
+    "moe": MeasuredOps._moe,
+    ALLREDUCE: MeasuredOps._allreduce,
+    X_PROJ_ALLREDUCE: MeasuredOps._allreduce,
+    "attn_prefill": MeasuredOps._prefill_attention,
+    "attn_decode": MeasuredOps._decode_attention,
+}
