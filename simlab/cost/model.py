@@ -219,7 +219,10 @@ class CostModel:
                 tally[tag] = tally.get(tag, 0.0) + t * scale
 
     def measured(self, op: Op) -> bool:
-        """Whether a measured :class:`Profile` times ``op`` (not the roofline)."""
+        """Whether a calibration's measured :class:`Profile` times ``op`` (not a measured
+        kernel, not the roofline)."""
+        if self.kernels is not None and self.kernels.time(op) is not None:
+            return False
         return bool(op.units) and self._profile_of(op) is not None
 
     def measured_share(self, batch: BatchShape) -> float:
