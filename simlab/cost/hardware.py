@@ -12,6 +12,7 @@ from simlab.cost.measured import tables
 #: the peaks a preset may leave null for its ``system``'s published ones
 PEAK_KEYS = ("peak_tflops", "mem_bw_gbps", "mem_gb", "link_bw_gbps")
 
+
 @dataclass(frozen=True)
 class Hardware:
     """Published peak numbers of one accelerator (dense FP16/BF16 tensor core; ``fp32_tflops``:
@@ -43,7 +44,9 @@ class Hardware:
         """From a ``configs/hardware`` preset; its ``calibration`` key (the preset's default
         calibration file) is the engine's business, not the peaks'."""
         skip = ("calibration",)
-        values = {k: v for k, v in dict(cfg).items() if not str(k).startswith("_") and k not in skip}
+        values = {
+            k: v for k, v in dict(cfg).items() if not str(k).startswith("_") and k not in skip
+        }
         return cls(**_with_system_peaks(values))
 
     @property

@@ -42,7 +42,6 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,13 +52,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from simlab.config import ConfigError
-from simlab.cost.measured.hooks import PREFIX_ATTENTION_UNCERTAINTY
-from simlab.cost.measured.sources import SOURCES, shares, worst
+from simlab.cost.measured.sources import SOURCES, shares
 from simlab.cost.model import CostModel
 from simlab.cost.shapes import BatchShape, check_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.settings import TimedSettings
 from simlab.experiments import measured as measured_table
+from simlab.experiments.breakdown import kernels_used, op_sources, summed, unmeasured_ranges
 from simlab.model.spec import ModelSpec
 from simlab.run.cli import reported_as_one_line, unknown_choice
 from simlab.run.simulate import build_engine
@@ -279,37 +278,11 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         # the iterations), and per length the share of GPU time per source
         "breakdown_sources": op_sources(cost, runs),
         "time_sources": [shares(summed(cost.sources(shape) for shape in run)) for run in runs],
+        # the unmeasured ops' modelled ranges (simlab.cost.measured.unmeasured)
+        "unmeasured": unmeasured_ranges(cost, runs, totals),
         # measured.path: the rows predicted and their error (simlab.experiments.measured.compare)
         "measured": None if rows is None or models is None else checked(rows, batch, models),
     }
-
-
-def kernels_used(cost: CostModel) -> dict[str, Any] | None:
-    """The measured kernels' GPU, backend, version, dtype and each table's version."""
-    if cost.kernels is None:
-        return None
-    k = cost.kernels.kernels
-    return {
-        "system": k.system,
-        "backend": k.backend,
-        "version": k.version,
-        "dtype": k.dtype,
-        "tables": k.used_versions(),
-        "prefix_attention_uncertainty": PREFIX_ATTENTION_UNCERTAINTY,
-    }
-
-
-def op_sources(cost: CostModel, runs: list[list[BatchShape]]) -> dict[str, list[str | None]]:
-    """Per op name, its source per length (the worst over that length's iterations; None
-    where the op does not run)."""
-    out: dict[str, list[str | None]] = {}
-    for i, run in enumerate(runs):
-        for shape in run:
-            for op in cost.ops(shape):
-                tags = out.setdefault(op.name, [None] * len(runs))
-                tag = cost.source(op)
-                tags[i] = tag if tags[i] is None else worst([tags[i] or tag, tag])
-    return out
 
 
 def prefill_seconds(cost: CostModel, run: list[BatchShape]) -> float:
@@ -357,15 +330,6 @@ def _at_tp(cfg: DictConfig, tp: int, where: str) -> tuple[TimedEngine, CostModel
         return timed_engine(at_tp)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from err
-
-
-def summed(breakdowns: Iterable[dict[str, float]]) -> dict[str, float]:
-    """Seconds per op over several iterations (an op absent from one adds nothing there)."""
-    out: dict[str, float] = {}
-    for breakdown in breakdowns:
-        for op, seconds in breakdown.items():
-            out[op] = out.get(op, 0.0) + seconds
-    return out
 
 
 def table(prediction: dict[str, Any]) -> str:
@@ -416,6 +380,10 @@ def table(prediction: dict[str, Any]) -> str:
             measured_part = "; " + " / ".join(
                 f"{100 * time_sources[tag]:.0f}% {tag}" for tag in SOURCES
             )
+        unmeasured_ms = (prediction.get("unmeasured") or {}).get("prefill_ms")
+        if unmeasured_ms and unmeasured_ms[i][1] > unmeasured_ms[i][0]:
+            low, high = unmeasured_ms[i]
+            measured_part += f"; {low:.2f}-{high:.2f} ms with the unmeasured ops at their bounds"
         chunks = prediction["iterations"][i]
         chunked = f"; {iterations(chunks, prediction)}" if chunks > 1 else ""
         lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms{measured_part}{chunked})")

@@ -47,15 +47,17 @@ def axis_errors(grid: Grid) -> np.ndarray:
 
 def class_grids(kernels: Kernels) -> dict[str, list[Grid]]:
     """The grids of each class of ``kernels`` (MoE: one per measured model shape)."""
-    out: dict[str, list[Grid]] = {"gemm": [], "attention": [], "moe": [], "allreduce": []}
-    for key, cls in ((("gemm",), "gemm"), (("context", HEAD_DIM), "attention")):
-        out[cls].append(kernels._grid(key))  # noqa: SLF001 (same package)
-    out["attention"].append(kernels._grid(("generation", HEAD_DIM)))  # noqa: SLF001
-    for shape in _moe_shapes(kernels):
-        out["moe"].append(kernels._grid(("moe", *shape)))  # noqa: SLF001
-    for gpus in (2, 4, 8):
-        out["allreduce"].append(kernels._grid(("allreduce", gpus)))  # noqa: SLF001
-    return {cls: [g for g in grids if g is not None] for cls, grids in out.items()}
+    keys: dict[str, list[tuple[object, ...]]] = {
+        "gemm": [("gemm",)],
+        "attention": [("context", HEAD_DIM), ("generation", HEAD_DIM)],
+        "moe": [("moe", *shape) for shape in _moe_shapes(kernels)],
+        "allreduce": [("allreduce", gpus) for gpus in (2, 4, 8)],
+    }
+    out: dict[str, list[Grid]] = {}
+    for cls, wanted in keys.items():
+        grids = [kernels.grid(key) for key in wanted]
+        out[cls] = [g for g in grids if g is not None]
+    return out
 
 
 def _moe_shapes(kernels: Kernels) -> list[tuple[int, ...]]:

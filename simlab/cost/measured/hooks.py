@@ -63,7 +63,7 @@ class MeasuredOps:
             return self._memo[op]
         hook = HOOKS.get(op.name)
         if hook is None and op.op_class == "gemm" and op.shape:
-            hook = MeasuredOps._projection
+            hook = MeasuredOps.projection
         result = None if hook is None else hook(self, op)
         if len(self._memo) >= 1 << 16:
             self._memo.clear()
@@ -71,7 +71,7 @@ class MeasuredOps:
         return result
 
     # ------------------------------------------------------------------ hooks
-    def _gemms(self, m: int, shapes: list[tuple[int, int]], units: int) -> Timed:
+    def gemms(self, m: int, shapes: list[tuple[int, int]], units: int) -> Timed:
         """``units`` x the sum of GEMMs ``(n, k)`` over ``m`` rows."""
         parts = [self.kernels.gemm(m, n, k) for n, k in shapes]
         if any(p is None for p in parts):
@@ -79,20 +79,20 @@ class MeasuredOps:
         done = [p for p in parts if p is not None]
         return units * sum(ms for ms, _ in done) / 1e3, worst([s for _, s in done])
 
-    def _projection(self, op: Op) -> Timed:
+    def projection(self, op: Op) -> Timed:
         d_in, d_out = op.shape[0], op.shape[1]
         if op.name in COLUMN:
             d_out = math.ceil(d_out / self.tp)
         elif op.name in ROW:
             d_in = math.ceil(d_in / self.tp)
-        return self._gemms(max(op.tokens, 1), [(d_out, d_in)], op.units)
+        return self.gemms(max(op.tokens, 1), [(d_out, d_in)], op.units)
 
-    def _mlp(self, op: Op) -> Timed:
+    def mlp(self, op: Op) -> Timed:
         d, inter, gated = op.shape[0], math.ceil(op.shape[1] / self.tp), op.shape[2]
         up = (inter * (2 if gated else 1), d)
-        return self._gemms(max(op.tokens, 1), [up, (d, inter)], op.units)
+        return self.gemms(max(op.tokens, 1), [up, (d, inter)], op.units)
 
-    def _moe(self, op: Op) -> Timed:
+    def moe(self, op: Op) -> Timed:
         m, pos = self.model, op.query[0]
         shape = (m.d_model, m.moe_intermediate, m.moe_top_k, m.moe_experts, self.tp, 1)
         fused = self.kernels.moe(pos, shape)
@@ -102,14 +102,14 @@ class MeasuredOps:
         seconds = m.n_moe_layers * (fused[0] + router[0]) / 1e3
         return seconds, worst([fused[1], router[1]])
 
-    def _allreduce(self, op: Op) -> Timed:
+    def allreduce(self, op: Op) -> Timed:
         per_token = {ALLREDUCE: self.model.d_model}
         if self.model.ssm_kind == "mamba1":
             per_token[X_PROJ_ALLREDUCE] = self.model.ssm_dt_rank + 2 * self.model.ssm_state_dim
         timed = self.kernels.allreduce(op.tokens * per_token[op.name], self.tp)
         return None if timed is None else (op.units * timed[0] / 1e3, timed[1])
 
-    def _prefill_attention(self, op: Op) -> Timed:
+    def prefill_attention(self, op: Op) -> Timed:
         chunks, length, uniform, kv_tokens = op.query
         heads, kv, head_dim = self.heads
         timed = self.kernels.context(chunks, length, heads, kv, head_dim)
@@ -133,7 +133,7 @@ class MeasuredOps:
         ms = curve.at_many(context_sums / n)
         return None if ms is None else units * ms / 1e3
 
-    def _decode_attention(self, op: Op) -> Timed:
+    def decode_attention(self, op: Op) -> Timed:
         n, context_sum, shared = op.query
         curve = self.decode_curve(n)
         if shared or curve is None:
@@ -146,10 +146,10 @@ class MeasuredOps:
 
 
 HOOKS: dict[str, Callable[[MeasuredOps, Op], Timed]] = {
-    "mlp": MeasuredOps._mlp,
-    "moe": MeasuredOps._moe,
-    ALLREDUCE: MeasuredOps._allreduce,
-    X_PROJ_ALLREDUCE: MeasuredOps._allreduce,
-    "attn_prefill": MeasuredOps._prefill_attention,
-    "attn_decode": MeasuredOps._decode_attention,
+    "mlp": MeasuredOps.mlp,
+    "moe": MeasuredOps.moe,
+    ALLREDUCE: MeasuredOps.allreduce,
+    X_PROJ_ALLREDUCE: MeasuredOps.allreduce,
+    "attn_prefill": MeasuredOps.prefill_attention,
+    "attn_decode": MeasuredOps.decode_attention,
 }

@@ -143,7 +143,7 @@ class Grid:
 def _product_cached(corners: tuple[Corner, ...]) -> tuple[Corner, ...]:
     out: list[Corner] = [()]
     for axis in corners:
-        out = [combo + (pick,) for combo in out for pick in axis]
+        out = [(*combo, pick) for combo in out for pick in axis]
     return tuple(out)
 
 

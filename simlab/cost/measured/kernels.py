@@ -38,7 +38,11 @@ TABLES = {
     "generation": ("attention", "generation_attention_perf"),
     "moe": ("moe", "moe_perf"),
     "allreduce": ("comm", "custom_allreduce_perf"),
+    "gdn": ("linear_attention", "gdn_perf"),
 }
+#: the GDN kernels of each phase (:meth:`Kernels.gdn`): the chunked prefill scan and the
+#: recurrent decode step
+GDN_KERNELS = {"context": "chunk_gated_delta_rule", "generation": "fused_recurrent"}
 
 Timed = tuple[float, str] | None  # (ms, source) or no measurement
 
@@ -68,7 +72,8 @@ class Kernels:
         return out
 
     # ------------------------------------------------------------------ grids
-    def _grid(self, key: tuple[Any, ...]) -> Grid | None:
+    def grid(self, key: tuple[Any, ...]) -> Grid | None:
+        """The grid of one table (``(kind, *its key)``), built once (None: no table)."""
         if key not in self._grids:
             self._grids[key] = self._build(key)
         return self._grids[key]
@@ -86,6 +91,11 @@ class Kernels:
             return self._attention_grid(path, kind, key[1])
         if kind == "moe":
             return self._moe_grid(path, key[1:])
+        if kind == "gdn":
+            frame = tables.rows(path, ())
+            frame = frame[frame["kernel_source"].str.contains(GDN_KERNELS[key[1]])]
+            axes = ["num_k_heads", "num_v_heads", "batch_size", "seq_len"]
+            return _grid(frame[frame["head_k_dim"] == 128], axes, 1.0)
         frame = tables.kernel_rows(tables.rows(path, ()), ("graph",))
         return _grid(frame[frame["num_gpus"] == key[1]], ["message_size"], 1.0)
 
@@ -120,31 +130,39 @@ class Kernels:
     @functools.lru_cache(maxsize=65536)  # noqa: B019 (Kernels are few and live for the run)
     def gemm(self, m: int, n: int, k: int) -> Timed:
         """One ``m x k`` by ``k x n`` GEMM."""
-        grid = self._grid(("gemm",))
+        grid = self.grid(("gemm",))
         return None if grid is None else grid.at((n, k, m))
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def context(self, batch: int, length: float, heads: int, kv: int, head_dim: int) -> Timed:
         """Causal attention of ``batch`` sequences of ``length`` tokens (one layer)."""
-        grid = self._grid(("context", head_dim))
+        grid = self.grid(("context", head_dim))
         return None if grid is None else grid.at((heads, kv, batch, length))
 
     def generation(self, batch: int, heads: int, kv: int, head_dim: int) -> Curve | None:
         """Decode attention of ``batch`` requests against their context (the curve's axis)."""
-        grid = self._grid(("generation", head_dim))
+        grid = self.grid(("generation", head_dim))
         return None if grid is None else grid.curve((heads, kv, batch))
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def moe(self, tokens: int, shape: tuple[int, ...]) -> Timed:
         """The fused MoE of ``tokens`` tokens; ``shape``: (hidden, intermediate, top-k,
         experts, MoE TP, MoE EP)."""
-        grid = self._grid(("moe", *shape))
+        grid = self.grid(("moe", *shape))
         return None if grid is None else grid.at((tokens,))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def gdn(self, phase: str, batch: int, length: int, k_heads: int, v_heads: int) -> Timed:
+        """The GDN (gated delta rule) scan of ``batch`` sequences of ``length`` tokens
+        (``context``: the chunked prefill scan; ``generation``: one recurrent decode step,
+        ``length`` 1) at 128-wide key and value heads."""
+        grid = self.grid(("gdn", phase))
+        return None if grid is None else grid.at((k_heads, v_heads, batch, length))
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def allreduce(self, elements: int, gpus: int) -> Timed:
         """One all-reduce of ``elements`` BF16 values over ``gpus`` GPUs."""
-        grid = self._grid(("allreduce", gpus))
+        grid = self.grid(("allreduce", gpus))
         return None if grid is None else grid.at((elements,))
 
 

@@ -27,7 +27,7 @@ DTYPES = {
 def systems_dir() -> Path | None:
     """``aiconfigurator_core/systems`` or None (not installed: one log line, once)."""
     try:
-        import aiconfigurator_core  # noqa: PLC0415 (optional, Linux x86-64 only)
+        import aiconfigurator_core
     except ImportError:
         log.warning(
             "aiconfigurator-core is not installed (it ships Linux x86-64 wheels only): "
@@ -90,7 +90,7 @@ def table_path(system: str, family: str, backend: str, version: str, table: str)
 def rows(path: Path, filters: tuple[tuple[str, Any], ...]) -> Any:
     """A table's rows where each ``(column, value)`` of ``filters`` holds (a column the table
     lacks is skipped), as a pandas frame."""
-    import pandas as pd  # noqa: PLC0415 (heavy; only when a measured table is used)
+    import pandas as pd
 
     frame = pd.read_parquet(path)
     for column, value in filters:
@@ -115,7 +115,7 @@ def kernel_rows(frame: Any, prefer: tuple[str, ...] = ()) -> Any:
 @functools.lru_cache(maxsize=32)
 def peaks(system: str) -> dict[str, float] | None:
     """``systems/<system>.yaml``'s GPU peaks as a hardware preset's keys (None: no file)."""
-    import yaml  # noqa: PLC0415
+    import yaml
 
     root = systems_dir()
     path = None if root is None else root / f"{system}.yaml"
