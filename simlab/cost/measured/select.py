@@ -89,19 +89,22 @@ def model_dtype(dtype: str | None, dtype_bytes: int) -> str:
 _warned: set[str] = set()
 
 
-def _warn_bandwidth(hardware: Hardware) -> None:
-    """Warn once when the preset's memory bandwidth is not its tables' GPU's."""
+def caveat(hardware: Hardware) -> str | None:
+    """A line when the preset's memory bandwidth is not that of the GPU its kernels were
+    measured on (None: the same, within :data:`BANDWIDTH_WARN`)."""
     peaks = tables.peaks(hardware.system or "")
-    if peaks is None or hardware.name in _warned:
-        return
-    theirs = peaks["mem_bw_gbps"]
-    if abs(hardware.mem_bw_gbps / theirs - 1) > BANDWIDTH_WARN:
+    if peaks is None or abs(hardware.mem_bw_gbps / peaks["mem_bw_gbps"] - 1) <= BANDWIDTH_WARN:
+        return None
+    return (
+        f"hardware {hardware.name}: its kernels were measured on {hardware.system} "
+        f"({peaks['mem_bw_gbps']:.0f} GB/s, not {hardware.mem_bw_gbps:.0f} GB/s): memory-bound "
+        "op times are off by up to that ratio"
+    )
+
+
+def _warn_bandwidth(hardware: Hardware) -> None:
+    """Log :func:`caveat` once per preset."""
+    line = caveat(hardware)
+    if line is not None and hardware.name not in _warned:
         _warned.add(hardware.name)
-        log.warning(
-            "hardware %s: its kernels were measured on %s (%.0f GB/s, not %.0f GB/s): "
-            "memory-bound op times are off by up to that ratio",
-            hardware.name,
-            hardware.system,
-            theirs,
-            hardware.mem_bw_gbps,
-        )
+        log.warning("%s", line)

@@ -223,9 +223,11 @@ def over_budget(policy: str, worlds: Sequence[TimedWorld]) -> list[str]:
 
 
 def time_sources(cost: CostModel, policy: str) -> dict[str, Any]:
-    """``time_sources``: the share of the run's simulated GPU time per time source (measured
-    kernels only; {} on the roofline alone), with a warning when the roofline carries more
-    than :data:`~simlab.cost.measured.sources.ROOFLINE_WARN_SHARE` of it."""
+    """``time_sources``: the share of the run's simulated GPU time per time source, with a
+    warning when the roofline carries more than
+    :data:`~simlab.cost.measured.sources.ROOFLINE_WARN_SHARE` of it, and ``kernels``: the
+    tables' GPU, backend, version and dtype (with a ``caveat`` when the preset's bandwidth is
+    not the GPU's). Measured kernels only ({} on the roofline alone)."""
     if cost.kernels is None:
         return {}
     out = shares(cost.source_seconds)
@@ -236,7 +238,10 @@ def time_sources(cost: CostModel, policy: str) -> dict[str, Any]:
             policy,
             100 * out[ROOFLINE],
         )
-    return {"time_sources": out}
+    k = cost.kernels.kernels
+    kernels = {"system": k.system, "backend": k.backend, "version": k.version, "dtype": k.dtype}
+    line = select.caveat(cost.hw)
+    return {"time_sources": out, "kernels": kernels | ({"caveat": line} if line else {})}
 
 
 def steady(policy: str, records: Sequence[RequestRecord]) -> dict[str, Any]:
