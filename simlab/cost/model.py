@@ -146,6 +146,7 @@ class CostModel:
         #: simulated GPU seconds per time source (:mod:`simlab.cost.measured.sources`) over
         #: the iterations :meth:`time` and :meth:`decode_span_of` timed (with measured kernels)
         self.source_seconds: dict[str, float] = {}
+        self._span_sources: dict[int, dict[str, float]] = {}
 
     # ------------------------------------------------------------------ timing
     def op_time(self, op: Op) -> float:
@@ -260,13 +261,28 @@ class CostModel:
         floats are the step-by-step ones bit for bit: each op's time comes from the same
         formula, and the ops are added to the total in the same order."""
         span = self._decode_span(n, context_sum, steps, shared_kv_tokens)
-        if self.kernels is not None and steps:
-            ctx = [context_sum - n + 1] + [1] * (n - 1) if n else []
-            first = self._timed_ops(BatchShape(decode=ctx, shared_kv_tokens=shared_kv_tokens))
-            step0 = sum([t for op, t in first if op.op_class != "overhead"])
-            gpu = float(span.sum()) - sum(t for op, t in first if op.op_class == "overhead") * steps
-            self._tally(first, max(gpu, 0.0) / step0 if step0 else 0.0)
+        if self.kernels is not None and steps and n:
+            self._tally_span(n, context_sum, steps, shared_kv_tokens)
         return span
+
+    def _tally_span(self, n: int, context_sum: int, steps: int, shared_kv_tokens: int) -> None:
+        """:meth:`_tally` of a decode span: the ops other than decode attention per ``n``
+        (memoised), decode attention at the span's first step, each x ``steps``."""
+        other = self._span_sources.get(n)
+        if other is None:
+            other = {}
+            for op, t in self._timed_ops(BatchShape(decode=[1] * n)):
+                tag = self.source(op)
+                if op.name != "attn_decode" and tag != "overhead":
+                    other[tag] = other.get(tag, 0.0) + t
+            self._span_sources[n] = other
+        tally = self.source_seconds
+        for tag, t in other.items():
+            tally[tag] = tally.get(tag, 0.0) + t * steps
+        if self.model.n_attn_layers:
+            op = self.layers.attention_decode(n, context_sum, shared_kv_tokens)
+            tag = self.source(op)
+            tally[tag] = tally.get(tag, 0.0) + self.op_time(op) * steps
 
     def _decode_span(
         self, n: int, context_sum: int, steps: int, shared_kv_tokens: int

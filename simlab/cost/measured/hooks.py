@@ -131,18 +131,13 @@ class MeasuredOps:
         if curve is None:
             return None
         ms = curve.at_many(context_sums / n)
-        return None if ms is None else units * ms / 1e3
+        return None if ms is None else units * ms / 1e3  # as decode_attention, per element
 
     def decode_attention(self, op: Op) -> Timed:
         n, context_sum, shared = op.query
         curve = self.decode_curve(n)
-        if shared or curve is None:
-            return None
-        timed = curve.at(context_sum / n)
-        seconds = self.decode_seconds(n, np.array([float(context_sum)]), op.units)
-        if timed is None or seconds is None:
-            return None
-        return float(seconds[0]), timed[1]
+        timed = None if shared or curve is None else curve.at(float(context_sum) / n)
+        return None if timed is None else (op.units * timed[0] / 1e3, timed[1])
 
 
 HOOKS: dict[str, Callable[[MeasuredOps, Op], Timed]] = {

@@ -14,6 +14,7 @@ is no answer (None): the cost model falls back to the roofline.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from dataclasses import dataclass, field
@@ -44,32 +45,45 @@ def brackets(values: tuple[float, ...], x: float) -> Corner | None:
 @dataclass(frozen=True, slots=True)
 class Curve:
     """Log latency along the primary axis at fixed other axes (:meth:`Grid.curve`), and
-    whether those were all measured values (``exact``)."""
+    whether those were all measured values (``exact``). Plain floats: the hot path asks for
+    one value at a time."""
 
-    log_x: np.ndarray
-    log_y: np.ndarray
+    log_x: tuple[float, ...]
+    log_y: tuple[float, ...]
     x_max: float
     power: float
     exact: bool
 
+    def value(self, x: float) -> float | None:
+        """Latency at ``x`` (None past :data:`EXTRAPOLATION` x the range)."""
+        if x > self.x_max:
+            if x > self.x_max * EXTRAPOLATION:
+                return None
+            return math.exp(self.log_y[-1]) * (x / self.x_max) ** self.power
+        lx, xs, ys = math.log(max(x, 1e-9)), self.log_x, self.log_y
+        i = bisect.bisect_left(xs, lx)
+        if i == 0:
+            return math.exp(ys[0])
+        if xs[i] == lx:
+            return math.exp(ys[i])
+        w = (lx - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return math.exp(ys[i - 1] * (1 - w) + ys[i] * w)
+
     def at(self, x: float) -> tuple[float, str] | None:
-        """Latency at ``x`` and its source; None past :data:`EXTRAPOLATION` x the range."""
-        values = self.at_many(np.array([float(x)]))
-        if values is None:
+        """Latency at ``x`` and its source (``measured`` only at a measured shape)."""
+        value = self.value(x)
+        if value is None:
             return None
-        hit = self.exact and bool(np.any(np.isclose(self.log_x, math.log(max(x, 1e-9)))))
-        return float(values[0]), MEASURED if hit else INTERPOLATED
+        i = bisect.bisect_left(self.log_x, math.log(max(x, 1e-9)))
+        hit = self.exact and i < len(self.log_x) and self.log_x[i] == math.log(max(x, 1e-9))
+        return value, MEASURED if hit else INTERPOLATED
 
     def at_many(self, xs: np.ndarray) -> np.ndarray | None:
-        """Latencies at each of ``xs`` (None if any lies past the extrapolation limit)."""
-        if float(np.max(xs)) > self.x_max * EXTRAPOLATION:
+        """:meth:`value` at each of ``xs`` (None if any lies past the extrapolation limit)."""
+        values = [self.value(float(x)) for x in xs]
+        if any(v is None for v in values):
             return None
-        lx = np.log(np.maximum(xs, 1e-9))
-        y = np.exp(np.interp(lx, self.log_x, self.log_y))
-        over = xs > self.x_max
-        if np.any(over):
-            y = np.where(over, math.exp(self.log_y[-1]) * (xs / self.x_max) ** self.power, y)
-        return y
+        return np.array(values, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -131,7 +145,9 @@ class Grid:
             return None
         primary = np.asarray(self.axes[-1], dtype=float)[keep]
         exact = all(len(c) == 1 for c in corners if c is not None)
-        return Curve(np.log(primary), rows[keep], float(primary[-1]), self.power, exact)
+        log_x = tuple(float(v) for v in np.log(primary))
+        log_y = tuple(float(v) for v in rows[keep])
+        return Curve(log_x, log_y, float(primary[-1]), self.power, exact)
 
     def at(self, shape: tuple[float, ...]) -> tuple[float, str] | None:
         """Latency (ms) and source at ``shape`` (the primary value last), or None."""
