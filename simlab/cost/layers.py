@@ -175,7 +175,8 @@ class LayerOps:
             moved = prefill_tok * activations + 2 * state * len(batch.prefill)
             scan = "selective_scan" if m.ssm_kind == "mamba1" else "ssm_scan"
             flops = self._scan_flops_per_token() * prefill_tok * ns
-            ops.append(Op("ssm_scan", scan, flops, moved * ns, ns, prefill_tok))
+            seqs = (len(batch.prefill),)
+            ops.append(Op("ssm_scan", scan, flops, moved * ns, ns, prefill_tok, query=seqs))
         if batch.decode:
             n = len(batch.decode)
             moved = n * (activations + 2 * state)

@@ -139,8 +139,24 @@ class MeasuredOps:
         timed = None if shared or curve is None else curve.at(float(context_sum) / n)
         return None if timed is None else (op.units * timed[0] / 1e3, timed[1])
 
+    def mamba2(self, op: Op) -> Timed:
+        """Mamba2's scan (per prefill sequence) or decode step, where a local table of
+        ``gpu_validate tables`` measured it."""
+        m, tp = self.model, self.tp
+        if m.ssm_kind != "mamba2" or m.ssm_n_heads % tp:
+            return None
+        shape = (m.ssm_n_heads // tp, m.ssm_head_dim, m.ssm_state_dim, max(1, m.ssm_n_groups // tp))
+        if op.name == "ssm_scan":
+            seqs = op.query[0] if op.query else 1
+            timed = self.kernels.mamba2(seqs, max(1, round(op.tokens / seqs)), shape)
+        else:
+            timed = self.kernels.mamba2(op.tokens, 0, shape)
+        return None if timed is None else (m.n_ssm_layers * timed[0] / 1e3, timed[1])
+
 
 HOOKS: dict[str, Callable[[MeasuredOps, Op], Timed]] = {
+    "ssm_scan": MeasuredOps.mamba2,
+    "ssm_step": MeasuredOps.mamba2,
     "mlp": MeasuredOps.mlp,
     "moe": MeasuredOps.moe,
     ALLREDUCE: MeasuredOps.allreduce,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,8 @@ TABLES = {
     "moe": ("moe", "moe_perf"),
     "allreduce": ("comm", "custom_allreduce_perf"),
     "gdn": ("linear_attention", "gdn_perf"),
+    "mamba2_scan": ("ssm", "mamba2_scan_perf"),
+    "mamba2_step": ("ssm", "mamba2_step_perf"),
 }
 #: the GDN kernels of each phase (:meth:`Kernels.gdn`): the chunked prefill scan and the
 #: recurrent decode step
@@ -56,11 +59,12 @@ class Kernels:
     backend: str
     version: str
     dtype: str = "bf16"
+    local: Path | None = None  # tables gpu_validate wrote (``engine.kernel_tables``)
     _grids: dict[Any, Grid | None] = field(default_factory=dict, init=False, repr=False)
 
     def path(self, kind: str) -> Any:
         family, table = TABLES[kind]
-        return tables.table_path(self.system, family, self.backend, self.version, table)
+        return tables.table_path(self.system, family, self.backend, self.version, table, self.local)
 
     def used_versions(self) -> dict[str, str]:
         """The version each table comes from (the newest at or below :attr:`version`)."""
@@ -79,27 +83,28 @@ class Kernels:
         return self._grids[key]
 
     def _build(self, key: tuple[Any, ...]) -> Grid | None:
-        kind = key[0]
-        path = self.path(kind)
+        path = self.path(key[0])
         if path is None:
             return None
-        dtypes = tables.DTYPES[self.dtype]
-        if kind == "gemm":
-            frame = tables.kernel_rows(tables.rows(path, (("gemm_dtype", dtypes["gemm"]),)))
-            return _grid(frame, ["n", "k", "m"], 1.0)
-        if kind in ("context", "generation"):
-            return self._attention_grid(path, kind, key[1])
-        if kind == "moe":
-            return self._moe_grid(path, key[1:])
-        if kind == "gdn":
-            frame = tables.rows(path, ())
-            frame = frame[frame["kernel_source"].str.contains(GDN_KERNELS[key[1]])]
-            axes = ["num_k_heads", "num_v_heads", "batch_size", "seq_len"]
-            return _grid(frame[frame["head_k_dim"] == 128], axes, 1.0)
-        frame = tables.kernel_rows(tables.rows(path, ()), ("graph",))
-        return _grid(frame[frame["num_gpus"] == key[1]], ["message_size"], 1.0)
+        builders = {
+            "gemm": self._gemm_grid,
+            "context": self._attention_grid,
+            "generation": self._attention_grid,
+            "moe": self._moe_grid,
+            "gdn": self._gdn_grid,
+            "mamba2_scan": self._mamba2_grid,
+            "mamba2_step": self._mamba2_grid,
+            "allreduce": self._allreduce_grid,
+        }
+        return builders[key[0]](path, key)
 
-    def _attention_grid(self, path: Any, kind: str, head_dim: int) -> Grid | None:
+    def _gemm_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        dtype = tables.DTYPES[self.dtype]["gemm"]
+        frame = tables.kernel_rows(tables.rows(path, (("gemm_dtype", dtype),)))
+        return _grid(frame, ["n", "k", "m"], 1.0)
+
+    def _attention_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        kind, head_dim = key
         filters = (
             ("attn_dtype", "bfloat16"),
             ("kv_cache_dtype", "bfloat16"),
@@ -113,10 +118,10 @@ class Kernels:
         axes = ["num_heads", "num_key_value_heads", "batch_size", "length"]
         return _grid(frame, axes, 2.0 if kind == "context" else 1.0)
 
-    def _moe_grid(self, path: Any, shape: tuple[int, ...]) -> Grid | None:
+    def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         frame = tables.rows(path, (("moe_dtype", tables.DTYPES[self.dtype]["moe"]),))
         columns = ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
-        for column, value in zip(columns, shape, strict=True):
+        for column, value in zip(columns, key[1:], strict=True):
             frame = frame[frame[column] == value]
         if "distribution" in frame.columns:
             for distribution in MOE_DISTRIBUTIONS:
@@ -125,6 +130,24 @@ class Kernels:
                     frame = picked
                     break
         return _grid(tables.kernel_rows(frame), ["num_tokens"], 1.0)
+
+    def _gdn_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        frame = tables.rows(path, ())
+        frame = frame[frame["kernel_source"].str.contains(GDN_KERNELS[key[1]])]
+        axes = ["num_k_heads", "num_v_heads", "batch_size", "seq_len"]
+        return _grid(frame[frame["head_k_dim"] == 128], axes, 1.0)
+
+    def _mamba2_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        frame = tables.rows(path, ())
+        columns = ("nheads", "head_dim", "d_state", "n_groups")
+        for column, value in zip(columns, key[1:], strict=True):
+            frame = frame[frame[column] == value]
+        axes = ["batch_size", "seq_len"] if key[0] == "mamba2_scan" else ["batch_size"]
+        return _grid(frame, axes, 1.0)
+
+    def _allreduce_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        frame = tables.kernel_rows(tables.rows(path, ()), ("graph",))
+        return _grid(frame[frame["num_gpus"] == key[1]], ["message_size"], 1.0)
 
     # ------------------------------------------------------------------ queries
     @functools.lru_cache(maxsize=65536)  # noqa: B019 (Kernels are few and live for the run)
@@ -158,6 +181,17 @@ class Kernels:
         ``length`` 1) at 128-wide key and value heads."""
         grid = self.grid(("gdn", phase))
         return None if grid is None else grid.at((k_heads, v_heads, batch, length))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def mamba2(self, batch: int, tokens: int, shape: tuple[int, ...]) -> Timed:
+        """A Mamba2 layer's conv1d + SSD scan of ``batch`` sequences of ``tokens`` tokens each
+        (``tokens`` 0: its recurrent decode step), from ``gpu_validate tables``; ``shape``:
+        (heads, head dim, state dim, groups)."""
+        if tokens:
+            grid = self.grid(("mamba2_scan", *shape))
+            return None if grid is None else grid.at((batch, tokens))
+        grid = self.grid(("mamba2_step", *shape))
+        return None if grid is None else grid.at((batch,))
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def allreduce(self, elements: int, gpus: int) -> Timed:

@@ -5,6 +5,7 @@ a one-line error naming it."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from simlab.cost.hardware import Hardware
 from simlab.cost.measured import tables
@@ -34,10 +35,22 @@ def check(mode: str, backend: str, version: str | None, dtype: str | None) -> No
         raise ValueError(f"engine.backend_version must be a string, got {version!r}")
 
 
-def resolve_version(system: str, backend: str, version: str | None) -> str | None:
+def local_tables(path: str | None) -> Path | None:
+    """``engine.kernel_tables``: a directory of tables in the package's layout (ValueError
+    naming the key when it is not one)."""
+    if path is None:
+        return None
+    if not Path(path).is_dir():
+        raise ValueError(f"engine.kernel_tables: {path} is not a directory")
+    return Path(path).resolve()
+
+
+def resolve_version(
+    system: str, backend: str, version: str | None, local: Path | None = None
+) -> str | None:
     """``version`` if ``system`` has tables of ``backend`` at it, the newest one if None; an
     unmeasured version is a ValueError naming those measured (None: no tables at all)."""
-    have = tables.versions(system, backend)
+    have = tables.versions(system, backend, local)
     if not have:
         return None
     if version is None:
@@ -51,7 +64,12 @@ def resolve_version(system: str, backend: str, version: str | None) -> str | Non
 
 
 def select(
-    hardware: Hardware, mode: str, backend: str, version: str | None, dtype: str
+    hardware: Hardware,
+    mode: str,
+    backend: str,
+    version: str | None,
+    dtype: str,
+    local: Path | None = None,
 ) -> Kernels | None:
     """The :class:`Kernels` of a run, or None: ``engine.kernels=roofline``, a preset without
     a ``system``, or tables not installed / not covering it (logged once)."""
@@ -62,7 +80,7 @@ def select(
                 "(its preset names no system)"
             )
         return None
-    resolved = resolve_version(hardware.system, backend, version)
+    resolved = resolve_version(hardware.system, backend, version, local)
     if resolved is None:
         log.warning(
             "%s has no measured tables for engine.backend=%s: every op on the roofline",
@@ -71,7 +89,7 @@ def select(
         )
         return None
     _warn_bandwidth(hardware)
-    return Kernels(hardware.system, backend, resolved, dtype)
+    return Kernels(hardware.system, backend, resolved, dtype, local)
 
 
 def model_dtype(dtype: str | None, dtype_bytes: int) -> str:

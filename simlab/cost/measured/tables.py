@@ -48,14 +48,20 @@ def version_key(version: str) -> tuple[Any, ...]:
     return tuple(parts)
 
 
-@functools.lru_cache(maxsize=64)
-def versions(system: str, backend: str) -> tuple[str, ...]:
-    """Versions of ``backend`` with any table for ``system``, oldest first."""
+def data_roots(local: Path | None = None) -> list[Path]:
+    """Where tables are looked up, first first: the package's ``systems/data``, then ``local``
+    (``engine.kernel_tables``: tables ``gpu_validate tables`` wrote, same layout), which adds
+    the tables the package lacks (the Mamba scans) or a GPU it lacks."""
     root = systems_dir()
-    if root is None:
-        return ()
-    found = {p.name for p in (root / "data" / system).glob(f"*/{backend}/*") if p.is_dir()}
-    found = {v for v in found if any((root / "data" / system).glob(f"*/{backend}/{v}/*.parquet"))}
+    return [r for r in (None if root is None else root / "data", local) if r is not None]
+
+
+@functools.lru_cache(maxsize=64)
+def versions(system: str, backend: str, local: Path | None = None) -> tuple[str, ...]:
+    """Versions of ``backend`` with any table for ``system``, oldest first."""
+    found = set()
+    for root in data_roots(local):
+        found |= {p.parent.name for p in (root / system).glob(f"*/{backend}/*/*.parquet")}
     return tuple(sorted(found, key=version_key))
 
 
@@ -66,23 +72,24 @@ def systems() -> tuple[str, ...]:
         return ()
     return tuple(
         sorted(p.name for p in (root / "data").iterdir() if any(p.glob("*/*/*/*.parquet")))
-    )
+    )  # a local root adds tables to these GPUs (or to a preset's own ``system`` name)
 
 
-def table_path(system: str, family: str, backend: str, version: str, table: str) -> Path | None:
-    """The parquet file of one table at the newest version <= ``version`` that has it."""
-    root = systems_dir()
-    if root is None:
-        return None
-    base = root / "data" / system / family / backend
-    have = sorted(
-        (p.parent.name for p in base.glob(f"*/{table}.parquet")),
-        key=version_key,
-        reverse=True,
-    )
-    for v in have:
-        if version_key(v) <= version_key(version):
-            return base / v / f"{table}.parquet"
+def table_path(
+    system: str, family: str, backend: str, version: str, table: str, local: Path | None = None
+) -> Path | None:
+    """The parquet file of one table at the newest version <= ``version`` that has it, from
+    the first of :func:`data_roots` with one."""
+    for root in data_roots(local):
+        base = root / system / family / backend
+        have = sorted(
+            (p.parent.name for p in base.glob(f"*/{table}.parquet")),
+            key=version_key,
+            reverse=True,
+        )
+        for v in have:
+            if version_key(v) <= version_key(version):
+                return base / v / f"{table}.parquet"
     return None
 
 

@@ -27,7 +27,7 @@ whose calibration profile gives its own held-back error.
 from __future__ import annotations
 
 from simlab.cost.measured.hooks import PREFIX_ATTENTION_UNCERTAINTY, MeasuredOps
-from simlab.cost.measured.sources import INTERPOLATED, MEASURED
+from simlab.cost.measured.sources import INTERPOLATED
 from simlab.cost.model import CostModel
 from simlab.cost.shapes import BatchShape, Op
 
@@ -98,9 +98,11 @@ def ranges(cost: CostModel, batch: BatchShape) -> dict[str, tuple[float, float]]
     out = {}
     for op in cost.ops(batch):
         seconds = cost.op_time(op)
-        if cost.source(op) in (MEASURED, "overhead") or cost.measured(op):
-            continue
-        if op.name == "attn_prefill" and cost.source(op) != INTERPOLATED:
+        timed = cost.kernels is not None and cost.kernels.time(op) is not None
+        if op.name == "attn_prefill":
+            if cost.source(op) != INTERPOLATED:
+                continue
+        elif timed or cost.measured(op) or op.op_class == "overhead":
             continue
         bound = bounds(op, seconds, cost.hw.mem_bw, cost.kernels)
         if bound is not None:

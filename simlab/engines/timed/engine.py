@@ -68,6 +68,7 @@ class TimedEngine(TimedSettings):
     backend: str = "vllm"  # the engine whose measured kernels time the ops (vllm|sglang|trtllm)
     backend_version: str | None = None  # its version (None: the newest measured on the GPU)
     dtype: str | None = None  # the tables' dtype (bf16|fp8|fp4; None: the model's)
+    kernel_tables: str | None = None  # gpu_validate's tables: those the package lacks
     _calibration: Calibration | None = field(default=None, init=False, repr=False)
     _terms: CostTerms = field(default_factory=CostTerms, init=False, repr=False)
 
@@ -85,8 +86,10 @@ class TimedEngine(TimedSettings):
             calibration = load_calibration(self.calibration, self.hardware.name, self.profiles)
             terms = CostTerms.from_config(self.costs)
             select.check(self.kernels, self.backend, self.backend_version, self.dtype)
+            local = select.local_tables(self.kernel_tables)
             if self.hardware.system is not None and self.kernels == "measured":
-                select.resolve_version(self.hardware.system, self.backend, self.backend_version)
+                system, backend = self.hardware.system, self.backend
+                select.resolve_version(system, backend, self.backend_version, local)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from err  # the message names its key
         object.__setattr__(self, "_calibration", calibration)
@@ -149,8 +152,9 @@ class TimedEngine(TimedSettings):
         None: the roofline times every op)."""
         try:
             dtype = select.model_dtype(self.dtype, model.dtype_bytes)
+            local = select.local_tables(self.kernel_tables)
             return select.select(
-                self.hardware, self.kernels, self.backend, self.backend_version, dtype
+                self.hardware, self.kernels, self.backend, self.backend_version, dtype, local
             )
         except ValueError as err:
             raise ConfigError(str(err)) from err
