@@ -71,12 +71,12 @@ def test_the_fit_recovers_a_known_overhead_held_out_and_in_sample():
     pts = [point(model=m, id=f"{m}{i}") for m in ("a", "b", "c") for i in range(4)]
     zero = rng.uniform(10, 100, (len(pts), 2))
     sims = np.stack([zero, zero + 1e3 * PROBE_S * rng.uniform(1, 5, zero.shape)], axis=1)
-    truth = at(sims, 0.005)
+    truth = at(sims, (0.005, 0.02))
     pts = [
         point(model=p.model, id=p.id, ttft_ms=float(t[0]), tpot_ms=float(t[1]))
         for p, t in zip(pts, truth, strict=True)
     ]
     cv = cross_validate(pts, sims)
-    assert cv["overheads"]["vllm"]["in_sample_s"] == pytest.approx(0.005)
-    assert cv["overheads"]["vllm"]["without a"] == pytest.approx(0.005)
+    assert cv["overheads"]["vllm"]["in_sample"] == pytest.approx((0.005, 0.02))
+    assert cv["overheads"]["vllm"]["without a"] == pytest.approx((0.005, 0.02))
     np.testing.assert_allclose(cv["held_out"], truth, rtol=1e-9)

@@ -9,11 +9,12 @@ version (the newest measured at or below it). The clients start spread over one 
 (a loaded benchmark's clients are out of step) and the mean TTFT and TPOT of every round but
 the first (which fills the engine) are compared with the point's.
 
-Only what no kernel measures is fitted: the engine's CPU time per iteration
-(``engine.costs.iteration_overhead_s``), one value per backend. Each point is simulated at two
+Only what no kernel measures is fitted, per backend: the engine's CPU time per iteration
+(``engine.costs.iteration_overhead_s``) and a fixed time per request on its TTFT (the API
+server, tokenisation, the first scheduling; not in the timed engine, added here). Each point is simulated at two
 overheads (0 and :data:`PROBE_S`); its TTFT and TPOT are taken as linear in the overhead
 between them (an iteration's overhead adds once to each of its requests' waits), and the
-overhead minimising the mean absolute relative error of TTFT and TPOT is found on the points of
+overheads minimising the mean absolute relative error of TTFT and TPOT are found on the points of
 every other model (leave one model out) and applied to the held-out model's points; in sample,
 on all of them.
 
@@ -58,8 +59,9 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ROUNDS = 3
 #: the second overhead each point is simulated at (seconds per iteration)
 PROBE_S = 0.01
-#: the overheads searched (seconds per iteration)
+#: the overheads searched: seconds per iteration, seconds per request (on its TTFT)
 GRID_S = np.linspace(0.0, 0.03, 61)
+REQUEST_GRID_S = np.linspace(0.0, 0.2, 41)
 #: the table's GPU -> simlab's hardware preset
 PRESETS = {
     "h100_sxm": "h100_sxm",
@@ -269,35 +271,50 @@ def errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return np.abs(predicted / measured - 1)
 
 
-def at(sims: np.ndarray, overhead_s: float) -> np.ndarray:
-    """Each point's (TTFT, TPOT) at ``overhead_s``, linear between its two simulations
-    (``sims[:, 0]`` at 0, ``sims[:, 1]`` at :data:`PROBE_S`; shape points x 2 x 2)."""
-    return sims[:, 0] + (sims[:, 1] - sims[:, 0]) * (overhead_s / PROBE_S)
+Overheads = tuple[float, float]  # (seconds per iteration, seconds per request)
 
 
-def fit(sims: np.ndarray, measured: np.ndarray) -> float:
-    """The overhead of :data:`GRID_S` minimising the mean relative error of TTFT and TPOT."""
-    losses = [float(np.mean(errors(at(sims, o), measured))) for o in GRID_S]
-    return float(GRID_S[int(np.argmin(losses))])
+def at(sims: np.ndarray, overheads: Overheads) -> np.ndarray:
+    """Each point's (TTFT, TPOT) in ms at ``overheads``: linear in the iteration's between its
+    two simulations (``sims[:, 0]`` at 0, ``sims[:, 1]`` at :data:`PROBE_S`; points x 2 x 2),
+    plus the per-request one on the TTFT."""
+    iteration_s, request_s = overheads
+    out = sims[:, 0] + (sims[:, 1] - sims[:, 0]) * (iteration_s / PROBE_S)
+    return out + np.array([1e3 * request_s, 0.0])
+
+
+def fit(sims: np.ndarray, measured: np.ndarray) -> Overheads:
+    """The overheads of :data:`GRID_S` x :data:`REQUEST_GRID_S` minimising the mean relative
+    error of TTFT and TPOT."""
+    grid = [(o, r) for o in GRID_S for r in REQUEST_GRID_S]
+    losses = [float(np.mean(errors(at(sims, pair), measured))) for pair in grid]
+    o, r = grid[int(np.argmin(losses))]
+    return float(o), float(r)
 
 
 def cross_validate(pts: list[Point], sims: np.ndarray) -> dict[str, Any]:
-    """Per backend, the overhead fitted on every other model's points (held out) and on all
+    """Per backend, the overheads fitted on every other model's points (held out) and on all
     (in sample), each point's predictions, and the errors."""
     measured = np.array([[p.ttft_ms, p.tpot_ms] for p in pts])
     held, inside = np.zeros_like(measured), np.zeros_like(measured)
-    fitted: dict[str, dict[str, float]] = {}
+    fitted: dict[str, dict[str, Overheads]] = {}
     for backend in sorted({p.backend for p in pts}):
         mine = np.array([p.backend == backend for p in pts])
-        fitted[backend] = {"in_sample_s": fit(sims[mine], measured[mine])}
-        inside[mine] = at(sims[mine], fitted[backend]["in_sample_s"])
+        fitted[backend] = {"in_sample": fit(sims[mine], measured[mine])}
+        inside[mine] = at(sims[mine], fitted[backend]["in_sample"])
         for model in sorted({p.model for p in pts if p.backend == backend}):
             test = mine & np.array([p.model == model for p in pts])
             train = mine & ~test
-            o = fit(sims[train], measured[train]) if train.any() else 0.0
-            fitted[backend][f"without {model}"] = o
-            held[test] = at(sims[test], o)
-    return {"measured": measured, "held_out": held, "in_sample": inside, "overheads": fitted}
+            pair = fit(sims[train], measured[train]) if train.any() else (0.0, 0.0)
+            fitted[backend][f"without {model}"] = pair
+            held[test] = at(sims[test], pair)
+    return {
+        "measured": measured,
+        "held_out": held,
+        "in_sample": inside,
+        "overheads": fitted,
+        "sims": sims,
+    }
 
 
 def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
@@ -319,7 +336,8 @@ def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
         p.__dict__
         | {"ttft_ms_held_out": float(h[0]), "tpot_ms_held_out": float(h[1])}
         | {"ttft_ms_in_sample": float(i[0]), "tpot_ms_in_sample": float(i[1])}
-        for p, h, i in zip(pts, held, inside, strict=True)
+        | {"simulated_ms": sim.tolist()}  # (TTFT, TPOT) at iteration overhead 0 and PROBE_S
+        for p, h, i, sim in zip(pts, held, inside, cv["sims"], strict=True)
     ]
     return {
         "ttft_mape_held_out": float(eh[:, 0].mean()),
@@ -388,7 +406,7 @@ def lines(result: dict[str, Any]) -> list[str]:
         f"{100 * result['ttft_mape_in_sample']:.1f}% in sample; TPOT "
         f"{100 * result['tpot_mape_held_out']:.1f}% / {100 * result['tpot_mape_in_sample']:.1f}%"
     )
-    out.append("overheads per iteration (s): " + json.dumps(result["overheads_s"]))
+    out.append("overheads (s per iteration, s per request): " + json.dumps(result["overheads_s"]))
     return out
 
 
