@@ -204,20 +204,16 @@ class CostModel:
     def sources(self, batch: BatchShape) -> dict[str, float]:
         """Seconds of ``batch``'s GPU ops per :meth:`source` (the overhead terms left out)."""
         out: dict[str, float] = {}
-        timed = self._timed_ops(batch) if batch.prefill or batch.decode else []
-        for op, t in timed:
-            tag = self.source(op)
-            if tag != "overhead":
-                out[tag] = out.get(tag, 0.0) + t
+        self._tally(self._timed_ops(batch) if batch.prefill or batch.decode else [], out)
         return out
 
-    def _tally(self, timed: list[TimedOp], scale: float = 1.0) -> None:
-        """Add ``timed``'s GPU seconds (x ``scale``) to :attr:`source_seconds` by source."""
-        tally = self.source_seconds
+    def _tally(self, timed: list[TimedOp], into: dict[str, float] | None = None) -> None:
+        """Add ``timed``'s GPU seconds by source to ``into`` (default :attr:`source_seconds`)."""
+        tally = self.source_seconds if into is None else into
         for op, t in timed:
             tag = self.source(op)
             if tag != "overhead":
-                tally[tag] = tally.get(tag, 0.0) + t * scale
+                tally[tag] = tally.get(tag, 0.0) + t
 
     def measured(self, op: Op) -> bool:
         """Whether a calibration's measured :class:`Profile` times ``op`` (not a measured
@@ -271,10 +267,8 @@ class CostModel:
         other = self._span_sources.get(n)
         if other is None:
             other = {}
-            for op, t in self._timed_ops(BatchShape(decode=[1] * n)):
-                tag = self.source(op)
-                if op.name != "attn_decode" and tag != "overhead":
-                    other[tag] = other.get(tag, 0.0) + t
+            ops = self._timed_ops(BatchShape(decode=[1] * n))
+            self._tally([(op, t) for op, t in ops if op.name != "attn_decode"], other)
             self._span_sources[n] = other
         tally = self.source_seconds
         for tag, t in other.items():
