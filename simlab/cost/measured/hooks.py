@@ -8,10 +8,13 @@ table covers its shape (then the roofline times it too).
 
 * GEMMs, per GPU: a column-parallel projection splits its outputs ``n`` over the GPUs, a
   row-parallel one its inputs ``k`` (vLLM's and SGLang's ``ColumnParallelLinear`` /
-  ``RowParallelLinear``); the dense MLP is the fused gate-up GEMM and the down GEMM.
+  ``RowParallelLinear``); the dense MLP and the MoE's shared experts are the fused gate-up
+  GEMM and the down GEMM. A projection of neither list (MLA's, latent MoE's) keeps the
+  roofline until its split is listed.
 * MoE: the fused MoE kernel at the model's (hidden, intermediate, top-k, experts) with
   MoE-TP = ``tp`` (no expert parallelism), plus the router GEMM.
-* Prefill attention: the causal context-attention table at ``b`` sequences of the
+* Attention, where it is full grouped-query attention (not MLA, no sliding window). Prefill:
+  the causal context-attention table at ``b`` sequences of the
   compute-equivalent length ``L = sqrt(sum(new^2 + 2 new prefix) / b)`` -- exact for ``b``
   equal chunks without a prefix (the table's own shape); a cached prefix or unequal chunks are
   modelled (source ``interpolated``; :data:`PREFIX_ATTENTION_UNCERTAINTY`), never below the
@@ -34,6 +37,7 @@ from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import INTERPOLATED, worst
 from simlab.cost.profiles import ALLREDUCE, X_PROJ_ALLREDUCE
 from simlab.cost.shapes import Op
+from simlab.model import layers as kinds
 from simlab.model.spec import ModelSpec
 
 #: GEMMs whose outputs tensor parallelism splits (column-parallel) / whose inputs it splits
@@ -55,6 +59,13 @@ class MeasuredOps:
         self.tp = tp
         self.hw = hardware
         self.heads = (model.n_heads // tp, max(1, model.n_kv_heads // tp), model.head_dim)
+        #: the attention the tables measure: full (no sliding window) grouped-query attention
+        #: with equal query and value head sizes (MLA and windows stay on the roofline)
+        self.plain_attention = (
+            model.attn_kind == "gqa"
+            and not model.n_swa_layers
+            and model.head_dim == model.v_head_dim
+        )
         self._memo: dict[Op, Timed] = {}
 
     def time(self, op: Op) -> Timed:
@@ -62,7 +73,7 @@ class MeasuredOps:
         if op in self._memo:
             return self._memo[op]
         hook = HOOKS.get(op.name)
-        if hook is None and op.op_class == "gemm" and op.shape:
+        if hook is None and op.name in COLUMN + ROW:
             hook = MeasuredOps.projection
         result = None if hook is None else hook(self, op)
         if len(self._memo) >= 1 << 16:
@@ -94,7 +105,7 @@ class MeasuredOps:
 
     def moe(self, op: Op) -> Timed:
         m, pos = self.model, op.query[0]
-        shape = (m.d_model, m.moe_intermediate, m.moe_top_k, m.moe_experts, self.tp, 1)
+        shape = (kinds.moe_width(m), m.moe_intermediate, m.moe_top_k, m.moe_experts, self.tp, 1)
         fused = self.kernels.moe(pos, shape)
         router = self.kernels.gemm(pos, m.moe_experts, m.d_model)
         if fused is None or router is None:
@@ -110,6 +121,8 @@ class MeasuredOps:
         return None if timed is None else (op.units * timed[0] / 1e3, timed[1])
 
     def prefill_attention(self, op: Op) -> Timed:
+        if not self.plain_attention:
+            return None
         chunks, length, uniform, kv_tokens = op.query
         heads, kv, head_dim = self.heads
         timed = self.kernels.context(chunks, length, heads, kv, head_dim)
@@ -122,6 +135,8 @@ class MeasuredOps:
 
     def decode_curve(self, n: int) -> Curve | None:
         """The generation table's curve over the context at batch ``n`` (None: not covered)."""
+        if not self.plain_attention:
+            return None
         heads, kv, head_dim = self.heads
         return self.kernels.generation(n, heads, kv, head_dim)
 
@@ -155,6 +170,7 @@ class MeasuredOps:
 
 
 HOOKS: dict[str, Callable[[MeasuredOps, Op], Timed]] = {
+    "moe_shared": MeasuredOps.mlp,
     "ssm_scan": MeasuredOps.mamba2,
     "ssm_step": MeasuredOps.mamba2,
     "mlp": MeasuredOps.mlp,
