@@ -19,9 +19,8 @@ every other model (leave one model out) and applied to the held-out model's poin
 on all of them.
 
 Covered: the points served aggregated (``mode=agg``), without pipeline or data parallelism or
-expert parallelism, at BF16 or FP8, of models ``simlab.model`` can describe (dense and MoE
-Transformers with grouped-query attention: Llama 3.1, Qwen3, Qwen3-MoE, MiniMax-M2). MLA,
-gated-delta-net hybrids (Qwen3.5), sliding windows (gpt-oss) and FP4 are left out and counted.
+expert parallelism, at BF16 or FP8, of models :mod:`simlab.model.hf` reads from the configs
+the package ships; the rest (FP4 and INT4 among them) are counted by reason.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ from simlab.cost.shapes import BatchShape
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import SessionFeeder
 from simlab.engines.timed.world import TimedWorld
+from simlab.model.hf import model_spec
 from simlab.model.spec import ModelSpec
 from simlab.run.plan import plan_run
 from simlab.run.policy import policy_step
@@ -70,56 +70,34 @@ PRESETS = {
     "b300_sxm": "b300_sxm",
     "gb200": "gb200",
 }
-ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM",
-    "MiniMaxM2ForCausalLM",
-)
 DTYPE_BYTES = {"bf16": 2, "fp8": 1}
 #: the engines' default chunked-prefill token budgets
 TOKEN_BUDGET = 8192
 
 
-@functools.lru_cache(maxsize=64)
-def hf_config(model_path: str) -> dict[str, Any] | None:
-    """The model's Hugging Face config as aiconfigurator-core ships it (None: not shipped)."""
+def config_path(model_path: str) -> Path | None:
+    """The model's Hugging Face ``config.json`` as aiconfigurator-core ships it (None: not
+    shipped)."""
     root = tables.systems_dir()
     if root is None:
         return None
     name = model_path.replace("/", "--").replace("Llama-3.1", "Meta-Llama-3.1")
-    name = name.removesuffix("-Instruct")
-    path = root.parent / "model_configs" / f"{name}_config.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    path = root.parent / "model_configs" / f"{name.removesuffix('-Instruct')}_config.json"
+    return path if path.exists() else None
 
 
 @functools.lru_cache(maxsize=64)
 def spec_of(model_path: str, dtype_bytes: int) -> ModelSpec | None:
-    """A dense or MoE grouped-query Transformer's :class:`ModelSpec` (None: another kind)."""
-    hf = hf_config(model_path)
-    if hf is None or not set(hf.get("architectures") or []) & set(ARCHITECTURES):
+    """The model's :class:`ModelSpec` from its config (:mod:`simlab.model.hf`; None: no config
+    shipped, or an architecture simlab.model does not read)."""
+    path = config_path(model_path)
+    if path is None:
         return None
-    layers, d = hf["num_hidden_layers"], hf["hidden_size"]
-    experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
-    fields: dict[str, Any] = {
-        "name": model_path,
-        "d_model": d,
-        "n_attn_layers": layers,
-        "n_ssm_layers": 0,
-        "n_heads": hf["num_attention_heads"],
-        "n_kv_heads": hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        "head_dim": hf.get("head_dim") or d // hf["num_attention_heads"],
-        "mlp_gated": True,
-        "vocab_size": hf["vocab_size"],
-        "dtype_bytes": dtype_bytes,
-    }
-    if experts:
-        inter = hf.get("moe_intermediate_size") or hf["intermediate_size"]
-        fields |= {"n_moe_layers": layers, "moe_experts": experts}
-        fields |= {"moe_top_k": hf["num_experts_per_tok"], "moe_intermediate": inter}
-    else:
-        fields |= {"n_mlp_layers": layers, "mlp_intermediate": hf["intermediate_size"]}
-    return ModelSpec.from_config(fields)
+    try:
+        return model_spec(model_path, path, dtype_bytes=dtype_bytes)
+    except ValueError as err:
+        log.info("%s: %s", model_path, err)
+        return None
 
 
 @dataclass(frozen=True)
