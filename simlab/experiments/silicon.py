@@ -41,7 +41,7 @@ from hydra import compose, initialize_config_dir
 from simlab.config import ConfigError
 from simlab.cost.measured import tables
 from simlab.cost.model import CostModel
-from simlab.cost.shapes import BatchShape
+from simlab.cost.shapes import BatchShape, check_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import SessionFeeder
 from simlab.engines.timed.world import TimedWorld
@@ -165,8 +165,13 @@ def _uncovered(row: Any) -> str:
     for bad, why in checks:
         if bad:
             return why
-    if spec_of(str(row.model_path), DTYPE_BYTES[row.precision]) is None:
+    spec = spec_of(str(row.model_path), DTYPE_BYTES[row.precision])
+    if spec is None:
         return "architecture simlab.model cannot describe"
+    try:
+        check_tp(spec, int(row.tp_size))
+    except ValueError:
+        return "tensor parallelism wider than the KV heads (replication not modelled)"
     return ""
 
 
