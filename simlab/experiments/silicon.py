@@ -61,7 +61,7 @@ ROUNDS = 3
 PROBE_S = 0.01
 #: the overheads searched: seconds per iteration, seconds per request (on its TTFT)
 GRID_S = np.linspace(0.0, 0.03, 61)
-REQUEST_GRID_S = np.linspace(0.0, 0.2, 41)
+REQUEST_GRID_S = np.linspace(0.0, 1.0, 201)
 #: the table's GPU -> simlab's hardware preset
 PRESETS = {
     "h100_sxm": "h100_sxm",
