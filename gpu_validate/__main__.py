@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from gpu_validate.cases import SUITES
 
-COMMANDS = ("run", "fit", "report", "synth")
+COMMANDS = ("run", "fit", "report", "synth", "tables")
 
 
 _COMMON = argparse.ArgumentParser(add_help=False)
@@ -81,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default="h100_sxm")
     p.add_argument("--noise", type=float, default=0.03)
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser(
+        "tables", help="write the records as per-op latency tables", parents=[_COMMON]
+    )
+    p.add_argument("records", nargs="+")
+    p.add_argument("--out", required=True, help="tables root (simlab: engine.kernel_tables)")
+    p.add_argument("--gpu", required=True, help="the GPU's table name, e.g. h100_sxm")
+    p.add_argument("--backend", default="vllm", help="the engine the kernels stand for")
+    p.add_argument("--version", required=True, help="its version")
     return ap
 
 
@@ -119,6 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         _say(format_fit(data))
         _say(f"wrote {args.out}")
+        return 0
+    if args.command == "tables":
+        from gpu_validate.tables import write_tables
+
+        for path in write_tables(args.records, args.out, args.gpu, args.backend, args.version):
+            _say(f"wrote {path}")
         return 0
     if args.command == "report":
         from gpu_validate.report import build_report, format_summary

@@ -45,8 +45,9 @@ def test_the_preset_calibration_is_the_default_and_null_reverts():
     """a100_40gb uses gpu_validate/calibration/a100_40gb.json unless engine.calibration says
     otherwise; null goes back to the default efficiencies (every GEMM and elementwise op of the
     prediction differs; the totals may nearly coincide)."""
-    calibrated = predict(config(["prefill=[100,1000]"]))
-    default = predict(config(["prefill=[100,1000]", "engine.calibration=null"]))
+    roofline = "engine.kernels=roofline"  # the calibration times what no measured kernel does
+    calibrated = predict(config(["prefill=[100,1000]", roofline]))
+    default = predict(config(["prefill=[100,1000]", "engine.calibration=null", roofline]))
     assert calibrated["calibration"] == "gpu_validate/calibration/a100_40gb.json"
     assert calibrated["calibration_held_back_error"]["gemm"]["median"] > 0
     assert default["calibration"].startswith("default efficiencies")
@@ -123,7 +124,7 @@ def test_zero_terms_leave_the_prediction_unchanged():
 
 
 def test_scan_scales_and_allreduce_latency_change_their_own_ops():
-    base = ["engine.tp=4", "prefill=[200,8000]"]
+    base = ["engine.tp=4", "prefill=[200,8000]", "engine.kernels=roofline"]
     for model, key, other in (
         ("jamba_1_5_mini", "mamba1_scan_scale", "mamba2_scan_scale"),
         ("nemotron_h_8b", "mamba2_scan_scale", "mamba1_scan_scale"),
@@ -210,7 +211,9 @@ def test_mamba1_projections_are_gemms_and_x_proj_adds_an_all_reduce_under_tp():
     RowParallelLinear, so each Mamba1 layer all-reduces its output under tensor parallelism;
     ``dt_proj`` (dt_rank -> d_inner) is column-parallel. Both are GEMMs, timed as such: the
     selective scan keeps only the recurrence, the convolution and the gating."""
-    cfg = config(["model=jamba_1_5_mini", "engine.tp=4", "prefill=[3000]"])
+    cfg = config(
+        ["model=jamba_1_5_mini", "engine.tp=4", "prefill=[3000]", "engine.kernels=roofline"]
+    )
     m = ModelSpec.from_config(cfg.model)
     cost: CostModel = build_engine(cfg).cost_model(m)
     T, tp, ns, w = 3000, 4, m.n_ssm_layers, m.dtype_bytes

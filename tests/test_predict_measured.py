@@ -211,6 +211,7 @@ def test_gpu_validates_stack_table_is_predicted_as_the_report_predicts_it(tmp_pa
                 "model=nemotron_h_8b",
                 "hardware=h100_sxm",
                 f"engine.calibration={calibration}",
+                "engine.kernels=roofline",  # gpu_validate's report predicts on the calibration
                 f"engine.token_budget={max(FULL.stack_len)}",
                 f"measured.path={table}",
                 "measured.prefix=prefix_tokens",

@@ -21,6 +21,7 @@ from simlab.engines.step import RequestStep
 from simlab.engines.timed.batch import unique_tokens
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import SessionFeeder
+from simlab.model.spec import ModelSpec
 from simlab.run.simulate import policy_spec, policy_step, simulate
 from tests.fixtures import CONFIGS, POLICIES, chat_trace, compose, model, policy_plugins
 from traces.arrivals import assign_arrivals
@@ -28,6 +29,14 @@ from traces.format import Request
 
 HYBRID = model("marconi_7b")
 A100 = Hardware.from_config(OmegaConf.load(CONFIGS / "hardware" / "a100_40gb.yaml"))
+
+
+def engine_cost(spec: ModelSpec) -> CostModel:
+    """The cost model the timed engine on ``A100`` times its iterations with (measured kernels
+    first)."""
+    return TimedEngine(hardware=A100).cost_model(spec)
+
+
 CKPT = HYBRID.ssm_state_bytes
 
 
@@ -132,7 +141,7 @@ def test_ttft_grows_with_arrival_rate():
 
 
 def test_prefix_hit_lowers_prefill_time_by_the_modelled_cost_of_the_skipped_part():
-    cost = CostModel(HYBRID, A100)
+    cost = engine_cost(HYBRID)
     prompt, reply = np.arange(4000, dtype=np.int32), np.arange(20_000, 20_050, dtype=np.int32)
     second = np.concatenate((prompt, reply, np.arange(10_000, 10_450, dtype=np.int32)))
     reqs = [  # the second extends the first's input + output, checkpointed at its end (4050)
@@ -157,7 +166,7 @@ def test_a_chunked_prefill_computes_logits_only_in_the_chunk_that_ends_the_promp
     """A 20,000-token prompt alone in 8,192-token chunks: TTFT is the three chunks' times, the
     LM head only in the last (every chunk paid one before, 0.3-0.6 ms each)."""
     llama = model("llama3_8b")
-    cost = CostModel(llama, A100)
+    cost = engine_cost(llama)
     req = Request(0, 0, 0, 0.0, np.arange(20_000, dtype=np.int32), np.zeros(0, np.int32), 4)
     admission, eviction = policy_plugins("sglang_plus")
     step = RequestStep(PrefixCache(llama, math.inf), admission, eviction, "sglang_plus")
@@ -312,9 +321,9 @@ def test_the_prompt_end_state_of_a_hash_id_request_is_charged_where_its_input_en
     req = Request(0, 0, 0, 0.0, ids, empty, 1, block_size=512, ref_input_tokens=1300)
     engine = TimedEngine(hardware=A100, costs={"state_store_s": 0.05})
     (record,) = engine.run([req], step).records
-    cost = CostModel(HYBRID, A100, terms=CostTerms(state_store_s=0.05))
+    cost = engine.cost_model(HYBRID)
     assert record.ttft == pytest.approx(cost.time(BatchShape(prefill=[(0, 1300)], state_stores=1)))
-    assert record.ttft > CostModel(HYBRID, A100).prefill_time(0, 1300) + 0.05 - 1e-9
+    assert record.ttft > engine_cost(HYBRID).prefill_time(0, 1300) + 0.05 - 1e-9
 
 
 def test_vllm_plus_stores_every_state_of_a_hash_id_as_of_its_tokens():
@@ -331,7 +340,7 @@ def test_vllm_plus_stores_every_state_of_a_hash_id_as_of_its_tokens():
         engine = TimedEngine(hardware=A100, costs={"state_store_s": 0.05})
         ttft.append(engine.run([req], step).records[0].ttft)
     assert ttft[0] == pytest.approx(ttft[1])
-    assert ttft[0] > CostModel(HYBRID, A100).prefill_time(0, 1536) + 48 * 0.05 - 1e-9
+    assert ttft[0] > engine_cost(HYBRID).prefill_time(0, 1536) + 48 * 0.05 - 1e-9
 
 
 def test_a_whole_input_hit_still_computes_the_last_position_for_its_first_token():
@@ -347,7 +356,7 @@ def test_a_whole_input_hit_still_computes_the_last_position_for_its_first_token(
         TimedEngine(hardware=A100).run(reqs, RequestStep(cache, admission, eviction, "p")).records
     )
     assert again.hit_tokens == 100 and first.hit_tokens == 0
-    assert again.ttft == pytest.approx(CostModel(llama, A100).prefill_time(99, 1))
+    assert again.ttft == pytest.approx(engine_cost(llama).prefill_time(99, 1))
 
 
 def test_a_calibration_for_another_preset_is_rejected_by_the_engine():

@@ -22,6 +22,7 @@ token (``ssm_x_proj_allreduce``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from simlab.cost.profiles import ALLREDUCE, X_PROJ_ALLREDUCE
@@ -97,7 +98,10 @@ class LayerOps:
                 swa_flops, swa_bytes = self._window_prefill(batch.prefill)
                 flops, bytes_ = flops + swa_flops, bytes_ + swa_bytes
             new_tok = sum(q for _, q in batch.prefill)
-            op = Op("attn_prefill", "attn_prefill", flops, bytes_, na, new_tok)
+            query = _prefill_query(batch.prefill)
+            op = Op(
+                "attn_prefill", "attn_prefill", flops, bytes_, na, new_tok, units=na, query=query
+            )
             ops.append(self._per_gpu(op))
         if batch.decode:
             n, context_sum = len(batch.decode), sum(batch.decode)
@@ -134,7 +138,9 @@ class LayerOps:
         if swa:
             flops += pair * n * m.swa_window * swa
             bytes_ += (n * m.swa_window * kv + n * qo) * w * swa
-        return self._per_gpu(Op("attn_decode", "attn_decode", flops, bytes_, na, n))
+        query = (n, context_sum, shared_kv_tokens)
+        op = Op("attn_decode", "attn_decode", flops, bytes_, na, n, units=na, query=query)
+        return self._per_gpu(op)
 
     # ------------------------------------------------------------------ SSM
     def ssm_proj(self, pos: int) -> list[Op]:
@@ -169,7 +175,8 @@ class LayerOps:
             moved = prefill_tok * activations + 2 * state * len(batch.prefill)
             scan = "selective_scan" if m.ssm_kind == "mamba1" else "ssm_scan"
             flops = self._scan_flops_per_token() * prefill_tok * ns
-            ops.append(Op("ssm_scan", scan, flops, moved * ns, ns, prefill_tok))
+            seqs = (len(batch.prefill),)
+            ops.append(Op("ssm_scan", scan, flops, moved * ns, ns, prefill_tok, query=seqs))
         if batch.decode:
             n = len(batch.decode)
             moved = n * (activations + 2 * state)
@@ -221,7 +228,7 @@ class LayerOps:
         # the GEMM class curve's argument is a GEMM's rows: an expert's, not the batch's (at
         # the batch's count the dense curve's ridge bump made 128 tokens slower than 1,042)
         rows = max(1, round(pos * m.moe_top_k / m.moe_experts))
-        return Op("moe", "gemm", flops, moved, 3 * n, rows)
+        return Op("moe", "gemm", flops, moved, 3 * n, rows, query=(pos,))
 
     def _moe_dense_parts(self, pos: int) -> list[Op]:
         """The MoE layers' always-active GEMMs: shared experts, latent down/up projections."""
@@ -275,3 +282,13 @@ class LayerOps:
         if dispatch > 0:
             ops.append(Op("moe_dispatch", "overhead", 0.0, 0.0, 0, pos, dispatch))
         return ops
+
+
+def _prefill_query(chunks: list[tuple[int, int]]) -> tuple[int, ...]:
+    """Prefill attention's :attr:`Op.query`: the chunks, their compute-equivalent causal
+    length ``sqrt(sum(new^2 + 2 new prefix) / chunks)`` (rounded), whether they are equal and
+    without a prefix (the measured tables' shape), and the KV tokens they read."""
+    pairs = sum(new * new + 2 * new * prefix for prefix, new in chunks)
+    length = max(1, round(math.sqrt(pairs / len(chunks))))
+    uniform = int(all(p == 0 and q == chunks[0][1] for p, q in chunks))
+    return (len(chunks), length, uniform, sum(p + q for p, q in chunks))

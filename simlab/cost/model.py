@@ -35,6 +35,9 @@ import numpy as np
 from simlab.cost.calibration import Calibration, Efficiency, curve_scale, log_curve
 from simlab.cost.hardware import Hardware
 from simlab.cost.layers import LayerOps
+from simlab.cost.measured.hooks import MeasuredOps
+from simlab.cost.measured.kernels import Kernels
+from simlab.cost.measured.sources import INTERPOLATED, ROOFLINE
 from simlab.cost.profiles import ALLREDUCE, Profile
 from simlab.cost.shapes import (
     CUDA_CORE_CLASSES,
@@ -108,6 +111,7 @@ class CostModel:
         tp: int = 1,
         terms: CostTerms | None = None,
         overlap: bool = False,
+        kernels: Kernels | None = None,
     ):
         if tp < 1:
             raise ValueError(f"tensor-parallel degree must be >= 1, got {tp}")
@@ -136,9 +140,20 @@ class CostModel:
         self._position_memo: dict[int, PositionOps] = {}
         self._lm_head_memo: dict[int, TimedOp] = {}
         self._allreduce_memo: dict[int, tuple[TimedOp, ...]] = {}
+        #: the measured kernels that time the ops they cover before the roofline does (None:
+        #: every op on the calibrated roofline)
+        self.kernels = None if kernels is None else MeasuredOps(kernels, model, tp, hardware)
+        #: simulated GPU seconds per time source (:mod:`simlab.cost.measured.sources`) over
+        #: the iterations :meth:`time` and :meth:`decode_span_of` timed (with measured kernels)
+        self.source_seconds: dict[str, float] = {}
+        self._span_sources: dict[int, dict[str, float]] = {}
 
     # ------------------------------------------------------------------ timing
     def op_time(self, op: Op) -> float:
+        if self.kernels is not None:
+            timed = self.kernels.time(op)
+            if timed is not None:
+                return timed[0] + op.fixed_s
         if op.units and self._profiles:
             measured = self._profile_of(op)
             if measured is not None:
@@ -158,6 +173,8 @@ class CostModel:
         if not batch.prefill and not batch.decode:
             return 0.0
         timed = self._timed_ops(batch)
+        if self.kernels is not None:
+            self._tally(timed)
         if not self.overlap:
             return sum([t for _, t in timed])
         gpu = sum([t for op, t in timed if op.name != ENGINE_OVERHEAD])
@@ -173,8 +190,36 @@ class CostModel:
         profile = self._profiles.get((op.name, op.shape))
         return None if profile is None else (profile, op.tokens)
 
+    def source(self, op: Op) -> str:
+        """Where ``op``'s time comes from: a measured kernel (``measured`` at a measured shape,
+        ``interpolated`` between), a calibration's measured profile (``interpolated``), or the
+        calibrated roofline; ``overhead`` for the configured CPU-side terms."""
+        if op.op_class == "overhead":
+            return "overhead"
+        timed = None if self.kernels is None else self.kernels.time(op)
+        if timed is not None:
+            return timed[1]
+        return INTERPOLATED if self.measured(op) else ROOFLINE
+
+    def sources(self, batch: BatchShape) -> dict[str, float]:
+        """Seconds of ``batch``'s GPU ops per :meth:`source` (the overhead terms left out)."""
+        out: dict[str, float] = {}
+        self._tally(self._timed_ops(batch) if batch.prefill or batch.decode else [], out)
+        return out
+
+    def _tally(self, timed: list[TimedOp], into: dict[str, float] | None = None) -> None:
+        """Add ``timed``'s GPU seconds by source to ``into`` (default :attr:`source_seconds`)."""
+        tally = self.source_seconds if into is None else into
+        for op, t in timed:
+            tag = self.source(op)
+            if tag != "overhead":
+                tally[tag] = tally.get(tag, 0.0) + t
+
     def measured(self, op: Op) -> bool:
-        """Whether a measured :class:`Profile` times ``op`` (not the roofline)."""
+        """Whether a calibration's measured :class:`Profile` times ``op`` (not a measured
+        kernel, not the roofline)."""
+        if self.kernels is not None and self.kernels.time(op) is not None:
+            return False
         return bool(op.units) and self._profile_of(op) is not None
 
     def measured_share(self, batch: BatchShape) -> float:
@@ -211,14 +256,43 @@ class CostModel:
         on ``n`` alone, so its time is computed once per ``n`` (:meth:`_decode_template`). The
         floats are the step-by-step ones bit for bit: each op's time comes from the same
         formula, and the ops are added to the total in the same order."""
+        span = self._decode_span(n, context_sum, steps, shared_kv_tokens)
+        if self.kernels is not None and steps and n:
+            self._tally_span(n, context_sum, steps, shared_kv_tokens)
+        return span
+
+    def _tally_span(self, n: int, context_sum: int, steps: int, shared_kv_tokens: int) -> None:
+        """:meth:`_tally` of a decode span: the ops other than decode attention per ``n``
+        (memoised), decode attention at the span's first step, each x ``steps``."""
+        other = self._span_sources.get(n)
+        if other is None:
+            other = {}
+            ops = self._timed_ops(BatchShape(decode=[1] * n))
+            self._tally([(op, t) for op, t in ops if op.name != "attn_decode"], other)
+            self._span_sources[n] = other
+        tally = self.source_seconds
+        for tag, t in other.items():
+            tally[tag] = tally.get(tag, 0.0) + t * steps
+        if self.model.n_attn_layers:
+            op = self.layers.attention_decode(n, context_sum, shared_kv_tokens)
+            tag = self.source(op)
+            tally[tag] = tally.get(tag, 0.0) + self.op_time(op) * steps
+
+    def _decode_span(
+        self, n: int, context_sum: int, steps: int, shared_kv_tokens: int
+    ) -> np.ndarray:
+        """:meth:`decode_span_of`'s durations (without the tally of their sources)."""
         template = self._decode_template(n)
         if template is None:  # an op other than decode attention depends on the contexts
             # ops read a decode batch's contexts through their sum only: any with that sum
             ctx = [context_sum - n + 1] + [1] * (n - 1) if n else []
             return self._decode_span_generic(ctx, steps, shared_kv_tokens)
         head, var, tail, hidden = template
+        kernel = self._kernel_decode(n, context_sum, steps, shared_kv_tokens)
         if var is None:
             total = np.full(steps, head)
+        elif kernel is not None:
+            total = head + (kernel + var[4])
         else:
             peak, bw, launch_s, scale, fixed = var
             a = self.layers.attention_decode(n, context_sum, shared_kv_tokens)
@@ -230,6 +304,16 @@ class CostModel:
         for t in tail:
             total += t
         return np.maximum(total, hidden) if hidden else total
+
+    def _kernel_decode(
+        self, n: int, context_sum: int, steps: int, shared_kv_tokens: int
+    ) -> np.ndarray | None:
+        """Decode attention's measured seconds per step (None: not measured; its fixed
+        seconds not included)."""
+        if self.kernels is None or shared_kv_tokens or not self.model.n_attn_layers:
+            return None
+        sums = np.asarray(context_sum + n * np.arange(steps), dtype=np.float64)
+        return self.kernels.decode_seconds(n, sums, self.model.n_attn_layers)
 
     def _decode_template(self, n: int) -> DecodeTemplate | None:
         """Per ``n``: the summed time of the ops before decode attention, decode attention's
@@ -267,7 +351,7 @@ class CostModel:
 
     def _span_term(self, op: Op) -> float:
         """``op``'s time as :meth:`_decode_span_generic` adds it (the scale always applied)."""
-        if self.measured(op):
+        if self.measured(op) or (self.kernels is not None and self.kernels.time(op) is not None):
             return self.op_time(op)
         peak, bw, launch_s, scale, fixed = self._op_constants(op)
         return (max(op.flops / peak, op.bytes / bw) + launch_s) * scale + fixed
@@ -280,11 +364,16 @@ class CostModel:
         ops1 = self.ops(BatchShape(decode=[c + 1 for c in ctx], shared_kv_tokens=shared_kv_tokens))
         j = np.arange(steps, dtype=np.float64)
         total, hidden = np.zeros(steps), 0.0
+        kernel = self._kernel_decode(len(ctx), sum(ctx), steps, shared_kv_tokens)
         for a, b in zip(ops0, ops1, strict=True):
             if self.overlap and a.name == ENGINE_OVERHEAD:  # its seqs are the same every step
                 hidden += self.op_time(a)
                 continue
-            if self.measured(a):  # its tokens (the decode count) are the same every step
+            if a.name == "attn_decode" and kernel is not None:
+                total += kernel + a.fixed_s
+                continue
+            if self.measured(a) or (self.kernels is not None and self.kernels.time(a)):
+                # its tokens (the decode count) are the same every step
                 total += self.op_time(a)
                 continue
             peak, bw, t0 = self._rate[a.op_class]

@@ -37,7 +37,10 @@ class Op:
     (the :class:`~simlab.cost.terms.CostTerms`); ``shape`` and ``units``: the op is ``units``
     repetitions of one unit with these dimensions (layer sizes and dtype bytes), which a
     measured :class:`~simlab.cost.profiles.Profile` of that name and shape may time (empty, 0:
-    not profiled)."""
+    not profiled); ``query``: what a measured kernel needs beyond them
+    (:mod:`simlab.cost.measured.hooks`: prefill attention's chunks, equivalent length, whether
+    they are equal and prefix-free, and KV tokens read; decode attention's requests, context
+    sum and shared KV reads; the MoE's positions)."""
 
     name: str
     op_class: str
@@ -48,6 +51,7 @@ class Op:
     fixed_s: float = 0.0
     shape: tuple[int, ...] = ()
     units: int = 0
+    query: tuple[int, ...] = ()
 
 
 TimedOp = tuple[Op, float]  # an op and its op_time

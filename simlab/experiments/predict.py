@@ -42,7 +42,6 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,11 +52,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from simlab.config import ConfigError
+from simlab.cost.measured.sources import SOURCES, shares
 from simlab.cost.model import CostModel
 from simlab.cost.shapes import BatchShape, check_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.settings import TimedSettings
 from simlab.experiments import measured as measured_table
+from simlab.experiments.breakdown import kernels_used, op_sources, summed, unmeasured_ranges
 from simlab.model.spec import ModelSpec
 from simlab.run.cli import reported_as_one_line, unknown_choice
 from simlab.run.simulate import build_engine
@@ -271,6 +272,14 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         },
         # per length: the share of the predicted time that comes from measurements
         "measured_share": measured,
+        # the measured kernel tables (null: engine.kernels=roofline or none for the GPU)
+        "kernels": kernels_used(cost),
+        # per op: its time source per length (simlab.cost.measured.sources; the worst over
+        # the iterations), and per length the share of GPU time per source
+        "breakdown_sources": op_sources(cost, runs),
+        "time_sources": [shares(summed(cost.sources(shape) for shape in run)) for run in runs],
+        # the unmeasured ops' modelled ranges (simlab.cost.measured.unmeasured)
+        "unmeasured": unmeasured_ranges(cost, runs, totals),
         # measured.path: the rows predicted and their error (simlab.experiments.measured.compare)
         "measured": None if rows is None or models is None else checked(rows, batch, models),
     }
@@ -323,15 +332,6 @@ def _at_tp(cfg: DictConfig, tp: int, where: str) -> tuple[TimedEngine, CostModel
         raise ConfigError(f"{where}: {err}") from err
 
 
-def summed(breakdowns: Iterable[dict[str, float]]) -> dict[str, float]:
-    """Seconds per op over several iterations (an op absent from one adds nothing there)."""
-    out: dict[str, float] = {}
-    for breakdown in breakdowns:
-        for op, seconds in breakdown.items():
-            out[op] = out.get(op, 0.0) + seconds
-    return out
-
-
 def table(prediction: dict[str, Any]) -> str:
     """One line per length: the time and the ops that take most of it."""
     lines = [
@@ -349,8 +349,16 @@ def table(prediction: dict[str, Any]) -> str:
             )
             + "; classes not listed run on defaults"
         )
+    kernels = prediction.get("kernels")
+    if kernels:
+        lines.append(
+            f"measured kernels: {kernels['system']} {kernels['backend']} {kernels['version']} "
+            f"{kernels['dtype']} (tables: "
+            + ", ".join(f"{k} {v}" for k, v in kernels["tables"].items())
+            + "); the other ops on the calibrated roofline"
+        )
     measured = prediction.get("measured_ops") or []
-    if measured:
+    if measured and not kernels:
         lines.append(
             f"timed from measurements of their shape: {', '.join(measured)} (held back: "
             + ", ".join(
@@ -367,6 +375,15 @@ def table(prediction: dict[str, Any]) -> str:
         parts = ", ".join(f"{op} {ops[op][i]:.2f}" for op in top)
         share = prediction["measured_share"][i]
         measured_part = f"; {100 * share:.0f}% measured" if measured else ""
+        if prediction.get("kernels"):
+            time_sources = prediction["time_sources"][i]
+            measured_part = "; " + " / ".join(
+                f"{100 * time_sources[tag]:.0f}% {tag}" for tag in SOURCES
+            )
+        unmeasured_ms = (prediction.get("unmeasured") or {}).get("prefill_ms")
+        if unmeasured_ms and unmeasured_ms[i][1] > unmeasured_ms[i][0]:
+            low, high = unmeasured_ms[i]
+            measured_part += f"; {low:.2f}-{high:.2f} ms with the unmeasured ops at their bounds"
         chunks = prediction["iterations"][i]
         chunked = f"; {iterations(chunks, prediction)}" if chunks > 1 else ""
         lines.append(f"prefill {n:>7,} tokens: {ms:9.2f} ms  ({parts} ms{measured_part}{chunked})")

@@ -9,6 +9,7 @@ from typing import Any
 
 from simlab.cost.calibration import Calibration, resolve_calibration
 from simlab.cost.hardware import Hardware
+from simlab.cost.measured.sources import SOURCES
 from simlab.cost.model import CostModel
 from simlab.cost.shapes import BatchShape
 from simlab.cost.terms import CostTerms
@@ -143,6 +144,17 @@ def cost_model_note(config: dict[str, Any]) -> str:
     engine = config.get("engine") or {}
     if not isinstance(engine.get("hardware"), dict):
         return ""
+    note = _calibration_note(config)
+    if engine.get("kernels") == "measured" and engine["hardware"].get("system"):
+        return note.replace(
+            "Cost model: ", "Cost model: measured kernels first; ops without one: ", 1
+        )
+    return note
+
+
+def _calibration_note(config: dict[str, Any]) -> str:
+    """:func:`cost_model_note`'s sentence on the calibration."""
+    engine = config["engine"]
     path = engine.get("calibration")
     if not path:
         return (
@@ -166,6 +178,25 @@ def cost_model_note(config: dict[str, Any]) -> str:
         f"{_errors(calibration.held_back_error) or 'not recorded'}{measured}; other op classes "
         "(attention, SSM scans) on defaults; whole-model TTFT not validated against a measured "
         "table"
+    )
+
+
+def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]]) -> str:
+    """Where a timed run's simulated GPU time came from (``summary.json``'s ``time_sources``,
+    mean over the policies): measured kernels, interpolated between them, or the roofline.
+    Empty for a run without measured kernels."""
+    shares = [p["time_sources"] for p in policies.values() if p.get("time_sources")]
+    if not shares:
+        return ""
+    engine = config.get("engine") or {}
+    system = (engine.get("hardware") or {}).get("system")
+    version = engine.get("backend_version") or "newest measured"
+    mean = {tag: sum(s.get(tag, 0.0) for s in shares) / len(shares) for tag in SOURCES}
+    parts = ", ".join(f"{100 * v:.0f}% {tag}" for tag, v in mean.items())
+    return (
+        f"Kernel times: {engine.get('backend')} ({version}) kernels measured on {system}; "
+        f"simulated GPU time {parts} (summary.json time_sources); unmeasured ops (SSM scans, "
+        "state copies, cached-prefix attention) modelled, docs/guides/latency.md"
     )
 
 

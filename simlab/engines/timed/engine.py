@@ -16,6 +16,9 @@ from simlab.cache.contract import EvictionPolicy, overrides
 from simlab.config import ConfigError
 from simlab.cost.calibration import Calibration, resolve_calibration
 from simlab.cost.hardware import Hardware
+from simlab.cost.measured import select
+from simlab.cost.measured.kernels import Kernels
+from simlab.cost.measured.sources import ROOFLINE, ROOFLINE_WARN_SHARE, shares
 from simlab.cost.model import CostModel
 from simlab.cost.shapes import check_tp
 from simlab.cost.terms import CostTerms
@@ -61,6 +64,11 @@ class TimedEngine(TimedSettings):
     calibration: str | None = None  # gpu_validate calibration JSON (the preset's by default)
     profiles: bool = True  # time the ops the calibration measured (its profiles) from them
     costs: Any = None  # engine.costs: the terms the roofline misses (CostTerms)
+    kernels: str = "measured"  # measured kernel tables first (simlab.cost.measured), or roofline
+    backend: str = "vllm"  # the engine whose measured kernels time the ops (vllm|sglang|trtllm)
+    backend_version: str | None = None  # its version (None: the newest measured on the GPU)
+    dtype: str | None = None  # the tables' dtype (bf16|fp8|fp4; None: the model's)
+    kernel_tables: str | None = None  # gpu_validate's tables: those the package lacks
     _calibration: Calibration | None = field(default=None, init=False, repr=False)
     _terms: CostTerms = field(default_factory=CostTerms, init=False, repr=False)
 
@@ -77,6 +85,11 @@ class TimedEngine(TimedSettings):
                 raise ValueError(f"engine.profiles must be true or false, got {self.profiles!r}")
             calibration = load_calibration(self.calibration, self.hardware.name, self.profiles)
             terms = CostTerms.from_config(self.costs)
+            select.check(self.kernels, self.backend, self.backend_version, self.dtype)
+            local = select.local_tables(self.kernel_tables)
+            if self.hardware.system is not None and self.kernels == "measured":
+                system, backend = self.hardware.system, self.backend
+                select.resolve_version(system, backend, self.backend_version, local)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from err  # the message names its key
         object.__setattr__(self, "_calibration", calibration)
@@ -125,8 +138,26 @@ class TimedEngine(TimedSettings):
 
     def cost_model(self, model: ModelSpec) -> CostModel:
         return CostModel(
-            model, self.hardware, self._calibration, self.tp, self._terms, self.overlap
+            model,
+            self.hardware,
+            self._calibration,
+            self.tp,
+            self._terms,
+            self.overlap,
+            self.measured_kernels(model),
         )
+
+    def measured_kernels(self, model: ModelSpec) -> Kernels | None:
+        """The measured kernels that time ``model`` (:func:`simlab.cost.measured.select.select`;
+        None: the roofline times every op)."""
+        try:
+            dtype = select.model_dtype(self.dtype, model.dtype_bytes)
+            local = select.local_tables(self.kernel_tables)
+            return select.select(
+                self.hardware, self.kernels, self.backend, self.backend_version, dtype, local
+            )
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
 
     def world(
         self,
@@ -160,6 +191,7 @@ class TimedEngine(TimedSettings):
         state = steady(step.policy, records)
         caveats = over_budget(step.policy, [world]) + state.pop("caveats", [])
         extras |= world.cache_peaks() | state | ({"caveats": caveats} if caveats else {})
+        extras |= time_sources(world.cost, step.policy)
         if extras["saturated"]:
             log.warning("%s: saturated (%s)", step.policy, extras["saturation"])
         if not world.preempts:
@@ -192,6 +224,28 @@ def over_budget(policy: str, worlds: Sequence[TimedWorld]) -> list[str]:
     )
     log.warning("%s: %s", policy, caveat)
     return [caveat]
+
+
+def time_sources(cost: CostModel, policy: str) -> dict[str, Any]:
+    """``time_sources``: the share of the run's simulated GPU time per time source, with a
+    warning when the roofline carries more than
+    :data:`~simlab.cost.measured.sources.ROOFLINE_WARN_SHARE` of it, and ``kernels``: the
+    tables' GPU, backend, version and dtype (with a ``caveat`` when the preset's bandwidth is
+    not the GPU's). Measured kernels only ({} on the roofline alone)."""
+    if cost.kernels is None:
+        return {}
+    out = shares(cost.source_seconds)
+    if out[ROOFLINE] > ROOFLINE_WARN_SHARE:
+        log.warning(
+            "%s: %.0f%% of the simulated GPU time is on the roofline, not measured kernels "
+            "(summary.json time_sources)",
+            policy,
+            100 * out[ROOFLINE],
+        )
+    k = cost.kernels.kernels
+    kernels = {"system": k.system, "backend": k.backend, "version": k.version, "dtype": k.dtype}
+    line = select.caveat(cost.hw)
+    return {"time_sources": out, "kernels": kernels | ({"caveat": line} if line else {})}
 
 
 def steady(policy: str, records: Sequence[RequestRecord]) -> dict[str, Any]:

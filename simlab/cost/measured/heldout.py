@@ -1,0 +1,129 @@
+"""``python -m simlab.cost.measured.heldout --gpu h100_sxm --backend vllm``: the interpolation's
+error on measured shapes it did not see.
+
+For every table class (GEMM, attention -- context and generation --, MoE, all-reduce) and every
+axis of its grid, each line of measured points along that axis (the other axes fixed) has its
+alternate interior points held back; each is predicted from its two kept neighbours exactly as
+:mod:`simlab.cost.measured.interpolate` predicts an unmeasured shape (linear in log shape, log
+latency), and compared with its measurement. Prints the median and P90 of
+``|predicted / measured - 1|`` per class and the points behind them; ``--json FILE`` writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from simlab.cost.measured import select, tables
+from simlab.cost.measured.interpolate import Grid
+from simlab.cost.measured.kernels import Kernels
+
+log = logging.getLogger(__name__)
+
+#: head dimension of the attention grids checked (every measured GPU has it)
+HEAD_DIM = 128
+
+
+def axis_errors(grid: Grid) -> np.ndarray:
+    """``|predicted / measured - 1|`` of every alternate interior point along every axis."""
+    errors = []
+    for axis, values in enumerate(grid.axes):
+        if len(values) < 3:
+            continue
+        lines = np.moveaxis(grid.log_y, axis, -1).reshape(-1, len(values))
+        lx = np.log(np.asarray(values, dtype=float))
+        held = np.arange(1, len(values) - 1, 2)
+        w = (lx[held] - lx[held - 1]) / (lx[held + 1] - lx[held - 1])
+        predicted = lines[:, held - 1] * (1 - w) + lines[:, held + 1] * w
+        error = np.abs(np.exp(predicted - lines[:, held]) - 1)
+        errors.append(error[np.isfinite(error)])
+    return np.concatenate(errors) if errors else np.array([])
+
+
+def class_grids(kernels: Kernels) -> dict[str, list[Grid]]:
+    """The grids of each class of ``kernels`` (MoE: one per measured model shape)."""
+    keys: dict[str, list[tuple[object, ...]]] = {
+        "gemm": [("gemm",)],
+        "attention": [("context", HEAD_DIM), ("generation", HEAD_DIM)],
+        "moe": [("moe", *shape) for shape in _moe_shapes(kernels)],
+        "allreduce": [("allreduce", gpus) for gpus in (2, 4, 8)],
+    }
+    out: dict[str, list[Grid]] = {}
+    for cls, wanted in keys.items():
+        grids = [kernels.grid(key) for key in wanted]
+        out[cls] = [g for g in grids if g is not None]
+    return out
+
+
+def _moe_shapes(kernels: Kernels) -> list[tuple[int, ...]]:
+    path = kernels.path("moe")
+    if path is None:
+        return []
+    dtype = tables.DTYPES[kernels.dtype]["moe"]
+    frame = tables.rows(path, (("moe_dtype", dtype),))
+    columns = ["hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size"]
+    return [tuple(int(v) for v in row) for row in frame[columns].drop_duplicates().to_numpy()]
+
+
+def report(kernels: Kernels) -> dict[str, dict[str, float]]:
+    """``{class: {median, p90, points}}`` of the held-out errors."""
+    out = {}
+    for cls, grids in class_grids(kernels).items():
+        errors = np.concatenate([axis_errors(g) for g in grids]) if grids else np.array([])
+        if errors.size:
+            out[cls] = {
+                "median": float(np.median(errors)),
+                "p90": float(np.quantile(errors, 0.9)),
+                "points": int(errors.size),
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simlab.cost.measured.heldout")
+    parser.add_argument("--gpu", required=True, help="a GPU of the tables, e.g. h100_sxm")
+    parser.add_argument("--backend", default="vllm", choices=tables.BACKENDS)
+    parser.add_argument("--version", default=None, help="default: the newest measured")
+    parser.add_argument("--dtype", default="bf16", choices=tuple(tables.DTYPES))
+    parser.add_argument("--json", type=Path, default=None, help="write the table here")
+    args = parser.parse_args(argv)
+    if args.gpu not in tables.systems():
+        known = ", ".join(tables.systems()) or "none: aiconfigurator-core is not installed"
+        print(
+            f"heldout: error: --gpu {args.gpu!r} has no measured tables ({known})", file=sys.stderr
+        )
+        return 2
+    try:
+        version = select.resolve_version(args.gpu, args.backend, args.version)
+    except ValueError as err:
+        print(f"heldout: error: {err}", file=sys.stderr)
+        return 2
+    if version is None:
+        print(
+            f"heldout: error: --backend {args.backend} has no tables on {args.gpu}", file=sys.stderr
+        )
+        return 2
+    result = report(Kernels(args.gpu, args.backend, version, args.dtype))
+    print(f"{args.gpu} {args.backend} {version} {args.dtype}: held-out error, alternate shapes")
+    for cls, row in result.items():
+        print(
+            f"  {cls:<10} median {100 * row['median']:5.1f}%  P90 {100 * row['p90']:5.1f}%  "
+            f"({row['points']:,} points)"
+        )
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {"gpu": args.gpu, "backend": args.backend, "version": version, "classes": result},
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

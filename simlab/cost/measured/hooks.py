@@ -1,0 +1,182 @@
+"""Which measured kernel times each op of an iteration (:class:`MeasuredOps`).
+
+Each op name of :class:`~simlab.cost.layers.LayerOps` that a table covers has a hook here,
+keyed by name in :data:`HOOKS`; an op without one (the norms, the scans, the state copies, a
+layer kind added later) keeps the calibrated roofline until a hook is added for it. A hook
+returns the op's seconds and source (:mod:`~simlab.cost.measured.sources`), or None when no
+table covers its shape (then the roofline times it too).
+
+* GEMMs, per GPU: a column-parallel projection splits its outputs ``n`` over the GPUs, a
+  row-parallel one its inputs ``k`` (vLLM's and SGLang's ``ColumnParallelLinear`` /
+  ``RowParallelLinear``); the dense MLP and the MoE's shared experts are the fused gate-up
+  GEMM and the down GEMM. A projection of neither list (MLA's, latent MoE's) keeps the
+  roofline until its split is listed.
+* MoE: the fused MoE kernel at the model's (hidden, intermediate, top-k, experts) with
+  MoE-TP = ``tp`` (no expert parallelism), plus the router GEMM.
+* Attention, where it is full grouped-query attention (not MLA, no sliding window). Prefill:
+  the causal context-attention table at ``b`` sequences of the
+  compute-equivalent length ``L = sqrt(sum(new^2 + 2 new prefix) / b)`` -- exact for ``b``
+  equal chunks without a prefix (the table's own shape); a cached prefix or unequal chunks are
+  modelled (source ``interpolated``; :data:`PREFIX_ATTENTION_UNCERTAINTY`), never below the
+  time to read their KV at the peak bandwidth.
+* Decode attention: the generation table at the batch and the mean context (not with shared-
+  prefix attention, which no table measures).
+* All-reduce: the custom all-reduce (CUDA-graph kernel) at the message's elements.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from simlab.cost.hardware import Hardware
+from simlab.cost.measured.interpolate import Curve
+from simlab.cost.measured.kernels import Kernels
+from simlab.cost.measured.sources import INTERPOLATED, worst
+from simlab.cost.profiles import ALLREDUCE, X_PROJ_ALLREDUCE
+from simlab.cost.shapes import Op
+from simlab.model import layers as kinds
+from simlab.model.spec import ModelSpec
+
+#: GEMMs whose outputs tensor parallelism splits (column-parallel) / whose inputs it splits
+COLUMN = ("attn_qkv_proj", "ssm_in_proj", "ssm_dt_proj", "lm_head")
+ROW = ("attn_out_proj", "ssm_out_proj", "ssm_x_proj")
+#: stated relative uncertainty of prefill attention over a cached prefix or unequal chunks
+#: (the compute-equivalent length; the tables hold neither)
+PREFIX_ATTENTION_UNCERTAINTY = 0.25
+
+Timed = tuple[float, str] | None  # (seconds, source)
+
+
+class MeasuredOps:
+    """The measured time of ``model``'s ops at tensor-parallel degree ``tp`` from ``kernels``."""
+
+    def __init__(self, kernels: Kernels, model: ModelSpec, tp: int, hardware: Hardware):
+        self.kernels = kernels
+        self.model = model
+        self.tp = tp
+        self.hw = hardware
+        self.heads = (model.n_heads // tp, max(1, model.n_kv_heads // tp), model.head_dim)
+        #: the attention the tables measure: full (no sliding window) grouped-query attention
+        #: with equal query and value head sizes (MLA and windows stay on the roofline)
+        self.plain_attention = (
+            model.attn_kind == "gqa"
+            and not model.n_swa_layers
+            and model.head_dim == model.v_head_dim
+        )
+        self._memo: dict[Op, Timed] = {}
+
+    def time(self, op: Op) -> Timed:
+        """``op``'s seconds (its ``fixed_s`` not included) and source, or None (memoised)."""
+        if op in self._memo:
+            return self._memo[op]
+        hook = HOOKS.get(op.name)
+        if hook is None and op.name in COLUMN + ROW:
+            hook = MeasuredOps.projection
+        result = None if hook is None else hook(self, op)
+        if len(self._memo) >= 1 << 16:
+            self._memo.clear()
+        self._memo[op] = result
+        return result
+
+    # ------------------------------------------------------------------ hooks
+    def gemms(self, m: int, shapes: list[tuple[int, int]], units: int) -> Timed:
+        """``units`` x the sum of GEMMs ``(n, k)`` over ``m`` rows."""
+        parts = [self.kernels.gemm(m, n, k) for n, k in shapes]
+        if any(p is None for p in parts):
+            return None
+        done = [p for p in parts if p is not None]
+        return units * sum(ms for ms, _ in done) / 1e3, worst([s for _, s in done])
+
+    def projection(self, op: Op) -> Timed:
+        d_in, d_out = op.shape[0], op.shape[1]
+        if op.name in COLUMN:
+            d_out = math.ceil(d_out / self.tp)
+        elif op.name in ROW:
+            d_in = math.ceil(d_in / self.tp)
+        return self.gemms(max(op.tokens, 1), [(d_out, d_in)], op.units)
+
+    def mlp(self, op: Op) -> Timed:
+        d, inter, gated = op.shape[0], math.ceil(op.shape[1] / self.tp), op.shape[2]
+        up = (inter * (2 if gated else 1), d)
+        return self.gemms(max(op.tokens, 1), [up, (d, inter)], op.units)
+
+    def moe(self, op: Op) -> Timed:
+        m, pos = self.model, op.query[0]
+        shape = (kinds.moe_width(m), m.moe_intermediate, m.moe_top_k, m.moe_experts, self.tp, 1)
+        fused = self.kernels.moe(pos, shape)
+        router = self.kernels.gemm(pos, m.moe_experts, m.d_model)
+        if fused is None or router is None:
+            return None
+        seconds = m.n_moe_layers * (fused[0] + router[0]) / 1e3
+        return seconds, worst([fused[1], router[1]])
+
+    def allreduce(self, op: Op) -> Timed:
+        per_token = {ALLREDUCE: self.model.d_model}
+        if self.model.ssm_kind == "mamba1":
+            per_token[X_PROJ_ALLREDUCE] = self.model.ssm_dt_rank + 2 * self.model.ssm_state_dim
+        timed = self.kernels.allreduce(op.tokens * per_token[op.name], self.tp)
+        return None if timed is None else (op.units * timed[0] / 1e3, timed[1])
+
+    def prefill_attention(self, op: Op) -> Timed:
+        if not self.plain_attention:
+            return None
+        chunks, length, uniform, kv_tokens = op.query
+        heads, kv, head_dim = self.heads
+        timed = self.kernels.context(chunks, length, heads, kv, head_dim)
+        if timed is None:
+            return None
+        m = self.model
+        kv_bytes = kv_tokens * 2 * kv * head_dim * m.dtype_bytes
+        seconds = max(timed[0] / 1e3, kv_bytes / self.hw.mem_bw)
+        return op.units * seconds, timed[1] if uniform else INTERPOLATED
+
+    def decode_curve(self, n: int) -> Curve | None:
+        """The generation table's curve over the context at batch ``n`` (None: not covered)."""
+        if not self.plain_attention:
+            return None
+        heads, kv, head_dim = self.heads
+        return self.kernels.generation(n, heads, kv, head_dim)
+
+    def decode_seconds(self, n: int, context_sums: np.ndarray, units: int) -> np.ndarray | None:
+        """Decode attention's seconds at each context sum of ``n`` requests (None: uncovered)."""
+        curve = self.decode_curve(n)
+        if curve is None:
+            return None
+        ms = curve.at_many(context_sums / n)
+        return None if ms is None else units * ms / 1e3  # as decode_attention, per element
+
+    def decode_attention(self, op: Op) -> Timed:
+        n, context_sum, shared = op.query
+        curve = self.decode_curve(n)
+        timed = None if shared or curve is None else curve.at(float(context_sum) / n)
+        return None if timed is None else (op.units * timed[0] / 1e3, timed[1])
+
+    def mamba2(self, op: Op) -> Timed:
+        """Mamba2's scan (per prefill sequence) or decode step, where a local table of
+        ``gpu_validate tables`` measured it."""
+        m, tp = self.model, self.tp
+        if m.ssm_kind != "mamba2" or m.ssm_n_heads % tp:
+            return None
+        shape = (m.ssm_n_heads // tp, m.ssm_head_dim, m.ssm_state_dim, max(1, m.ssm_n_groups // tp))
+        if op.name == "ssm_scan":
+            seqs = op.query[0] if op.query else 1
+            timed = self.kernels.mamba2(seqs, max(1, round(op.tokens / seqs)), shape)
+        else:
+            timed = self.kernels.mamba2(op.tokens, 0, shape)
+        return None if timed is None else (m.n_ssm_layers * timed[0] / 1e3, timed[1])
+
+
+HOOKS: dict[str, Callable[[MeasuredOps, Op], Timed]] = {
+    "moe_shared": MeasuredOps.mlp,
+    "ssm_scan": MeasuredOps.mamba2,
+    "ssm_step": MeasuredOps.mamba2,
+    "mlp": MeasuredOps.mlp,
+    "moe": MeasuredOps.moe,
+    ALLREDUCE: MeasuredOps.allreduce,
+    X_PROJ_ALLREDUCE: MeasuredOps.allreduce,
+    "attn_prefill": MeasuredOps.prefill_attention,
+    "attn_decode": MeasuredOps.decode_attention,
+}

@@ -1,0 +1,207 @@
+"""The measured kernels of one GPU x engine backend x version x dtype (:class:`Kernels`): each
+op family's table as a :class:`~simlab.cost.measured.interpolate.Grid`, queried per shape.
+
+Tables and their axes (latency in ms per call, one layer):
+
+* GEMM (``gemm_perf``): ``n, k`` and the rows ``m``;
+* context attention (``context_attention_perf``, causal, no cached prefix): per head
+  dimension, query heads, KV heads, batch and the sequence length ``isl``;
+* generation attention (``generation_attention_perf``): per head dimension, query heads, KV
+  heads, batch and the context (``isl + step``);
+* fused MoE (``moe_perf``): per (hidden, intermediate, top-k, experts, TP, EP), the tokens;
+* all-reduce (``custom_allreduce_perf``, the CUDA-graph kernel): per GPU count, the message's
+  elements.
+
+Attention runs with the BF16 KV cache and no sliding window; MoE with the ``power_law_1.01``
+routing distribution where the table has it (skewed, as real routers are), else ``balanced``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simlab.cost.measured import tables
+from simlab.cost.measured.interpolate import Curve, Grid
+
+#: preferred attention kernels by name (the engines' defaults: FlashAttention 3 on Hopper, 2 on
+#: Ampere / Ada / consumer Blackwell), before the kernel with most rows
+ATTENTION_KERNELS = ("fa3", "flash_attn_fa2", "vllm_flash_attn", "fa2", "flash", "fmha")
+MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced", "power_law_1.2")
+#: the tables and their op family folder
+TABLES = {
+    "gemm": ("gemm", "gemm_perf"),
+    "context": ("attention", "context_attention_perf"),
+    "generation": ("attention", "generation_attention_perf"),
+    "moe": ("moe", "moe_perf"),
+    "allreduce": ("comm", "custom_allreduce_perf"),
+    "gdn": ("linear_attention", "gdn_perf"),
+    "mamba2_scan": ("ssm", "mamba2_scan_perf"),
+    "mamba2_step": ("ssm", "mamba2_step_perf"),
+}
+#: the GDN kernels of each phase (:meth:`Kernels.gdn`): the chunked prefill scan and the
+#: recurrent decode step
+GDN_KERNELS = {"context": "chunk_gated_delta_rule", "generation": "fused_recurrent"}
+
+Timed = tuple[float, str] | None  # (ms, source) or no measurement
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the lru caches below key on it
+class Kernels:
+    """Measured kernels of ``system`` (an aiconfigurator GPU name) for ``backend`` at
+    ``version`` and ``dtype`` (a key of :data:`~simlab.cost.measured.tables.DTYPES`)."""
+
+    system: str
+    backend: str
+    version: str
+    dtype: str = "bf16"
+    local: Path | None = None  # tables gpu_validate wrote (``engine.kernel_tables``)
+    _grids: dict[Any, Grid | None] = field(default_factory=dict, init=False, repr=False)
+
+    def path(self, kind: str) -> Any:
+        family, table = TABLES[kind]
+        return tables.table_path(self.system, family, self.backend, self.version, table, self.local)
+
+    def used_versions(self) -> dict[str, str]:
+        """The version each table comes from (the newest at or below :attr:`version`)."""
+        out = {}
+        for kind in TABLES:
+            path = self.path(kind)
+            if path is not None:
+                out[kind] = path.parent.name
+        return out
+
+    # ------------------------------------------------------------------ grids
+    def grid(self, key: tuple[Any, ...]) -> Grid | None:
+        """The grid of one table (``(kind, *its key)``), built once (None: no table)."""
+        if key not in self._grids:
+            self._grids[key] = self._build(key)
+        return self._grids[key]
+
+    def _build(self, key: tuple[Any, ...]) -> Grid | None:
+        path = self.path(key[0])
+        if path is None:
+            return None
+        builders = {
+            "gemm": self._gemm_grid,
+            "context": self._attention_grid,
+            "generation": self._attention_grid,
+            "moe": self._moe_grid,
+            "gdn": self._gdn_grid,
+            "mamba2_scan": self._mamba2_grid,
+            "mamba2_step": self._mamba2_grid,
+            "allreduce": self._allreduce_grid,
+        }
+        return builders[key[0]](path, key)
+
+    def _gemm_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        dtype = tables.DTYPES[self.dtype]["gemm"]
+        frame = tables.kernel_rows(tables.rows(path, (("gemm_dtype", dtype),)))
+        return _grid(frame, ["n", "k", "m"], 1.0)
+
+    def _attention_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        kind, head_dim = key
+        filters = (
+            ("attn_dtype", "bfloat16"),
+            ("kv_cache_dtype", "bfloat16"),
+            ("window_size", 0),
+            ("head_dim", head_dim),
+        )
+        frame = tables.kernel_rows(tables.rows(path, filters), ATTENTION_KERNELS)
+        if frame.empty:
+            return None
+        frame = frame.assign(length=frame["isl"] + frame["step"])
+        axes = ["num_heads", "num_key_value_heads", "batch_size", "length"]
+        return _grid(frame, axes, 2.0 if kind == "context" else 1.0)
+
+    def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        frame = tables.rows(path, (("moe_dtype", tables.DTYPES[self.dtype]["moe"]),))
+        columns = ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
+        for column, value in zip(columns, key[1:], strict=True):
+            frame = frame[frame[column] == value]
+        if "distribution" in frame.columns:
+            for distribution in MOE_DISTRIBUTIONS:
+                picked = frame[frame["distribution"] == distribution]
+                if not picked.empty:
+                    frame = picked
+                    break
+        return _grid(tables.kernel_rows(frame), ["num_tokens"], 1.0)
+
+    def _gdn_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        frame = tables.rows(path, ())
+        frame = frame[frame["kernel_source"].str.contains(GDN_KERNELS[key[1]])]
+        axes = ["num_k_heads", "num_v_heads", "batch_size", "seq_len"]
+        return _grid(frame[frame["head_k_dim"] == 128], axes, 1.0)
+
+    def _mamba2_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        frame = tables.rows(path, ())
+        columns = ("nheads", "head_dim", "d_state", "n_groups")
+        for column, value in zip(columns, key[1:], strict=True):
+            frame = frame[frame[column] == value]
+        axes = ["batch_size", "seq_len"] if key[0] == "mamba2_scan" else ["batch_size"]
+        return _grid(frame, axes, 1.0)
+
+    def _allreduce_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        frame = tables.kernel_rows(tables.rows(path, ()), ("graph",))
+        return _grid(frame[frame["num_gpus"] == key[1]], ["message_size"], 1.0)
+
+    # ------------------------------------------------------------------ queries
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 (Kernels are few and live for the run)
+    def gemm(self, m: int, n: int, k: int) -> Timed:
+        """One ``m x k`` by ``k x n`` GEMM."""
+        grid = self.grid(("gemm",))
+        return None if grid is None else grid.at((n, k, m))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def context(self, batch: int, length: float, heads: int, kv: int, head_dim: int) -> Timed:
+        """Causal attention of ``batch`` sequences of ``length`` tokens (one layer)."""
+        grid = self.grid(("context", head_dim))
+        return None if grid is None else grid.at((heads, kv, batch, length))
+
+    def generation(self, batch: int, heads: int, kv: int, head_dim: int) -> Curve | None:
+        """Decode attention of ``batch`` requests against their context (the curve's axis)."""
+        grid = self.grid(("generation", head_dim))
+        return None if grid is None else grid.curve((heads, kv, batch))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def moe(self, tokens: int, shape: tuple[int, ...]) -> Timed:
+        """The fused MoE of ``tokens`` tokens; ``shape``: (hidden, intermediate, top-k,
+        experts, MoE TP, MoE EP)."""
+        grid = self.grid(("moe", *shape))
+        return None if grid is None else grid.at((tokens,))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def gdn(self, phase: str, batch: int, length: int, k_heads: int, v_heads: int) -> Timed:
+        """The GDN (gated delta rule) scan of ``batch`` sequences of ``length`` tokens
+        (``context``: the chunked prefill scan; ``generation``: one recurrent decode step,
+        ``length`` 1) at 128-wide key and value heads."""
+        grid = self.grid(("gdn", phase))
+        return None if grid is None else grid.at((k_heads, v_heads, batch, length))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def mamba2(self, batch: int, tokens: int, shape: tuple[int, ...]) -> Timed:
+        """A Mamba2 layer's conv1d + SSD scan of ``batch`` sequences of ``tokens`` tokens each
+        (``tokens`` 0: its recurrent decode step), from ``gpu_validate tables``; ``shape``:
+        (heads, head dim, state dim, groups)."""
+        if tokens:
+            grid = self.grid(("mamba2_scan", *shape))
+            return None if grid is None else grid.at((batch, tokens))
+        grid = self.grid(("mamba2_step", *shape))
+        return None if grid is None else grid.at((batch,))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def allreduce(self, elements: int, gpus: int) -> Timed:
+        """One all-reduce of ``elements`` BF16 values over ``gpus`` GPUs."""
+        grid = self.grid(("allreduce", gpus))
+        return None if grid is None else grid.at((elements,))
+
+
+def _grid(frame: Any, axes: list[str], power: float) -> Grid | None:
+    if frame.empty:
+        return None
+    columns = [frame[a].to_numpy() for a in axes]
+    return Grid.from_columns(columns, frame["latency"].to_numpy(dtype=np.float64), power)

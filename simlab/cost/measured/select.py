@@ -1,0 +1,128 @@
+"""Which measured kernels time a run (:func:`select`): the hardware preset's GPU in the tables
+(``hardware.system``), the engine backend and version, and the model's dtype; every bad key is
+a one-line error naming it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from simlab.cost.hardware import Hardware
+from simlab.cost.measured import tables
+from simlab.cost.measured.kernels import Kernels
+
+log = logging.getLogger(__name__)
+
+#: ``engine.kernels``: measured tables first (the default), or the calibrated roofline only
+KERNEL_MODES = ("measured", "roofline")
+#: a model's weight bytes per value -> its dtype's tables (``engine.dtype`` null)
+DTYPE_OF_BYTES = {2: "bf16", 1: "fp8"}
+#: relative difference of bandwidth between a preset and its tables' GPU that warns
+BANDWIDTH_WARN = 0.05
+
+
+def check(mode: str, backend: str, version: str | None, dtype: str | None) -> None:
+    """The ``engine`` keys' values, before any table is read (ValueError naming the key)."""
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"engine.kernels must be one of {', '.join(KERNEL_MODES)}, got {mode!r}")
+    if backend not in tables.BACKENDS:
+        known = ", ".join(tables.BACKENDS)
+        raise ValueError(f"engine.backend must be one of {known}, got {backend!r}")
+    if dtype is not None and dtype not in tables.DTYPES:
+        known = ", ".join(tables.DTYPES)
+        raise ValueError(f"engine.dtype must be null or one of {known}, got {dtype!r}")
+    if version is not None and not isinstance(version, str):
+        raise ValueError(f"engine.backend_version must be a string, got {version!r}")
+
+
+def local_tables(path: str | None) -> Path | None:
+    """``engine.kernel_tables``: a directory of tables in the package's layout (ValueError
+    naming the key when it is not one)."""
+    if path is None:
+        return None
+    if not Path(path).is_dir():
+        raise ValueError(f"engine.kernel_tables: {path} is not a directory")
+    return Path(path).resolve()
+
+
+def resolve_version(
+    system: str, backend: str, version: str | None, local: Path | None = None
+) -> str | None:
+    """``version`` if ``system`` has tables of ``backend`` at it, the newest one if None; an
+    unmeasured version is a ValueError naming those measured (None: no tables at all)."""
+    have = tables.versions(system, backend, local)
+    if not have:
+        return None
+    if version is None:
+        return have[-1]
+    if version not in have:
+        raise ValueError(
+            f"engine.backend_version: {backend} {version} has no measured tables on {system} "
+            f"(measured: {', '.join(have)})"
+        )
+    return version
+
+
+def select(
+    hardware: Hardware,
+    mode: str,
+    backend: str,
+    version: str | None,
+    dtype: str,
+    local: Path | None = None,
+) -> Kernels | None:
+    """The :class:`Kernels` of a run, or None: ``engine.kernels=roofline``, a preset without
+    a ``system``, or tables not installed / not covering it (logged once)."""
+    if mode != "measured" or hardware.system is None or tables.systems_dir() is None:
+        if version is not None and mode == "measured" and hardware.system is None:
+            raise ValueError(
+                f"engine.backend_version: hardware {hardware.name} has no measured tables "
+                "(its preset names no system)"
+            )
+        return None
+    resolved = resolve_version(hardware.system, backend, version, local)
+    if resolved is None:
+        log.warning(
+            "%s has no measured tables for engine.backend=%s: every op on the roofline",
+            hardware.system,
+            backend,
+        )
+        return None
+    _warn_bandwidth(hardware)
+    return Kernels(hardware.system, backend, resolved, dtype, local)
+
+
+def model_dtype(dtype: str | None, dtype_bytes: int) -> str:
+    """``engine.dtype``, else the model's by its weight bytes (ValueError naming the key)."""
+    if dtype is not None:
+        return dtype
+    if dtype_bytes not in DTYPE_OF_BYTES:
+        raise ValueError(
+            f"model.dtype_bytes: {dtype_bytes} has no measured dtype; set engine.dtype "
+            f"({', '.join(tables.DTYPES)}) or engine.kernels=roofline"
+        )
+    return DTYPE_OF_BYTES[dtype_bytes]
+
+
+_warned: set[str] = set()
+
+
+def caveat(hardware: Hardware) -> str | None:
+    """A line when the preset's memory bandwidth is not that of the GPU its kernels were
+    measured on (None: the same, within :data:`BANDWIDTH_WARN`)."""
+    peaks = tables.peaks(hardware.system or "")
+    if peaks is None or abs(hardware.mem_bw_gbps / peaks["mem_bw_gbps"] - 1) <= BANDWIDTH_WARN:
+        return None
+    return (
+        f"hardware {hardware.name}: its kernels were measured on {hardware.system} "
+        f"({peaks['mem_bw_gbps']:.0f} GB/s, not {hardware.mem_bw_gbps:.0f} GB/s): memory-bound "
+        "op times are off by up to that ratio"
+    )
+
+
+def _warn_bandwidth(hardware: Hardware) -> None:
+    """Log :func:`caveat` once per preset."""
+    line = caveat(hardware)
+    if line is not None and hardware.name not in _warned:
+        _warned.add(hardware.name)
+        log.warning("%s", line)

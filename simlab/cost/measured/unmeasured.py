@@ -1,0 +1,110 @@
+"""The ops no public table measures, and how far their modelled time may be off
+(:func:`bounds`).
+
+Each is timed by the calibrated roofline (:mod:`simlab.cost.model`: FLOPs and bytes of the
+kernel's real traffic, :mod:`simlab.cost.layers`); here each gets a stated assumption and a
+``[low, high]`` range of seconds:
+
+* ``ssm_scan`` (Mamba2's SSD chunked scan, conv1d included): low, its bytes at the peak
+  bandwidth (activations in and out once, each sequence's state read and written); high, the
+  measured GDN chunked prefill scan (``chunk_gated_delta_rule``) with as many 128 x 128 state
+  elements per token as the SSD scan updates (``ssm_n_heads x head_dim x state_dim``), since the
+  delta rule does at least the SSD scan's chunked work per state element (its WY transform
+  adds to it); without a GDN table, twice the model.
+* ``selective_scan`` (Mamba1): sequential in time on CUDA cores in FP32; low, its bytes at the
+  peak bandwidth; high, twice the model (no public measurement of it).
+* ``ssm_step`` (the recurrent decode step): low, its bytes at the peak bandwidth; high, the
+  measured GDN recurrent decode step at the equivalent heads, else twice the model.
+* ``ssm_state_copy`` (a checkpoint saved or restored): a device copy of the state's bytes;
+  low, at the peak bandwidth; high, at half of it plus :data:`COPY_LAUNCH_S` per copy.
+* ``attn_prefill`` over a cached prefix or unequal chunks: the compute-equivalent length of
+  :mod:`simlab.cost.measured.hooks`, +-:data:`~simlab.cost.measured.hooks.PREFIX_ATTENTION_UNCERTAINTY`.
+
+Every other op is measured, interpolated from measurements, or an elementwise op (norms)
+whose calibration profile gives its own held-back error.
+"""
+
+from __future__ import annotations
+
+from simlab.cost.measured.hooks import PREFIX_ATTENTION_UNCERTAINTY, MeasuredOps
+from simlab.cost.measured.sources import INTERPOLATED
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape, Op
+
+#: one copy kernel's launch and synchronisation (the high end of a state copy)
+COPY_LAUNCH_S = 10e-6
+#: the high end of a term with no measurement to bound it, as a factor on its model
+UNBOUNDED_HIGH = 2.0
+#: the state elements of one GDN head (128-wide keys x 128-wide values)
+GDN_HEAD_STATE = 128 * 128
+
+ASSUMPTIONS = {
+    "ssm_scan": "SSD chunked scan: roofline of its traffic; low: bytes at peak bandwidth; "
+    "high: measured GDN chunk scan at equal state size (else 2x)",
+    "selective_scan": "Mamba1 selective scan on FP32 CUDA cores; low: bytes at peak "
+    "bandwidth; high: 2x (no public measurement)",
+    "ssm_step": "recurrent decode step; low: bytes at peak bandwidth; high: measured GDN "
+    "recurrent step at equal state size (else 2x)",
+    "ssm_state_copy": "device copy of each checkpoint; low: peak bandwidth; high: half of it "
+    f"plus {COPY_LAUNCH_S * 1e6:.0f} us per copy",
+    "attn_prefill": "cached prefix / unequal chunks at the compute-equivalent causal length, "
+    f"+-{100 * PREFIX_ATTENTION_UNCERTAINTY:.0f}%",
+}
+
+
+def bounds(
+    op: Op, seconds: float, mem_bw: float, measured: MeasuredOps | None
+) -> tuple[float, float] | None:
+    """``[low, high]`` seconds of an unmeasured ``op`` modelled at ``seconds`` (None: the op
+    is measured, or not one of :data:`ASSUMPTIONS`)."""
+    if op.name == "attn_prefill":
+        if not op.query or op.query[2]:
+            return None
+        return seconds * (1 - PREFIX_ATTENTION_UNCERTAINTY), seconds * (
+            1 + PREFIX_ATTENTION_UNCERTAINTY
+        )
+    if op.name not in ASSUMPTIONS:
+        return None
+    floor = op.bytes / mem_bw + op.fixed_s
+    if op.name == "ssm_state_copy":
+        return floor, 2 * op.bytes / mem_bw + op.launches * COPY_LAUNCH_S + op.fixed_s
+    high = _gdn_bound(op, measured)
+    high = seconds * UNBOUNDED_HIGH if high is None else high
+    return min(floor, seconds), max(high, seconds)
+
+
+def _gdn_bound(op: Op, measured: MeasuredOps | None) -> float | None:
+    """The measured GDN scan at the state size of ``op``'s Mamba2 scan or step (None: no
+    table, or not Mamba2)."""
+    if measured is None or op.name not in ("ssm_scan", "ssm_step"):
+        return None
+    m, tp = measured.model, measured.tp
+    if m.ssm_kind != "mamba2":
+        return None
+    v_heads = max(1, round(m.ssm_n_heads * m.ssm_head_dim * m.ssm_state_dim / GDN_HEAD_STATE / tp))
+    for k_heads in (v_heads // 4, v_heads // 2, v_heads, 16, 8, 4, 2, 1):  # the keys' share
+        # (shared query/key heads) barely moves the scan: the first the table has
+        if op.name == "ssm_scan":
+            timed = measured.kernels.gdn("context", 1, max(op.tokens, 1), k_heads, v_heads)
+        else:
+            timed = measured.kernels.gdn("generation", max(op.tokens, 1), 1, k_heads, v_heads)
+        if timed is not None:
+            return m.n_ssm_layers * timed[0] / 1e3
+    return None
+
+
+def ranges(cost: CostModel, batch: BatchShape) -> dict[str, tuple[float, float]]:
+    """``{op name: (low, high)}`` seconds of ``batch``'s unmeasured ops (:func:`bounds`)."""
+    out = {}
+    for op in cost.ops(batch):
+        seconds = cost.op_time(op)
+        timed = cost.kernels is not None and cost.kernels.time(op) is not None
+        if op.name == "attn_prefill":
+            if cost.source(op) != INTERPOLATED:
+                continue
+        elif timed or cost.measured(op) or op.op_class == "overhead":
+            continue
+        bound = bounds(op, seconds, cost.hw.mem_bw, cost.kernels)
+        if bound is not None:
+            out[op.name] = bound
+    return out

@@ -1,0 +1,85 @@
+"""What a prediction says about where its time comes from (``prediction.json``'s
+``kernels``, ``breakdown_sources``, ``time_sources`` and ``unmeasured``): the measured kernel
+tables used, each op's source per length, and the unmeasured ops' ranges."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from simlab.cost.measured import unmeasured
+from simlab.cost.measured.hooks import PREFIX_ATTENTION_UNCERTAINTY
+from simlab.cost.measured.sources import worst
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape
+
+
+def kernels_used(cost: CostModel) -> dict[str, Any] | None:
+    """The measured kernels' GPU, backend, version, dtype and each table's version."""
+    if cost.kernels is None:
+        return None
+    k = cost.kernels.kernels
+    return {
+        "system": k.system,
+        "backend": k.backend,
+        "version": k.version,
+        "dtype": k.dtype,
+        "tables": k.used_versions(),
+        "prefix_attention_uncertainty": PREFIX_ATTENTION_UNCERTAINTY,
+    }
+
+
+def unmeasured_ranges(
+    cost: CostModel, runs: list[list[BatchShape]], totals: list[float]
+) -> dict[str, Any]:
+    """Per unmeasured op its assumption and ``[low, high]`` ms per length, and the prefill's
+    range with every unmeasured op at its low / high end (the rest as predicted)."""
+    per_run = [summed_ranges(unmeasured.ranges(cost, shape) for shape in run) for run in runs]
+    names = list(dict.fromkeys(op for r in per_run for op in r))
+    breakdowns = [summed(cost.breakdown(shape) for shape in run) for run in runs]
+    total_ms = []
+    for total, r, b in zip(totals, per_run, breakdowns, strict=True):
+        low = total - sum(b[op] - lo for op, (lo, _) in r.items())
+        high = total + sum(hi - b[op] for op, (_, hi) in r.items())
+        total_ms.append([1000 * low, 1000 * high])
+    return {
+        "assumptions": {op: unmeasured.ASSUMPTIONS[op] for op in names},
+        "ops_ms": {
+            op: [[1000 * v for v in r.get(op, (0.0, 0.0))] for r in per_run] for op in names
+        },
+        "prefill_ms": total_ms,
+    }
+
+
+def summed_ranges(
+    ranges: Iterable[dict[str, tuple[float, float]]],
+) -> dict[str, tuple[float, float]]:
+    """:func:`summed` for ``(low, high)`` pairs."""
+    out: dict[str, tuple[float, float]] = {}
+    for r in ranges:
+        for op, (lo, hi) in r.items():
+            a, b = out.get(op, (0.0, 0.0))
+            out[op] = (a + lo, b + hi)
+    return out
+
+
+def op_sources(cost: CostModel, runs: list[list[BatchShape]]) -> dict[str, list[str | None]]:
+    """Per op name, its source per length (the worst over that length's iterations; None
+    where the op does not run)."""
+    out: dict[str, list[str | None]] = {}
+    for i, run in enumerate(runs):
+        for shape in run:
+            for op in cost.ops(shape):
+                tags = out.setdefault(op.name, [None] * len(runs))
+                tag = cost.source(op)
+                tags[i] = tag if tags[i] is None else worst([tags[i] or tag, tag])
+    return out
+
+
+def summed(breakdowns: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Seconds per op over several iterations (an op absent from one adds nothing there)."""
+    out: dict[str, float] = {}
+    for breakdown in breakdowns:
+        for op, seconds in breakdown.items():
+            out[op] = out.get(op, 0.0) + seconds
+    return out

@@ -1,0 +1,413 @@
+"""``python -m simlab.validate silicon --out DIR``: the timed engine against NVIDIA's measured
+end-to-end serving points (``silicon_sample.csv`` in aiconfigurator-core).
+
+Each point (one model on one GPU type with one engine and version, its tensor-parallel degree,
+concurrency ``C`` and input / output lengths) is replayed in the timed engine: ``C``
+closed-loop clients, each sending :data:`ROUNDS` requests back to back of ``isl`` fresh tokens
+(no prefix reuse) and ``osl`` output tokens, on measured kernels of that GPU, backend and
+version (the newest measured at or below it). The clients start spread over one request's expected time
+(a loaded benchmark's clients are out of step) and the mean TTFT and TPOT of every round but
+the first (which fills the engine) are compared with the point's.
+
+Only what no kernel measures is fitted, per backend: the engine's CPU time per iteration
+(``engine.costs.iteration_overhead_s``) and a fixed time per request on its TTFT (the API
+server, tokenisation, the first scheduling; not in the timed engine, added here). Each point is simulated at two
+overheads (0 and :data:`PROBE_S`); its TTFT and TPOT are taken as linear in the overhead
+between them (an iteration's overhead adds once to each of its requests' waits), and the
+overheads minimising the mean absolute relative error of TTFT and TPOT are found on the points of
+every other model (leave one model out) and applied to the held-out model's points; in sample,
+on all of them.
+
+Covered: the points served aggregated (``mode=agg``), without pipeline or data parallelism or
+expert parallelism, at BF16 or FP8, of models :mod:`simlab.model.hf` reads from the configs
+the package ships; the rest (FP4 and INT4 among them) are counted by reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from hydra import compose, initialize_config_dir
+
+from simlab.config import ConfigError
+from simlab.cost.measured import tables
+from simlab.cost.model import CostModel
+from simlab.cost.shapes import BatchShape, check_tp
+from simlab.engines.timed.engine import TimedEngine
+from simlab.engines.timed.feeders import SessionFeeder
+from simlab.engines.timed.world import TimedWorld
+from simlab.model.hf import model_spec
+from simlab.model.spec import ModelSpec
+from simlab.run.plan import plan_run
+from simlab.run.policy import policy_step
+from traces.format import Request
+
+log = logging.getLogger(__name__)
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+#: requests each closed-loop client sends
+ROUNDS = 3
+#: the second overhead each point is simulated at (seconds per iteration)
+PROBE_S = 0.01
+#: the overheads searched: seconds per iteration, seconds per request (on its TTFT)
+GRID_S = np.linspace(0.0, 0.03, 61)
+REQUEST_GRID_S = np.linspace(0.0, 1.0, 201)
+#: the table's GPU -> simlab's hardware preset
+PRESETS = {
+    "h100_sxm": "h100_sxm",
+    "h200_sxm": "h200",
+    "b200_sxm": "b200_sxm",
+    "b300_sxm": "b300_sxm",
+    "gb200": "gb200",
+}
+DTYPE_BYTES = {"bf16": 2, "fp8": 1}
+#: the engines' default chunked-prefill token budgets
+TOKEN_BUDGET = 8192
+
+
+def config_path(model_path: str) -> Path | None:
+    """The model's Hugging Face ``config.json`` as aiconfigurator-core ships it (None: not
+    shipped)."""
+    root = tables.systems_dir()
+    if root is None:
+        return None
+    name = model_path.replace("/", "--").replace("Llama-3.1", "Meta-Llama-3.1")
+    path = root.parent / "model_configs" / f"{name.removesuffix('-Instruct')}_config.json"
+    return path if path.exists() else None
+
+
+@functools.lru_cache(maxsize=64)
+def spec_of(model_path: str, dtype_bytes: int) -> ModelSpec | None:
+    """The model's :class:`ModelSpec` from its config (:mod:`simlab.model.hf`; None: no config
+    shipped, or an architecture simlab.model does not read)."""
+    path = config_path(model_path)
+    if path is None:
+        return None
+    try:
+        return model_spec(model_path, path, dtype_bytes=dtype_bytes)
+    except ValueError as err:
+        log.info("%s: %s", model_path, err)
+        return None
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured serving point."""
+
+    id: str
+    model: str
+    system: str
+    backend: str
+    version: str
+    precision: str
+    tp: int
+    concurrency: int
+    isl: int
+    osl: int
+    ttft_ms: float
+    tpot_ms: float
+
+
+def points(csv: Path) -> tuple[list[Point], dict[str, int]]:
+    """The covered points of ``csv`` and the count of each reason a point was left out."""
+    frame = pd.read_csv(csv)
+    out: list[Point] = []
+    skipped: dict[str, int] = {}
+    for row in frame.itertuples(index=False):
+        why = _uncovered(row)
+        if why:
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        concurrency = int(
+            str(row.silicon_data_source).split("silicon_concurrency=")[1].split(";")[0]
+        )
+        out.append(
+            Point(
+                str(row.id),
+                str(row.model_path),
+                str(row.system),
+                str(row.backend),
+                str(row.backend_version),
+                str(row.precision),
+                int(row.tp_size),
+                concurrency,
+                int(row.isl),
+                int(row.osl),
+                float(row.silicon_ttft_ms),
+                float(row.silicon_tpot_ms),
+            )
+        )
+    return out, skipped
+
+
+def _uncovered(row: Any) -> str:
+    """Why a row is not replayed ('' if it is)."""
+    checks = (
+        (row.mode != "agg", "disaggregated"),
+        (
+            row.pp_size != 1 or row.attention_dp_size != 1 or row.moe_ep_size != 1,
+            "pipeline, data or expert parallel",
+        ),
+        (row.precision not in DTYPE_BYTES, f"precision {row.precision}"),
+        (row.system not in PRESETS, f"GPU {row.system} has no preset"),
+        ("silicon_concurrency=" not in str(row.silicon_data_source), "no concurrency"),
+    )
+    for bad, why in checks:
+        if bad:
+            return why
+    spec = spec_of(str(row.model_path), DTYPE_BYTES[row.precision])
+    if spec is None:
+        return "architecture simlab.model cannot describe"
+    try:
+        check_tp(spec, int(row.tp_size))
+    except ValueError:
+        return "tensor parallelism wider than the KV heads (replication not modelled)"
+    return ""
+
+
+def version_for(point: Point) -> str | None:
+    """The newest measured version of the point's backend at or below its own."""
+    have = tables.versions(point.system, point.backend)
+    below = [v for v in have if tables.version_key(v) <= tables.version_key(point.version)]
+    pick = below or list(have)
+    return pick[-1] if pick else None
+
+
+def requests_of(point: Point, duration_s: float = 0.0, seed: int = 0) -> list[Request]:
+    """``concurrency`` clients x :data:`ROUNDS` requests of fresh random tokens; client ``k``
+    starts at ``k / concurrency`` of ``duration_s`` (one request's expected time: a loaded
+    benchmark's clients are out of step) and sends each next request the moment its last
+    one ends (a closed loop)."""
+    rng = np.random.default_rng(seed)
+    out: list[Request] = []
+    for client in range(point.concurrency):
+        start = duration_s * client / point.concurrency
+        for turn in range(ROUNDS):
+            ids = rng.integers(1, 2**31 - 1, point.isl, dtype=np.int64)
+            out.append(
+                Request(
+                    request_id=len(out),
+                    session_id=client,
+                    turn=turn,
+                    arrival=start,
+                    input_ids=ids,
+                    output_ids=np.zeros(0, dtype=np.int64),
+                    output_len=point.osl,
+                )
+            )
+    return out
+
+
+def request_seconds(cost: CostModel, point: Point) -> float:
+    """One request's expected time at the point's concurrency: its prefill alone, then its
+    outputs in decode steps of ``concurrency`` requests at its mid-output context."""
+    step = cost.time(BatchShape(decode=[point.isl + point.osl // 2] * point.concurrency))
+    return cost.prefill_time(0, point.isl) + point.osl * step
+
+
+def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
+    """The point's mean TTFT and TPOT (ms) in the timed engine at ``overhead_s`` per iteration."""
+    spec = spec_of(point.model, DTYPE_BYTES[point.precision])
+    assert spec is not None  # points() keeps only describable models
+    overrides = [
+        f"hardware={PRESETS[point.system]}",
+        "+policy=fifo",  # no prefix is reused: the policy does not matter
+        f"engine.tp={point.tp}",
+        f"engine.backend={point.backend}",
+        f"engine.backend_version={version_for(point)}",
+        f"engine.max_running={point.concurrency}",
+        f"engine.token_budget={TOKEN_BUDGET}",
+        f"engine.batching={'prefill_first' if point.backend == 'sglang' else 'mixed'}",
+        f"engine.costs.iteration_overhead_s={overhead_s}",
+        "engine.running_memory_gb=100000",
+        "engine.memory_check=false",
+        "cache.size_gb=1",
+        "report=false",
+    ]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    plan = plan_run(cfg)
+    (policy,) = plan.policies.values()
+    engine = plan.engine
+    assert isinstance(engine, TimedEngine)
+    cost = engine.cost_model(spec)
+    requests = requests_of(point, request_seconds(cost, point))
+    step = policy_step(policy, spec, plan.settings)
+    records = TimedWorld(requests, step, cost, engine).run(SessionFeeder(requests))
+    steady = [r for r in records if r.turn > 0]  # the first round fills the engine
+    ttft = np.mean([r.ttft for r in steady])
+    tpot = np.mean([r.tpot for r in steady if r.tpot == r.tpot])
+    return 1e3 * float(ttft), 1e3 * float(tpot)
+
+
+def errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    return np.abs(predicted / measured - 1)
+
+
+Overheads = tuple[float, float]  # (seconds per iteration, seconds per request)
+
+
+def at(sims: np.ndarray, overheads: Overheads) -> np.ndarray:
+    """Each point's (TTFT, TPOT) in ms at ``overheads``: linear in the iteration's between its
+    two simulations (``sims[:, 0]`` at 0, ``sims[:, 1]`` at :data:`PROBE_S`; points x 2 x 2),
+    plus the per-request one on the TTFT."""
+    iteration_s, request_s = overheads
+    out = sims[:, 0] + (sims[:, 1] - sims[:, 0]) * (iteration_s / PROBE_S)
+    return out + np.array([1e3 * request_s, 0.0])
+
+
+def fit(sims: np.ndarray, measured: np.ndarray) -> Overheads:
+    """The overheads of :data:`GRID_S` x :data:`REQUEST_GRID_S` minimising the mean relative
+    error of TTFT and TPOT."""
+    grid = [(o, r) for o in GRID_S for r in REQUEST_GRID_S]
+    losses = [float(np.mean(errors(at(sims, pair), measured))) for pair in grid]
+    o, r = grid[int(np.argmin(losses))]
+    return float(o), float(r)
+
+
+def cross_validate(pts: list[Point], sims: np.ndarray) -> dict[str, Any]:
+    """Per backend, the overheads fitted on every other model's points (held out) and on all
+    (in sample), each point's predictions, and the errors."""
+    measured = np.array([[p.ttft_ms, p.tpot_ms] for p in pts])
+    held, inside = np.zeros_like(measured), np.zeros_like(measured)
+    fitted: dict[str, dict[str, Overheads]] = {}
+    for backend in sorted({p.backend for p in pts}):
+        mine = np.array([p.backend == backend for p in pts])
+        fitted[backend] = {"in_sample": fit(sims[mine], measured[mine])}
+        inside[mine] = at(sims[mine], fitted[backend]["in_sample"])
+        for model in sorted({p.model for p in pts if p.backend == backend}):
+            test = mine & np.array([p.model == model for p in pts])
+            train = mine & ~test
+            pair = fit(sims[train], measured[train]) if train.any() else (0.0, 0.0)
+            fitted[backend][f"without {model}"] = pair
+            held[test] = at(sims[test], pair)
+    return {
+        "measured": measured,
+        "held_out": held,
+        "in_sample": inside,
+        "overheads": fitted,
+        "sims": sims,
+    }
+
+
+def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
+    """``validation.json``: overall MAPEs (fractions), per model x GPU x engine, and rows."""
+    m, held, inside = cv["measured"], cv["held_out"], cv["in_sample"]
+    eh, ei = errors(held, m), errors(inside, m)
+    groups = {}
+    for key in sorted({(p.model, p.system, p.backend) for p in pts}):
+        mask = np.array([(p.model, p.system, p.backend) == key for p in pts])
+        groups[" x ".join(key)] = {
+            "points": int(mask.sum()),
+            "ttft_mape_held_out": float(eh[mask, 0].mean()),
+            "ttft_median_held_out": float(np.median(eh[mask, 0])),
+            "tpot_mape_held_out": float(eh[mask, 1].mean()),
+            "ttft_mape_in_sample": float(ei[mask, 0].mean()),
+            "tpot_mape_in_sample": float(ei[mask, 1].mean()),
+        }
+    rows = [
+        p.__dict__
+        | {"ttft_ms_held_out": float(h[0]), "tpot_ms_held_out": float(h[1])}
+        | {"ttft_ms_in_sample": float(i[0]), "tpot_ms_in_sample": float(i[1])}
+        | {"simulated_ms": sim.tolist()}  # (TTFT, TPOT) at iteration overhead 0 and PROBE_S
+        for p, h, i, sim in zip(pts, held, inside, cv["sims"], strict=True)
+    ]
+    return {
+        "ttft_mape_held_out": float(eh[:, 0].mean()),
+        "tpot_mape_held_out": float(eh[:, 1].mean()),
+        "ttft_mape_in_sample": float(ei[:, 0].mean()),
+        "tpot_mape_in_sample": float(ei[:, 1].mean()),
+        "overheads_s": cv["overheads"],
+        "groups": groups,
+        "rows": rows,
+    }
+
+
+def write(out: Path, result: dict[str, Any]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "validation.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
+
+
+def sample(pts: list[Point], per_group: int | None) -> list[Point]:
+    """At most ``per_group`` points per model x GPU x engine, spread over its concurrencies and
+    lengths (in the table's order; None: all)."""
+    if per_group is None:
+        return pts
+    groups: dict[tuple[str, str, str], list[Point]] = {}
+    for p in pts:
+        groups.setdefault((p.model, p.system, p.backend), []).append(p)
+    out = []
+    for members in groups.values():
+        ordered = sorted(members, key=lambda p: (p.isl, p.osl, p.concurrency, p.tp, p.id))
+        idx = np.unique(np.linspace(0, len(ordered) - 1, min(per_group, len(ordered))).round())
+        out += [ordered[int(i)] for i in idx]
+    return out
+
+
+def validate(out: Path, per_group: int | None = None, max_concurrency: int = 512) -> dict[str, Any]:
+    """Replay, fit, cross-validate and write ``out/validation.json``."""
+    csv = tables.systems_dir()
+    if csv is None:
+        raise ConfigError("simlab.validate silicon: aiconfigurator-core is not installed")
+    pts, skipped = points(csv / "silicon_sample.csv")
+    pts = [p for p in sample(pts, per_group) if p.concurrency <= max_concurrency]
+    sims = np.zeros((len(pts), 2, 2))
+    for i, p in enumerate(pts):
+        sims[i, 0], sims[i, 1] = simulate(p, 0.0), simulate(p, PROBE_S)
+        log.info("%d/%d %s: %s / %s", i + 1, len(pts), p.id, sims[i, 0], (p.ttft_ms, p.tpot_ms))
+    result = summary(pts, cross_validate(pts, sims)) | {"skipped": skipped}
+    write(out, result)
+    return result
+
+
+def lines(result: dict[str, Any]) -> list[str]:
+    """The printed table: MAPE and median error per model x GPU x engine."""
+    out = [
+        f"{'model x GPU x engine':<52} {'points':>6}  TTFT MAPE held-out (median) / in-sample"
+        "   TPOT MAPE held-out / in-sample"
+    ]
+    for key, g in result["groups"].items():
+        out.append(
+            f"{key:<52} {g['points']:>6}  {100 * g['ttft_mape_held_out']:6.1f}% "
+            f"({100 * g['ttft_median_held_out']:5.1f}%) / {100 * g['ttft_mape_in_sample']:5.1f}%"
+            f"      {100 * g['tpot_mape_held_out']:6.1f}% / {100 * g['tpot_mape_in_sample']:5.1f}%"
+        )
+    out.append(
+        f"overall: TTFT MAPE {100 * result['ttft_mape_held_out']:.1f}% held out, "
+        f"{100 * result['ttft_mape_in_sample']:.1f}% in sample; TPOT "
+        f"{100 * result['tpot_mape_held_out']:.1f}% / {100 * result['tpot_mape_in_sample']:.1f}%"
+    )
+    out.append("overheads (s per iteration, s per request): " + json.dumps(result["overheads_s"]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simlab.validate")
+    sub = parser.add_subparsers(dest="command", required=True)
+    silicon = sub.add_parser("silicon", help="replay silicon_sample.csv in the timed engine")
+    silicon.add_argument("--out", required=True, type=Path, help="writes DIR/validation.json")
+    silicon.add_argument(
+        "--per-group", type=int, default=None, help="at most N points per model x GPU x engine"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        result = validate(args.out, args.per_group)
+    except ConfigError as err:
+        print(f"simlab.validate: error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(lines(result)))
+    print(f"validation: {args.out / 'validation.json'}")
+    return 0
