@@ -114,6 +114,14 @@ class Recency(EvictionPolicy):
         return cache.last_access[candidates]
 
 
+def min_max(values: np.ndarray) -> np.ndarray:
+    """Scale to [0, 1] over the candidates; all ones when they are all equal (reference code)."""
+    lo, hi = np.minimum.reduce(values), np.maximum.reduce(values)  # .min(), without its wrapper
+    if hi == lo:
+        return np.ones_like(values)
+    return (values - lo) / (hi - lo)
+
+
 __all__ = [
     "ALIGNMENTS",
     "LRU_TIE_ORDERS",
@@ -121,5 +129,6 @@ __all__ = [
     "Recency",
     "aligned",
     "checked_alpha",
+    "min_max",
     "reused_nodes",
 ]

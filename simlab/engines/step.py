@@ -396,7 +396,15 @@ class RequestStep:
             items |= controller.summary()
         if self.cache.host is not None:
             items |= self.cache.host.summary()
-        caveats = [*self.admission.caveats(self.cache.hybrid), *items.pop("caveats", [])]
+        cache = self.cache
+        unit = cache.unit // (self.admission.keys.block_size or 1)  # tokens per trace id
+        geometry = self.admission.geometry(cache.model, unit, cache.ssm_capacity)
+        if geometry:
+            defaults = geometry.pop("defaults", None)
+            items["engine_geometry"] = geometry
+            if defaults:  # what the engine chose that the user did not set
+                items["engine_defaults"] = defaults
+        caveats = [*self.admission.caveats(cache.hybrid), *items.pop("caveats", [])]
         return items | {"caveats": caveats} if caveats else items
 
     def _record(self, started: Started, admitted: InsertResult) -> RequestRecord:

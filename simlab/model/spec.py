@@ -118,6 +118,9 @@ class ModelSpec:
     n_attn_layers: int
     n_ssm_layers: int
     name: str = "model"
+    #: the Hugging Face ``architectures`` entry the engines dispatch on (their per-model
+    #: defaults, e.g. vLLM's FP32 SSM state for ``NemotronHForCausalLM``); "" for none
+    architecture: str = ""
     n_mlp_layers: int = 0
     n_moe_layers: int = 0
     # attention (``n_swa_layers`` of the ``n_attn_layers`` are sliding-window)
@@ -231,6 +234,7 @@ class ModelSpec:
                     raise ValueError(f"model.{f.name} must be true/false, got {v!r}")
             elif f.name in (
                 "name",
+                "architecture",
                 "ssm_kind",
                 "flop_formula",
                 "attn_kind",
