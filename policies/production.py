@@ -275,16 +275,23 @@ def mamba_page_bytes(model: ModelSpec, conv_bytes: int | None = None) -> int:
     )
 
 
-def vllm_hybrid_block_size(model: ModelSpec, minimum: int) -> int:
-    """Tokens per block of a hybrid under ``align`` (vLLM 0.33.0
-    ``Platform._align_hybrid_block_size``): raised from ``minimum`` until one layer's KV page
-    of a block holds one layer's Mamba state (:func:`mamba_page_bytes`), in multiples of 16
-    (the attention kernels' block). Nemotron-H-8B: 528 with a BF16 state (vLLM #40696), 1,040
-    with vLLM's FP32 default for it."""
-    align = max(16, minimum)
-    page = mamba_page_bytes(model)
-    block = align * -(-page // (align * model.kv_bytes_per_token_per_layer))
+def vllm_block_size(
+    state_page: int, token_page: int, minimum: int = 16, alignment: int = 1, mla: bool = False
+) -> int:
+    """vLLM 0.33.0's attention block for a hybrid (``Platform._align_hybrid_block_size``): the
+    fewest tokens, in multiples of ``max(16, minimum)`` (the kernels' block; 128 for MLA) and of
+    the layers' prefill checkpoint ``alignment`` (64 for GDN on Hopper), whose attention page
+    (``token_page`` bytes a token) holds one recurrent state page (``state_page``)."""
+    align = math.lcm(max(128 if mla else 16, minimum), alignment)
+    block = align * -(-state_page // (align * token_page))
     return max(minimum, 16 * -(-block // 16))
+
+
+def vllm_hybrid_block_size(model: ModelSpec, minimum: int) -> int:
+    """Tokens per block of a hybrid under ``align`` (:func:`vllm_block_size`): one layer's KV
+    page of a block holds one layer's Mamba state (:func:`mamba_page_bytes`). Nemotron-H-8B:
+    528 with a BF16 state (vLLM #40696), 1,040 with vLLM's FP32 default for it."""
+    return vllm_block_size(mamba_page_bytes(model), model.kv_bytes_per_token_per_layer, minimum)
 
 
 @dataclass

@@ -11,6 +11,7 @@ requests come in the replay's order, one at a time).
     python -m simlab.crosscheck                       # the engine-faithful policies, every case
     python -m simlab.crosscheck --policy sglang_plus  # another policy on the same cases
     python -m simlab.crosscheck --engine timed        # the timed engine at low load
+    python -m simlab.crosscheck geometry              # vLLM's forced block per bundled hybrid
 """
 
 from __future__ import annotations
@@ -171,6 +172,11 @@ def table(rows: list[Agreement]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["geometry"]:  # vLLM's hybrid geometry per bundled config
+        from simlab.experiments import geometry
+
+        return geometry.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m simlab.crosscheck", description=__doc__)
     parser.add_argument("--fixtures", type=Path, default=FIXTURES)
     parser.add_argument("--policy", default=None, help="compare this policy instead")
