@@ -51,7 +51,6 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
     set_current_vllm_config,
 )
-
 from vllm.model_executor.models import registry  # noqa: E402
 
 from crosscheck.common import setup_logging, versions  # noqa: E402
@@ -68,7 +67,9 @@ MAX_LEN = 4096
 
 def load_config(path: Path, model_dir: str) -> VllmConfig:
     """vLLM's config for the model of ``path`` with prefix caching on (its hooks run)."""
-    (Path(model_dir) / "config.json").write_text(json.dumps(text_only(json.loads(path.read_text()))))
+    (Path(model_dir) / "config.json").write_text(
+        json.dumps(text_only(json.loads(path.read_text())))
+    )
     patch_platform()
     registry._run_in_subprocess = lambda fn: fn()  # inspect in this process: it has the stubs
     return VllmConfig(
@@ -219,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             found = geometry(path)
-        except Exception as err:  # a config vLLM 0.33.0 cannot build: said in the file
+        except (ValueError, TypeError, KeyError, AttributeError, ImportError) as err:
+            # a config vLLM 0.33.0 cannot build: said in the file
             skipped[path.name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             continue
         if found is not None:
@@ -232,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": skipped,
     }
     args.out.write_text(json.dumps(fixture, indent=1) + "\n")
-    print(f"{len(models)} hybrids, {len(skipped)} configs vLLM did not build: {args.out}")
+    logging.warning(
+        "%d hybrids, %d configs vLLM did not build: %s", len(models), len(skipped), args.out
+    )
     return 0 if models else 1
 
 

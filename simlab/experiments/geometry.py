@@ -27,7 +27,9 @@ from policies.production import DTYPE_BYTES, VLLM_SSM_DTYPE, vllm_block_size
 
 log = logging.getLogger(__name__)
 
-FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "crosscheck" / "geometry.json"
+FIXTURE = (
+    Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "crosscheck" / "geometry.json"
+)
 #: vLLM's prefill checkpoint alignment of FlashInfer's GDN kernel, its choice on Hopper
 GDN_HOPPER_ALIGNMENT = 64
 #: the values compared, simlab's against the fixture's
