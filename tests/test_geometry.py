@@ -1,0 +1,124 @@
+"""The engines' hybrid geometry: simlab's computation against vLLM 0.33.0's own
+(``tests/fixtures/crosscheck/geometry.json``, ``make crosscheck-geometry``), the engine defaults
+the production policies take, and what ``summary.json`` says of them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from policies.production import VLLM, SGLang, vllm_block_size
+from simlab.config import ConfigError
+from simlab.experiments import geometry
+from simlab.experiments.crosscheck import overrides_for
+from simlab.run.simulate import plan_run
+from tests.fixtures import compose, model
+
+FIXTURE = json.loads(geometry.FIXTURE.read_text())
+NEMOTRON = model("nemotron_h_8b")
+
+
+@pytest.mark.parametrize("engine", FIXTURE["models"], ids=lambda m: m["config"])
+def test_simlab_computes_vllms_geometry_for_every_bundled_hybrid(engine):
+    configs = geometry.bundled_configs()
+    if configs is None:
+        pytest.skip("aiconfigurator-core is not installed")
+    ours = geometry.simlab_geometry(json.loads((configs / engine["config"]).read_text()))
+    assert ours is not None
+    assert ours["ssm_dtype"] == engine["state_dtypes"][-1]
+    for key in ("block_size", "block_size_hopper", "state_page_bytes", "state_bytes"):
+        assert ours.get(key) == engine.get(key), key
+    assert ours["kv_bytes_per_token"] == engine["kv_bytes_per_token"]
+
+
+def test_the_fixture_has_every_hybrid_family_and_the_reported_blocks():
+    """Qwen3.6-27B gets 784-token blocks (vllm #36010, #47430); every family is there."""
+    blocks = {m["config"]: m["block_size"] for m in FIXTURE["models"]}
+    assert blocks["nvidia--Qwen3.6-27B-NVFP4_config.json"] == 784
+    kinds = {m["model_type"] for m in FIXTURE["models"]}
+    assert {"nemotron_h", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear"} <= kinds
+    assert not FIXTURE["skipped"]
+
+
+def test_the_block_rule():
+    """Multiples of 16 (128 for MLA, 64-aligned for GDN on Hopper), never below the minimum."""
+    assert vllm_block_size(3_207_168, 4096) == 784
+    assert vllm_block_size(3_207_168, 4096, alignment=64) == 832
+    assert vllm_block_size(6_512_640, 1152, mla=True) == 5760
+    assert vllm_block_size(100, 4096, minimum=64) == 64
+
+
+@pytest.mark.parametrize(
+    ("policy", "name", "dtype", "block"),
+    [
+        (VLLM(), "nemotron_h_8b", "float32", 1040),  # NemotronHForCausalLMConfig
+        (VLLM(mamba_ssm_cache_dtype="bfloat16"), "nemotron_h_8b", "bfloat16", 528),
+        (VLLM(), "jamba_1_5_mini", "bfloat16", None),  # auto: the model's dtype
+        (VLLM(), "marconi_7b", "bfloat16", None),
+        (SGLang(), "nemotron_h_8b", "float32", None),  # mamba2_state_dtype's default
+        (SGLang(mamba_ssm_dtype="bfloat16"), "nemotron_h_8b", "bfloat16", None),
+    ],
+)
+def test_engine_defaults_set_the_state_dtype(policy, name, dtype, block):
+    spec = model(name)
+    engine = policy.engine_model(spec)
+    assert engine.ssm_state_dtype_bytes == {"float32": 4, "bfloat16": 2}[dtype]
+    geo = policy.for_model(engine).geometry(engine, 1, None)
+    assert geo["ssm_state_dtype"] == dtype
+    assert geo["state_bytes"] < engine.ssm_state_bytes  # kernel - 1 conv columns
+    if block is not None:
+        assert geo["block_size"] == block
+        assert geo["attention_page_bytes"] >= geo["state_page_bytes"]
+
+
+def test_a_transformer_keeps_its_model():
+    llama = model("llama3_8b")
+    assert VLLM().engine_model(llama) is llama
+    assert VLLM().geometry(llama, 1, None) == {
+        "engine": "vllm 0.33.0",
+        "block_size": 16,
+        "state_bytes": 0,
+    }
+
+
+def test_a_bad_dtype_names_the_key():
+    with pytest.raises(ConfigError, match="policy.mamba_ssm_cache_dtype"):
+        plan_run(compose(["+policy=vllm", "policy.mamba_ssm_cache_dtype=fp8"]))
+    with pytest.raises(ConfigError, match="policy.mamba_ssm_dtype"):
+        plan_run(compose(["+policy=sglang", "policy.mamba_ssm_dtype=int8"]))
+
+
+def test_sglang_geometry_names_its_pool():
+    engine = SGLang().engine_model(NEMOTRON)
+    geo = SGLang().geometry(engine, 1, 1e9)
+    assert geo["mamba_pool"] == {
+        "shared_with_kv": False,
+        "ssm_gb": 1.0,
+        "slots": math.floor(1e9 / engine.ssm_state_bytes),
+    }
+    assert geo["defaults"]["mamba_ssm_dtype"].startswith("float32")
+
+
+def test_crosscheck_cases_run_at_the_fixtures_dtype():
+    """The fixtures were driven with a BF16 state: the reader pins it for the faithful
+    policies, whose own default is now the engine's."""
+    case = {"engine": "vllm", "overrides": [], "size_gb": 1, "ssm_dtype": "bfloat16"}
+    assert "policy.mamba_ssm_cache_dtype=bfloat16" in overrides_for(case)
+    sglang = {"engine": "sglang", "overrides": [], "size_gb": 1}
+    assert "policy.mamba_ssm_dtype=bfloat16" in overrides_for(sglang)
+    assert not any("dtype" in o for o in overrides_for(sglang, policy="sglang_plus"))
+
+
+def test_summary_states_the_geometry_and_the_defaults(tmp_path):
+    from simlab.run.simulate import simulate
+
+    overrides = ["+policy=vllm", "model=nemotron_h_8b", "engine=replay", "trace.limit=4"]
+    simulate(compose([*overrides, "bounds.enabled=false", f"output_dir={tmp_path}"]))
+    written = json.loads((tmp_path / "summary.json").read_text())["policies"]["vllm"]
+    assert written["engine_geometry"]["block_size"] == 1040
+    assert written["engine_geometry"]["state_bytes"] == 24 * 4_255_744
+    assert written["engine_defaults"] == {
+        "mamba_ssm_cache_dtype": "float32 (vLLM 0.33.0's default for NemotronHForCausalLM)"
+    }
