@@ -84,9 +84,9 @@ def test_a_transformer_keeps_its_model():
 
 
 def test_a_bad_dtype_names_the_key():
-    with pytest.raises(ConfigError, match="policy.mamba_ssm_cache_dtype"):
+    with pytest.raises(ConfigError, match=r"policy\.mamba_ssm_cache_dtype"):
         plan_run(compose(["+policy=vllm", "policy.mamba_ssm_cache_dtype=fp8"]))
-    with pytest.raises(ConfigError, match="policy.mamba_ssm_dtype"):
+    with pytest.raises(ConfigError, match=r"policy\.mamba_ssm_dtype"):
         plan_run(compose(["+policy=sglang", "policy.mamba_ssm_dtype=int8"]))
 
 
