@@ -43,7 +43,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from simlab.cache.contract import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
-from simlab.cache.scoring import Recency
+from simlab.cache.scoring import (
+    DTYPE_BYTES,
+    SGLANG_CONV_DTYPE,
+    SGLANG_SSM_DTYPE,
+    SSM_DTYPES,
+    VLLM_SSM_DTYPE,
+    Recency,
+    vllm_block_size,
+)
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup
@@ -231,21 +239,6 @@ class BlockPool(AdmissionPolicy):
         return Admission(ckpts=list(range(1, seq_len + 1)), end=seq_len, held_from=lookup.hit)
 
 
-#: bytes of each dtype an engine may keep a recurrent state in
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-#: ``auto`` and the dtypes a user may set (``policy.mamba_ssm_cache_dtype``, ``policy.mamba_ssm_dtype``)
-SSM_DTYPES = ("auto", *DTYPE_BYTES)
-#: vLLM 0.33.0's per-architecture SSM dtype (``model_executor/models/config.py``:
-#: ``NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE``, "only float32 is known to have no
-#: accuracy issues"; the config's own ``mamba_ssm_cache_dtype`` first). Others: ``auto``, the
-#: conv state's dtype, which is the model's.
-VLLM_SSM_DTYPE = {"NemotronHForCausalLM": "float32"}
-#: SGLang 0.5.23's state dtypes (``srt/configs/mamba_utils.py`` ``mamba2_state_dtype``): the SSM
-#: state in float32 unless the config says ``mamba_ssm_dtype`` (or ``SGLANG_MAMBA_SSM_DTYPE``),
-#: the conv state in bfloat16 (``SGLANG_MAMBA_CONV_DTYPE``), for every Mamba2 / GDN hybrid
-SGLANG_SSM_DTYPE, SGLANG_CONV_DTYPE = "float32", "bfloat16"
-
-
 def model_dtype(model: ModelSpec) -> str:
     """The model's own dtype by its bytes (the presets are BF16)."""
     return {4: "float32", 2: "bfloat16"}.get(model.dtype_bytes, f"{model.dtype_bytes} bytes")
@@ -273,18 +266,6 @@ def mamba_page_bytes(model: ModelSpec, conv_bytes: int | None = None) -> int:
         model.ssm_state_channels * model.ssm_state_dim * model.ssm_state_dtype_bytes
         + model.ssm_conv_channels * (model.ssm_conv_kernel - 1) * conv
     )
-
-
-def vllm_block_size(
-    state_page: int, token_page: int, minimum: int = 16, alignment: int = 1, mla: bool = False
-) -> int:
-    """vLLM 0.33.0's attention block for a hybrid (``Platform._align_hybrid_block_size``): the
-    fewest tokens, in multiples of ``max(16, minimum)`` (the kernels' block; 128 for MLA) and of
-    the layers' prefill checkpoint ``alignment`` (64 for GDN on Hopper), whose attention page
-    (``token_page`` bytes a token) holds one recurrent state page (``state_page``)."""
-    align = math.lcm(max(128 if mla else 16, minimum), alignment)
-    block = align * -(-state_page // (align * token_page))
-    return max(minimum, 16 * -(-block // 16))
 
 
 def vllm_hybrid_block_size(model: ModelSpec, minimum: int) -> int:

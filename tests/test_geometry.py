@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from policies.production import VLLM, SGLang, vllm_block_size
+from policies.production import VLLM, SGLang
+from simlab.cache.scoring import vllm_block_size
 from simlab.config import ConfigError
 from simlab.experiments import geometry
 from simlab.experiments.crosscheck import overrides_for

@@ -6,10 +6,10 @@ with vLLM 0.33.0's code on the CPU).
 
 simlab reads each config itself (:func:`layers`: the attention and recurrent layers' kinds,
 counts and sizes, from the fields the engines read) and computes with
-:mod:`policies.production` what vLLM does: the recurrent state's dtype (vLLM's per-model default,
-:meth:`policies.production.VLLM.ssm_dtype`), its page (``kernel - 1`` conv columns plus the
+:mod:`simlab.cache.scoring` (the rules ``policies.production`` uses) what vLLM does: the recurrent state's dtype (vLLM's per-model default,
+:data:`simlab.cache.scoring.VLLM_SSM_DTYPE`), its page (``kernel - 1`` conv columns plus the
 recurrent state) and the attention block forced to hold it
-(:func:`policies.production.vllm_block_size`), with the 64-token checkpoint alignment of
+(:func:`simlab.cache.scoring.vllm_block_size`), with the 64-token checkpoint alignment of
 FlashInfer's GDN prefill on Hopper. The configs come from aiconfigurator-core (imported lazily;
 without it the table says so in one line).
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from policies.production import DTYPE_BYTES, VLLM_SSM_DTYPE, vllm_block_size
+from simlab.cache.scoring import DTYPE_BYTES, VLLM_SSM_DTYPE, vllm_block_size
 
 log = logging.getLogger(__name__)
 
