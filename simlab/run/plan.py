@@ -126,14 +126,15 @@ def warn_caveats(steps: list[RequestStep], model: ModelSpec) -> None:
         engine = step.cache.model
         if engine.ssm_state_bytes != model.ssm_state_bytes:
             log.warning(
-                "%s: the engine keeps %s's SSM state in %d-byte words, not the model config's %d:"
-                " %d bytes a state instead of %d (summary.json's engine_defaults)",
+                "%s: the engine keeps %s's SSM state at %d bytes a value (the model config says"
+                " %d): %s bytes a state, not %s (summary.json's engine_defaults; the policy's"
+                " SSM dtype setting overrides it)",
                 step.policy,
                 model.name,
                 engine.ssm_state_dtype_bytes,
                 model.ssm_state_dtype_bytes,
-                engine.ssm_state_bytes,
-                model.ssm_state_bytes,
+                f"{engine.ssm_state_bytes:,}",
+                f"{model.ssm_state_bytes:,}",
             )
 
 
