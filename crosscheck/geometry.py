@@ -18,7 +18,9 @@ the per-model ``mamba_ssm_cache_dtype``); then, with vLLM's functions:
   checkpoint alignment (Ampere, and Mamba2 / KDA layers everywhere) and, for GDN models, with
   the 64-token alignment of FlashInfer's GDN prefill, which vLLM picks on Hopper
   (``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``);
-* the layer counts (``get_num_layers_by_block_type``).
+* the layer counts (from the layer types vLLM parsed);
+* and SGLang 0.5.23's state per request at its dtypes (``mamba2_cache_params`` of its own config
+  class: float32 SSM state unless the config says ``mamba_ssm_dtype``, bfloat16 conv state).
 
 Stand-ins, no GPU: the model class is inspected in this process (vLLM does it in a child, to
 keep CUDA out of the parent), where the torchvision stub is installed; the attention backend (FlashAttention, or FlashMLA for an MLA model) and the
@@ -203,7 +205,36 @@ def geometry(path: Path) -> dict[str, Any] | None:
             out["block_size_hopper"] = forced_block(config, FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
     out["state_bytes"] = out["state_page_bytes"] * recurrent
     out["kv_bytes_per_token"] = out["attention_token_bytes"] * attention
-    return out
+    return out | sglang_state(path, out["model_type"])
+
+
+#: SGLang 0.5.23's config class for each text model type of the bundled hybrids
+SGLANG_CONFIGS = {
+    "nemotron_h": "sglang.srt.configs.nemotron_h.NemotronHConfig",
+    "qwen3_5_text": "sglang.srt.configs.qwen3_5.Qwen3_5TextConfig",
+    "qwen3_5_moe_text": "sglang.srt.configs.qwen3_5.Qwen3_5MoeTextConfig",
+    "kimi_linear": "sglang.srt.configs.kimi_linear.KimiLinearConfig",
+}
+
+
+def sglang_state(path: Path, model_type: str) -> dict[str, Any]:
+    """SGLang's state per request (``mamba2_cache_params.mamba_cache_per_req``: every
+    recurrent layer's conv and SSM state at SGLang's dtypes), from its own config class over
+    the text config, at tensor parallelism 1."""
+    from sglang.srt.runtime_context import get_parallel
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    raw = json.loads(path.read_text())
+    text = {k: v for k, v in raw.get("text_config", raw).items() if k != "quantization_config"}
+    cls = resolve_obj_by_qualname(SGLANG_CONFIGS[model_type])
+    with get_parallel().override(attn_tp_size=1, tp_size=1, enable_cp_tp_group_sharing=False):
+        params = cls(**text).mamba2_cache_params
+        return {
+            "sglang_state_bytes": int(params.mamba_cache_per_req),
+            "sglang_state_dtypes": [
+                str(d).removeprefix("torch.") for d in (params.dtype.conv, params.dtype.temporal)
+            ],
+        }
 
 
 def main(argv: list[str] | None = None) -> int:

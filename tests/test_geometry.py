@@ -29,7 +29,14 @@ def test_simlab_computes_vllms_geometry_for_every_bundled_hybrid(engine):
     ours = geometry.simlab_geometry(json.loads((configs / engine["config"]).read_text()))
     assert ours is not None
     assert ours["ssm_dtype"] == engine["state_dtypes"][-1]
-    for key in ("block_size", "block_size_hopper", "state_page_bytes", "state_bytes"):
+    keys = (
+        "block_size",
+        "block_size_hopper",
+        "state_page_bytes",
+        "state_bytes",
+        "sglang_state_bytes",
+    )
+    for key in keys:
         assert ours.get(key) == engine.get(key), key
     assert ours["kv_bytes_per_token"] == engine["kv_bytes_per_token"]
 

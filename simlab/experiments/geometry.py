@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simlab.cache.scoring import DTYPE_BYTES, VLLM_SSM_DTYPE, vllm_block_size
+from simlab.cache.scoring import (
+    DTYPE_BYTES,
+    SGLANG_CONV_DTYPE,
+    SGLANG_SSM_DTYPE,
+    VLLM_SSM_DTYPE,
+    vllm_block_size,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,7 @@ COMPARED = (
     "state_bytes",
     "kv_bytes_per_token",
     "ssm_dtype",
+    "sglang_state_bytes",
 )
 
 
@@ -145,6 +152,15 @@ def vllm_ssm_dtype(raw: dict[str, Any], kind: str) -> str:
     return VLLM_SSM_DTYPE.get(arch, "bfloat16")
 
 
+def sglang_ssm_dtype(raw: dict[str, Any]) -> str:
+    """SGLang 0.5.23's SSM state dtype: the config's ``mamba_ssm_dtype`` (its text config's
+    first), else float32 (``mamba2_state_dtype``)."""
+    for config in (raw.get("text_config") or {}, raw):
+        if config.get("mamba_ssm_dtype") in DTYPE_BYTES:
+            return str(config["mamba_ssm_dtype"])
+    return SGLANG_SSM_DTYPE
+
+
 def simlab_geometry(raw: dict[str, Any]) -> dict[str, Any] | None:
     """simlab's values for the config (:data:`COMPARED`); None for a model it does not read."""
     found = layers(raw)
@@ -160,6 +176,9 @@ def simlab_geometry(raw: dict[str, Any]) -> dict[str, Any] | None:
         "kv_bytes_per_token": found.token_bytes * found.attention,
         "block_size": vllm_block_size(page, found.token_bytes, mla=found.mla),
     }
+    sglang = found.conv_elems * DTYPE_BYTES[SGLANG_CONV_DTYPE]
+    sglang += found.ssm_elems * DTYPE_BYTES[sglang_ssm_dtype(raw)]
+    out["sglang_state_bytes"] = sglang * found.recurrent
     if found.kind == "gdn":
         hopper = vllm_block_size(page, found.token_bytes, alignment=GDN_HOPPER_ALIGNMENT)
         out["block_size_hopper"] = hopper
@@ -193,20 +212,23 @@ def table(found: list[dict[str, Any]]) -> str:
     """The docs' table: one row per bundled hybrid, vLLM's numbers (simlab's where they
     differ, after a slash)."""
     head = (
-        "| model | layers (attn + recurrent) | SSM dtype | state MB / request | "
+        "| model | layers (attn + recurrent) | SSM dtype | state MB / request (vLLM, SGLang) | "
         "KV bytes / token | vLLM block | on Hopper | simlab |\n|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for row in found:
         v, ours = row["vllm"], row["simlab"] or {}
 
-        def cell(key: str, v: dict[str, Any] = v, ours: dict[str, Any] = ours) -> str:
-            value = v.get(key, "")
-            return f"{value} / {ours[key]}" if key in ours and ours[key] != value else f"{value}"
+        def cell(
+            key: str, v: dict[str, Any] = v, ours: dict[str, Any] = ours, scale: float = 1
+        ) -> str:
+            value, mine = v.get(key, ""), ours.get(key)
+            shown = f"{value / scale:.1f}" if scale != 1 and value != "" else f"{value}"
+            return shown if mine is None or mine == value else f"{shown} / {mine}"
 
         name = row["config"].removesuffix("_config.json").replace("--", "/")
         layers_cell = f"{v['attention_layers']} + {v['recurrent_layers']}"
-        state = f"{v['state_bytes'] / 1e6:.1f}"
+        state = f"{v['state_bytes'] / 1e6:.1f}, {cell('sglang_state_bytes', scale=1e6)}"
         verdict = "agrees" if row["agree"] else ("not read" if not ours else "differs")
         lines.append(
             f"| {name} | {layers_cell} | {cell('ssm_dtype')} | {state} | "
