@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,32 @@ def test_summary_states_the_geometry_and_the_defaults(tmp_path):
     assert written["engine_defaults"] == {
         "mamba_ssm_cache_dtype": "float32 (vLLM 0.33.0's default for NemotronHForCausalLM)"
     }
+
+
+def test_the_study_page_ranks_points_by_hit_rate():
+    """The report's Engine geometry page: one bar per point, best first, labelled with the
+    geometry the engine took."""
+    import pandas as pd
+
+    from simlab.report.geometry_pages import geometry_note, study_rows
+    from simlab.report.load import SweepResults
+
+    geo = [
+        {"block_size": b, "mamba_cache_mode": "align", "ssm_state_dtype": "float32"}
+        for b in (1040, 4096)
+    ]
+    points = pd.DataFrame(
+        {
+            "policy": ["vllm", "vllm"],
+            "policy.block_size": [16, 4096],
+            "token_hit_rate": [0.9, 0.67],
+            "ttft_p50": [0.1, 0.3],
+            "ttft_p95": [0.2, 1.3],
+            "engine_geometry": [json.dumps(g) for g in geo],
+        }
+    )
+    sweep = SweepResults(Path("."), points, ["policy.block_size"], {0: Path("."), 1: Path(".")})
+    rows = study_rows(sweep)
+    assert list(rows["hit"]) == [67.0, 90.0]  # barh draws the last row on top
+    assert rows["label"].iloc[-1] == "vllm: block_size=16 [block 1040, align, SSM float32]"
+    assert geometry_note(None) == ""
