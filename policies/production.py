@@ -144,8 +144,11 @@ class SGLang(AdmissionPolicy):
         return 3 if self.mamba == "no_buffer" else 3 + self.tracking_slots
 
     def ssm_dtype(self, model: ModelSpec) -> str:
-        """The SSM state's dtype SGLang keeps for ``model`` (``SGLANG_SSM_DTYPE`` on ``auto``)."""
-        return SGLANG_SSM_DTYPE if self.mamba_ssm_dtype == "auto" else self.mamba_ssm_dtype
+        """The SSM state's dtype SGLang keeps for ``model``: the setting, else the config's,
+        else ``SGLANG_SSM_DTYPE``."""
+        if self.mamba_ssm_dtype != "auto":
+            return self.mamba_ssm_dtype
+        return model.config_ssm_dtype or SGLANG_SSM_DTYPE
 
     def engine_model(self, model: ModelSpec) -> ModelSpec:
         return with_ssm_dtype(model, self.ssm_dtype(model))
@@ -176,14 +179,17 @@ class SGLang(AdmissionPolicy):
             "mamba_pool": pool,
             "running_state_slots": self.running_state_slots,
             "defaults": {
-                "mamba_ssm_dtype": self.dtype_source(),
+                "mamba_ssm_dtype": self.dtype_source(model),
                 "mamba_conv_dtype": SGLANG_CONV_DTYPE,
             },
         } | (grid if self.mamba == "extra_buffer" else {})
 
-    def dtype_source(self) -> str:
+    def dtype_source(self, model: ModelSpec) -> str:
+        """The SSM dtype and where it comes from."""
         if self.mamba_ssm_dtype != "auto":
             return f"{self.mamba_ssm_dtype} (policy.mamba_ssm_dtype)"
+        if model.config_ssm_dtype:
+            return f"{model.config_ssm_dtype} (the config's)"
         return f"{SGLANG_SSM_DTYPE} (SGLang 0.5.23's default: mamba2_state_dtype)"
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
@@ -271,8 +277,10 @@ def mamba_page_bytes(model: ModelSpec, conv_bytes: int | None = None) -> int:
 def vllm_hybrid_block_size(model: ModelSpec, minimum: int) -> int:
     """Tokens per block of a hybrid under ``align`` (:func:`vllm_block_size`): one layer's KV
     page of a block holds one layer's Mamba state (:func:`mamba_page_bytes`). Nemotron-H-8B:
-    528 with a BF16 state (vLLM #40696), 1,040 with vLLM's FP32 default for it."""
-    return vllm_block_size(mamba_page_bytes(model), model.kv_bytes_per_token_per_layer, minimum)
+    528 with a BF16 state (vLLM #40696), 1,040 with vLLM's FP32 default for it. The blocks of
+    GDN models on Hopper (FlashInfer's 64-token checkpoint alignment) are not modelled."""
+    page, token = mamba_page_bytes(model), model.kv_bytes_per_token_per_layer
+    return vllm_block_size(page, token, minimum, mla=model.attn_kind == "mla")
 
 
 @dataclass
@@ -345,6 +353,10 @@ class VLLM(BlockPool):
         architecture's default, else ``auto`` (the conv state's: the model's dtype)."""
         if self.mamba_ssm_cache_dtype != "auto":
             return self.mamba_ssm_cache_dtype
+        if model.config_ssm_dtype:
+            return model.config_ssm_dtype
+        if model.ssm_kind == "kda":  # kda_state_dtype: float32 on auto
+            return "float32"
         return VLLM_SSM_DTYPE.get(model.architecture, model_dtype(model))
 
     def engine_model(self, model: ModelSpec) -> ModelSpec:
@@ -384,6 +396,10 @@ class VLLM(BlockPool):
         dtype = self.ssm_dtype(model)
         if self.mamba_ssm_cache_dtype != "auto":
             return f"{dtype} (policy.mamba_ssm_cache_dtype)"
+        if model.config_ssm_dtype:
+            return f"{dtype} (the config's)"
+        if model.ssm_kind == "kda":
+            return f"{dtype} (vLLM {self.version}'s kda_state_dtype)"
         if model.architecture in VLLM_SSM_DTYPE:
             return f"{dtype} (vLLM {self.version}'s default for {model.architecture})"
         return f"{dtype} (vLLM {self.version}'s auto: the model's dtype)"

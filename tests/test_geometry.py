@@ -15,6 +15,7 @@ from simlab.cache.scoring import vllm_block_size
 from simlab.config import ConfigError
 from simlab.experiments import geometry
 from simlab.experiments.crosscheck import overrides_for
+from simlab.model.hf import model_spec
 from simlab.run.simulate import plan_run
 from tests.fixtures import compose, model
 
@@ -22,13 +23,18 @@ FIXTURE = json.loads(geometry.FIXTURE.read_text())
 NEMOTRON = model("nemotron_h_8b")
 
 
+ADMISSIONS = geometry.admissions()
+
+
 @pytest.mark.parametrize("engine", FIXTURE["models"], ids=lambda m: m["config"])
 def test_simlab_computes_vllms_geometry_for_every_bundled_hybrid(engine):
-    configs = geometry.bundled_configs()
-    if configs is None:
+    """``model=hf`` reads the config and the policies' hooks give vLLM's numbers (and
+    SGLang's state bytes) exactly."""
+    try:
+        spec = model_spec(geometry.model_id(engine["config"]))
+    except ValueError:
         pytest.skip("aiconfigurator-core is not installed")
-    ours = geometry.simlab_geometry(json.loads((configs / engine["config"]).read_text()))
-    assert ours is not None
+    ours = geometry.simlab_geometry(spec, *ADMISSIONS)
     assert ours["ssm_dtype"] == engine["state_dtypes"][-1]
     keys = (
         "block_size",

@@ -160,6 +160,9 @@ class ModelSpec:
     tie_embeddings: bool = False
     flop_formula: Literal["paper", "exact"] = "exact"
     state_dtypes: str = ""
+    #: the recurrent state's dtype the config.json names (``mamba_ssm_cache_dtype`` /
+    #: ``mamba_ssm_dtype``; "" for none): the engines follow it over their own defaults
+    config_ssm_dtype: str = ""
     source: str = ""  # model=hf: the config.json it was read from
 
     # ---- derived at construction (not config fields) ----
@@ -239,6 +242,7 @@ class ModelSpec:
                 "flop_formula",
                 "attn_kind",
                 "state_dtypes",
+                "config_ssm_dtype",
                 "source",
             ):
                 if not isinstance(v, str):
