@@ -127,6 +127,8 @@ MEANINGS: dict[str, str] = {
     "model.moe_latent": "width the routed experts run at (latent MoE; 0: `d_model`)",
     "model.ssm_conv_state_width": "conv-state columns kept (0: the kernel; vLLM keeps kernel - 1)",
     "model.state_dtypes": "which dtype each state is kept in, and why (set by `model=hf`)",
+    "model.config_ssm_dtype": "the recurrent state dtype the config.json names (set by "
+    "`model=hf`; empty: none, and `+policy=vllm` / `sglang` apply their engine's default)",
     "model.source": "the config.json a `model=hf` model was read from",
     "model.id": "`model=hf`: the Hugging Face id `<org>/<name>`",
     "model.config": "`model=hf`: a config.json (or a folder holding one) to read instead",

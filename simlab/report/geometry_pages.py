@@ -3,8 +3,8 @@ the most reuse and the lowest TTFT (``+sweep=geometry``, ``+sweep=geometry_sglan
 
 One bar per sweep point and policy, labelled by its swept settings and the geometry the engine
 took (``summary.json``'s ``engine_geometry``: vLLM's forced block, SGLang's Mamba pool),
-sorted by token hit rate; beside it the TTFT P50 and P95 of the timed engine. The best point of
-each panel is marked.
+sorted by token hit rate; beside it the TTFT P50 and P95 of the timed engine (a saturated point's
+label says so: its TTFTs measure the backlog). The best point of each panel is marked.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -46,6 +47,11 @@ def geometry_note(text: object) -> str:
     return ", ".join(parts)
 
 
+def saturated(flag: object) -> bool:
+    """A point's ``saturated`` column (missing or NaN for a replay)."""
+    return isinstance(flag, bool | np.bool_) and bool(flag)
+
+
 def study_rows(sweep: SweepResults) -> pd.DataFrame:
     """Per point and policy: its label, token hit rate and TTFTs, best hit rate first."""
     points = sweep.points
@@ -55,6 +61,7 @@ def study_rows(sweep: SweepResults) -> pd.DataFrame:
     labels = [
         f"{row['policy']}: {point_label({k: row[k] for k in swept}, ', ')} "
         f"[{geometry_note(row['engine_geometry'])}]"
+        + (" (saturated)" if saturated(row.get("saturated")) else "")
         for _, row in points.iterrows()
     ]
     rows = pd.DataFrame({"label": labels, "hit": points["token_hit_rate"] * 100})
