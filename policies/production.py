@@ -277,7 +277,7 @@ def mamba_page_bytes(model: ModelSpec, conv_bytes: int | None = None) -> int:
 def vllm_hybrid_block_size(model: ModelSpec, minimum: int) -> int:
     """Tokens per block of a hybrid under ``align`` (:func:`vllm_block_size`): one layer's KV
     page of a block holds one layer's Mamba state (:func:`mamba_page_bytes`). Nemotron-H-8B:
-    528 with a BF16 state (vLLM #40696), 1,040 with vLLM's FP32 default for it. The blocks of
+    528 with a BF16 state, 1,040 with vLLM's FP32 default for it. The blocks of
     GDN models on Hopper (FlashInfer's 64-token checkpoint alignment) are not modelled."""
     page, token = mamba_page_bytes(model), model.kv_bytes_per_token_per_layer
     return vllm_block_size(page, token, minimum, mla=model.attn_kind == "mla")
