@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-all bench bench-peers lint clean crosscheck paper docs
+.PHONY: install run test test-all bench bench-peers lint clean crosscheck crosscheck-geometry paper docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -93,7 +93,14 @@ $(XC_STAMP): crosscheck/requirements.txt
 	$(XC_BIN)/pip install --quiet -r crosscheck/requirements.txt
 	touch $(XC_STAMP)
 
-crosscheck: $(STAMP) $(XC_STAMP)
+## vLLM's hybrid geometry (forced block size, state pages and dtypes) for every hybrid config.json
+## aiconfigurator-core bundles, by vLLM's own code (crosscheck/geometry.py): writes
+## tests/fixtures/crosscheck/geometry.json; `python -m simlab.crosscheck geometry` compares it.
+crosscheck-geometry: $(STAMP) $(XC_STAMP)
+	$(XC_BIN)/python -m crosscheck.geometry --configs \
+		"$$($(BIN)/python -c 'import aiconfigurator_core, pathlib; print(pathlib.Path(aiconfigurator_core.__file__).parent / "model_configs")')"
+
+crosscheck: $(STAMP) $(XC_STAMP) crosscheck-geometry
 	$(BIN)/python -m crosscheck.export --out $(XC_SHARE) trace=sharegpt model=llama3_8b
 	$(BIN)/python -m crosscheck.export --out $(XC_SHARE_H) trace=sharegpt model=nemotron_h_8b
 	$(BIN)/python -m crosscheck.export --out $(XC_SWE) trace=swebench trace.limit=10 model=llama3_8b

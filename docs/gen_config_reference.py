@@ -83,6 +83,8 @@ MEANINGS: dict[str, str] = {
     "it; null: the default efficiencies)",
     # model
     "model.name": "the preset's name",
+    "model.architecture": "the Hugging Face architecture the engines' per-model defaults key on "
+    "(e.g. vLLM's FP32 SSM state for `NemotronHForCausalLM`); empty: none",
     "model.flop_formula": "`paper`: the Marconi paper's per-layer formulas; `exact`: matmul "
     "FLOPs counted as 2 m n k, GQA, gated MLPs and MoE included",
     "model.d_model": "hidden size",
@@ -125,6 +127,8 @@ MEANINGS: dict[str, str] = {
     "model.moe_latent": "width the routed experts run at (latent MoE; 0: `d_model`)",
     "model.ssm_conv_state_width": "conv-state columns kept (0: the kernel; vLLM keeps kernel - 1)",
     "model.state_dtypes": "which dtype each state is kept in, and why (set by `model=hf`)",
+    "model.config_ssm_dtype": "the recurrent state dtype the config.json names (set by "
+    "`model=hf`; empty: none, and `+policy=vllm` / `sglang` apply their engine's default)",
     "model.source": "the config.json a `model=hf` model was read from",
     "model.id": "`model=hf`: the Hugging Face id `<org>/<name>`",
     "model.config": "`model=hf`: a config.json (or a folder holding one) to read instead",
@@ -186,12 +190,20 @@ MEANINGS: dict[str, str] = {
     "policy.block_size": "tokens per block",
     "policy.mamba": "hybrids: SGLang's Mamba strategy, `no_buffer` or `extra_buffer`",
     "policy.mamba_cache_mode": "hybrids: vLLM's `mamba_cache_mode`, `align` or `none`",
+    "policy.mamba_ssm_cache_dtype": "hybrids: vLLM's `--mamba-ssm-cache-dtype`; `auto`: vLLM "
+    "0.33.0's default for the model (float32 for Nemotron-H, else the model's dtype)",
+    "policy.mamba_ssm_dtype": "hybrids: SGLang's SSM state dtype; `auto`: SGLang 0.5.23's "
+    "default, float32",
     "policy.eviction.alpha": "the eviction's alpha (the policy's `alpha`)",
     "policy.eviction.page_size": "the clairvoyant eviction's KV page (the admission's page size)",
     "policy.admission.block_size": "the admission's block size (the policy's `block_size`)",
     "policy.admission.mamba": "the admission's Mamba strategy (the policy's `mamba`)",
     "policy.admission.mamba_cache_mode": "the admission's Mamba mode (the policy's "
     "`mamba_cache_mode`)",
+    "policy.admission.mamba_ssm_cache_dtype": "the admission's SSM dtype (the policy's "
+    "`mamba_ssm_cache_dtype`)",
+    "policy.admission.mamba_ssm_dtype": "the admission's SSM dtype (the policy's "
+    "`mamba_ssm_dtype`)",
     # admission
     "admission.block_size": "tokens per block (one node per whole block)",
     "admission.interval": "a checkpoint every this many tokens",

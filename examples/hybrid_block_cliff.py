@@ -4,8 +4,9 @@
 
 Replays ShareGPT through ``+policy=vllm`` with Nemotron-H-8B at infinite capacity (any simlab
 override may be added) and prints the token hit rate per prompt-length bin, in multiples of the
-block size vLLM computes for the model (528 tokens for Nemotron-H-8B with a BF16 state): a
-prompt of at most one block is never a hit.
+block size vLLM computes for the model (1,040 tokens for Nemotron-H-8B with vLLM's default FP32
+state, 528 with ``policy.mamba_ssm_cache_dtype=bfloat16``): a prompt of at most one block is
+never a hit.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 
-from policies.production import VLLM
 from simlab import ModelSpec, simulate
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -27,7 +28,9 @@ def main(overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("config", [*DEFAULTS, *overrides, "report=false", "bounds.enabled=false"])
     cfg.output_dir = None
-    block = VLLM(cfg.policy.block_size).for_model(ModelSpec.from_config(cfg.model)).block_size
+    admission = instantiate(cfg.policy.admission)
+    spec = admission.engine_model(ModelSpec.from_config(cfg.model))  # vLLM's state dtype
+    block = admission.for_model(spec).block_size
     records = simulate(cfg).records
     assert records is not None
     edges = [0, block // 2, block, block + block // 2, 2 * block, 3 * block, 4 * block, 1 << 30]

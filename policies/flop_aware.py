@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from simlab.cache.contract import CacheView, EvictionPolicy, Switches, min_max
-from simlab.cache.scoring import checked_alpha
+from simlab.cache.contract import CacheView, EvictionPolicy, Switches
+from simlab.cache.scoring import checked_alpha, min_max
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simlab.cache.contract import CacheView, EvictionPolicy, min_max
-from simlab.cache.scoring import HitCounts, checked_alpha, reused_nodes
+from simlab.cache.contract import CacheView, EvictionPolicy
+from simlab.cache.scoring import HitCounts, checked_alpha, min_max, reused_nodes
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup

@@ -40,10 +40,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from simlab.cache.contract import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
-from simlab.cache.scoring import Recency
+from simlab.cache.scoring import (
+    DTYPE_BYTES,
+    SGLANG_CONV_DTYPE,
+    SGLANG_SSM_DTYPE,
+    SSM_DTYPES,
+    VLLM_SSM_DTYPE,
+    Recency,
+    vllm_block_size,
+)
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup
@@ -89,8 +97,11 @@ class SGLang(AdmissionPolicy):
     checkpoint_grid: Tokens = 256  # lcm(max(mamba chunk size, page), page)
     mamba_track_interval: Tokens = 256
     tracking_slots: int = 2  # extra_buffer's track slots (held; the cap): 2 with overlap
+    #: ``mamba_ssm_dtype`` (SGLang's config field; ``auto``: SGLang's default, float32)
+    mamba_ssm_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        check_ssm_dtype(self.mamba_ssm_dtype, "policy.mamba_ssm_dtype")
         if self.mamba not in SGLANG_MAMBA:
             raise ValueError(f"policy.mamba must be one of {SGLANG_MAMBA}, got {self.mamba!r}")
         positive_int(self.checkpoint_grid, "policy.admission.checkpoint_grid")
@@ -131,6 +142,55 @@ class SGLang(AdmissionPolicy):
         """SGLang's running cap divides the Mamba slots by 3, plus with ``extra_buffer`` its
         tracking slots (``resolve_max_num_reqs``; ``tracking_slots``)."""
         return 3 if self.mamba == "no_buffer" else 3 + self.tracking_slots
+
+    def ssm_dtype(self, model: ModelSpec) -> str:
+        """The SSM state's dtype SGLang keeps for ``model``: the setting, else the config's,
+        else ``SGLANG_SSM_DTYPE``."""
+        if self.mamba_ssm_dtype != "auto":
+            return self.mamba_ssm_dtype
+        return model.config_ssm_dtype or SGLANG_SSM_DTYPE
+
+    def engine_model(self, model: ModelSpec) -> ModelSpec:
+        return with_ssm_dtype(model, self.ssm_dtype(model))
+
+    def geometry(self, model: ModelSpec, unit: int, ssm_capacity: float | None) -> dict[str, Any]:
+        """SGLang's hybrid layout: strategy, page, state dtypes and bytes, the Mamba pool."""
+        if not model.is_hybrid:
+            return {"engine": "sglang 0.5.23", "page_size": self.kv_page * unit, "state_bytes": 0}
+        state = mamba_page_bytes(model, DTYPE_BYTES[SGLANG_CONV_DTYPE]) * model.n_ssm_layers
+        pool: dict[str, Any] = {"shared_with_kv": ssm_capacity is None}
+        if ssm_capacity is not None:
+            pool |= {
+                "ssm_gb": ssm_capacity / 1e9,
+                "slots": int(ssm_capacity // model.ssm_state_bytes),
+            }
+        grid = {
+            "checkpoint_grid": self.checkpoint_grid,
+            "track_interval": self.mamba_track_interval,
+        }
+        return {
+            "engine": "sglang 0.5.23",
+            "mamba_radix_cache_strategy": self.mamba,
+            "page_size": self.kv_page * unit,
+            "ssm_state_dtype": self.ssm_dtype(model),
+            "conv_state_dtype": SGLANG_CONV_DTYPE,
+            "state_bytes": state,
+            "simlab_state_bytes": model.ssm_state_bytes,
+            "mamba_pool": pool,
+            "running_state_slots": self.running_state_slots,
+            "defaults": {
+                "mamba_ssm_dtype": self.dtype_source(model),
+                "mamba_conv_dtype": SGLANG_CONV_DTYPE,
+            },
+        } | (grid if self.mamba == "extra_buffer" else {})
+
+    def dtype_source(self, model: ModelSpec) -> str:
+        """The SSM dtype and where it comes from."""
+        if self.mamba_ssm_dtype != "auto":
+            return f"{self.mamba_ssm_dtype} (policy.mamba_ssm_dtype)"
+        if model.config_ssm_dtype:
+            return f"{model.config_ssm_dtype} (the config's)"
+        return f"{SGLANG_SSM_DTYPE} (SGLang 0.5.23's default: mamba2_state_dtype)"
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
         tracking = None if self.mamba == "no_buffer" else self._tracking(lookup, input_len)
@@ -185,19 +245,42 @@ class BlockPool(AdmissionPolicy):
         return Admission(ckpts=list(range(1, seq_len + 1)), end=seq_len, held_from=lookup.hit)
 
 
-def vllm_hybrid_block_size(model: ModelSpec, minimum: int) -> int:
-    """Tokens per block of a hybrid under ``align`` (vLLM 0.33.0
-    ``Platform._align_hybrid_block_size``): raised from ``minimum`` until one layer's KV page
-    of a block holds one layer's Mamba state (conv state over ``kernel - 1`` steps plus the SSM
-    state), in multiples of 16 (the attention kernels' block). Nemotron-H-8B with a BF16 state:
-    528 (vLLM #40696)."""
-    mamba_page = (
+def model_dtype(model: ModelSpec) -> str:
+    """The model's own dtype by its bytes (the presets are BF16)."""
+    return {4: "float32", 2: "bfloat16"}.get(model.dtype_bytes, f"{model.dtype_bytes} bytes")
+
+
+def check_ssm_dtype(value: str, key: str) -> None:
+    if value not in SSM_DTYPES:
+        raise ValueError(f"{key} must be one of {SSM_DTYPES}, got {value!r}")
+
+
+def with_ssm_dtype(model: ModelSpec, dtype: str) -> ModelSpec:
+    """``model`` with its recurrent (SSM) state kept in ``dtype``."""
+    size = DTYPE_BYTES[dtype]
+    if not model.is_hybrid or model.ssm_state_dtype_bytes == size:
+        return model
+    return replace(model, ssm_state_dtype_bytes=size)
+
+
+def mamba_page_bytes(model: ModelSpec, conv_bytes: int | None = None) -> int:
+    """One layer's recurrent state as the engines keep it (vLLM's ``MambaSpec.page_size_bytes``,
+    SGLang's ``mamba_cache_per_req`` per layer): the conv state over ``kernel - 1`` steps (in
+    ``conv_bytes``, default the model's dtype) plus the SSM state."""
+    conv = model.dtype_bytes if conv_bytes is None else conv_bytes
+    return (
         model.ssm_state_channels * model.ssm_state_dim * model.ssm_state_dtype_bytes
-        + model.ssm_conv_channels * (model.ssm_conv_kernel - 1) * model.dtype_bytes
+        + model.ssm_conv_channels * (model.ssm_conv_kernel - 1) * conv
     )
-    align = max(16, minimum)
-    block = align * -(-mamba_page // (align * model.kv_bytes_per_token_per_layer))
-    return max(minimum, 16 * -(-block // 16))
+
+
+def vllm_hybrid_block_size(model: ModelSpec, minimum: int) -> int:
+    """Tokens per block of a hybrid under ``align`` (:func:`vllm_block_size`): one layer's KV
+    page of a block holds one layer's Mamba state (:func:`mamba_page_bytes`). Nemotron-H-8B:
+    528 with a BF16 state, 1,040 with vLLM's FP32 default for it. The blocks of
+    GDN models on Hopper (FlashInfer's 64-token checkpoint alignment) are not modelled."""
+    page, token = mamba_page_bytes(model), model.kv_bytes_per_token_per_layer
+    return vllm_block_size(page, token, minimum, mla=model.attn_kind == "mla")
 
 
 @dataclass
@@ -219,6 +302,8 @@ class VLLM(BlockPool):
 
     committed: bool = True
     mamba_cache_mode: str = "align"
+    #: ``policy.block_size`` before :meth:`for_model` forced it (0: not forced)
+    requested_block_size: int = 0
     version: str = "0.33.0"
     junction: bool = True
     #: tokens one scheduler step prefills (0.33.0's ``max_num_batched_tokens`` default): a
@@ -228,9 +313,12 @@ class VLLM(BlockPool):
     #: (:mod:`simlab.engines.block_pool`, :mod:`simlab.engines.timed.vllm`; checked request for request); false:
     #: the prefix tree, as the cluster and offline engines
     block_pool: bool = True
+    #: vLLM's ``--mamba-ssm-cache-dtype`` (``auto``: its default for the model, :data:`VLLM_SSM_DTYPE`)
+    mamba_ssm_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_ssm_dtype(self.mamba_ssm_cache_dtype, "policy.mamba_ssm_cache_dtype")
         positive_int(self.max_num_batched_tokens, "policy.admission.max_num_batched_tokens")
         if not isinstance(self.block_pool, bool):
             raise ValueError(
@@ -260,11 +348,69 @@ class VLLM(BlockPool):
             )
         return ()
 
+    def ssm_dtype(self, model: ModelSpec) -> str:
+        """The SSM state's dtype vLLM keeps for ``model``: the setting, else the
+        architecture's default, else ``auto`` (the conv state's: the model's dtype)."""
+        if self.mamba_ssm_cache_dtype != "auto":
+            return self.mamba_ssm_cache_dtype
+        if model.config_ssm_dtype:
+            return model.config_ssm_dtype
+        if model.ssm_kind == "kda":  # kda_state_dtype: float32 on auto
+            return "float32"
+        return VLLM_SSM_DTYPE.get(model.architecture, model_dtype(model))
+
+    def engine_model(self, model: ModelSpec) -> ModelSpec:
+        return with_ssm_dtype(model, self.ssm_dtype(model))
+
+    def geometry(self, model: ModelSpec, unit: int, ssm_capacity: float | None) -> dict[str, Any]:
+        """vLLM's layout: the block (forced up from ``policy.block_size`` for a hybrid in
+        ``align``), the pages it equalizes, the state dtypes and where states are kept."""
+        block = self.block_size * unit
+        out: dict[str, Any] = {"engine": f"vllm {self.version}", "block_size": block}
+        if not model.is_hybrid:
+            return out | {"state_bytes": 0}
+        page = mamba_page_bytes(model)
+        align = self.mamba_cache_mode == "align"
+        return out | {
+            "requested_block_size": (self.requested_block_size or self.block_size) * unit,
+            "mamba_cache_mode": self.mamba_cache_mode,
+            "ssm_state_dtype": self.ssm_dtype(model),
+            "conv_state_dtype": model_dtype(model),
+            "state_page_bytes": page,
+            "attention_page_bytes": block * model.kv_bytes_per_token_per_layer,
+            "state_bytes": page * model.n_ssm_layers,
+            "simlab_state_bytes": model.ssm_state_bytes,
+            "prefix_match_unit": None,  # 0.33.0's default: the block size
+            "states_kept": (
+                "the prompt's last block boundary below its end"
+                + (" and the shared-prefix junction" if self.junction else "")
+                if align
+                else "none"
+            ),
+            "max_num_batched_tokens": self.max_num_batched_tokens * unit,
+            "defaults": {"mamba_ssm_cache_dtype": self.dtype_source(model)},
+        }
+
+    def dtype_source(self, model: ModelSpec) -> str:
+        """The SSM dtype and where it comes from."""
+        dtype = self.ssm_dtype(model)
+        if self.mamba_ssm_cache_dtype != "auto":
+            return f"{dtype} (policy.mamba_ssm_cache_dtype)"
+        if model.config_ssm_dtype:
+            return f"{dtype} (the config's)"
+        if model.ssm_kind == "kda":
+            return f"{dtype} (vLLM {self.version}'s kda_state_dtype)"
+        if model.architecture in VLLM_SSM_DTYPE:
+            return f"{dtype} (vLLM {self.version}'s default for {model.architecture})"
+        return f"{dtype} (vLLM {self.version}'s auto: the model's dtype)"
+
     def for_model(self, model: ModelSpec, unit_tokens: int = 1) -> VLLM:
         if not model.is_hybrid or self.mamba_cache_mode != "align":
             return self
         tokens = vllm_hybrid_block_size(model, self.block_size * unit_tokens)
-        return replace(self, block_size=-(-tokens // unit_tokens))
+        return replace(
+            self, block_size=-(-tokens // unit_tokens), requested_block_size=self.block_size
+        )
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:
         states: list[int] = []

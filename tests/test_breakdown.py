@@ -154,13 +154,15 @@ def test_a_shared_prefix_shorter_than_a_block_is_granularity():
 def test_align_mode_states_past_the_divergence_are_placement():
     """vLLM's align mode at concurrency 1 (vllm #42317): a shared system prompt, then
     different questions; the state is kept only at the first prompt's end, past where the
-    second diverges, so the block-aligned shared prefix is lost to placement."""
+    second diverges, so the block-aligned shared prefix is lost to placement. (Questions long
+    enough that the last block boundary of each prompt lies past the system prompt with vLLM's
+    1,040-token blocks for Nemotron-H-8B's FP32 state, in a cache that holds them.)"""
     system = np.arange(1, 1201, dtype=np.int32)
     requests = [
-        request(0, np.concatenate((system, np.arange(20_000, 20_400)))),
-        request(1, np.concatenate((system, np.arange(30_000, 30_300)))),
+        request(0, np.concatenate((system, np.arange(20_000, 21_000)))),
+        request(1, np.concatenate((system, np.arange(30_000, 30_900)))),
     ]
-    done = run(plan("vllm", "hybrid", "replay"), requests)
+    done = run(plan("vllm", "hybrid", "replay", "cache.size_gb=5"), requests)
     split, grid = parts(done), done.summary["reuse_breakdown_notes"]["grid_tokens"]
     assert grid > 16  # the hybrid's forced block
     assert split["hit"][1] == 0

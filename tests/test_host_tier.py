@@ -40,7 +40,13 @@ SHAREGPT = ["trace=sharegpt", "trace.limit=40"]
         ["model=llama3_8b", "+policy=vllm", "cache.size_gb=0.3"],
         # hybrid: states go to the host with their nodes
         ["model=nemotron_h_8b", "+policy=sglang_plus", "cache.size_gb=5"],
-        ["model=nemotron_h_8b", "+policy=sglang", "cache.size_gb=5"],
+        # (a BF16 state: at SGLang's FP32 default one admission no longer fits the 5 GB GPU)
+        [
+            "model=nemotron_h_8b",
+            "+policy=sglang",
+            "policy.mamba_ssm_dtype=bfloat16",
+            "cache.size_gb=5",
+        ],
         # Belady's written-back nodes keep their host children (scored as GPU leaves); not a
         # hybrid's Belady, whose merges drop the checkpoints it judges no hit lands on
         ["model=llama3_8b", "+policy=clairvoyant", "cache.size_gb=0.3"],

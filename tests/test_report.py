@@ -22,6 +22,7 @@ from simlab.report.build import (
     BREAKDOWN,
     CONTENTION,
     DIFF,
+    GEOMETRY,
     OCCUPANCY,
     PROVENANCE,
     ROUTING_SWEEP,
@@ -174,7 +175,7 @@ def test_sweep_report_pages_and_table(sweep_dir, tmp_path):
     for page in (SUMMARY, BOXES, TTFT, CONTENTION, DIFF, ALPHA, PROVENANCE):
         assert page in report.pages
     assert report.pages[0] == SUMMARY and report.pages[-1] == PROVENANCE
-    assert set(report.skipped) == {OCCUPANCY, ROUTING_SWEEP}
+    assert set(report.skipped) == {OCCUPANCY, ROUTING_SWEEP, GEOMETRY}  # no engine geometry
     assert pdf_pages(report.path) == len(report.pages)
     points = pd.read_parquet(sweep_dir / "points.parquet")
     assert len(report.table) == len(points)

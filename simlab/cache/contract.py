@@ -285,6 +285,14 @@ class AdmissionPolicy:
         """One line per setting that disables reuse (logged; ``summary.json``'s ``caveats``)."""
         return ()
 
+    def engine_model(self, model: ModelSpec) -> ModelSpec:
+        """``model`` as the emulated engine keeps it (its state dtypes); most keep it as is."""
+        return model
+
+    def geometry(self, model: ModelSpec, unit: int, ssm_capacity: float | None) -> dict[str, Any]:
+        """The engine's cache layout for ``model`` (``summary.json``'s ``engine_geometry``)."""
+        return {}
+
     @classmethod
     def reference_semantics(cls, options: Any) -> dict[str, Any]:
         """Cache semantics its reference counterpart sets over a preset's (``options``: its
@@ -472,14 +480,6 @@ def in_units(plugin: Plugin, unit_tokens: int) -> Plugin:
     return dataclasses.replace(plugin, **scaled)  # type: ignore[type-var]
 
 
-def min_max(values: np.ndarray) -> np.ndarray:
-    """Scale to [0, 1] over the candidates; all ones when they are all equal (reference code)."""
-    lo, hi = np.minimum.reduce(values), np.maximum.reduce(values)  # .min(), without its wrapper
-    if hi == lo:
-        return np.ones_like(values)
-    return (values - lo) / (hi - lo)
-
-
 __all__ = [
     "KINDS",
     "ORDERS",
@@ -494,7 +494,6 @@ __all__ = [
     "Tokens",
     "Tunable",
     "in_units",
-    "min_max",
     "overrides",
     "token_fields",
 ]

@@ -1,6 +1,7 @@
 """Building blocks the plug-in policies share (``policies/*`` import them from here, never
 from each other): hit counts per node, the nodes a hit reuses, a checked weight, the alignment
-of a prefill checkpoint, and the recency eviction every LRU variant is.
+of a prefill checkpoint, the recency eviction every LRU variant is, and the engines' rules for
+a hybrid's recurrent state: the dtypes they keep it in and the block vLLM forces to hold it.
 
 Like :mod:`simlab.cache.contract`, this module imports nothing from ``simlab`` at run time.
 """
@@ -114,12 +115,54 @@ class Recency(EvictionPolicy):
         return cache.last_access[candidates]
 
 
+def min_max(values: np.ndarray) -> np.ndarray:
+    """Scale to [0, 1] over the candidates; all ones when they are all equal (reference code)."""
+    lo, hi = np.minimum.reduce(values), np.maximum.reduce(values)  # .min(), without its wrapper
+    if hi == lo:
+        return np.ones_like(values)
+    return (values - lo) / (hi - lo)
+
+
+#: bytes of each dtype an engine may keep a recurrent state in
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: ``auto`` and the dtypes a user may set (``policy.mamba_ssm_cache_dtype``, ``policy.mamba_ssm_dtype``)
+SSM_DTYPES = ("auto", *DTYPE_BYTES)
+#: vLLM 0.33.0's per-architecture SSM dtype (``model_executor/models/config.py``:
+#: ``NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE``, "only float32 is known to have no
+#: accuracy issues"; the config's own ``mamba_ssm_cache_dtype`` first). Others: ``auto``, the
+#: conv state's dtype, which is the model's.
+VLLM_SSM_DTYPE = {"NemotronHForCausalLM": "float32"}
+#: SGLang 0.5.23's state dtypes (``srt/configs/mamba_utils.py`` ``mamba2_state_dtype``): the SSM
+#: state in float32 unless the config says ``mamba_ssm_dtype`` (or ``SGLANG_MAMBA_SSM_DTYPE``),
+#: the conv state in bfloat16 (``SGLANG_MAMBA_CONV_DTYPE``), for every Mamba2 / GDN hybrid
+SGLANG_SSM_DTYPE, SGLANG_CONV_DTYPE = "float32", "bfloat16"
+
+
+def vllm_block_size(
+    state_page: int, token_page: int, minimum: int = 16, alignment: int = 1, mla: bool = False
+) -> int:
+    """vLLM 0.33.0's attention block for a hybrid (``Platform._align_hybrid_block_size``): the
+    fewest tokens, in multiples of ``max(16, minimum)`` (the kernels' block; 128 for MLA) and of
+    the layers' prefill checkpoint ``alignment`` (64 for GDN on Hopper), whose attention page
+    (``token_page`` bytes a token) holds one recurrent state page (``state_page``)."""
+    align = math.lcm(max(128 if mla else 16, minimum), alignment)
+    block = align * -(-state_page // (align * token_page))
+    return max(minimum, 16 * -(-block // 16))
+
+
 __all__ = [
     "ALIGNMENTS",
+    "DTYPE_BYTES",
     "LRU_TIE_ORDERS",
+    "SGLANG_CONV_DTYPE",
+    "SGLANG_SSM_DTYPE",
+    "SSM_DTYPES",
+    "VLLM_SSM_DTYPE",
     "HitCounts",
     "Recency",
     "aligned",
     "checked_alpha",
+    "min_max",
     "reused_nodes",
+    "vllm_block_size",
 ]

@@ -396,8 +396,19 @@ class RequestStep:
             items |= controller.summary()
         if self.cache.host is not None:
             items |= self.cache.host.summary()
+        items |= self.engine_items()
         caveats = [*self.admission.caveats(self.cache.hybrid), *items.pop("caveats", [])]
         return items | {"caveats": caveats} if caveats else items
+
+    def engine_items(self) -> dict[str, Any]:
+        """The emulated engine's layout (``engine_geometry``) and the settings it chose that
+        the user did not set (``engine_defaults``); none for a policy that emulates none."""
+        cache = self.cache
+        unit = cache.unit // (self.admission.keys.block_size or 1)  # tokens per trace id
+        geometry = self.admission.geometry(cache.model, unit, cache.ssm_capacity)
+        defaults = geometry.pop("defaults", None)
+        items = {"engine_geometry": geometry} if geometry else {}
+        return items | ({"engine_defaults": defaults} if defaults else {})
 
     def _record(self, started: Started, admitted: InsertResult) -> RequestRecord:
         req, cache, hit = started.req, self.cache, started.hit

@@ -11,6 +11,7 @@ requests come in the replay's order, one at a time).
     python -m simlab.crosscheck                       # the engine-faithful policies, every case
     python -m simlab.crosscheck --policy sglang_plus  # another policy on the same cases
     python -m simlab.crosscheck --engine timed        # the timed engine at low load
+    python -m simlab.crosscheck geometry              # vLLM's forced block per bundled hybrid
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "crossch
 FAITHFUL = {"sglang": "sglang", "vllm": "vllm"}
 #: where a block-paged policy takes the fixture's block size
 BLOCK_KEYS = {"vllm": "policy.block_size", "vllm_plus": "policy.admission.block_size"}
+#: the faithful policies' SSM dtype setting
+DTYPE_KEYS = {"sglang": "policy.mamba_ssm_dtype", "vllm": "policy.mamba_ssm_cache_dtype"}
 #: the engines a case can be replayed on: their overrides (the timed one at low load: the default
 #: arrivals' session rate, think times and a trace's timestamps scaled by 10^6, so the order is
 #: the replay's; a budget past the longest prompt, so that each prompt is prefilled in one
@@ -90,12 +93,21 @@ def overrides_for(
     strategy = case.get("mamba_strategy")
     if strategy is not None and name == "sglang":  # SGLang's --mamba-radix-cache-strategy
         out.append(f"policy.mamba={strategy}")
+    out += fixture_dtype(case, name)
     block = case.get("block_size")
     if case["engine"] == "vllm" and block and name in BLOCK_KEYS:
         out.append(f"{BLOCK_KEYS[name]}={block}")
     if case["engine"] == "sglang" and block and block > 1:  # SGLang's --page-size
         out.append(f"cache.page_size={block}")
     return out
+
+
+def fixture_dtype(case: dict[str, Any], policy: str) -> list[str]:
+    """The SSM state's dtype the case's engine ran with (its manifest's ``ssm_dtype``; the
+    drivers were sized with simlab's BF16 state otherwise), for the faithful policy, whose own
+    default is the engine's default for the model (``engine_defaults``)."""
+    key = DTYPE_KEYS.get(policy) if policy == FAITHFUL[case["engine"]] else None
+    return [] if key is None else [f"{key}={case.get('ssm_dtype', 'bfloat16')}"]
 
 
 def simlab_hits(overrides: list[str]) -> pd.DataFrame:
@@ -160,6 +172,11 @@ def table(rows: list[Agreement]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["geometry"]:  # vLLM's hybrid geometry per bundled config
+        from simlab.experiments import geometry
+
+        return geometry.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m simlab.crosscheck", description=__doc__)
     parser.add_argument("--fixtures", type=Path, default=FIXTURES)
     parser.add_argument("--policy", default=None, help="compare this policy instead")

@@ -118,6 +118,9 @@ class ModelSpec:
     n_attn_layers: int
     n_ssm_layers: int
     name: str = "model"
+    #: the Hugging Face ``architectures`` entry the engines dispatch on (their per-model
+    #: defaults, e.g. vLLM's FP32 SSM state for ``NemotronHForCausalLM``); "" for none
+    architecture: str = ""
     n_mlp_layers: int = 0
     n_moe_layers: int = 0
     # attention (``n_swa_layers`` of the ``n_attn_layers`` are sliding-window)
@@ -157,6 +160,9 @@ class ModelSpec:
     tie_embeddings: bool = False
     flop_formula: Literal["paper", "exact"] = "exact"
     state_dtypes: str = ""
+    #: the recurrent state's dtype the config.json names (``mamba_ssm_cache_dtype`` /
+    #: ``mamba_ssm_dtype``; "" for none): the engines follow it over their own defaults
+    config_ssm_dtype: str = ""
     source: str = ""  # model=hf: the config.json it was read from
 
     # ---- derived at construction (not config fields) ----
@@ -231,10 +237,12 @@ class ModelSpec:
                     raise ValueError(f"model.{f.name} must be true/false, got {v!r}")
             elif f.name in (
                 "name",
+                "architecture",
                 "ssm_kind",
                 "flop_formula",
                 "attn_kind",
                 "state_dtypes",
+                "config_ssm_dtype",
                 "source",
             ):
                 if not isinstance(v, str):

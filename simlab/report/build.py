@@ -15,6 +15,7 @@ from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
 import simlab.report.breakdown_pages as breakdown_pages
+import simlab.report.geometry_pages as geometry_pages
 import simlab.report.routing_pages as routing_pages
 import simlab.report.run_pages as run_pages
 import simlab.report.sweep_pages as sweep_pages
@@ -52,6 +53,7 @@ PROVENANCE = "Provenance"
 ROUTING = routing_pages.ROUTING
 BREAKDOWN = breakdown_pages.BREAKDOWN
 ROUTING_SWEEP = routing_pages.ROUTING_SWEEP
+GEOMETRY = geometry_pages.GEOMETRY
 
 Builder = Callable[[Style], Figure | Sequence[Figure]]
 
@@ -108,6 +110,7 @@ def sweep_sections(sweep: SweepResults) -> list[tuple[str, Builder]]:
             lambda s: routing_pages.routing_sweep_pages(sweep.points, sweep.swept_keys, s),
         ),
         (OTHER_KEYS, lambda s: sweep_pages.other_key_pages(sweep, s)),
+        (GEOMETRY, lambda s: geometry_pages.geometry_pages(sweep, s)),
         (OCCUPANCY, occupancy),
     ]
 

@@ -69,7 +69,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     check_capacity(settings, model, block_size)
     check_loader_options(cfg.trace)
     steps = [policy_step(spec, model, settings) for spec in policies.values()]
-    warn_caveats(steps)
+    warn_caveats(steps, model)
     clairvoyant = bound_policy(cfg, model, settings)
     engine = build_engine(cfg)
     if isinstance(engine, MemoryChecked):
@@ -117,11 +117,25 @@ def policy_spec(name: str, pcfg: Mapping[str, Any]) -> PolicySpec:
     )
 
 
-def warn_caveats(steps: list[RequestStep]) -> None:
-    """One warning line per setting that disables reuse (``summary.json``'s ``caveats``)."""
+def warn_caveats(steps: list[RequestStep], model: ModelSpec) -> None:
+    """One warning line per setting that disables reuse (``summary.json``'s ``caveats``), and
+    one per engine default that changes the model's state bytes (``engine_defaults``)."""
     for step in steps:
         for caveat in step.admission.caveats(step.cache.hybrid):
             log.warning("%s: %s", step.policy, caveat)
+        engine = step.cache.model
+        if engine.ssm_state_bytes != model.ssm_state_bytes:
+            log.warning(
+                "%s: the engine keeps %s's SSM state at %d bytes a value (the model config says"
+                " %d): %s bytes a state, not %s (summary.json's engine_defaults; the policy's"
+                " SSM dtype setting overrides it)",
+                step.policy,
+                model.name,
+                engine.ssm_state_dtype_bytes,
+                model.ssm_state_dtype_bytes,
+                f"{engine.ssm_state_bytes:,}",
+                f"{model.ssm_state_bytes:,}",
+            )
 
 
 def bounds_enabled(cfg: DictConfig) -> bool:

@@ -72,6 +72,7 @@ def policy_step(
     controllers (``policy.tuning``: the alpha tuner)."""
     name = spec.name
     admission, eviction = build_policy(spec)
+    model = admission.engine_model(model)  # the engine's state dtypes (``engine_geometry``)
     ckpt_states = admission.states_per_checkpoint(unit_tokens)
     admission, eviction = in_units(admission, unit_tokens), in_units(eviction, unit_tokens)
     page = max(1, round(settings.cache.page_size / unit_tokens))

@@ -64,7 +64,7 @@ def spec_fields(model_id: str, config: str | os.PathLike[str] | None = None) -> 
             f"{', '.join(sorted(ARCHITECTURES))}"
         )
     log.info("model %s: %s from %s", model_id, archs[0], path)
-    spec = {"name": model_id, **parser(f), "source": str(path)}
+    spec = {"name": model_id, "architecture": archs[0], **parser(f), "source": str(path)}
     if spec.get("n_swa_layers"):
         log.warning(
             "model %s: its %d sliding-window layers (window %d) are charged KV for every cached "

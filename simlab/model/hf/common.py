@@ -101,7 +101,8 @@ def ssm_dtype(f: Fields, spec: Spec, kind: str) -> Spec:
             if value is not None:
                 ssm, why = value, f"config {name}"
                 break
-    return {
+    named = {"config_ssm_dtype": names.get(ssm, "")} if why.startswith("config") else {}
+    return named | {
         "ssm_state_dtype_bytes": ssm,
         "state_dtypes": f"KV and conv state {model} (model dtype); recurrent state "
         f"{names.get(ssm, ssm)} ({why})",
