@@ -360,3 +360,15 @@ def test_finished_capacities_are_skipped_and_other_results_kept(tmp_path):
     assert {n: (out / n / "summary.json").stat().st_mtime_ns for n in stamps} == stamps
     replaced = run_list(other, ["0.5"], out, "overwrite=true")
     assert replaced.points[0].replay == {"sglang_plus": "back_to_back"}
+
+
+def test_a_timed_capacity_list_table_shows_ttft_and_the_load_verdict(tmp_path):
+    """Case 8 of issue 78: the capacity-list table of a timed run printed hit rates only."""
+    overrides = ["+policy=sglang_plus", "trace=chat", "trace.n_sessions=3", "bounds.enabled=false"]
+    overrides += ["report=false", "engine=timed", "reuse_breakdown=false"]
+    run = run_capacities(compose([*overrides, "cache.size_gb=[0.5,2]", f"output_dir={tmp_path}"]))
+    header, *rows = run.table_text().splitlines()
+    assert "TTFT p50 s" in header and "TTFT p95 s" in header and "load" in header
+    verdicts = run.table.column("load").to_pylist()
+    assert len(rows) == 2 and all(v in ("ok", "queueing", "saturated") for v in verdicts)
+    assert all(row.split()[-2] in ("ok", "queueing", "saturated") for row in rows)
