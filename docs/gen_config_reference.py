@@ -71,6 +71,8 @@ MEANINGS: dict[str, str] = {
     "threshold_sort|random_order`; the `offline` group below)",
     # hardware
     "hardware.name": "the preset's name",
+    "hardware.system": "the GPU's name in aiconfigurator-core's measured kernel tables "
+    "(`engine.kernels=measured`); null: no tables, the calibrated roofline",
     "hardware.peak_tflops": "published dense FP16/BF16 tensor-core peak, TFLOP/s",
     "hardware.mem_bw_gbps": "published memory bandwidth, GB/s",
     "hardware.mem_gb": "GPU memory, GB: cache + running memory + weights must fit "
