@@ -31,7 +31,7 @@ test: $(STAMP)
 ## the peer simulators (bench-peers) and the Marconi reference code (when MARCONI_REFERENCE_DIR
 ## names a checkout of it; skipped otherwise), and what loading a compiled kernel costs a fresh
 ## process (bench/numba_load.py, printed), and time and peak memory at 100K and 1M requests
-## (bench/scale.py, about 40 minutes); writes bench/results/.
+## (bench/scale.py, about 25 minutes); writes bench/results/.
 bench: $(STAMP)
 	$(BIN)/python -m bench.speed $(ARGS)
 	$(BIN)/python -m bench.peers $(PEERS_ARGS)
