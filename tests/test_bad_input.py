@@ -52,7 +52,10 @@ BAD_CONFIG = [
     (["engine.running_memory_gb=-1"], "engine.running_memory_gb must be > 0"),
     (["engine.tp=0"], "engine.tp must be an integer >= 1"),
     (["model=llama3_8b", "engine.tp=3"], "engine.tp: 3 does not divide llama3_8b's 32 attention"),
-    (["model=llama3_8b", "engine.tp=16", "cache.size_gb=inf"], "llama3_8b's 8 KV heads"),
+    (
+        ["model=llama3_8b", "model.n_heads=48", "engine.tp=12", "cache.size_gb=inf"],
+        "engine.tp: 12 neither divides llama3_8b's 8 KV heads nor is a multiple",
+    ),
     (["engine.ssm_chunk=0"], "engine.ssm_chunk must be an integer >= 1"),
     (["engine.typing_wpm=-5"], "engine.typing_wpm must be > 0 or null"),
     (["engine.calibration=/nonexistent.json"], "engine.calibration: calibration file"),

@@ -46,7 +46,7 @@ from simlab.cost.shapes import (
     BatchShape,
     Op,
     TimedOp,
-    check_tp,
+    on_tp,
 )
 from simlab.cost.terms import CostTerms
 from simlab.model.spec import ModelSpec
@@ -115,8 +115,9 @@ class CostModel:
     ):
         if tp < 1:
             raise ValueError(f"tensor-parallel degree must be >= 1, got {tp}")
-        check_tp(model, tp)
-        self.model = model
+        #: ``model`` as the replica's GPUs hold it (:func:`~simlab.cost.shapes.on_tp`:
+        #: replicated KV heads)
+        self.model = model = on_tp(model, tp)
         self.hw = hardware
         self.calibration = calibration or Calibration()
         self.tp = tp

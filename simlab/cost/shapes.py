@@ -4,7 +4,7 @@ heads (:func:`check_tp`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from simlab.model.spec import ModelSpec
 
@@ -75,17 +75,48 @@ class BatchShape:
 
 
 def check_tp(model: ModelSpec, tp: int) -> None:
-    """Tensor parallelism splits the attention heads, the KV heads and the SSM heads evenly
-    over the GPUs: ``tp`` must divide each (KV-head replication when ``tp`` exceeds them, as
-    vLLM does, is not modelled: the KV per GPU would be understated)."""
+    """Tensor parallelism as vLLM and SGLang split a model (their ``QKVParallelLinear`` and
+    attention layers; vLLM's ``GatedDeltaNetAttention``, ``MambaMixer2``): ``tp`` must divide
+    the attention heads and the SSM heads (and a GDN layer's key heads); the KV heads are split
+    evenly where ``tp`` divides them, and each is copied onto ``tp / KV heads`` GPUs where the
+    KV heads divide ``tp`` (:func:`kv_heads_per_gpu`); any other ``tp`` is an error naming
+    ``engine.tp``."""
     heads = []
     if model.n_attn_layers:
-        heads += [("attention heads", model.n_heads), ("KV heads", model.n_kv_heads)]
+        heads.append(("attention heads", model.n_heads))
     if model.n_ssm_layers:
         heads.append(("SSM heads", model.ssm_n_heads))
+        if model.ssm_kind == "gdn":
+            heads.append(("GDN key heads", model.ssm_n_groups))
     for what, n in heads:
         if n and n % tp:
             raise ValueError(
                 f"engine.tp: {tp} does not divide {model.name}'s {n} {what} (tensor "
-                "parallelism splits them evenly; replicated KV heads are not modelled)"
+                "parallelism splits them evenly)"
             )
+    kv = model.n_kv_heads if model.n_attn_layers else 0
+    if kv and kv % tp and tp % kv:
+        raise ValueError(
+            f"engine.tp: {tp} neither divides {model.name}'s {kv} KV heads nor is a multiple "
+            "of them (the engines split the KV heads evenly or copy each onto tp / KV heads "
+            "GPUs)"
+        )
+
+
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    """The KV heads each of ``tp`` GPUs holds: ``max(1, KV heads // tp)``, vLLM's
+    ``ModelConfig.get_num_kv_heads`` (with ``tp`` above the KV heads, each head is copied onto
+    ``tp / KV heads`` GPUs)."""
+    return max(1, model.n_kv_heads // tp)
+
+
+def on_tp(model: ModelSpec, tp: int) -> ModelSpec:
+    """``model`` as the ``tp`` GPUs of one replica hold it (after :func:`check_tp`): with
+    ``tp`` above its KV heads (GQA), the engines copy each KV head onto ``tp / KV heads`` GPUs,
+    so the replica stores and projects ``tp * kv_heads_per_gpu`` KV heads -- its KV bytes per
+    token, K/V projection and attention KV reads grow by ``tp / KV heads``, and one GPU's share
+    (``1 / tp`` of each) is its one KV head. ``model`` itself otherwise."""
+    check_tp(model, tp)
+    if model.attn_kind != "gqa" or not model.n_attn_layers or tp <= model.n_kv_heads:
+        return model
+    return replace(model, n_kv_heads=tp * kv_heads_per_gpu(model, tp))

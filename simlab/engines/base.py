@@ -50,7 +50,12 @@ class Engine(Protocol):
 class MemoryChecked(Protocol):
     """An engine that checks, before any work, that the model and the cache fit its GPU (the
     timed engines; :class:`ConfigError` naming the key otherwise); ``reserve``: whether a
-    policy runs where running sequences need memory beside the cache (the prefix tree)."""
+    policy runs where running sequences need memory beside the cache (the prefix tree).
+    :meth:`held` gives the model as its GPUs hold it, which the run's caches size with."""
+
+    def held(self, model: ModelSpec) -> ModelSpec:
+        """``model`` as the engine's tensor-parallel GPUs hold it (replicated KV heads)."""
+        ...
 
     def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None: ...
 

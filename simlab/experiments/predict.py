@@ -54,7 +54,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from simlab.config import ConfigError
 from simlab.cost.measured.sources import SOURCES, shares
 from simlab.cost.model import CostModel
-from simlab.cost.shapes import BatchShape, check_tp
+from simlab.cost.shapes import BatchShape
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.settings import TimedSettings
 from simlab.experiments import measured as measured_table
@@ -98,10 +98,7 @@ def timed_engine(cfg: DictConfig) -> tuple[TimedEngine, CostModel]:
     engine = build_engine(cfg)
     if not isinstance(engine, TimedEngine):
         raise ConfigError("engine: simlab.experiments.predict needs a timed engine (engine=timed)")
-    try:
-        check_tp(model, engine.tp)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
+    model = engine.held(model)  # replicated KV heads; a tp the engines reject is an error
     weights = (model.layer_params + model.embedding_params) * model.dtype_bytes / 1e9
     if weights > engine.hardware.mem_gb * engine.tp:
         log.warning(

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RunPlan:
     """A composed config, validated: everything a run needs, before it loads anything.
+    ``model``: as the engine's GPUs hold it (:meth:`MemoryChecked.held`: with ``engine.tp``
+    above the KV heads, each is copied, and a token's KV grows with the copies);
     ``bounds``: ``bounds.enabled``; ``clairvoyant``: the bound's policy (None: none);
     ``config``: the resolved config as run, saved in ``summary.json``; ``breakdown``:
     ``reuse_breakdown`` (:mod:`simlab.run.breakdown`)."""
@@ -62,24 +64,26 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     settings = run_settings(cfg)
     policies = {name: policy_spec(name, pcfg) for name, pcfg in selected_policies(cfg).items()}
     try:
-        model = ModelSpec.from_config(cfg.model)
+        configured = ModelSpec.from_config(cfg.model)
     except ValueError as err:
         raise ConfigError(f"model: {err}") from err
+    engine = build_engine(cfg)
+    # the caches size with the model as the engine's GPUs hold it (replicated KV heads)
+    model = engine.held(configured) if isinstance(engine, MemoryChecked) else configured
     block_size = int(cfg.trace.get("block_size") or 1)
     check_capacity(settings, model, block_size)
     check_loader_options(cfg.trace)
     steps = [policy_step(spec, model, settings) for spec in policies.values()]
     warn_caveats(steps, model)
     clairvoyant = bound_policy(cfg, model, settings)
-    engine = build_engine(cfg)
     if isinstance(engine, MemoryChecked):
         tree = not all(on_pool(step, engine, block_size) for step in steps)
         engine.check_memory(model, settings.cache.size_gb, reserve=tree)
     out_dir = output_dir(cfg)
     check_writable(out_dir)
     config = saved_config(cfg)
-    if model.source:  # model=hf: what its config.json resolved to, in summary.json
-        config["model_resolved"] = model.config_fields()
+    if configured.source:  # model=hf: what its config.json resolved to, in summary.json
+        config["model_resolved"] = configured.config_fields()
     return RunPlan(
         settings,
         model,

@@ -36,7 +36,7 @@ from simlab.cost.measured.interpolate import Curve
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import INTERPOLATED, worst
 from simlab.cost.profiles import ALLREDUCE, X_PROJ_ALLREDUCE
-from simlab.cost.shapes import Op
+from simlab.cost.shapes import Op, kv_heads_per_gpu
 from simlab.model import layers as kinds
 from simlab.model.spec import ModelSpec
 
@@ -58,7 +58,7 @@ class MeasuredOps:
         self.model = model
         self.tp = tp
         self.hw = hardware
-        self.heads = (model.n_heads // tp, max(1, model.n_kv_heads // tp), model.head_dim)
+        self.heads = (model.n_heads // tp, kv_heads_per_gpu(model, tp), model.head_dim)
         #: the attention the tables measure: full (no sliding window) grouped-query attention
         #: with equal query and value head sizes (MLA and windows stay on the roofline)
         self.plain_attention = (

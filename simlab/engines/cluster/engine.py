@@ -13,6 +13,7 @@ from simlab.engines.cluster.disaggregated import DisaggregatedCluster
 from simlab.engines.cluster.world import Cluster
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.engine import TimedEngine
+from simlab.model.spec import ModelSpec
 from traces.format import Request
 
 #: per-record columns a cluster adds (:attr:`simlab.engines.base.EngineRun.columns`)
@@ -53,6 +54,10 @@ class ClusterEngine:
     @property
     def replicas(self) -> int:
         return self.settings.replicas
+
+    def held(self, model: ModelSpec) -> ModelSpec:
+        """Each replica holds the model as the single engine does."""
+        return self.engine.held(model)
 
     def check_memory(self, model: Any, cache_gb: float, reserve: bool = True) -> None:
         """Each replica is one GPU (x tp) with its own cache: the single engine's check."""

@@ -20,7 +20,7 @@ from simlab.cost.measured import select
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import ROOFLINE, ROOFLINE_WARN_SHARE, shares
 from simlab.cost.model import CostModel
-from simlab.cost.shapes import check_tp
+from simlab.cost.shapes import check_tp, on_tp
 from simlab.cost.terms import CostTerms
 from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
@@ -94,6 +94,28 @@ class TimedEngine(TimedSettings):
             raise ConfigError(str(err)) from err  # the message names its key
         object.__setattr__(self, "_calibration", calibration)
         object.__setattr__(self, "_terms", terms)
+
+    def held(self, model: ModelSpec) -> ModelSpec:
+        """``model`` as the replica's ``tp`` GPUs hold it (:func:`simlab.cost.shapes.on_tp`:
+        with ``tp`` above the KV heads each is copied onto ``tp / KV heads`` GPUs, as vLLM and
+        SGLang do, and a token's KV takes that much more of the pool); a ``tp`` the engines
+        reject is a :class:`ConfigError` naming ``engine.tp``."""
+        try:
+            held = on_tp(model, self.tp)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        if held is not model:
+            log.info(
+                "engine.tp %d exceeds %s's %d KV heads: each is copied onto %d GPUs, %d KV "
+                "bytes a token across the replica (the model's own: %d)",
+                self.tp,
+                model.name,
+                model.n_kv_heads,
+                self.tp // model.n_kv_heads,
+                held.kv_bytes_per_token,
+                model.kv_bytes_per_token,
+            )
+        return held
 
     def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None:
         """``tp`` splits ``model``'s heads evenly (:func:`simlab.cost.shapes.check_tp`), and the
