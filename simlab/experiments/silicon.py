@@ -171,7 +171,7 @@ def _uncovered(row: Any) -> str:
     try:
         check_tp(spec, int(row.tp_size))
     except ValueError:
-        return "tensor parallelism wider than the KV heads (replication not modelled)"
+        return "tensor parallelism the engines reject"
     return ""
 
 

@@ -84,6 +84,11 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     config = saved_config(cfg)
     if configured.source:  # model=hf: what its config.json resolved to, in summary.json
         config["model_resolved"] = configured.config_fields()
+    if model.n_kv_heads != configured.n_kv_heads:  # engine.tp copies the KV heads
+        config["kv_replicated"] = {
+            "kv_heads": model.n_kv_heads,
+            "kv_bytes_per_token": model.kv_bytes_per_token,
+        }
     return RunPlan(
         settings,
         model,

@@ -105,9 +105,10 @@ class TimedEngine(TimedSettings):
         except ValueError as err:
             raise ConfigError(str(err)) from err
         if held is not model:
-            log.info(
-                "engine.tp %d exceeds %s's %d KV heads: each is copied onto %d GPUs, %d KV "
-                "bytes a token across the replica (the model's own: %d)",
+            log.warning(
+                "engine.tp %d exceeds %s's %d KV heads: each is copied onto %d GPUs (vLLM's "
+                "and SGLang's rule), %d KV bytes a token across the replica, not %d "
+                "(summary.json's config.kv_replicated)",
                 self.tp,
                 model.name,
                 model.n_kv_heads,
