@@ -11,6 +11,7 @@ import math
 import pytest
 from hydra import compose, initialize_config_dir
 
+from policies.production import mamba_page_bytes
 from simlab.config import ConfigError
 from simlab.cost.hardware import Hardware
 from simlab.cost.measured import tables
@@ -20,7 +21,6 @@ from simlab.engines.block_pool.queue import PoolShape
 from simlab.experiments.predict import predict
 from simlab.model.spec import ModelSpec
 from simlab.run.plan import plan_run
-from policies.production import mamba_page_bytes
 from simlab.run.policy import policy_step
 from tests.fixtures import CONFIGS
 from tests.fixtures import compose as compose_run
@@ -79,7 +79,7 @@ def test_the_tp_check_accepts_what_the_engines_accept(n_heads, n_kv_heads):
 
 
 def test_a_rejected_kv_split_names_the_key_and_the_head_counts():
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match=r"^engine\.tp: 12 neither divides") as err:
         check_tp(gqa(48, 8), 12)
     assert str(err.value).startswith(
         "engine.tp: 12 neither divides model's 8 KV heads nor is a multiple of them"
@@ -91,7 +91,7 @@ def test_gdn_key_and_value_heads_must_still_split_evenly():
     """vLLM's ``GatedDeltaNetAttention`` shards both (``divide(num_v_heads, tp)``, key_dim //
     tp): tp 32 divides Qwen3.5's 32 query heads and 64 value heads, not its 16 key heads."""
     model = ModelSpec.from_config(predict_config(["engine.tp=32"]).model)
-    with pytest.raises(ValueError, match="engine.tp: 32 does not divide .*16 GDN key heads"):
+    with pytest.raises(ValueError, match=r"engine.tp: 32 does not divide .*16 GDN key heads"):
         check_tp(model, 32)
     check_tp(model, 16)
 
@@ -122,7 +122,7 @@ def test_kv_bytes_and_capacity_follow_the_engine_rule(tp):
     # one layer's GDN state (value heads split over tp)
     state_page = mamba_page_bytes(step.cache.model) // tp
     token_page = max(1, KV_HEADS // tp) * 2 * HEAD_DIM * BYTES
-    assert step.admission.block_size == 16 * -(-state_page // (16 * token_page))
+    assert step.admission.keys.block_size == 16 * -(-state_page // (16 * token_page))
     # vLLM's pool: a block is 16 tokens of one group of 15 layers (the 15 attention layers)
     shape = PoolShape.of(plan.model, 16, plan.settings.cache.kv_bytes)
     assert shape is not None
@@ -138,7 +138,7 @@ def test_the_memory_check_counts_the_replicated_weights_and_kv():
     configured = ModelSpec.from_config(compose_run(run).model)
     kv_proj = 2 * HEAD_DIM * configured.d_model * ATTN_LAYERS  # K and V of one head, all layers
     assert plan.model.layer_params - configured.layer_params == (8 - KV_HEADS) * kv_proj
-    with pytest.raises(ConfigError, match="^cache.size_gb: 1000 GB of cache"):
+    with pytest.raises(ConfigError, match=r"^cache\.size_gb: 1000 GB of cache"):
         plan_run(compose_run([*run, "cache.size_gb=1000"]))
 
 
@@ -175,9 +175,7 @@ def timed(tp: int):
 
 @installed
 def test_qwen35_predicts_at_tp_4_and_8_on_h200():
-    out = {
-        tp: predict(predict_config([f"engine.tp={tp}", "prefill=[1000,8000]"])) for tp in (4, 8)
-    }
+    out = {tp: predict(predict_config([f"engine.tp={tp}", "prefill=[1000,8000]"])) for tp in (4, 8)}
     for prediction in out.values():
         assert all(math.isfinite(ms) and ms > 0 for ms in prediction["prefill_ms"])
         assert prediction["prefill_ms"][0] < prediction["prefill_ms"][1]
