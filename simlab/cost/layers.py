@@ -10,8 +10,10 @@ context. Options from the seeds:
   several decoding requests has its KV read once per group; ``shared_kv_tokens`` counts the KV
   token reads saved that way.
 
-Per-GPU work is divided by the tensor-parallel degree, and each attention / SSM / MLP layer adds
-one all-reduce of its output (``2 (tp-1)/tp`` of the activation bytes per GPU). The scan of
+Per-GPU work is the replica's divided by the tensor-parallel degree (the model as its GPUs
+hold it, :func:`~simlab.cost.shapes.on_tp`: KV heads copied where ``tp`` exceeds them), and
+each attention / SSM / MLP layer adds one all-reduce of its output (``2 (tp-1)/tp`` of the
+activation bytes per GPU). The scan of
 Mamba1 (selective scan, class ``selective_scan``) and of Mamba2 (SSD chunked scan, class
 ``ssm_scan``) are separate classes. Mamba1's ``x_proj`` (``d_inner -> dt_rank + 2N``) and
 ``dt_proj`` (``dt_rank -> d_inner``) are GEMMs (``ssm_x_proj``, ``ssm_dt_proj``), not scan work;

@@ -1,6 +1,6 @@
 """What one iteration computes: its batch (:class:`BatchShape`), the operations the cost model
 reduces it to (:class:`Op`) and their classes, and the tensor-parallel split of the model's
-heads (:func:`check_tp`)."""
+heads (:func:`check_tp`; replicated KV heads: :func:`on_tp`)."""
 
 from __future__ import annotations
 
