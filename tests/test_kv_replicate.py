@@ -18,7 +18,8 @@ from simlab.cost.measured import tables
 from simlab.cost.model import CostModel
 from simlab.cost.shapes import check_tp, kv_heads_per_gpu, on_tp
 from simlab.engines.block_pool.queue import PoolShape
-from simlab.experiments.predict import predict
+from simlab.experiments.predict import predict, timed_engine
+from simlab.experiments.silicon import points
 from simlab.model.spec import ModelSpec
 from simlab.run.plan import plan_run
 from simlab.run.policy import policy_step
@@ -168,8 +169,6 @@ def test_the_measured_attention_hook_takes_the_per_gpu_heads(tp):
 
 
 def timed(tp: int):
-    from simlab.experiments.predict import timed_engine
-
     return timed_engine(predict_config([f"engine.tp={tp}"]))
 
 
@@ -192,3 +191,12 @@ def test_without_replication_the_model_is_its_own():
         assert on_tp(model, tp) is model
     mqa = dataclasses.replace(gqa(32, 32), n_kv_heads=1)  # one KV head: on every GPU
     assert on_tp(mqa, 4).kv_bytes_per_token == 4 * mqa.kv_bytes_per_token
+
+
+@installed
+def test_silicon_replays_qwen35_at_tp_4_and_8():
+    """Every measured serving point of the hybrid is at a TP above its 2 KV heads (its TP 16
+    and 64 points are data or expert parallel); the coverage filter keeps those at TP 4 and 8."""
+    pts, _ = points(tables.systems_dir() / "silicon_sample.csv")
+    tps = {p.tp for p in pts if p.model == "Qwen/Qwen3.5-397B-A17B"}
+    assert tps == {4, 8}
