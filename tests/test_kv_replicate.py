@@ -197,6 +197,8 @@ def test_without_replication_the_model_is_its_own():
 def test_silicon_replays_qwen35_at_tp_4_and_8():
     """Every measured serving point of the hybrid is at a TP above its 2 KV heads (its TP 16
     and 64 points are data or expert parallel); the coverage filter keeps those at TP 4 and 8."""
-    pts, _ = points(tables.systems_dir() / "silicon_sample.csv")
+    systems = tables.systems_dir()
+    assert systems is not None
+    pts, _ = points(systems / "silicon_sample.csv")
     tps = {p.tp for p in pts if p.model == "Qwen/Qwen3.5-397B-A17B"}
     assert tps == {4, 8}
