@@ -332,3 +332,15 @@ def test_a_counterfactual_that_cannot_run_is_named(monkeypatch):
     assert notes["uncomputed"] == {"capacity": "counted in placement: cache.size_gb: refused"}
     assert not split["capacity"].any() and split["placement"][2] > 0
     assert (summed(split) == done.records["input_tokens"]).all()
+
+
+def test_a_counterfactual_replay_does_not_warn_about_the_users_run(caplog):
+    """The infinite-cache replay never evicts, so Marconi's alpha never tunes there: that is
+    not the user's run, and only the run's own caveat is logged (it used to appear twice)."""
+    requests = [request(i, np.arange(1, 200) + 1000 * (i % 2)) for i in range(4)]
+    the_plan = plan_run(
+        compose(["+policy=marconi", "model=nemotron_h_8b", "engine=replay", "cache.size_gb=8"])
+    )
+    with caplog.at_level("WARNING"):
+        run(the_plan, requests)
+    assert caplog.text.count("alpha never tuned") == 1

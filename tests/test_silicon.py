@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hydra import compose, initialize_config_dir
 
 from simlab.cost.measured import tables
+from simlab.engines.timed.feeders import ConcurrencyFeeder
+from simlab.engines.timed.world import TimedWorld
 from simlab.experiments.silicon import (
+    CONFIGS,
     PROBE_S,
     Point,
     at,
@@ -17,6 +21,8 @@ from simlab.experiments.silicon import (
     simulate,
     spec_of,
 )
+from simlab.run.plan import plan_run
+from simlab.run.policy import policy_step
 
 pytestmark = pytest.mark.skipif(
     tables.systems_dir() is None, reason="aiconfigurator-core is not installed"
@@ -57,13 +63,47 @@ def point(**kw) -> Point:
     return Point(**(base | kw))
 
 
-def test_a_closed_loop_adds_the_overhead_to_every_decode_token():
-    requests = requests_of(point(), duration_s=1.0)
-    assert len(requests) == 6 and sorted({r.arrival for r in requests}) == [0.0, 0.5]
+def test_the_benchmark_prompts_are_the_clients():
+    requests = requests_of(point(concurrency=3, isl=1000, osl=50))
+    assert len(requests) == 30 and {r.arrival for r in requests} == {0.0}
+    assert len({r.session_id for r in requests}) == 30  # single-turn: no session reuse
+    assert all(800 <= r.input_tokens <= 1000 and 40 <= r.output_len <= 50 for r in requests)
+    assert len({r.input_tokens for r in requests}) > 10  # drawn, not fixed
+    assert requests_of(point())[0].input_ids.tolist() == requests_of(point())[0].input_ids.tolist()
+
+
+def test_at_most_c_requests_are_in_flight_and_each_next_starts_on_a_completion():
+    """bench_serving at --max-concurrency C --request-rate inf: the first C together, then the
+    next in order the moment one finishes."""
+    requests = requests_of(point(concurrency=3, isl=600, osl=6))
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(
+            config_name="config", overrides=["+policy=fifo", "engine=timed", "report=false"]
+        )
+    plan = plan_run(cfg)
+    (policy,) = plan.policies.values()
+    spec = spec_of(point().model, 1)
+    cost = plan.engine.cost_model(spec)
+    step = policy_step(policy, spec, plan.settings)
+    feeder = ConcurrencyFeeder(requests, 3)
+    records = sorted(
+        TimedWorld(requests, step, cost, plan.engine).run(feeder), key=lambda r: r.arrival
+    )
+    assert len(records) == 30
+    assert [r.arrival for r in records[:3]] == [0.0] * 3 and records[3].arrival > 0
+    finishes = sorted(r.finished for r in records)
+    for r in records[3:]:  # each later request starts exactly when an earlier one ends
+        assert min(abs(f - r.arrival) for f in finishes) == pytest.approx(0.0, abs=1e-12)
+    for r in records:
+        in_flight = sum(q.arrival <= r.arrival < q.finished for q in records)
+        assert in_flight <= 3
+    assert [r.request_id for r in records] == sorted(r.request_id for r in records)
+
+
+def test_the_iteration_overhead_adds_once_to_every_decode_token():
     ttft0, tpot0 = simulate(point(), 0.0)
     ttft1, tpot1 = simulate(point(), PROBE_S)
     assert ttft1 > ttft0 > 0
-    # one iteration per output token (the clients' staggering moves with the overhead)
     assert tpot1 - tpot0 == pytest.approx(1e3 * PROBE_S, rel=0.01)
 
 

@@ -105,6 +105,23 @@ def test_results_of_another_config_are_replaced_only_when_asked(tmp_path):
     assert frame["cache.size_gb"].tolist() == [0.5, 2.0]
 
 
+def test_jobs_that_run_a_capacity_list_give_one_row_per_size(tmp_path, caplog):
+    """A job whose cache.size_gb is a list writes capacities.parquet and one directory per
+    size, no summary.json of its own: it is finished, not "unfinished"."""
+    sweep = tmp_path / "sweep"
+    multirun(sweep, "+policy=fifo", *SMALL, "cache.size_gb=[0.5,1]", "seed=0,1")
+    assert main(["aggregate", str(sweep)]) == 0
+    assert "unfinished" not in caplog.text and "not written" not in caplog.text
+    frame = pd.read_parquet(sweep / "points.parquet")
+    for _, row in frame.iterrows():  # each size's row is its own directory's summary
+        summary = json.loads((sweep / row["run_dir"] / "summary.json").read_text())
+        assert summary["policies"]["fifo"]["token_hit_rate"] == row["token_hit_rate"]
+    assert sorted(zip(frame["point"], frame["cache.size_gb"], strict=True)) == [
+        (0, 0.5), (0, 1.0), (1, 0.5), (1, 1.0)
+    ]  # fmt: skip
+    assert set(frame["seed"]) == {0, 1} and set(frame["policy"]) == {"fifo"}
+
+
 # ------------------------------------------------------------------------- grouped launcher
 def test_points_are_grouped_by_their_trace_overrides_in_sweep_order():
     from hydra_plugins.simlab_launcher.grouped import group_points, split_for_workers

@@ -2,12 +2,16 @@
 end-to-end serving points (``silicon_sample.csv`` in aiconfigurator-core).
 
 Each point (one model on one GPU type with one engine and version, its tensor-parallel degree,
-concurrency ``C`` and input / output lengths) is replayed in the timed engine: ``C``
-closed-loop clients, each sending :data:`ROUNDS` requests back to back of ``isl`` fresh tokens
-(no prefix reuse) and ``osl`` output tokens, on measured kernels of that GPU, backend and
-version (the newest measured at or below it). The clients start spread over one request's expected time
-(a loaded benchmark's clients are out of step) and the mean TTFT and TPOT of every round but
-the first (which fills the engine) are compared with the point's.
+concurrency ``C`` and input / output lengths) is replayed in the timed engine the way it was
+measured: InferenceX's client (``benchmark_serving.py --dataset-name random
+--random-range-ratio 0.8 --num-prompts 10*C --max-concurrency C --request-rate inf
+--ignore-eos``, the protocol aiconfigurator's own replay of these points states) sends
+:data:`PROMPTS_PER_SLOT` x ``C`` requests of fresh random tokens (no prefix reuse), input and
+output lengths drawn uniformly from ``[int(0.8 isl), isl]`` and ``[int(0.8 osl), osl]``, all
+ready at time 0 with at most ``C`` in flight (:class:`~simlab.engines.timed.feeders.ConcurrencyFeeder`),
+on measured kernels of that GPU, backend and version (the newest measured at or below it). The
+mean TTFT and TPOT of every request, the opening burst included as the benchmark includes it,
+are compared with the point's.
 
 Only what no kernel measures is fitted, per backend: the engine's CPU time per iteration
 (``engine.costs.iteration_overhead_s``) and a fixed time per request on its TTFT (the API
@@ -40,10 +44,9 @@ from hydra import compose, initialize_config_dir
 
 from simlab.config import ConfigError
 from simlab.cost.measured import tables
-from simlab.cost.model import CostModel
-from simlab.cost.shapes import BatchShape, check_tp
+from simlab.cost.shapes import check_tp
 from simlab.engines.timed.engine import TimedEngine
-from simlab.engines.timed.feeders import SessionFeeder
+from simlab.engines.timed.feeders import ConcurrencyFeeder
 from simlab.engines.timed.world import TimedWorld
 from simlab.model.hf import model_spec
 from simlab.model.spec import ModelSpec
@@ -55,8 +58,10 @@ log = logging.getLogger(__name__)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
-#: requests each closed-loop client sends
-ROUNDS = 3
+#: the benchmark's prompts per unit of concurrency (``--num-prompts 10*C``)
+PROMPTS_PER_SLOT = 10
+#: the benchmark's ``--random-range-ratio``: lengths drawn from ``[int(r * len), len]``
+RANGE_RATIO = 0.8
 #: the second overhead each point is simulated at (seconds per iteration)
 PROBE_S = 0.01
 #: the overheads searched: seconds per iteration, seconds per request (on its TTFT)
@@ -183,36 +188,26 @@ def version_for(point: Point) -> str | None:
     return pick[-1] if pick else None
 
 
-def requests_of(point: Point, duration_s: float = 0.0, seed: int = 0) -> list[Request]:
-    """``concurrency`` clients x :data:`ROUNDS` requests of fresh random tokens; client ``k``
-    starts at ``k / concurrency`` of ``duration_s`` (one request's expected time: a loaded
-    benchmark's clients are out of step) and sends each next request the moment its last
-    one ends (a closed loop)."""
+def requests_of(point: Point, seed: int = 0) -> list[Request]:
+    """The benchmark's prompts: :data:`PROMPTS_PER_SLOT` x ``concurrency`` requests of fresh
+    random tokens, each its own session, input and output lengths drawn uniformly from
+    ``[int(RANGE_RATIO * len), len]`` (the client's ``sample_random_requests``)."""
     rng = np.random.default_rng(seed)
-    out: list[Request] = []
-    for client in range(point.concurrency):
-        start = duration_s * client / point.concurrency
-        for turn in range(ROUNDS):
-            ids = rng.integers(1, 2**31 - 1, point.isl, dtype=np.int64)
-            out.append(
-                Request(
-                    request_id=len(out),
-                    session_id=client,
-                    turn=turn,
-                    arrival=start,
-                    input_ids=ids,
-                    output_ids=np.zeros(0, dtype=np.int64),
-                    output_len=point.osl,
-                )
-            )
-    return out
-
-
-def request_seconds(cost: CostModel, point: Point) -> float:
-    """One request's expected time at the point's concurrency: its prefill alone, then its
-    outputs in decode steps of ``concurrency`` requests at its mid-output context."""
-    step = cost.time(BatchShape(decode=[point.isl + point.osl // 2] * point.concurrency))
-    return cost.prefill_time(0, point.isl) + point.osl * step
+    n = PROMPTS_PER_SLOT * point.concurrency
+    isl = rng.integers(int(RANGE_RATIO * point.isl), point.isl + 1, n)
+    osl = rng.integers(int(RANGE_RATIO * point.osl), point.osl + 1, n)
+    return [
+        Request(
+            request_id=i,
+            session_id=i,
+            turn=0,
+            arrival=0.0,
+            input_ids=rng.integers(1, 2**31 - 1, int(isl[i]), dtype=np.int64),
+            output_ids=np.zeros(0, dtype=np.int64),
+            output_len=int(osl[i]),
+        )
+        for i in range(n)
+    ]
 
 
 def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
@@ -241,12 +236,12 @@ def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
     engine = plan.engine
     assert isinstance(engine, TimedEngine)
     cost = engine.cost_model(spec)
-    requests = requests_of(point, request_seconds(cost, point))
+    requests = requests_of(point)
     step = policy_step(policy, spec, plan.settings)
-    records = TimedWorld(requests, step, cost, engine).run(SessionFeeder(requests))
-    steady = [r for r in records if r.turn > 0]  # the first round fills the engine
-    ttft = np.mean([r.ttft for r in steady])
-    tpot = np.mean([r.tpot for r in steady if r.tpot == r.tpot])
+    feeder = ConcurrencyFeeder(requests, point.concurrency)
+    records = TimedWorld(requests, step, cost, engine).run(feeder)
+    ttft = np.mean([r.ttft for r in records])
+    tpot = np.mean([r.tpot for r in records if r.tpot == r.tpot])
     return 1e3 * float(ttft), 1e3 * float(tpot)
 
 
@@ -317,6 +312,7 @@ def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
         }
     rows = [
         p.__dict__
+        | {"version_used": version_for(p)}  # the csv's version, else the newest measured below
         | {"ttft_ms_held_out": float(h[0]), "tpot_ms_held_out": float(h[1])}
         | {"ttft_ms_in_sample": float(i[0]), "tpot_ms_in_sample": float(i[1])}
         | {"simulated_ms": sim.tolist()}  # (TTFT, TPOT) at iteration overhead 0 and PROBE_S

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -234,7 +236,8 @@ def _replay_hits(
         "%s: reuse breakdown: replaying at cache.size_gb=%s (the %s part)", spec.name, size, part
     )
     try:
-        run = run_policy(spec, requests, setting.model, settings, ReplayEngine(), setting.unit)
+        with quiet_counterfactual():
+            run = run_policy(spec, requests, setting.model, settings, ReplayEngine(), setting.unit)
     except ConfigError as err:
         above = LOSSES[LOSSES.index(part) - 1]
         log.warning("%s: reuse breakdown: %s not computed (in %s): %s", spec.name, part, above, err)
@@ -242,6 +245,21 @@ def _replay_hits(
         return None
     ids = (int(i) for i in run.records["request_id"])
     return dict(zip(ids, (int(h) for h in run.records["hit_tokens"]), strict=True))
+
+
+@contextmanager
+def quiet_counterfactual() -> Iterator[None]:
+    """A counterfactual replay's warnings are about a run the user did not ask for (Marconi's
+    alpha never tunes in an infinite cache, which never evicts): only errors pass."""
+    loggers = [logging.getLogger(name) for name in ("simlab", "policies")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.ERROR))
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def pooled(cache: CacheSettings, replicas: int) -> CacheSettings:

@@ -45,7 +45,15 @@ from simlab.run.policy import PolicyRun, policy_step, run_policy, stacked_runs
 from simlab.run.routes import Route
 from simlab.run.simulate import finish_run
 from simlab.run.summary import Summary, alpha_label
-from simlab.run.sweep import _scalar, check_no_overwrite, finished_summary, tidy_table, write_points
+from simlab.run.sweep import (
+    CAPACITIES,
+    SIZE_KEY,
+    _scalar,
+    check_no_overwrite,
+    finished_summary,
+    tidy_table,
+    write_points,
+)
 from simlab.run.trace import trace_requests
 from simlab.util.provenance import code_version
 from traces.format import Request
@@ -55,8 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TABLE = "capacities.parquet"
-SIZE_KEY = "cache.size_gb"
+TABLE = CAPACITIES
 #: columns of the printed table (summary key -> header)
 TABLE_COLUMNS = {
     "token_hit_rate": "token hit",

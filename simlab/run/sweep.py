@@ -65,6 +65,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POINTS = "points.parquet"
+#: a capacity-list run's table (:mod:`simlab.run.capacities`) and its size column
+CAPACITIES = "capacities.parquet"
+SIZE_KEY = "cache.size_gb"
 SUMMARY = "summary.json"
 RECORDS = "records.parquet"
 #: Override keys that select configs rather than set parameters.
@@ -264,6 +267,15 @@ def _tidy_array(values: list[Any]) -> pa.Array:
     )
 
 
+def capacity_rows(point: int, run_dir: str, params: dict[str, Any], table: Path):
+    """The rows of a job that ran a capacity list (its ``capacities.parquet``): each size's
+    rows, with that size as ``cache.size_gb`` and its own directory as ``run_dir``."""
+    for row in pq.read_table(table).to_pylist():
+        size = {SIZE_KEY: row.pop(SIZE_KEY)}
+        row["run_dir"] = f"{run_dir}/{row['run_dir']}" if row.get("run_dir") else run_dir
+        yield {"point": point, "run_dir": row.pop("run_dir")} | params | size | row
+
+
 def point_rows(point: int, run_dir: str, params: dict[str, Any], summary: dict[str, Any]):
     for policy, metrics in summary["policies"].items():
         row: dict[str, Any] = {"point": point, "run_dir": run_dir}
@@ -288,13 +300,17 @@ def collect(sweep_dir: Path) -> tuple[pd.DataFrame, list[str], list[int]]:
         if expected is not None and (num >= len(expected) or overrides != expected[num]):
             log.info("%s: left over from another sweep, skipped", job_dir)
             continue
-        if not (job_dir / SUMMARY).is_file():
+        params = override_values(overrides)
+        run_dir = job_dir.relative_to(sweep_dir).as_posix()
+        if (job_dir / SUMMARY).is_file():
+            summary = json.loads((job_dir / SUMMARY).read_text())
+            rows.extend(point_rows(num, run_dir, params, summary))
+        elif (job_dir / CAPACITIES).is_file():  # a capacity list: one row per size and policy
+            rows.extend(capacity_rows(num, run_dir, params, job_dir / CAPACITIES))
+        else:
             unfinished.append(num)
             continue
-        params = override_values(overrides)
         keys.update(dict.fromkeys(params))
-        summary = json.loads((job_dir / SUMMARY).read_text())
-        rows.extend(point_rows(num, job_dir.relative_to(sweep_dir).as_posix(), params, summary))
     if expected is not None:
         unfinished = sorted(set(unfinished) | (set(range(len(expected))) - set(dirs)))
     frame = pd.DataFrame(rows)

@@ -1,8 +1,10 @@
-"""Where a timed world's requests come from: the :class:`Feeder` protocol and chat sessions
-(:class:`SessionFeeder`; a planned batch is :mod:`simlab.engines.offline`'s)."""
+"""Where a timed world's requests come from: the :class:`Feeder` protocol, chat sessions
+(:class:`SessionFeeder`) and a benchmark client at a fixed concurrency
+(:class:`ConcurrencyFeeder`); a planned batch is :mod:`simlab.engines.offline`'s."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -65,6 +67,35 @@ class SessionFeeder:
             return max(req.arrival - prev.arrival, 0.0)
         new_tokens = max(req.input_tokens - prev.input_tokens - prev.output_len, 0)
         return new_tokens / TOKENS_PER_WORD / self.typing_wpm * 60.0
+
+
+@dataclass
+class ConcurrencyFeeder:
+    """A serving benchmark at ``--max-concurrency C --request-rate inf`` (vLLM's and SGLang's
+    ``bench_serving``): every request is ready at time 0, at most ``concurrency`` are in flight,
+    and the next one in order is sent the moment one completes. The first ``concurrency``
+    therefore arrive together (the burst that starts every such run); the rest are paced by
+    completions. Sessions and arrival times in ``requests`` are ignored."""
+
+    requests: Sequence[Request]
+    concurrency: int
+
+    def processes(self, world: TimedWorld) -> list[Generator[Any, Any, None]]:
+        pending = deque(self.requests)
+        slots = min(self.concurrency, len(pending))
+        return [self._client(world, pending) for _ in range(slots)]
+
+    def ready(self, job: Job) -> bool:
+        return True
+
+    def finished(self, job: Job, record: RequestRecord) -> bool:
+        return True
+
+    def _client(self, world: TimedWorld, pending: deque[Request]) -> Generator[Any, Any, None]:
+        env = world.env
+        while pending:
+            req = pending.popleft()
+            yield world.submit(Job(req=req, arrival=env.now, done=env.event())).done
 
 
 def session_feeder(requests: Sequence[Request], typing_wpm: float | None = None) -> Feeder:
