@@ -53,6 +53,7 @@ from simlab.model.spec import ModelSpec
 from simlab.run.plan import plan_run
 from simlab.run.policy import policy_step
 from traces.format import Request
+from traces.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -360,9 +361,11 @@ def validate(out: Path, per_group: int | None = None, max_concurrency: int = 512
     pts, skipped = points(csv / "silicon_sample.csv")
     pts = [p for p in sample(pts, per_group) if p.concurrency <= max_concurrency]
     sims = np.zeros((len(pts), 2, 2))
-    for i, p in enumerate(pts):
-        sims[i, 0], sims[i, 1] = simulate(p, 0.0), simulate(p, PROBE_S)
-        log.info("%d/%d %s: %s / %s", i + 1, len(pts), p.id, sims[i, 0], (p.ttft_ms, p.tpot_ms))
+    with Progress(len(pts), "silicon points", check_every=1) as progress:
+        for i, p in enumerate(pts):
+            sims[i, 0], sims[i, 1] = simulate(p, 0.0), simulate(p, PROBE_S)
+            log.debug("%s: %s / %s", p.id, sims[i, 0], (p.ttft_ms, p.tpot_ms))
+            progress.update()
     result = summary(pts, cross_validate(pts, sims)) | {"skipped": skipped}
     write(out, result)
     return result
@@ -399,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("traces.progress").setLevel(logging.INFO)  # a line now and then
     try:
         result = validate(args.out, args.per_group)
     except ConfigError as err:
