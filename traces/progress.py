@@ -47,7 +47,7 @@ class Progress:
         if now - self._last >= self.every_s:
             self._last = now
             rate = self.done / (now - self._start)
-            log.info("%s: %d/%d (%.0f/s)", self.what, self.done, self.total, rate)
+            log.info("%s: %d/%d (%.3g/s)", self.what, self.done, self.total, rate)
 
     def close(self) -> None:
         if self._bar is not None:
