@@ -42,15 +42,23 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from policies.engine_state import (
+    check_ssm_dtype,
+    mamba_page_bytes,
+    model_dtype,
+    positive_int,
+    vllm_hybrid_block_size,
+    with_ssm_dtype,
+)
 from simlab.cache.contract import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
 from simlab.cache.scoring import (
     DTYPE_BYTES,
+    GDN_FLASHINFER_ALIGNMENT,
     SGLANG_CONV_DTYPE,
     SGLANG_SSM_DTYPE,
-    SSM_DTYPES,
     VLLM_SSM_DTYPE,
     Recency,
-    vllm_block_size,
+    vllm_gdn_prefill,
 )
 
 if TYPE_CHECKING:
@@ -61,13 +69,6 @@ if TYPE_CHECKING:
 SGLANG_MAMBA = ("no_buffer", "extra_buffer")
 #: vLLM's ``mamba_cache_mode`` values per modelled engine version.
 VLLM_MAMBA_MODES = {"0.33.0": ("align", "none")}
-
-
-def positive_int(value: object, key: str) -> int:
-    """``value`` if it is an integer >= 1, else a ValueError naming ``key``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
-    return value
 
 
 @dataclass
@@ -245,44 +246,6 @@ class BlockPool(AdmissionPolicy):
         return Admission(ckpts=list(range(1, seq_len + 1)), end=seq_len, held_from=lookup.hit)
 
 
-def model_dtype(model: ModelSpec) -> str:
-    """The model's own dtype by its bytes (the presets are BF16)."""
-    return {4: "float32", 2: "bfloat16"}.get(model.dtype_bytes, f"{model.dtype_bytes} bytes")
-
-
-def check_ssm_dtype(value: str, key: str) -> None:
-    if value not in SSM_DTYPES:
-        raise ValueError(f"{key} must be one of {SSM_DTYPES}, got {value!r}")
-
-
-def with_ssm_dtype(model: ModelSpec, dtype: str) -> ModelSpec:
-    """``model`` with its recurrent (SSM) state kept in ``dtype``."""
-    size = DTYPE_BYTES[dtype]
-    if not model.is_hybrid or model.ssm_state_dtype_bytes == size:
-        return model
-    return replace(model, ssm_state_dtype_bytes=size)
-
-
-def mamba_page_bytes(model: ModelSpec, conv_bytes: int | None = None) -> int:
-    """One layer's recurrent state as the engines keep it (vLLM's ``MambaSpec.page_size_bytes``,
-    SGLang's ``mamba_cache_per_req`` per layer): the conv state over ``kernel - 1`` steps (in
-    ``conv_bytes``, default the model's dtype) plus the SSM state."""
-    conv = model.dtype_bytes if conv_bytes is None else conv_bytes
-    return (
-        model.ssm_state_channels * model.ssm_state_dim * model.ssm_state_dtype_bytes
-        + model.ssm_conv_channels * (model.ssm_conv_kernel - 1) * conv
-    )
-
-
-def vllm_hybrid_block_size(model: ModelSpec, minimum: int) -> int:
-    """Tokens per block of a hybrid under ``align`` (:func:`vllm_block_size`): one layer's KV
-    page of a block holds one layer's Mamba state (:func:`mamba_page_bytes`). Nemotron-H-8B:
-    528 with a BF16 state, 1,040 with vLLM's FP32 default for it. The blocks of
-    GDN models on Hopper (FlashInfer's 64-token checkpoint alignment) are not modelled."""
-    page, token = mamba_page_bytes(model), model.kv_bytes_per_token_per_layer
-    return vllm_block_size(page, token, minimum, mla=model.attn_kind == "mla")
-
-
 @dataclass
 class VLLM(BlockPool):
     """vLLM's block prefix cache (see the module docstring).
@@ -295,7 +258,9 @@ class VLLM(BlockPool):
     longer than its Mamba hit (Marconi-style admission, vLLM #37898), and the KV of every full
     block. A hit is the deepest cached state within the attention hit (the minimum over the
     KV-cache groups), so a prompt of at most one block never hits. ``none``: no Mamba
-    prefix caching, no hits. ``junction: false`` drops the junction state (vLLM before #37898);
+    prefix caching, no hits. ``junction: false`` drops the junction state (vLLM before #37898).
+    A GDN model on a GPU where vLLM prefills it with FlashInfer (Hopper; :meth:`gdn_prefill`)
+    gets blocks in multiples of FlashInfer's 64-token checkpoint alignment;
     the sub-block junction of #53945 (``enable_mamba_shared_prefix_checkpoint``, EAGLE only)
     is not modelled.
     """
@@ -315,6 +280,9 @@ class VLLM(BlockPool):
     block_pool: bool = True
     #: vLLM's ``--mamba-ssm-cache-dtype`` (``auto``: its default for the model, :data:`VLLM_SSM_DTYPE`)
     mamba_ssm_cache_dtype: str = "auto"
+    #: the GPU's CUDA compute capability (``hardware.compute_capability``; None: not CUDA):
+    #: GDN models get FlashInfer's prefill, and its 64-token block alignment, on Hopper
+    compute_capability: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -323,6 +291,13 @@ class VLLM(BlockPool):
         if not isinstance(self.block_pool, bool):
             raise ValueError(
                 f"policy.admission.block_pool must be true or false, got {self.block_pool!r}"
+            )
+        capability = self.compute_capability
+        if capability is not None and (
+            isinstance(capability, bool) or not isinstance(capability, int | float)
+        ):
+            raise ValueError(
+                f"hardware.compute_capability must be a number or null, got {capability!r}"
             )
         modes = VLLM_MAMBA_MODES.get(self.version)
         if modes is None:
@@ -371,25 +346,53 @@ class VLLM(BlockPool):
             return out | {"state_bytes": 0}
         page = mamba_page_bytes(model)
         align = self.mamba_cache_mode == "align"
-        return out | {
-            "requested_block_size": (self.requested_block_size or self.block_size) * unit,
-            "mamba_cache_mode": self.mamba_cache_mode,
-            "ssm_state_dtype": self.ssm_dtype(model),
-            "conv_state_dtype": model_dtype(model),
-            "state_page_bytes": page,
-            "attention_page_bytes": block * model.kv_bytes_per_token_per_layer,
-            "state_bytes": page * model.n_ssm_layers,
-            "simlab_state_bytes": model.ssm_state_bytes,
-            "prefix_match_unit": None,  # 0.33.0's default: the block size
-            "states_kept": (
-                "the prompt's last block boundary below its end"
-                + (" and the shared-prefix junction" if self.junction else "")
-                if align
-                else "none"
-            ),
-            "max_num_batched_tokens": self.max_num_batched_tokens * unit,
-            "defaults": {"mamba_ssm_cache_dtype": self.dtype_source(model)},
-        }
+        return (
+            out
+            | {
+                "requested_block_size": (self.requested_block_size or self.block_size) * unit,
+                "mamba_cache_mode": self.mamba_cache_mode,
+                "ssm_state_dtype": self.ssm_dtype(model),
+                "conv_state_dtype": model_dtype(model),
+                "state_page_bytes": page,
+                "attention_page_bytes": block * model.kv_bytes_per_token_per_layer,
+                "state_bytes": page * model.n_ssm_layers,
+                "simlab_state_bytes": model.ssm_state_bytes,
+                "prefix_match_unit": None,  # 0.33.0's default: the block size
+                "states_kept": (
+                    "the prompt's last block boundary below its end"
+                    + (" and the shared-prefix junction" if self.junction else "")
+                    if align
+                    else "none"
+                ),
+                "max_num_batched_tokens": self.max_num_batched_tokens * unit,
+                "defaults": {"mamba_ssm_cache_dtype": self.dtype_source(model)}
+                | self.gdn_default(model),
+            }
+            | self.gdn_geometry(model)
+        )
+
+    def gdn_geometry(self, model: ModelSpec) -> dict[str, Any]:
+        """A GDN hybrid's prefill kernel and the GPU that chose it (none for other models)."""
+        kernel = self.gdn_prefill(model)
+        if kernel is None:
+            return {}
+        return {"compute_capability": self.compute_capability, "gdn_prefill_backend": kernel}
+
+    def gdn_default(self, model: ModelSpec) -> dict[str, str]:
+        """Where a GDN hybrid's prefill kernel comes from (``engine_defaults``)."""
+        kernel = self.gdn_prefill(model)
+        if kernel is None:
+            return {}
+        gpu = f"compute capability {self.compute_capability} (hardware.compute_capability)"
+        blocks = ", blocks in multiples of 64 tokens" if kernel == "flashinfer" else ""
+        return {"gdn_prefill_backend": f"{kernel} (vLLM {self.version}'s auto on {gpu}{blocks})"}
+
+    def gdn_prefill(self, model: ModelSpec) -> str | None:
+        """A GDN hybrid's prefill kernel on the run's GPU (:func:`vllm_gdn_prefill`; None:
+        no GDN layer)."""
+        if model.ssm_kind != "gdn" or not model.is_hybrid:
+            return None
+        return vllm_gdn_prefill(self.compute_capability, model.ssm_state_dim)
 
     def dtype_source(self, model: ModelSpec) -> str:
         """The SSM dtype and where it comes from."""
@@ -407,7 +410,8 @@ class VLLM(BlockPool):
     def for_model(self, model: ModelSpec, unit_tokens: int = 1) -> VLLM:
         if not model.is_hybrid or self.mamba_cache_mode != "align":
             return self
-        tokens = vllm_hybrid_block_size(model, self.block_size * unit_tokens)
+        alignment = GDN_FLASHINFER_ALIGNMENT if self.gdn_prefill(model) == "flashinfer" else 1
+        tokens = vllm_hybrid_block_size(model, self.block_size * unit_tokens, alignment)
         return replace(
             self, block_size=-(-tokens // unit_tokens), requested_block_size=self.block_size
         )

@@ -66,6 +66,35 @@ def test_the_block_rule():
 
 
 @pytest.mark.parametrize(
+    ("hardware", "block", "kernel"),
+    [("a100_80gb", 784, "triton"), ("h100_sxm", 832, "flashinfer"), ("b60", 784, "triton")],
+)
+def test_the_runs_gpu_picks_a_gdn_models_block(hardware, block, kernel):
+    """vLLM prefills GDN layers with FlashInfer on Hopper, whose 64-token checkpoint alignment
+    raises Qwen3.5-27B's block from 784 to 832 tokens; ``hardware`` decides, and
+    ``engine_geometry`` says so (the B60 is no CUDA GPU: Triton)."""
+    from simlab.run.policy import build_policy
+
+    pytest.importorskip("aiconfigurator_core")
+    overrides = ["+policy=vllm", "model=qwen3_5_27b", f"hardware={hardware}"]
+    plan = plan_run(compose([*overrides, "engine.memory_check=false"]))
+    admission, _ = build_policy(plan.policies["vllm"])
+    engine = admission.engine_model(plan.model)
+    geo = admission.for_model(engine).geometry(engine, 1, None)
+    assert (geo["block_size"], geo["gdn_prefill_backend"]) == (block, kernel)
+    assert admission.geometry(engine, 1, None)["defaults"]["gdn_prefill_backend"].startswith(kernel)
+
+
+def test_a_mamba2_model_keeps_its_block_on_hopper():
+    """FlashInfer's alignment is GDN's: Nemotron-H-8B's block is 1,040 tokens on any GPU."""
+    for capability in (None, 8.0, 9.0, 10.0):
+        engine = VLLM(compute_capability=capability).engine_model(NEMOTRON)
+        geo = VLLM(compute_capability=capability).for_model(engine).geometry(engine, 1, None)
+        assert geo["block_size"] == 1040
+        assert "gdn_prefill_backend" not in geo
+
+
+@pytest.mark.parametrize(
     ("policy", "name", "dtype", "block"),
     [
         (VLLM(), "nemotron_h_8b", "float32", 1040),  # NemotronHForCausalLMConfig

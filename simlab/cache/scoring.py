@@ -138,6 +138,22 @@ VLLM_SSM_DTYPE = {"NemotronHForCausalLM": "float32"}
 SGLANG_SSM_DTYPE, SGLANG_CONV_DTYPE = "float32", "bfloat16"
 
 
+#: the prefill checkpoint alignment of FlashInfer's GDN kernel (vLLM 0.33.0
+#: ``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``): vLLM's blocks for GDN layers are multiples of it
+GDN_FLASHINFER_ALIGNMENT = 64
+
+
+def vllm_gdn_prefill(capability: float | None, head_k_dim: int) -> str:
+    """The GDN prefill kernel vLLM 0.33.0 picks (``--gdn-prefill-backend auto``,
+    ``_resolve_gdn_prefill_backend``) on a GPU of CUDA compute ``capability`` (None: not CUDA):
+    FlashInfer on SM 9.0 (Hopper), and on SM 10.x and 12.x (Blackwell) with 128-wide key heads
+    and a CUDA 13 runtime (assumed); Triton elsewhere."""
+    if capability is None:
+        return "triton"
+    blackwell = int(capability) in (10, 12) and head_k_dim == 128
+    return "flashinfer" if capability == 9.0 or blackwell else "triton"
+
+
 def vllm_block_size(
     state_page: int, token_page: int, minimum: int = 16, alignment: int = 1, mla: bool = False
 ) -> int:
@@ -153,6 +169,7 @@ def vllm_block_size(
 __all__ = [
     "ALIGNMENTS",
     "DTYPE_BYTES",
+    "GDN_FLASHINFER_ALIGNMENT",
     "LRU_TIE_ORDERS",
     "SGLANG_CONV_DTYPE",
     "SGLANG_SSM_DTYPE",
@@ -165,4 +182,5 @@ __all__ = [
     "min_max",
     "reused_nodes",
     "vllm_block_size",
+    "vllm_gdn_prefill",
 ]

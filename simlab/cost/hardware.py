@@ -18,7 +18,8 @@ class Hardware:
     """Published peak numbers of one accelerator (dense FP16/BF16 tensor core; ``fp32_tflops``:
     the CUDA cores' FP32 peak, the ceiling of :data:`simlab.cost.shapes.CUDA_CORE_CLASSES`,
     None: no ceiling; ``system``: the GPU's name in aiconfigurator-core's measured tables,
-    :mod:`simlab.cost.measured`, None: none)."""
+    :mod:`simlab.cost.measured`, None: none; ``compute_capability``: its CUDA compute
+    capability, which vLLM's GDN prefill kernel follows)."""
 
     name: str
     peak_tflops: float
@@ -27,6 +28,8 @@ class Hardware:
     link_bw_gbps: float
     fp32_tflops: float | None = None
     system: str | None = None
+    #: CUDA compute capability (None: not a CUDA GPU); the engines' kernel choices follow it
+    compute_capability: float | None = None
 
     def __post_init__(self) -> None:
         keys = ("peak_tflops", "mem_bw_gbps", "mem_gb", "link_bw_gbps", "fp32_tflops")

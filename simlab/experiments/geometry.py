@@ -7,13 +7,14 @@ with vLLM 0.33.0's code on the CPU).
 simlab reads each config as ``model=hf`` does (:func:`simlab.model.hf.model_spec`) and asks
 ``+policy=vllm``'s and ``+policy=sglang``'s admissions, built from their configs as a run builds
 them, what they make of it (:func:`simlab_geometry`): the engine's state dtype, its pages and
-the block vLLM forces (and on Hopper, with the 64-token checkpoint alignment of FlashInfer's GDN
-prefill, the block :func:`simlab.cache.scoring.vllm_block_size` gives on the same pages). The
+the block vLLM forces (and on Hopper, where vLLM prefills GDN layers with FlashInfer's kernel
+and its 64-token checkpoint alignment, the block ``+policy=vllm hardware=h100_sxm`` forces). The
 configs come from aiconfigurator-core; without it the table says "not read".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -23,7 +24,6 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from simlab.cache.contract import AdmissionPolicy
-from simlab.cache.scoring import vllm_block_size
 from simlab.model.hf import model_spec
 from simlab.model.spec import ModelSpec
 
@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "crosscheck" / "geometry.json"
 CONFIGS = ROOT / "configs" / "admission"
-#: vLLM's prefill checkpoint alignment of FlashInfer's GDN kernel, its choice on Hopper
-GDN_HOPPER_ALIGNMENT = 64
+#: Hopper's compute capability: vLLM prefills GDN layers with FlashInfer's kernel there
+HOPPER = 9.0
 #: the values compared, simlab's against the fixture's
 COMPARED = (
     "block_size",
@@ -63,7 +63,7 @@ def simlab_geometry(
 ) -> dict[str, Any]:
     """simlab's values (:data:`COMPARED`) for ``model``, from the policies' own hooks: the
     engine's state dtype (``engine_model``), the forced block (``for_model``) and the pages
-    (``geometry``); on Hopper, GDN's 64-token checkpoint alignment on the same pages."""
+    (``geometry``); for a GDN model also on Hopper (``compute_capability`` 9.0)."""
     engine = vllm.engine_model(model)
     geo = vllm.for_model(engine).geometry(engine, 1, None)
     sglang_engine = sglang.engine_model(model)
@@ -76,9 +76,8 @@ def simlab_geometry(
         "sglang_state_bytes": sglang.geometry(sglang_engine, 1, None)["state_bytes"],
     }
     if model.ssm_kind == "gdn":
-        token = engine.kv_bytes_per_token_per_layer
-        page = geo["state_page_bytes"]
-        out["block_size_hopper"] = vllm_block_size(page, token, alignment=GDN_HOPPER_ALIGNMENT)
+        hopper = dataclasses.replace(vllm, compute_capability=HOPPER)  # type: ignore[type-var]
+        out["block_size_hopper"] = hopper.for_model(engine).geometry(engine, 1, None)["block_size"]
     return out
 
 
