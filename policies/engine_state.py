@@ -4,7 +4,7 @@ forces to hold it (shared by :mod:`policies.production`'s vLLM and SGLang polici
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from simlab.cache.scoring import DTYPE_BYTES, SSM_DTYPES, vllm_block_size
 
@@ -17,6 +17,18 @@ def positive_int(value: object, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{key} must be a positive integer, got {value!r}")
     return value
+
+
+def check_bool(value: object, key: str) -> None:
+    """A ValueError naming ``key`` unless ``value`` is true or false."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+
+
+def check_capability(value: object) -> None:
+    """A ValueError unless ``value`` is a CUDA compute capability (a number) or None."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ValueError(f"hardware.compute_capability must be a number or null, got {value!r}")
 
 
 def model_dtype(model: ModelSpec) -> str:
@@ -55,3 +67,63 @@ def vllm_hybrid_block_size(model: ModelSpec, minimum: int, alignment: int = 1) -
     Nemotron-H-8B: 528 with a BF16 state, 1,040 with vLLM's FP32 default for it."""
     page, token = mamba_page_bytes(model), model.kv_bytes_per_token_per_layer
     return vllm_block_size(page, token, minimum, alignment, mla=model.attn_kind == "mla")
+
+
+def states_kept(junction: bool, retention: int | None, block: int) -> str:
+    """Where vLLM's ``align`` mode keeps a request's states (``engine_geometry``), with the
+    shared-prefix ``junction`` and ``--prefix-cache-retention-interval`` ``retention``
+    (tokens; None: dense) on blocks of ``block`` tokens."""
+    kept = "the prompt's last block boundary below its end"
+    kept += " and the shared-prefix junction" if junction else ""
+    if retention is None or 0 < retention <= block:
+        return kept + ", and every block boundary a scheduler step ends on"
+    if retention:
+        return kept + f", and every multiple of {retention} tokens a scheduler step ends on"
+    return kept
+
+
+def gdn_prefill_items(
+    kernel: str | None, capability: float | None, version: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A GDN hybrid's prefill ``kernel`` on a GPU of compute ``capability``: its
+    ``engine_geometry`` items and where it comes from (``engine_defaults``); none for a model
+    without GDN layers (``kernel`` None)."""
+    if kernel is None:
+        return {}, {}
+    gpu = f"compute capability {capability} (hardware.compute_capability)"
+    blocks = ", blocks in multiples of 64 tokens" if kernel == "flashinfer" else ""
+    source = f"{kernel} (vLLM {version}'s auto on {gpu}{blocks})"
+    return (
+        {"compute_capability": capability, "gdn_prefill_backend": kernel},
+        {"gdn_prefill_backend": source},
+    )
+
+
+def check_grid_options(retention: int | None, unit: int | None) -> None:
+    """``--prefix-cache-retention-interval`` (0, None or a positive integer) and
+    ``--prefix-match-unit`` (None or a positive integer), or a ValueError naming the key."""
+    if retention is not None and retention != 0:
+        positive_int(retention, "policy.prefix_cache_retention_interval")
+    if unit is not None:
+        positive_int(unit, "policy.prefix_match_unit")
+
+
+def check_grid(retention: int | None, unit: int | None, block: int, hybrid: bool = True) -> None:
+    """vLLM's checks of ``--prefix-cache-retention-interval`` (``retention``) and
+    ``--prefix-match-unit`` (``unit``) on the grid of its ``block`` (tokens; forced for a
+    hybrid); a prefix match unit other than the block is not modelled."""
+    if retention and not hybrid:
+        raise ValueError(
+            "policy.prefix_cache_retention_interval applies to Mamba layers, and this "
+            "model has none (vLLM refuses it); leave it 0"
+        )
+    if retention and retention % block:
+        raise ValueError(
+            f"policy.prefix_cache_retention_interval ({retention}) must be a multiple of "
+            f"vLLM's block for this model ({block} tokens), as vLLM requires"
+        )
+    if unit is not None and unit != block:
+        raise ValueError(
+            f"policy.prefix_match_unit ({unit}): hits on a grid other than vLLM's block "
+            f"({block} tokens for this model) are not modelled; leave it null"
+        )

@@ -43,10 +43,16 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from policies.engine_state import (
+    check_bool,
+    check_capability,
+    check_grid,
+    check_grid_options,
     check_ssm_dtype,
+    gdn_prefill_items,
     mamba_page_bytes,
     model_dtype,
     positive_int,
+    states_kept,
     vllm_hybrid_block_size,
     with_ssm_dtype,
 )
@@ -283,22 +289,29 @@ class VLLM(BlockPool):
     #: the GPU's CUDA compute capability (``hardware.compute_capability``; None: not CUDA):
     #: GDN models get FlashInfer's prefill, and its 64-token block alignment, on Hopper
     compute_capability: float | None = None
+    #: vLLM's ``--prefix-cache-retention-interval`` in tokens: 0 (0.33.0's default) keeps the
+    #: semantic states only; N > 0, a multiple of the block, also every state a step leaves at
+    #: a multiple of N tokens; None, every state a step leaves (vLLM's pool only:
+    #: :mod:`simlab.engines.block_pool`)
+    prefix_cache_retention_interval: int | None = 0
+    #: vLLM's ``--prefix-match-unit`` (None: 0.33.0's default, the block); a finer grid than
+    #: the block is not modelled
+    prefix_match_unit: int | None = None
+    #: vLLM's ``--enable-mamba-shared-prefix-checkpoint``: effective only with EAGLE on the
+    #: Mamba group and a finer ``prefix_match_unit``, so without effect here
+    enable_mamba_shared_prefix_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_ssm_dtype(self.mamba_ssm_cache_dtype, "policy.mamba_ssm_cache_dtype")
         positive_int(self.max_num_batched_tokens, "policy.admission.max_num_batched_tokens")
-        if not isinstance(self.block_pool, bool):
-            raise ValueError(
-                f"policy.admission.block_pool must be true or false, got {self.block_pool!r}"
-            )
-        capability = self.compute_capability
-        if capability is not None and (
-            isinstance(capability, bool) or not isinstance(capability, int | float)
-        ):
-            raise ValueError(
-                f"hardware.compute_capability must be a number or null, got {capability!r}"
-            )
+        check_bool(self.block_pool, "policy.admission.block_pool")
+        check_bool(
+            self.enable_mamba_shared_prefix_checkpoint,
+            "policy.enable_mamba_shared_prefix_checkpoint",
+        )
+        check_grid_options(self.prefix_cache_retention_interval, self.prefix_match_unit)
+        check_capability(self.compute_capability)
         modes = VLLM_MAMBA_MODES.get(self.version)
         if modes is None:
             raise ValueError(
@@ -315,11 +328,26 @@ class VLLM(BlockPool):
         """With ``block_pool`` on: a hybrid in ``align`` mode, and a Transformer."""
         return self.block_pool and (self.mamba_cache_mode == "align" or not hybrid)
 
+    def tree_caveats(self, hybrid: bool) -> tuple[str, ...]:
+        if hybrid and self.prefix_cache_retention_interval != 0:
+            return (
+                "policy.prefix_cache_retention_interval is modelled in vLLM's block pool only "
+                "(the replay and timed engines' block_pool route); this route keeps the "
+                "semantic states alone, as at 0",
+            )
+        return ()
+
     def caveats(self, hybrid: bool) -> tuple[str, ...]:
         if hybrid and self.mamba_cache_mode == "none":
             return (
                 "policy.mamba_cache_mode=none disables vLLM's prefix caching for the Mamba "
                 "state: a hybrid never hits",
+            )
+        if hybrid and self.enable_mamba_shared_prefix_checkpoint:
+            return (
+                "policy.enable_mamba_shared_prefix_checkpoint changes nothing: vLLM 0.33.0 "
+                "acts on it only with EAGLE on the Mamba group and a prefix_match_unit below "
+                "the block, neither of which simlab runs",
             )
         return ()
 
@@ -346,6 +374,10 @@ class VLLM(BlockPool):
             return out | {"state_bytes": 0}
         page = mamba_page_bytes(model)
         align = self.mamba_cache_mode == "align"
+        retention = self.prefix_cache_retention_interval
+        gdn, gdn_defaults = gdn_prefill_items(
+            self.gdn_prefill(model), self.compute_capability, self.version
+        )
         return (
             out
             | {
@@ -357,39 +389,18 @@ class VLLM(BlockPool):
                 "attention_page_bytes": block * model.kv_bytes_per_token_per_layer,
                 "state_bytes": page * model.n_ssm_layers,
                 "simlab_state_bytes": model.ssm_state_bytes,
-                "prefix_match_unit": None,  # 0.33.0's default: the block size
-                "states_kept": (
-                    "the prompt's last block boundary below its end"
-                    + (" and the shared-prefix junction" if self.junction else "")
-                    if align
-                    else "none"
-                ),
+                "prefix_match_unit": self.prefix_match_unit,  # None: the block
+                "enable_mamba_shared_prefix_checkpoint": self.enable_mamba_shared_prefix_checkpoint,
+                "prefix_cache_retention_interval": retention,
+                "states_kept": states_kept(self.junction, retention, block) if align else "none",
                 "max_num_batched_tokens": self.max_num_batched_tokens * unit,
-                "defaults": {"mamba_ssm_cache_dtype": self.dtype_source(model)}
-                | self.gdn_default(model),
+                "defaults": {"mamba_ssm_cache_dtype": self.dtype_source(model)} | gdn_defaults,
             }
-            | self.gdn_geometry(model)
+            | gdn
         )
 
-    def gdn_geometry(self, model: ModelSpec) -> dict[str, Any]:
-        """A GDN hybrid's prefill kernel and the GPU that chose it (none for other models)."""
-        kernel = self.gdn_prefill(model)
-        if kernel is None:
-            return {}
-        return {"compute_capability": self.compute_capability, "gdn_prefill_backend": kernel}
-
-    def gdn_default(self, model: ModelSpec) -> dict[str, str]:
-        """Where a GDN hybrid's prefill kernel comes from (``engine_defaults``)."""
-        kernel = self.gdn_prefill(model)
-        if kernel is None:
-            return {}
-        gpu = f"compute capability {self.compute_capability} (hardware.compute_capability)"
-        blocks = ", blocks in multiples of 64 tokens" if kernel == "flashinfer" else ""
-        return {"gdn_prefill_backend": f"{kernel} (vLLM {self.version}'s auto on {gpu}{blocks})"}
-
     def gdn_prefill(self, model: ModelSpec) -> str | None:
-        """A GDN hybrid's prefill kernel on the run's GPU (:func:`vllm_gdn_prefill`; None:
-        no GDN layer)."""
+        """A GDN hybrid's prefill kernel on the run's GPU (None: no GDN layer)."""
         if model.ssm_kind != "gdn" or not model.is_hybrid:
             return None
         return vllm_gdn_prefill(self.compute_capability, model.ssm_state_dim)
@@ -408,12 +419,17 @@ class VLLM(BlockPool):
         return f"{dtype} (vLLM {self.version}'s auto: the model's dtype)"
 
     def for_model(self, model: ModelSpec, unit_tokens: int = 1) -> VLLM:
-        if not model.is_hybrid or self.mamba_cache_mode != "align":
+        block = self.block_size * unit_tokens
+        forced = model.is_hybrid and self.mamba_cache_mode == "align"
+        if forced:
+            alignment = GDN_FLASHINFER_ALIGNMENT if self.gdn_prefill(model) == "flashinfer" else 1
+            block = vllm_hybrid_block_size(model, block, alignment)
+        retention, unit = self.prefix_cache_retention_interval, self.prefix_match_unit
+        check_grid(retention, unit, block, model.is_hybrid)
+        if not forced:
             return self
-        alignment = GDN_FLASHINFER_ALIGNMENT if self.gdn_prefill(model) == "flashinfer" else 1
-        tokens = vllm_hybrid_block_size(model, self.block_size * unit_tokens, alignment)
         return replace(
-            self, block_size=-(-tokens // unit_tokens), requested_block_size=self.block_size
+            self, block_size=-(-block // unit_tokens), requested_block_size=self.block_size
         )
 
     def plan(self, lookup: Lookup, input_len: int, seq_len: int) -> Admission:

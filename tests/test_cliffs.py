@@ -109,3 +109,42 @@ def test_partial_hits_under_load():
         hits[junction] = [r.hit_tokens for r in run.records]
     assert hits["true"] == [0, 0] + [2 * BLOCK] * 14
     assert hits["false"] == [0] * 16
+
+
+@pytest.mark.parametrize(
+    ("interval", "second"),
+    [
+        ("0", 0),
+        (f"{BLOCK}", 2 * BLOCK),
+        (f"{2 * BLOCK}", 2 * BLOCK),
+        (f"{3 * BLOCK}", 0),
+        ("null", 2 * BLOCK),
+    ],
+)
+def test_a_retention_interval_keeps_the_states_chunked_prefill_leaves(interval, second):
+    """``prefix_cache_retention_interval``: a 2,500-token system prompt and 1,500-token
+    questions at concurrency 1, prefilled in vLLM's 2,048-token steps, which end on every
+    block (1,040, 2,080, then the prompt's checkpoint at 3,120). At 0 (vLLM 0.33.0's default)
+    only the prompt's checkpoint and the junction are kept: the second request misses and
+    leaves the junction state. An interval keeping the state at 2,080 (every block, every
+    two blocks, or dense: null) gives the second request its whole shared blocks; one of
+    three blocks keeps only 3,120, past the divergence, as at 0."""
+    requests = shared_prefix(2500, 1500, 6)
+    hits = replay_hits(requests, [f"policy.prefix_cache_retention_interval={interval}"])
+    assert hits == [0, second] + [2 * BLOCK] * 4
+
+
+def test_a_retention_interval_needs_a_step_ending_there():
+    """States are kept where a step ends: with the whole prompt in one step (8,192-token
+    budget) no state is left at 2,080 whatever the interval."""
+    requests = shared_prefix(2500, 1500, 6)
+    budget = "policy.admission.max_num_batched_tokens=8192"
+    for interval in ("0", f"{BLOCK}"):
+        hits = replay_hits(requests, [budget, f"policy.prefix_cache_retention_interval={interval}"])
+        assert hits == [0, 0] + [2 * BLOCK] * 4
+
+
+def test_a_retention_interval_off_the_block_grid_is_refused():
+    """vLLM requires a multiple of the block; the error names the key and the block."""
+    with pytest.raises(ValueError, match=r"prefix_cache_retention_interval \(1000\).*1040"):
+        vllm_step(["policy.prefix_cache_retention_interval=1000"])

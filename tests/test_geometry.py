@@ -195,3 +195,45 @@ def test_the_study_page_ranks_points_by_hit_rate():
     assert list(rows["hit"]) == [67.0, 90.0]  # barh draws the last row on top
     assert rows["label"].iloc[-1] == "vllm: block_size=16 [block 1040, align, SSM float32]"
     assert geometry_note(None) == ""
+
+
+def test_the_match_unit_and_the_shared_prefix_checkpoint(tmp_path):
+    """vLLM 0.33.0 has both: ``prefix_match_unit`` equal to the block is its default, another
+    grid is refused as not modelled (the error names the key and the block); the shared-prefix
+    checkpoint acts only with EAGLE, so it changes no hit and the summary says so."""
+    from simlab.run.simulate import simulate
+
+    base = ["+policy=vllm", "model=nemotron_h_8b", "engine=replay", "trace.limit=4"]
+    with pytest.raises(ConfigError, match=r"policy\.prefix_match_unit \(32\).*1040"):
+        simulate(compose([*base, "policy.prefix_match_unit=32", f"output_dir={tmp_path}/a"]))
+    hits = {}
+    for flag, unit in (("false", "null"), ("true", "1040")):
+        out = tmp_path / flag
+        overrides = [
+            f"policy.enable_mamba_shared_prefix_checkpoint={flag}",
+            f"policy.prefix_match_unit={unit}",
+        ]
+        simulate(compose([*base, *overrides, "bounds.enabled=false", f"output_dir={out}"]))
+        written = json.loads((out / "summary.json").read_text())["policies"]["vllm"]
+        hits[flag] = written["token_hit_rate"]
+        geo = written["engine_geometry"]
+        assert geo["enable_mamba_shared_prefix_checkpoint"] is (flag == "true")
+        assert geo["prefix_match_unit"] == (None if unit == "null" else 1040)
+        assert geo["prefix_cache_retention_interval"] == 0
+    assert hits["true"] == hits["false"]
+    assert "EAGLE" in " ".join(written["caveats"])
+
+
+def test_the_prefix_tree_says_it_keeps_no_periodic_state():
+    """The retention interval is modelled in vLLM's pool; a step the prefix tree runs says
+    it keeps the semantic states alone."""
+    from policies.production import BlockLRU
+    from simlab.engines.step import RequestStep
+
+    assert not VLLM().tree_caveats(True)
+    assert not VLLM(prefix_cache_retention_interval=None).tree_caveats(False)
+    admission = VLLM(block_pool=False, prefix_cache_retention_interval=1040)
+    engine = admission.engine_model(NEMOTRON)
+    step = RequestStep.build(engine, math.inf, admission, BlockLRU(), "vllm")
+    assert not step.pool
+    assert admission.tree_caveats(True)[0] in step.summary()["caveats"]

@@ -285,6 +285,11 @@ class AdmissionPolicy:
         """One line per setting that disables reuse (logged; ``summary.json``'s ``caveats``)."""
         return ()
 
+    def tree_caveats(self, hybrid: bool) -> tuple[str, ...]:
+        """One line per setting only the engine's own pool models (:attr:`pools_blocks`), said
+        when the prefix tree runs the step instead (logged; ``summary.json``'s ``caveats``)."""
+        return ()
+
     def engine_model(self, model: ModelSpec) -> ModelSpec:
         """``model`` as the emulated engine keeps it (its state dtypes); most keep it as is."""
         return model

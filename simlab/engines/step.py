@@ -23,6 +23,7 @@ pinned until it finishes, so it is never evicted under it.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from simlab.engines.records import RequestRecord, request_record
 if TYPE_CHECKING:
     from simlab.model.spec import ModelSpec
 from traces.format import Request
+
+log = logging.getLogger(__name__)
 
 
 class Controller(Protocol):
@@ -397,7 +400,11 @@ class RequestStep:
         if self.cache.host is not None:
             items |= self.cache.host.summary()
         items |= self.engine_items()
-        caveats = [*self.admission.caveats(self.cache.hybrid), *items.pop("caveats", [])]
+        hybrid = self.cache.hybrid
+        tree = () if self.pool else self.admission.tree_caveats(hybrid)
+        for line in tree:
+            log.warning("%s: %s", self.policy, line)
+        caveats = [*self.admission.caveats(hybrid), *tree, *items.pop("caveats", [])]
         return items | {"caveats": caveats} if caveats else items
 
     def engine_items(self) -> dict[str, Any]:

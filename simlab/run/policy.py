@@ -90,21 +90,26 @@ def policy_step(
     tuner = AlphaTuner.for_policy(spec.tuning, eviction, name)
     if tuner is not None:
         controllers.append(tuner)
-    return RequestStep.build(
-        model,
-        settings.cache.kv_bytes,
-        admission,
-        eviction,
-        name,
-        page_size=page,
-        unit_tokens=unit_tokens,
-        controllers=controllers,
-        ssm_capacity_bytes=settings.cache.ssm_bytes,
-        semantics=in_units_semantics(spec.semantics, unit_tokens),
-        host_capacity_bytes=settings.cache.host_bytes,
-        host_bw_bytes=settings.cache.host_bw_bytes,
-        ckpt_states=ckpt_states,
-    )
+    try:
+        return RequestStep.build(
+            model,
+            settings.cache.kv_bytes,
+            admission,
+            eviction,
+            name,
+            page_size=page,
+            unit_tokens=unit_tokens,
+            controllers=controllers,
+            ssm_capacity_bytes=settings.cache.ssm_bytes,
+            semantics=in_units_semantics(spec.semantics, unit_tokens),
+            host_capacity_bytes=settings.cache.host_bytes,
+            host_bw_bytes=settings.cache.host_bw_bytes,
+            ckpt_states=ckpt_states,
+        )
+    except ConfigError:
+        raise
+    except ValueError as err:  # the admission's checks of its settings on the model (for_model)
+        raise ConfigError(f"policy {name!r}: {err}") from err
 
 
 def in_units_semantics(semantics: Semantics, unit_tokens: int) -> Semantics:

@@ -31,10 +31,21 @@ class HybridPool:
     """vLLM's hybrid pool (see the module docstring); :meth:`serve` runs one request alone (the
     replay engine), :meth:`open` starts one that runs among others (the timed engine)."""
 
-    def __init__(self, shape: PoolShape, junction: bool = True, max_tokens: int = 2048) -> None:
+    def __init__(
+        self,
+        shape: PoolShape,
+        junction: bool = True,
+        max_tokens: int = 2048,
+        retention: int | None = 0,
+    ) -> None:
         self.shape = shape
         self.junction = junction
         self.max_tokens = max_tokens  # tokens one step schedules (max_num_batched_tokens)
+        #: ``prefix_cache_retention_interval`` (tokens): 0 keeps the semantic states only, N
+        #: also those on multiples of N, None every one a step leaves (:meth:`PoolRun.kept`)
+        self.retention = retention
+        block = shape.block
+        self.every = 0 if retention == 0 else max(1, (retention or block) // block)
         self.pool = FreeQueue(shape.blocks)
         self.attn = shape.state_groups  # the attention group's id
         self.fresh: set[Key] = set()  # states cached in the scheduler step under way
@@ -70,7 +81,8 @@ class HybridPool:
             junction,
         )
         end = min((s for s in stops if start < s < end), default=end)
-        return end, internal_checkpoint(start, end, prefill_end, size)
+        # the Mamba manager reserves a checkpoint block on every chunk unless retention is 0
+        return end, internal_checkpoint(start, end, prefill_end if not self.every else 0, size)
 
     def cached_bytes(self) -> tuple[int, int]:
         """(KV, state) bytes of the cached blocks, a dead state's surviving blocks included."""
@@ -278,13 +290,26 @@ class PoolRun:
         upto = end if known is None else min(end, known)
         self.key(upto)
         new_states = 0
+        kept = self.kept(start, upto)
         for g, table in enumerate(self.tables):
-            for i in self.reachable:
+            for i in kept:
                 block = table[i] if 0 <= i < min(upto // size, len(table)) else None
                 if block is not None and queue.cache(block, (g, self.keys[i])):
                     new_states += 1
                     self.p.fresh.add((g, self.keys[i]))
         self.states_cached += new_states // len(self.tables) if self.tables else 0
+
+    def kept(self, start: int, upto: int) -> set[int]:
+        """The blocks whose state a step from ``start`` keying ``upto`` tokens keeps when it
+        holds one (``reachable_block_mask``): the reachable ones (the prompt checkpoint, the
+        junction) and, with a retention interval of ``every`` blocks, those ending on a
+        multiple of it (every block: dense)."""
+        every = self.p.every
+        if not every:
+            return self.reachable
+        first = max(0, start // self.p.shape.block - 1)
+        last = upto // self.p.shape.block
+        return self.reachable | {i for i in range(first, last) if (i + 1) % every == 0}
 
     def _step_kv(self, end: int, upto: int) -> None:
         """:meth:`step` of a Transformer (no Mamba group: nothing to retire or checkpoint):

@@ -114,6 +114,7 @@ def step_pool(step: RequestStep, shape: PoolShape) -> tuple[HybridPool, bool]:
         shape,
         junction=bool(getattr(admission, "junction", True)),
         max_tokens=int(getattr(admission, "max_num_batched_tokens", 2048)),
+        retention=getattr(admission, "prefix_cache_retention_interval", 0),
     )
     return pool, admission.keys.committed
 
