@@ -42,7 +42,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from policies.engine_state import (
+from simlab.cache.contract import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
+from simlab.cache.scoring import (
+    DTYPE_BYTES,
+    GDN_FLASHINFER_ALIGNMENT,
+    SGLANG_CONV_DTYPE,
+    SGLANG_SSM_DTYPE,
+    VLLM_SSM_DTYPE,
+    Recency,
     check_bool,
     check_capability,
     check_grid,
@@ -53,18 +60,9 @@ from policies.engine_state import (
     model_dtype,
     positive_int,
     states_kept,
+    vllm_gdn_prefill,
     vllm_hybrid_block_size,
     with_ssm_dtype,
-)
-from simlab.cache.contract import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
-from simlab.cache.scoring import (
-    DTYPE_BYTES,
-    GDN_FLASHINFER_ALIGNMENT,
-    SGLANG_CONV_DTYPE,
-    SGLANG_SSM_DTYPE,
-    VLLM_SSM_DTYPE,
-    Recency,
-    vllm_gdn_prefill,
 )
 
 if TYPE_CHECKING:

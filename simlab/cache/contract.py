@@ -2,9 +2,8 @@
 
 A policy is a small object behind one of these classes and never owns the tree: the cache
 (:class:`simlab.cache.prefix.PrefixCache`) owns nodes, bytes, pins and evict-until-fits, and shows a
-policy only what :class:`CacheView` lists. Adding a policy touches two files: its module here and
-its ``configs/admission|eviction/*.yaml`` (``_target_``); the contract tests pick it up from the
-YAML.
+policy only what :class:`CacheView` lists. Adding a policy touches two files: its module and its
+``configs/admission|eviction/*.yaml`` (``_target_``), which the contract tests read.
 
 Every hook an engine or the cache calls is declared here, with a no-op default, so a policy
 overrides only what it needs and nothing is probed with ``getattr``:
@@ -99,8 +98,7 @@ class Tracking:
     input's KV match branches off inside a node, on the absolute grid) when that lies inside the
     extend on the same relative grid. A decode step tracks one when the sequence it leaves is a
     multiple of ``every``. Invariant: a tracked state lies inside what its extend or decode
-    steps computed.
-    """
+    steps computed."""
 
     grid: int
     every: int
@@ -136,8 +134,7 @@ class Admission:
     ``publishes_prompt``: the prompt's KV (and its states) enter the cache when the prefill
     ends, not when the request finishes (SGLang's ``checkpoint_kv_cache``; vLLM caches each
     block once it is computed), so a timed engine's later requests can hit it while this one
-    still decodes.
-    """
+    still decodes."""
 
     ckpts: list[int]
     end: int
@@ -286,8 +283,7 @@ class AdmissionPolicy:
         return ()
 
     def tree_caveats(self, hybrid: bool) -> tuple[str, ...]:
-        """One line per setting only the engine's own pool models (:attr:`pools_blocks`), said
-        when the prefix tree runs the step instead (logged; ``summary.json``'s ``caveats``)."""
+        """:meth:`caveats` of settings that only vLLM's pool models, when the tree runs it."""
         return ()
 
     def engine_model(self, model: ModelSpec) -> ModelSpec:
