@@ -148,3 +148,19 @@ def test_a_retention_interval_off_the_block_grid_is_refused():
     """vLLM requires a multiple of the block; the error names the key and the block."""
     with pytest.raises(ValueError, match=r"prefix_cache_retention_interval \(1000\).*1040"):
         vllm_step(["policy.prefix_cache_retention_interval=1000"])
+
+
+def test_a_retention_interval_under_load():
+    """The requests of :func:`test_partial_hits_under_load`, arriving together, with every
+    block's state kept (an interval of one block): the first request's chunked prefill leaves
+    a state on each block it ends on (1,040, 2,080), so from the second request on every one
+    hits the whole shared blocks, without waiting for a junction state."""
+    requests = shared_prefix(2500, 700, 16, gap=0.0)
+    hits = {}
+    for interval in ("0", f"{BLOCK}"):
+        step = vllm_step([f"policy.prefix_cache_retention_interval={interval}"])
+        engine = TimedEngine(hardware=A100, token_budget=2048, memory_check=False)
+        run = engine.run(requests, routed(step, engine, requests))
+        hits[interval] = [r.hit_tokens for r in run.records]
+    assert hits["0"] == [0, 0] + [2 * BLOCK] * 14
+    assert hits[f"{BLOCK}"] == [0] + [2 * BLOCK] * 15
