@@ -71,6 +71,8 @@ MEANINGS: dict[str, str] = {
     "threshold_sort|random_order`; the `offline` group below)",
     # hardware
     "hardware.name": "the preset's name",
+    "hardware.compute_capability": "the GPU's CUDA compute capability (null: not CUDA); vLLM's "
+    "kernel choices follow it (a GDN model's block on Hopper: engine geometry guide)",
     "hardware.system": "the GPU's name in aiconfigurator-core's measured kernel tables "
     "(`engine.kernels=measured`); null: no tables, the calibrated roofline",
     "hardware.peak_tflops": "published dense FP16/BF16 tensor-core peak, TFLOP/s",
@@ -206,6 +208,15 @@ MEANINGS: dict[str, str] = {
     "`mamba_ssm_cache_dtype`)",
     "policy.admission.mamba_ssm_dtype": "the admission's SSM dtype (the policy's "
     "`mamba_ssm_dtype`)",
+    "policy.admission.prefix_cache_retention_interval": "the admission's retention interval "
+    "(the policy's `prefix_cache_retention_interval`)",
+    "policy.admission.prefix_match_unit": "the admission's prefix match unit (the policy's "
+    "`prefix_match_unit`)",
+    "policy.admission.enable_mamba_shared_prefix_checkpoint": "the admission's shared-prefix "
+    "checkpoint switch (the policy's `enable_mamba_shared_prefix_checkpoint`)",
+    "policy.admission.compute_capability": "the GPU's CUDA compute capability "
+    "(`hardware.compute_capability`): vLLM prefills GDN layers with FlashInfer on Hopper, "
+    "whose 64-token alignment can raise the block",
     # admission
     "admission.block_size": "tokens per block (one node per whole block)",
     "admission.interval": "a checkpoint every this many tokens",
