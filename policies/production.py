@@ -264,9 +264,10 @@ class VLLM(BlockPool):
     KV-cache groups), so a prompt of at most one block never hits. ``none``: no Mamba
     prefix caching, no hits. ``junction: false`` drops the junction state (vLLM before #37898).
     A GDN model on a GPU where vLLM prefills it with FlashInfer (Hopper; :meth:`gdn_prefill`)
-    gets blocks in multiples of FlashInfer's 64-token checkpoint alignment;
-    the sub-block junction of #53945 (``enable_mamba_shared_prefix_checkpoint``, EAGLE only)
-    is not modelled.
+    gets blocks in multiples of FlashInfer's 64-token checkpoint alignment. A retention
+    interval also keeps the states steps leave on its grid (vLLM's pool only); a
+    ``prefix_match_unit`` other than the block is refused, and the sub-block junction of
+    #53945 (``enable_mamba_shared_prefix_checkpoint``) needs EAGLE, so it changes nothing.
     """
 
     committed: bool = True
