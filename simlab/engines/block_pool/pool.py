@@ -41,11 +41,9 @@ class HybridPool:
         self.shape = shape
         self.junction = junction
         self.max_tokens = max_tokens  # tokens one step schedules (max_num_batched_tokens)
-        #: ``prefix_cache_retention_interval`` (tokens): 0 keeps the semantic states only, N
-        #: also those on multiples of N, None every one a step leaves (:meth:`PoolRun.kept`)
-        self.retention = retention
-        block = shape.block
-        self.every = 0 if retention == 0 else max(1, (retention or block) // block)
+        #: ``retention`` (``prefix_cache_retention_interval``, tokens; None: dense) in blocks:
+        #: 0 keeps the semantic states only, n also those on every n-th block (:meth:`PoolRun.kept`)
+        self.every = 0 if retention == 0 else max(1, (retention or shape.block) // shape.block)
         self.pool = FreeQueue(shape.blocks)
         self.attn = shape.state_groups  # the attention group's id
         self.fresh: set[Key] = set()  # states cached in the scheduler step under way
