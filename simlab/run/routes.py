@@ -140,11 +140,19 @@ def heap_refusal(case: Case) -> str | None:
 
 
 # ------------------------------------------------------------------ the compiled radix replay
-def radix_refusal(step: RequestStep, requests: Sequence[Request]) -> str | None:
+def radix_refusal(step: RequestStep, requests: Sequence[Request], whole: bool = True) -> str | None:
     """Why the kernel cannot serve ``requests`` as ``step`` does, whatever the engine (None: it
-    can; the grid search of a tuned run on another engine replays its windows so)."""
+    can; the grid search of a tuned run on another route replays its windows so). ``whole``:
+    the whole replay; else the grid search's windows alone, which a hybrid's ids of many
+    tokens (a hash-id trace) may have too (:func:`simlab.fastpaths.radix.kernel.keyed`)."""
     cache, admission, eviction = step.cache, step.admission, step.eviction
     kind, order = admission.kind, eviction.order
+    many = (
+        not whole
+        and cache.unit > 1
+        and cache.hybrid
+        and all(r.block_size == cache.unit for r in requests)
+    )
     return first(
         (
             (
@@ -162,12 +170,12 @@ def radix_refusal(step: RequestStep, requests: Sequence[Request]) -> str | None:
                 "controllers other than the alpha tuner",
             ),
             (
-                cache.page_size == 1 and cache.unit == 1 and not cache.block_keys,
+                cache.page_size == 1 and (cache.unit == 1 or many) and not cache.block_keys,
                 "pages or ids of many tokens",
             ),
             (cache.kv_per_token > 0 and cache.ckpt_states == 1, "a model without attention KV"),
             (
-                all(r.block_size == 1 and r.ref_input_tokens is None for r in requests),
+                many or all(r.block_size == 1 and r.ref_input_tokens is None for r in requests),
                 "a hash-id trace",
             ),
             (
@@ -206,7 +214,7 @@ def with_compiled_search(step: RequestStep, case: Case) -> RequestStep:
         return step
     if not radix_kernel.use_compiled(case.compiled, case.requests, step):
         return step
-    why = radix_refusal(step, case.requests)
+    why = radix_refusal(step, case.requests, whole=False)
     if why is not None:
         log.debug("%s: the grid search request by request (%s)", step.policy, why)
         return step

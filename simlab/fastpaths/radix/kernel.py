@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from simlab.cache.keys import key_scheme
 from simlab.engines.records import RECORD_COLUMNS, Columns
 from simlab.engines.tuning.tuner import AlphaTuner
 from simlab.fastpaths.radix.jit import layout
@@ -219,7 +220,7 @@ def empty_state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.n
     """The kernel's ``st`` (:mod:`simlab.fastpaths.radix.jit`) for ``step``'s empty cache of
     ``slots`` node slots (the root at slot 0)."""
     cache, admission, model = step.cache, step.admission, step.cache.model
-    nodes = np.zeros((10, slots), dtype=np.int64)
+    nodes = np.zeros((layout.N_ROWS, slots), dtype=np.int64)
     nodes[layout.ALIVE, layout.ROOT] = 1
     floats = np.zeros((3, slots), dtype=np.float64)
     table = table_for(slots)
@@ -228,6 +229,7 @@ def empty_state(step: RequestStep, tokens: np.ndarray, slots: int) -> tuple[np.n
     ints[layout.KV_PER_TOKEN], ints[layout.CKPT_BYTES] = cache.kv_per_token, cache.ckpt_bytes
     ints[layout.HYBRID], ints[layout.EVICTION] = cache.hybrid, EVICTIONS[step.eviction.order]
     ints[layout.ADMISSION], ints[layout.PAGE] = ADMISSIONS[admission.kind], step.page_size
+    ints[layout.UNIT] = cache.unit
     fields = vars(admission)  # Judicious's or FineGrained's
     ints[layout.ROUND_DOWN] = fields.get("alignment") == "round_down"
     ints[layout.CHUNK] = fields.get("chunk_size", 1)
@@ -293,7 +295,8 @@ class Kernel:
 
         nodes, floats, _table, ints, settings, free, tokens = self.st
         slots, top, n_free = nodes.shape[1], int(ints[layout.TOP]), int(ints[layout.FREE])
-        bigger = (np.zeros((10, 2 * slots), np.int64), np.zeros((3, 2 * slots), np.float64))
+        rows = layout.N_ROWS
+        bigger = (np.zeros((rows, 2 * slots), np.int64), np.zeros((3, 2 * slots), np.float64))
         bigger[0][:, :top], bigger[1][:, :top] = nodes[:, :top], floats[:, :top]
         stack = np.zeros(2 * slots, np.int64)  # room for every slot: releases push on it
         stack[: slots + n_free] = np.concatenate(
@@ -305,6 +308,35 @@ class Kernel:
         rehash(self.st)
         self.path = np.zeros(2 * slots + 8, np.int64)
         self.along = np.zeros(2 * slots + 8, np.int64)
+
+
+def keyed(requests: Sequence[Request], step: RequestStep) -> list[Request]:
+    """``requests`` keyed as a fresh request step on ``step``'s cache keys them: a hash-id
+    prompt's short last id becomes a key of its own (:class:`simlab.cache.keys.TokenKeys`), from
+    a fresh id table, as each of the tuner's window replays has; its tokens count whole on a
+    hybrid, as the cache counts them. The keys, negative, become ids below ``2**31``
+    (:func:`kernel_ids`)."""
+    if all(r.block_size == 1 for r in requests):
+        return list(requests)
+    scheme = key_scheme(step.admission.keys)
+    views = (scheme.view(r).lookup for r in requests)
+    return [replace(r, input_ids=kernel_ids(ids)) for r, ids in zip(requests, views, strict=True)]
+
+
+#: where a short last id's key ``k`` (< 0) goes among the kernel's ids: ``SHORT_KEYS + k``
+SHORT_KEYS = 2**31
+
+
+def kernel_ids(ids: np.ndarray) -> np.ndarray:
+    """Cache ids as kernel ids: a short last id's key (negative) from ``2**31`` down; a trace's
+    own id must stay below them all."""
+    if not ids.size or int(ids.min()) >= 0:
+        return ids
+    lowest = SHORT_KEYS + int(ids.min())
+    if int(ids.max()) >= lowest:
+        raise ValueError(f"compiled radix replay: ids must stay below {lowest}")
+    wide = ids.astype(np.int64)
+    return np.where(wide < 0, wide + SHORT_KEYS, wide).astype(np.int32)
 
 
 def table_for(nodes: int) -> np.ndarray:

@@ -33,6 +33,8 @@ from simlab.fastpaths.radix.kernel import (
     TokenPool,
     copy_state,
     empty_state,
+    kernel_ids,
+    keyed,
     shared_pool,
 )
 
@@ -109,6 +111,7 @@ class KernelSearch:
         offs, in_lens, seq_lens = pool.offs[idx], pool.in_lens[idx], pool.seq_lens[idx]
         scored = idx[0 if settings.score_last is None else max(0, n - settings.score_last) :]
         inputs = pool.fixed["input_tokens"][scored]
+        units = pool.fixed["unit_tokens"][scored]
         prefill = pool.fixed["prefill_flops"][scored].tolist()
         live = int(image[layout.NODES][layout.ALIVE, : image[layout.INTS][layout.TOP]].sum())
         results = {}
@@ -118,7 +121,7 @@ class KernelSearch:
             out = np.zeros((10, n), dtype=np.int64)
             kernel = Kernel(st, self.kernel.path, self.kernel.along, self.kernel.work)
             kernel.serve(offs, in_lens, seq_lens, out, 0, n)
-            hit = out[1][n - scored.size :]
+            hit = np.minimum(out[1][n - scored.size :] * units, inputs)  # Request.hit_tokens
             saved = pool.model.prefill_flops_array(0, hit).tolist()
             results[alpha] = WindowResult(
                 int(hit.sum()), int(inputs.sum()), running_sum(saved), running_sum(prefill)
@@ -142,7 +145,7 @@ class ImageSearch:
         template: object,
         settings: TuningSettings,
     ) -> dict[float, WindowResult]:
-        pool = shared_pool(window, self.step, None)
+        pool = shared_pool(keyed(window, self.step), self.step, None)
         st = image_state(image, self.step, pool.tokens, NODES_PER_REQUEST * len(window))
         index = {id(r): i for i, r in enumerate(window)}
         search = KernelSearch(pool, index, Kernel.of(st, 2))
@@ -171,7 +174,7 @@ def image_state(
         chain = [py]
         while (parent := rows[chain[-1]]["parent"]) != root:  # type: ignore[index]
             chain.append(parent)
-        parts += [rows[q]["tokens"] for q in reversed(chain)]  # type: ignore[index]
+        parts += [kernel_ids(rows[q]["tokens"]) for q in reversed(chain)]  # type: ignore[index]
         for q in chain:
             ref.setdefault(q, size)
         size += int(row["end"])

@@ -10,7 +10,7 @@ every array a function takes out of a tuple, and those atomic counts cost more t
 work):
 
 * ``NODES`` (int64, one column per node slot; the root is slot 0): ``PARENT``, ``START``,
-  ``END``, ``REF`` (where in ``tokens`` a sequence through the node starts: ``tokens[ref + p]``
+  ``END`` (positions in ids of ``UNIT`` tokens), ``REF`` (where in ``tokens`` a sequence through the node starts: ``tokens[ref + p]``
   is the token at position ``p`` of its path), ``NID``, ``PINS``, ``KIDS`` (children),
   ``KID_SUM`` (the sum of the children's slots: a one-child node's only child), ``CKPT`` and
   ``ALIVE`` (0 / 1);
@@ -19,7 +19,7 @@ work):
 * ``TABLE``: the children, an open-addressing hash table (row 0 keys, row 1 values) from
   ``(parent slot, first token)`` to the child's slot;
 * ``INTS`` (int64): the counters ``FREE`` .. ``TOP`` and the settings
-  ``KV_PER_TOKEN`` .. ``CHUNK``; ``SETTINGS`` (float64): ``NOW`` .. ``QQ``;
+  ``KV_PER_TOKEN`` .. ``UNIT``; ``SETTINGS`` (float64): ``NOW`` .. ``QQ``;
   ``FREE_SLOTS``: the free slots (a stack); ``TOKENS``: every sequence's tokens.
 
 Slots past ``TOP`` hold nothing (a copy leaves them uninitialised: a new node writes every

@@ -9,6 +9,7 @@ TOMB = -2
 NODES, FLOATS, TABLE, INTS, SETTINGS, FREE_SLOTS, TOKENS = range(7)
 # NODES rows
 PARENT, START, END, REF, NID, PINS, KIDS, KID_SUM, CKPT, ALIVE = range(10)
+N_ROWS = 10
 # FLOATS rows
 LAST, SIZE, SAVED = range(3)
 # INTS: free slots, the next node id, KV bytes, SSM bytes, their peaks, table entries in use
@@ -19,7 +20,10 @@ KV_PER_TOKEN, CKPT_BYTES, HYBRID, EVICTION, ROUND_DOWN, CHUNK = range(9, 15)
 # ... the admission kind, a fine-grained admission's block, the page a Transformer's hit rounds
 # down to
 ADMISSION, BLOCK, PAGE = range(15, 18)
-N_INTS = 18
+# ... tokens per id (``PrefixCache.unit``: 1, or a hash-id trace's block; ``KV_PER_TOKEN`` is
+# per id)
+UNIT = 18
+N_INTS = 19
 # eviction kinds (radix_kernel.EVICTIONS)
 FLOP_AWARE, LRU = 0, 1
 # admission kinds (radix_kernel.ADMISSIONS)

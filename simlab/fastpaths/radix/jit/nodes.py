@@ -33,6 +33,7 @@ from simlab.fastpaths.radix.jit.layout import (
     SIZE,
     START,
     TOP,
+    UNIT,
 )
 from simlab.fastpaths.radix.jit.table import child_key, first_token, put
 
@@ -52,11 +53,12 @@ def refresh(st, s):
 @leaf
 def numbers(n, f, ints, p, s):
     """:func:`refresh` over the arrays themselves (the per-node helpers take them so: each
-    array taken out of ``st`` costs two atomic reference counts)."""
-    length = n[END, s] - n[START, s]
+    array taken out of ``st`` costs two atomic reference counts). Positions count ids of
+    ``UNIT`` tokens (a hybrid's short last id counts whole, as the cache counts it)."""
+    length, unit = n[END, s] - n[START, s], ints[UNIT]
     held = ints[CKPT_BYTES] if n[CKPT, s] else 0
     f[SIZE, s] = length * ints[KV_PER_TOKEN] + held
-    f[SAVED, s] = prefill_flops(p, n[START, s], length) if length else 0.0
+    f[SAVED, s] = prefill_flops(p, n[START, s] * unit, length * unit) if length else 0.0
 
 
 @leaf
