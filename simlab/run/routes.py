@@ -17,7 +17,9 @@ block_heap         a heap over block ids per capacity (:mod:`simlab.fastpaths.bl
                    the heap ran compiled, per ``cache.compiled``)
 compiled_radix     the request step as one numba kernel (:mod:`simlab.fastpaths.radix.kernel`):
                    the replay engine, a token trace, admission ``judicious`` or
-                   ``fine_grained``, order ``flop_aware`` or ``recency``
+                   ``fine_grained``, order ``flop_aware`` or ``recency`` (a tuned run on a
+                   slower route, a hybrid's hash-id trace too, replays its grid search there:
+                   :func:`with_compiled_search`)
 block_pool         vLLM's hybrid pool block by block (:mod:`simlab.engines.block_pool`): the
                    replay engine, an admission vLLM's pool models, its ``free_queue``
 request_step       the request step on the prefix tree (:mod:`simlab.engines.replay`)

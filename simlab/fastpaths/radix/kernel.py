@@ -12,7 +12,9 @@ semantics (no reference-code flags), one shared budget (no SSM pool, no host tie
 ``cache.page_size``, no controller but the alpha tuner (with judicious admission), an admission
 of kind ``judicious`` (on its input, unpaged) or ``fine_grained``, and an eviction of order
 ``flop_aware`` (the paper's terms, ties to the oldest node) or ``recency`` (ties to the oldest,
-an insertion refreshing nothing). Everything else runs request by request.
+an insertion refreshing nothing); the alpha tuner's grid search also a hybrid's hash-id trace
+(positions count ids of ``cache.unit`` tokens: :func:`keyed`). Everything else runs request by
+request.
 
 The kernel is the cache's code path for these plug-ins, step for step (each function of
 :mod:`simlab.fastpaths.radix.jit` names the method it follows), with three changes that give the

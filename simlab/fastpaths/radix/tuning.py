@@ -9,7 +9,9 @@ snapshots and grid search (:class:`simlab.engines.tuning.tuner.Imaging`).
 * A run on an engine the kernel does not serve (the timed engine, a cluster's replicas) keeps
   the request step and its snapshots (``CacheImage``); its grid search (:class:`ImageSearch`)
   makes each snapshot kernel state (:func:`image_state`) and replays the windows there
-  (:func:`search_compiled`; :func:`simlab.run.routes.with_compiled_search` decides).
+  (:func:`search_compiled`; :func:`simlab.run.routes.with_compiled_search` decides); so does a
+  hybrid's run on a hash-id trace, its windows keyed as the request step keys them
+  (:func:`simlab.fastpaths.radix.kernel.keyed`), its hits in tokens (``Request.hit_tokens``).
 
 Both give the request step's tunings: the same windows, grid scores (summed in the order
 ``WindowResult.add`` sums them) and alphas (``tests/test_radix_kernel.py``).
