@@ -17,9 +17,8 @@ block_heap         a heap over block ids per capacity (:mod:`simlab.fastpaths.bl
                    the heap ran compiled, per ``cache.compiled``)
 compiled_radix     the request step as one numba kernel (:mod:`simlab.fastpaths.radix.kernel`):
                    the replay engine, a token trace, admission ``judicious`` or
-                   ``fine_grained``, order ``flop_aware`` or ``recency`` (a tuned run on a
-                   slower route, a hybrid's hash-id trace too, replays its grid search there:
-                   :func:`with_compiled_search`)
+                   ``fine_grained``, order ``flop_aware`` or ``recency`` (a hybrid's
+                   hash-id trace too)
 block_pool         vLLM's hybrid pool block by block (:mod:`simlab.engines.block_pool`): the
                    replay engine, an admission vLLM's pool models, its ``free_queue``
 request_step       the request step on the prefix tree (:mod:`simlab.engines.replay`)
@@ -142,19 +141,14 @@ def heap_refusal(case: Case) -> str | None:
 
 
 # ------------------------------------------------------------------ the compiled radix replay
-def radix_refusal(step: RequestStep, requests: Sequence[Request], whole: bool = True) -> str | None:
+def radix_refusal(step: RequestStep, requests: Sequence[Request]) -> str | None:
     """Why the kernel cannot serve ``requests`` as ``step`` does, whatever the engine (None: it
-    can; the grid search of a tuned run on another route replays its windows so). ``whole``:
-    the whole replay; else the grid search's windows alone, which a hybrid's ids of many
-    tokens (a hash-id trace) may have too (:func:`simlab.fastpaths.radix.kernel.keyed`)."""
+    can; the grid search of a tuned run on another engine replays its windows so): a token
+    trace, or a hybrid's ids of many tokens (a hash-id trace,
+    :func:`simlab.fastpaths.radix.kernel.keyed`)."""
     cache, admission, eviction = step.cache, step.admission, step.eviction
     kind, order = admission.kind, eviction.order
-    many = (
-        not whole
-        and cache.unit > 1
-        and cache.hybrid
-        and all(r.block_size == cache.unit for r in requests)
-    )
+    many = cache.unit > 1 and cache.hybrid and all(r.block_size == cache.unit for r in requests)
     return first(
         (
             (
@@ -216,7 +210,7 @@ def with_compiled_search(step: RequestStep, case: Case) -> RequestStep:
         return step
     if not radix_kernel.use_compiled(case.compiled, case.requests, step):
         return step
-    why = radix_refusal(step, case.requests, whole=False)
+    why = radix_refusal(step, case.requests)
     if why is not None:
         log.debug("%s: the grid search request by request (%s)", step.policy, why)
         return step

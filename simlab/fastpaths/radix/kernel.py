@@ -179,7 +179,7 @@ def shared_pool(requests: Sequence[Request], step: RequestStep, shared: Walks | 
     pool = None if shared is None else shared.get(POOL)
     model = step.cache.model
     if not isinstance(pool, TokenPool):
-        tokens, offs, lens = token_pool(requests)
+        tokens, offs, lens = token_pool(keyed(requests, step))
         fixed = request_columns(requests, step)
         pool = TokenPool(tokens, offs, lens[0], lens.sum(axis=0), model, fixed)
     elif pool.model != model:
@@ -313,11 +313,11 @@ class Kernel:
 
 
 def keyed(requests: Sequence[Request], step: RequestStep) -> list[Request]:
-    """``requests`` keyed as a fresh request step on ``step``'s cache keys them: a hash-id
-    prompt's short last id becomes a key of its own (:class:`simlab.cache.keys.TokenKeys`), from
-    a fresh id table, as each of the tuner's window replays has; its tokens count whole on a
-    hybrid, as the cache counts them. The keys, negative, become ids below ``2**31``
-    (:func:`kernel_ids`)."""
+    """``requests`` keyed as a fresh request step on ``step``'s cache keys them, in order: a
+    hash-id prompt's short last id becomes a key of its own (:class:`simlab.cache.keys.TokenKeys`),
+    from a fresh id table, as the run's step and each of the tuner's window replays have one; its
+    tokens count whole on a hybrid, as the cache counts them. The keys, negative, become ids
+    below ``2**31`` (:func:`kernel_ids`)."""
     if all(r.block_size == 1 for r in requests):
         return list(requests)
     scheme = key_scheme(step.admission.keys)
@@ -382,7 +382,7 @@ def replay_columns(fixed: dict[str, np.ndarray], step: RequestStep, out: np.ndar
     """The records of the kernel's ``out`` rows (``fixed``: the request columns), column for
     column as :func:`simlab.engines.records.record_columns` makes them from the request step's records."""
     n = out.shape[1]
-    matched, hit = out[0], out[1]
+    matched, hit = in_tokens(out[0], fixed), in_tokens(out[1], fixed)
     columns = {
         "policy": np.full(n, step.policy, dtype=object),
         **{k: fixed[k] for k in ("request_id", "session_id", "turn", "arrival")},
@@ -403,3 +403,9 @@ def replay_columns(fixed: dict[str, np.ndarray], step: RequestStep, out: np.ndar
     }
     nan = np.full(n, math.nan)
     return {name: columns[name] if name in columns else nan.copy() for name in RECORD_COLUMNS}
+
+
+def in_tokens(ids: np.ndarray, fixed: dict[str, np.ndarray]) -> np.ndarray:
+    """Tokens a match of ``ids`` ids reuses, request for request (``fixed``: their request
+    columns): :meth:`traces.format.Request.hit_tokens`, ``min(ids x block, input tokens)``."""
+    return np.minimum(ids * fixed["unit_tokens"], fixed["input_tokens"])

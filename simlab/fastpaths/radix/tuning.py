@@ -38,6 +38,7 @@ from simlab.fastpaths.radix.kernel import (
     kernel_ids,
     keyed,
     shared_pool,
+    token_pool,
 )
 
 if TYPE_CHECKING:
@@ -70,7 +71,12 @@ def tuned_replay(
     tuner.imaging = Imaging(
         snapshot=copy_state,
         empty=lambda _st: empty_state(step, pool.tokens, slots),
-        search=KernelSearch(pool, {id(r): i for i, r in enumerate(requests)}, kernel),
+        search=KernelSearch(
+            pool,
+            {id(r): i for i, r in enumerate(requests)},
+            kernel,
+            step if step.cache.unit > 1 else None,
+        ),
         workers=False,
     )
     evicted = out[2 + layout.R_EVICTED]
@@ -99,6 +105,9 @@ class KernelSearch:
     pool: TokenPool
     index: dict[int, int]  # id of a request -> its position in the pool
     kernel: Kernel
+    #: ids of many tokens: each window keyed afresh for this step, as the request step's window
+    #: replays key it (a short last id's key may differ from the run's), after the pool's tokens
+    rekey: RequestStep | None = None
 
     def __call__(
         self,
@@ -111,6 +120,11 @@ class KernelSearch:
         pool, n = self.pool, len(window)
         idx = np.fromiter((self.index[id(r)] for r in window), np.int64, n)
         offs, in_lens, seq_lens = pool.offs[idx], pool.in_lens[idx], pool.seq_lens[idx]
+        tokens = image[layout.TOKENS]
+        if self.rekey is not None:
+            own, offs, lens = token_pool(keyed(window, self.rekey))
+            offs = offs + tokens.shape[0]
+            tokens, in_lens, seq_lens = np.concatenate((tokens, own)), lens[0], lens.sum(axis=0)
         scored = idx[0 if settings.score_last is None else max(0, n - settings.score_last) :]
         inputs = pool.fixed["input_tokens"][scored]
         units = pool.fixed["unit_tokens"][scored]
@@ -118,12 +132,12 @@ class KernelSearch:
         live = int(image[layout.NODES][layout.ALIVE, : image[layout.INTS][layout.TOP]].sum())
         results = {}
         for alpha in settings.grid:
-            st = copy_state(image, live + NODES_PER_REQUEST * n)
+            st = (*copy_state(image, live + NODES_PER_REQUEST * n)[: layout.TOKENS], tokens)
             st[layout.SETTINGS][layout.ALPHA] = alpha
             out = np.zeros((10, n), dtype=np.int64)
             kernel = Kernel(st, self.kernel.path, self.kernel.along, self.kernel.work)
             kernel.serve(offs, in_lens, seq_lens, out, 0, n)
-            hit = np.minimum(out[1][n - scored.size :] * units, inputs)  # Request.hit_tokens
+            hit = np.minimum(out[1][n - scored.size :] * units, inputs)  # in_tokens
             saved = pool.model.prefill_flops_array(0, hit).tolist()
             results[alpha] = WindowResult(
                 int(hit.sum()), int(inputs.sum()), running_sum(saved), running_sum(prefill)
@@ -147,7 +161,7 @@ class ImageSearch:
         template: object,
         settings: TuningSettings,
     ) -> dict[float, WindowResult]:
-        pool = shared_pool(keyed(window, self.step), self.step, None)
+        pool = shared_pool(window, self.step, None)  # keyed as the window's step keys it
         st = image_state(image, self.step, pool.tokens, NODES_PER_REQUEST * len(window))
         index = {id(r): i for i, r in enumerate(window)}
         search = KernelSearch(pool, index, Kernel.of(st, 2))
