@@ -7,14 +7,13 @@ with Marconi's alpha tuning too (:mod:`simlab.fastpaths.radix.tuning`).
 numba is an optional extra (``pip install simlab[fast]``, :func:`simlab.util.numba_import.available`);
 ``cache.compiled`` decides (:func:`use_compiled`), and without numba the request step runs,
 giving the same records. What the kernel covers is what the route table accepts
-(:func:`simlab.run.routes.radix_refusal`): the replay engine, a token trace, simlab's own cache
+(:func:`simlab.run.routes.radix_refusal`): the replay engine, a token trace or a hybrid's
+hash-id trace (positions count ids of ``cache.unit`` tokens, :func:`keyed`), simlab's own cache
 semantics (no reference-code flags), one shared budget (no SSM pool, no host tier), no
 ``cache.page_size``, no controller but the alpha tuner (with judicious admission), an admission
 of kind ``judicious`` (on its input, unpaged) or ``fine_grained``, and an eviction of order
 ``flop_aware`` (the paper's terms, ties to the oldest node) or ``recency`` (ties to the oldest,
-an insertion refreshing nothing); the alpha tuner's grid search also a hybrid's hash-id trace
-(positions count ids of ``cache.unit`` tokens: :func:`keyed`). Everything else runs request by
-request.
+an insertion refreshing nothing). Everything else runs request by request.
 
 The kernel is the cache's code path for these plug-ins, step for step (each function of
 :mod:`simlab.fastpaths.radix.jit` names the method it follows), with three changes that give the
