@@ -4,8 +4,9 @@ error on measured shapes it did not see.
 For every table class (GEMM, attention -- context and generation --, MoE, all-reduce) and every
 axis of its grid, each line of measured points along that axis (the other axes fixed) has its
 alternate interior points held back; each is predicted from its two kept neighbours exactly as
-:mod:`simlab.cost.measured.interpolate` predicts an unmeasured shape (linear in log shape, log
-latency), and compared with its measurement. Prints the median and P90 of
+:mod:`simlab.cost.measured.interpolate` predicts an unmeasured shape (the log efficiency against
+the table's roofline reference, linear in log shape, clamped to the neighbours), and compared
+with its measurement. Prints the median and P90 of
 ``|predicted / measured - 1|`` per class and the points behind them; ``--json FILE`` writes them.
 """
 
@@ -35,11 +36,17 @@ def axis_errors(grid: Grid) -> np.ndarray:
     for axis, values in enumerate(grid.axes):
         if len(values) < 3:
             continue
-        lines = np.moveaxis(grid.log_y, axis, -1).reshape(-1, len(values))
+        lines, ref = (
+            np.moveaxis(a, axis, -1).reshape(-1, len(values)) for a in (grid.log_y, grid.log_ref)
+        )
         lx = np.log(np.asarray(values, dtype=float))
         held = np.arange(1, len(values) - 1, 2)
         w = (lx[held] - lx[held - 1]) / (lx[held + 1] - lx[held - 1])
-        predicted = lines[:, held - 1] * (1 - w) + lines[:, held + 1] * w
+        efficiency = lines - ref
+        predicted = efficiency[:, held - 1] * (1 - w) + efficiency[:, held + 1] * w + ref[:, held]
+        if grid.reference is not None:  # clamped to the neighbours, as Grid.at does
+            below, above = lines[:, held - 1], lines[:, held + 1]
+            predicted = np.clip(predicted, np.fmin(below, above), np.fmax(below, above))
         error = np.abs(np.exp(predicted - lines[:, held]) - 1)
         errors.append(error[np.isfinite(error)])
     return np.concatenate(errors) if errors else np.array([])

@@ -3,9 +3,12 @@
 A table is a grid of latencies over a few shape axes (a GEMM's ``n, k, m``; an attention
 kernel's heads, KV heads, batch and sequence length), each axis a sorted list of measured
 values, with holes where nothing was measured. A query blends the ``2^d`` grid points around it
-linearly in (log shape, log latency) -- exact at a measured point, between its measured
-neighbours elsewhere, and a power law between them (latency ~ tokens x width at large shapes,
-constant at small ones). Beyond the last measured value of the *primary* axis (tokens or
+linearly in log shape -- exact at a measured point, between its measured neighbours elsewhere
+(clamped to their range). What is blended is the log of the measured efficiency
+``t / t_ref`` against the table's :class:`~simlab.cost.measured.reference.Roofline` (launch
+floor + FLOPs at peak + bytes at bandwidth), which is smooth where the latency bends (launch-bound
+to weight-bound to compute-bound); a table without one blends log latency, a power law between
+neighbours. Beyond the last measured value of the *primary* axis (tokens or
 sequence length) the curve is extended as ``t(x_max) (x / x_max)^p`` (``p``: 1 for GEMMs and
 MoE, 2 for causal attention) up to :data:`EXTRAPOLATION` times that value; below the first it is
 held at the first value (launch-bound). Outside the range of any other axis, or at a hole, there
@@ -17,10 +20,12 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from simlab.cost.measured.reference import Roofline
 from simlab.cost.measured.sources import INTERPOLATED, MEASURED
 
 #: how far past the largest measured primary value (a factor) a table's curve is extended
@@ -46,28 +51,44 @@ def brackets(values: tuple[float, ...], x: float) -> Corner | None:
 class Curve:
     """Log latency along the primary axis at fixed other axes (:meth:`Grid.curve`), and
     whether those were all measured values (``exact``). Plain floats: the hot path asks for
-    one value at a time."""
+    one value at a time.
+
+    With a reference (``ref``: ms at a primary value), ``log_y`` is the log efficiency
+    ``log(t / t_ref)`` and a value is clamped to the log latencies ``[log_lo, log_hi]`` of the
+    measured points blended at its neighbouring knots."""
 
     log_x: tuple[float, ...]
     log_y: tuple[float, ...]
     x_max: float
     power: float
     exact: bool
+    ref: Callable[[float], float] | None = None
+    log_lo: tuple[float, ...] = ()
+    log_hi: tuple[float, ...] = ()
 
     def value(self, x: float) -> float | None:
         """Latency at ``x`` (None past :data:`EXTRAPOLATION` x the range)."""
         if x > self.x_max:
             if x > self.x_max * EXTRAPOLATION:
                 return None
-            return math.exp(self.log_y[-1]) * (x / self.x_max) ** self.power
+            return self._knot(len(self.log_x) - 1) * (x / self.x_max) ** self.power
         lx, xs, ys = math.log(max(x, 1e-9)), self.log_x, self.log_y
         i = bisect.bisect_left(xs, lx)
-        if i == 0:
-            return math.exp(ys[0])
-        if xs[i] == lx:
-            return math.exp(ys[i])
+        if i == 0 or xs[i] == lx:
+            return self._knot(i)
         w = (lx - xs[i - 1]) / (xs[i] - xs[i - 1])
-        return math.exp(ys[i - 1] * (1 - w) + ys[i] * w)
+        log_t = ys[i - 1] * (1 - w) + ys[i] * w
+        if self.ref is None:
+            return math.exp(log_t)
+        lo, hi = min(self.log_lo[i - 1 : i + 1]), max(self.log_hi[i - 1 : i + 1])
+        return math.exp(min(max(log_t + math.log(self.ref(x)), lo), hi))
+
+    def _knot(self, i: int) -> float:
+        """Latency at the ``i``-th knot (the measured one when ``exact``)."""
+        if self.ref is None:
+            return math.exp(self.log_y[i])
+        log_t = self.log_y[i] + math.log(self.ref(math.exp(self.log_x[i])))
+        return math.exp(min(max(log_t, self.log_lo[i]), self.log_hi[i]))
 
     def at(self, x: float) -> tuple[float, str] | None:
         """Latency at ``x`` and its source (``measured`` only at a measured shape)."""
@@ -91,15 +112,37 @@ class Grid:
     """Latencies (ms) of one kernel over shape axes; the last axis is the primary one.
 
     ``axes``: each axis' sorted measured values; ``log_y``: log latency per grid point (NaN: a
-    hole); ``power``: the primary axis' extrapolation exponent."""
+    hole); ``power``: the primary axis' extrapolation exponent; ``reference``: the roofline
+    whose efficiency is interpolated (None: the latency; its floor is set to the table's
+    smallest latency)."""
 
     axes: tuple[tuple[float, ...], ...]
     log_y: np.ndarray
     power: float = 1.0
+    reference: Roofline | None = None
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        if self.reference is not None:
+            floor = float(np.exp(np.nanmin(self.log_y)))
+            object.__setattr__(self, "reference", replace(self.reference, floor=floor))
+
+    @functools.cached_property
+    def log_ref(self) -> np.ndarray:
+        """Log of the reference at every grid point (zeros without one)."""
+        if self.reference is None:
+            return np.zeros_like(self.log_y)
+        mesh = np.meshgrid(*[np.asarray(a, dtype=float) for a in self.axes], indexing="ij")
+        return np.log(np.broadcast_to(self.reference(*mesh), self.log_y.shape))
+
     @classmethod
-    def from_columns(cls, columns: list[np.ndarray], latency: np.ndarray, power: float) -> Grid:
+    def from_columns(
+        cls,
+        columns: list[np.ndarray],
+        latency: np.ndarray,
+        power: float,
+        reference: Roofline | None = None,
+    ) -> Grid:
         """A grid from one array per axis and the latencies (ms) of the rows (a shape measured
         twice keeps its last row)."""
         axes, index = [], []
@@ -109,10 +152,15 @@ class Grid:
             index.append(inverse)
         log_y = np.full([len(a) for a in axes], np.nan)
         log_y[tuple(index)] = np.log(np.asarray(latency, dtype=float))
-        return cls(tuple(axes), log_y, power)
+        return cls(tuple(axes), log_y, power, reference)
 
     @classmethod
-    def from_points(cls, points: dict[tuple[float, ...], float], power: float = 1.0) -> Grid:
+    def from_points(
+        cls,
+        points: dict[tuple[float, ...], float],
+        power: float = 1.0,
+        reference: Roofline | None = None,
+    ) -> Grid:
         """A grid from ``{shape: latency}`` (every shape the same length)."""
         dims = len(next(iter(points)))
         axes = tuple(tuple(sorted({p[d] for p in points})) for d in range(dims))
@@ -120,7 +168,7 @@ class Grid:
         log_y = np.full([len(a) for a in axes], np.nan)
         for shape, latency in points.items():
             log_y[tuple(index[d][v] for d, v in enumerate(shape))] = math.log(latency)
-        return cls(axes, log_y, power)
+        return cls(axes, log_y, power, reference)
 
     def curve(self, others: tuple[float, ...]) -> Curve | None:
         """The primary-axis curve at ``others`` (one value per other axis), blended from the
@@ -136,10 +184,12 @@ class Grid:
         corners = [brackets(axis, x) for axis, x in zip(self.axes, others, strict=False)]
         if any(c is None for c in corners):
             return None
+        combos = _product([c for c in corners if c is not None])
+        efficiency = self.log_y - self.log_ref
         rows = np.zeros(len(self.axes[-1]))
-        for combo in _product([c for c in corners if c is not None]):
+        for combo in combos:
             weight = math.prod(w for _, w in combo)
-            rows = rows + weight * self.log_y[tuple(i for i, _ in combo)]
+            rows = rows + weight * efficiency[tuple(i for i, _ in combo)]
         keep = ~np.isnan(rows)
         if not keep.any():
             return None
@@ -147,7 +197,12 @@ class Grid:
         exact = all(len(c) == 1 for c in corners if c is not None)
         log_x = tuple(float(v) for v in np.log(primary))
         log_y = tuple(float(v) for v in rows[keep])
-        return Curve(log_x, log_y, float(primary[-1]), self.power, exact)
+        if self.reference is None:
+            return Curve(log_x, log_y, float(primary[-1]), self.power, exact)
+        measured = np.array([self.log_y[tuple(i for i, _ in combo)][keep] for combo in combos])
+        ref = functools.partial(self.reference, *others)
+        lo, hi = tuple(measured.min(axis=0).tolist()), tuple(measured.max(axis=0).tolist())
+        return Curve(log_x, log_y, float(primary[-1]), self.power, exact, ref, lo, hi)
 
     def at(self, shape: tuple[float, ...]) -> tuple[float, str] | None:
         """Latency (ms) and source at ``shape`` (the primary value last), or None."""

@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from simlab.cost.measured import tables
+from simlab.cost.measured import reference, tables
 from simlab.cost.measured.interpolate import Curve, Grid
+from simlab.cost.measured.reference import Roofline
 
 #: preferred attention kernels by name (the engines' defaults: FlashAttention 3 on Hopper, 2 on
 #: Ampere / Ada / consumer Blackwell), before the kernel with most rows
@@ -101,7 +102,8 @@ class Kernels:
     def _gemm_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         dtype = tables.DTYPES[self.dtype]["gemm"]
         frame = tables.kernel_rows(tables.rows(path, (("gemm_dtype", dtype),)))
-        return _grid(frame, ["n", "k", "m"], 1.0)
+        roofline = self._roofline(reference.gemm(self.dtype), self.dtype)
+        return _grid(frame, ["n", "k", "m"], 1.0, roofline)
 
     def _attention_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         kind, head_dim = key
@@ -116,7 +118,9 @@ class Kernels:
             return None
         frame = frame.assign(length=frame["isl"] + frame["step"])
         axes = ["num_heads", "num_key_value_heads", "batch_size", "length"]
-        return _grid(frame, axes, 2.0 if kind == "context" else 1.0)
+        if kind == "generation":  # launch- and split-bound: no roofline to follow (see reference)
+            return _grid(frame, axes, 1.0)
+        return _grid(frame, axes, 2.0, self._roofline(reference.context(head_dim)))
 
     def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         frame = tables.rows(path, (("moe_dtype", tables.DTYPES[self.dtype]["moe"]),))
@@ -129,7 +133,8 @@ class Kernels:
                 if not picked.empty:
                     frame = picked
                     break
-        return _grid(tables.kernel_rows(frame), ["num_tokens"], 1.0)
+        roofline = self._roofline(reference.moe(key[1:], self.dtype), self.dtype)
+        return _grid(tables.kernel_rows(frame), ["num_tokens"], 1.0, roofline)
 
     def _gdn_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         frame = tables.rows(path, ())
@@ -148,6 +153,10 @@ class Kernels:
     def _allreduce_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         frame = tables.kernel_rows(tables.rows(path, ()), ("graph",))
         return _grid(frame[frame["num_gpus"] == key[1]], ["message_size"], 1.0)
+
+    def _roofline(self, work: reference.Work, dtype: str = "bf16") -> Roofline | None:
+        """The reference a table is interpolated against (None: no peaks for the GPU)."""
+        return reference.roofline(tables.peaks(self.system), work, dtype)
 
     # ------------------------------------------------------------------ queries
     @functools.lru_cache(maxsize=65536)  # noqa: B019 (Kernels are few and live for the run)
@@ -200,8 +209,11 @@ class Kernels:
         return None if grid is None else grid.at((elements,))
 
 
-def _grid(frame: Any, axes: list[str], power: float) -> Grid | None:
+def _grid(
+    frame: Any, axes: list[str], power: float, roofline: Roofline | None = None
+) -> Grid | None:
     if frame.empty:
         return None
     columns = [frame[a].to_numpy() for a in axes]
-    return Grid.from_columns(columns, frame["latency"].to_numpy(dtype=np.float64), power)
+    latency = frame["latency"].to_numpy(dtype=np.float64)
+    return Grid.from_columns(columns, latency, power, roofline)
