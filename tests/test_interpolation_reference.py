@@ -1,19 +1,22 @@
 """The roofline reference of the measured-kernel interpolation (simlab.cost.measured.reference):
 a table that follows its roofline is interpolated exactly off its points, measured points stay
 exact and tagged, values stay between their measured neighbours, the held-out check predicts
-exactly as the grid does, and on the real tables it lowers the held-out error."""
+exactly as the grid does, on the real tables it lowers the held-out error, and the noise floor
+is the scatter of equal-work shapes."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 
 from simlab.cost.measured import reference, tables
-from simlab.cost.measured.heldout import axis_errors, class_grids
+from simlab.cost.measured.heldout import axis_errors, class_grids, report
 from simlab.cost.measured.interpolate import Grid
 from simlab.cost.measured.kernels import Kernels
+from simlab.cost.measured.noise import attention_scatter, gemm_scatter
 from simlab.cost.measured.reference import Roofline
 from simlab.cost.measured.sources import INTERPOLATED, MEASURED
 
@@ -100,3 +103,28 @@ def test_the_reference_lowers_the_held_out_p90_of_gemm_attention_and_moe(gpu, ve
             for gs in (grids[cls], plain)
         )
         assert better < before, (cls, better, before)
+
+
+def test_the_noise_floor_is_the_scatter_of_equal_work_shapes():
+    big = (8192.0, 16384.0)  # weight-bound at m <= 16: m (n + k) < 1% of n k
+    scale = {1: 1.0, 2: 1.0, 4: 1.2, 8: 1.0, 16: 1.0, 64: 3.0}
+    gemm = Grid.from_points(
+        {(n, k, m): 0.1 * s for n in big for k in big for m, s in scale.items()}
+    )
+    scatter = gemm_scatter(gemm)
+    assert sorted(scatter.tolist()) == pytest.approx([0.0] * 16 + [0.2] * 4)  # m 64 is not flat
+    attention = Grid.from_points(
+        {
+            (8.0, 2.0, 1.0, 128.0): 0.010,
+            (4.0, 1.0, 2.0, 128.0): 0.012,  # the same work as the shape above
+            (8.0, 1.0, 1.0, 128.0): 0.050,
+        }
+    )
+    assert attention_scatter(attention) == pytest.approx([abs(0.010 / 0.012 - 1) / math.sqrt(2)])
+
+
+@installed
+def test_the_held_out_report_gives_the_noise_floor_of_gemm_and_attention():
+    result = report(Kernels("h100_sxm", "vllm", "0.24.0"))
+    assert 0 < result["gemm"]["noise_p90"] < 1 and 0 < result["attention"]["noise_p90"] < 1
+    assert "noise_p90" not in result["moe"]

@@ -7,7 +7,9 @@ alternate interior points held back; each is predicted from its two kept neighbo
 :mod:`simlab.cost.measured.interpolate` predicts an unmeasured shape (the log efficiency against
 the table's roofline reference, linear in log shape, clamped to the neighbours), and compared
 with its measurement. Prints the median and P90 of
-``|predicted / measured - 1|`` per class and the points behind them; ``--json FILE`` writes them.
+``|predicted / measured - 1|`` per class and the points behind them, and the table's own
+scatter between shapes that do the same work (:mod:`simlab.cost.measured.noise`), a floor under
+that error; ``--json FILE`` writes them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from simlab.cost.measured import select, tables
 from simlab.cost.measured.interpolate import Grid
 from simlab.cost.measured.kernels import Kernels
+from simlab.cost.measured.noise import noise
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +81,13 @@ def _moe_shapes(kernels: Kernels) -> list[tuple[int, ...]]:
 
 
 def report(kernels: Kernels) -> dict[str, dict[str, float]]:
-    """``{class: {median, p90, points}}`` of the held-out errors."""
-    out = {}
-    for cls, grids in class_grids(kernels).items():
+    """``{class: {median, p90, points}}`` of the held-out errors, and ``noise_p90``, the
+    scatter of the table's equal-work shapes (:mod:`~simlab.cost.measured.noise`), where the
+    class has such shapes."""
+    out: dict[str, dict[str, float]] = {}
+    grids_of = class_grids(kernels)
+    floor = noise(grids_of)
+    for cls, grids in grids_of.items():
         errors = np.concatenate([axis_errors(g) for g in grids]) if grids else np.array([])
         if errors.size:
             out[cls] = {
@@ -88,6 +95,8 @@ def report(kernels: Kernels) -> dict[str, dict[str, float]]:
                 "p90": float(np.quantile(errors, 0.9)),
                 "points": int(errors.size),
             }
+            if cls in floor:
+                out[cls]["noise_p90"] = floor[cls]
     return out
 
 
@@ -118,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     result = report(Kernels(args.gpu, args.backend, version, args.dtype))
     print(f"{args.gpu} {args.backend} {version} {args.dtype}: held-out error, alternate shapes")
     for cls, row in result.items():
+        floor = f"  table noise P90 {100 * row['noise_p90']:4.1f}%" if "noise_p90" in row else ""
         print(
             f"  {cls:<10} median {100 * row['median']:5.1f}%  P90 {100 * row['p90']:5.1f}%  "
-            f"({row['points']:,} points)"
+            f"({row['points']:,} points){floor}"
         )
     if args.json is not None:
         args.json.write_text(
