@@ -113,8 +113,8 @@ class Grid:
 
     ``axes``: each axis' sorted measured values; ``log_y``: log latency per grid point (NaN: a
     hole); ``power``: the primary axis' extrapolation exponent; ``reference``: the roofline
-    whose efficiency is interpolated (None: the latency; its floor is set to the table's
-    smallest latency)."""
+    the efficiency is measured against, its floor set to the table's smallest latency (None:
+    the latency itself is interpolated)."""
 
     axes: tuple[tuple[float, ...], ...]
     log_y: np.ndarray
