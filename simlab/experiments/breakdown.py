@@ -34,13 +34,16 @@ def unmeasured_ranges(
 ) -> dict[str, Any]:
     """Per unmeasured op its assumption and ``[low, high]`` ms per length, and the prefill's
     range with every unmeasured op at its low / high end (the rest as predicted)."""
-    per_run = [summed_ranges(unmeasured.ranges(cost, shape) for shape in run) for run in runs]
+    per_shape = [[unmeasured.ranges(cost, shape) for shape in run] for run in runs]
+    per_run = [summed_ranges(r) for r in per_shape]
     names = list(dict.fromkeys(op for r in per_run for op in r))
-    breakdowns = [summed(cost.breakdown(shape) for shape in run) for run in runs]
     total_ms = []
-    for total, r, b in zip(totals, per_run, breakdowns, strict=True):
-        low = total - sum(b[op] - lo for op, (lo, _) in r.items())
-        high = total + sum(hi - b[op] for op, (_, hi) in r.items())
+    for total, run, ranges in zip(totals, runs, per_shape, strict=True):
+        low = high = total
+        for shape, r in zip(run, ranges, strict=True):  # an op measured in one iteration
+            b = cost.breakdown(shape)  # and not in another moves only where it is not
+            low -= sum(b[op] - lo for op, (lo, _) in r.items())
+            high += sum(hi - b[op] for op, (_, hi) in r.items())
         total_ms.append([1000 * low, 1000 * high])
     return {
         "assumptions": {op: unmeasured.ASSUMPTIONS[op] for op in names},
