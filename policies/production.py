@@ -64,9 +64,11 @@ from simlab.cache.scoring import (
     vllm_hybrid_block_size,
     with_ssm_dtype,
 )
+from simlab.cache.state_pool import check_ratio, sglang_pool
 
 if TYPE_CHECKING:
     from simlab.cache.nodes import Lookup
+    from simlab.cache.state_pool import StatePool
     from simlab.model.spec import ModelSpec
 
 #: SGLang's Mamba radix-cache strategies (``--mamba-radix-cache-strategy``).
@@ -104,9 +106,13 @@ class SGLang(AdmissionPolicy):
     tracking_slots: int = 2  # extra_buffer's track slots (held; the cap): 2 with overlap
     #: ``mamba_ssm_dtype`` (SGLang's config field; ``auto``: SGLang's default, float32)
     mamba_ssm_dtype: str = "auto"
+    #: ``--mamba-full-memory-ratio``: the Mamba pool's share without ``cache.ssm_gb`` (None:
+    #: SGLang's default, 0.9; :mod:`simlab.cache.state_pool`)
+    mamba_full_memory_ratio: float | None = None
 
     def __post_init__(self) -> None:
         check_ssm_dtype(self.mamba_ssm_dtype, "policy.mamba_ssm_dtype")
+        check_ratio(self.mamba_full_memory_ratio)
         if self.mamba not in SGLANG_MAMBA:
             raise ValueError(f"policy.mamba must be one of {SGLANG_MAMBA}, got {self.mamba!r}")
         positive_int(self.checkpoint_grid, "policy.admission.checkpoint_grid")
@@ -158,17 +164,23 @@ class SGLang(AdmissionPolicy):
     def engine_model(self, model: ModelSpec) -> ModelSpec:
         return with_ssm_dtype(model, self.ssm_dtype(model))
 
-    def geometry(self, model: ModelSpec, unit: int, ssm_capacity: float | None) -> dict[str, Any]:
+    def state_bytes(self, model: ModelSpec) -> int:
+        """A request's states as SGLang sizes them (``mamba_cache_per_req``)."""
+        return mamba_page_bytes(model, DTYPE_BYTES[SGLANG_CONV_DTYPE]) * model.n_ssm_layers
+
+    def state_pool(self, model: ModelSpec, capacity_bytes: float) -> StatePool:
+        """SGLang's Mamba pool from its memory split (:mod:`simlab.cache.state_pool`)."""
+        per_req, ratio = self.state_bytes(model), self.mamba_full_memory_ratio
+        return sglang_pool(capacity_bytes, per_req, model.ssm_state_bytes, ratio)
+
+    def geometry(self, model: ModelSpec, unit: int, pool: StatePool | None) -> dict[str, Any]:
         """SGLang's hybrid layout: strategy, page, state dtypes and bytes, the Mamba pool."""
         if not model.is_hybrid:
             return {"engine": "sglang 0.5.23", "page_size": self.kv_page * unit, "state_bytes": 0}
-        state = mamba_page_bytes(model, DTYPE_BYTES[SGLANG_CONV_DTYPE]) * model.n_ssm_layers
-        pool: dict[str, Any] = {"shared_with_kv": ssm_capacity is None}
-        if ssm_capacity is not None:
-            pool |= {
-                "ssm_gb": ssm_capacity / 1e9,
-                "slots": int(ssm_capacity // model.ssm_state_bytes),
-            }
+        defaults = {
+            "mamba_ssm_dtype": self.dtype_source(model),
+            "mamba_conv_dtype": SGLANG_CONV_DTYPE,
+        }
         grid = {
             "checkpoint_grid": self.checkpoint_grid,
             "track_interval": self.mamba_track_interval,
@@ -179,14 +191,11 @@ class SGLang(AdmissionPolicy):
             "page_size": self.kv_page * unit,
             "ssm_state_dtype": self.ssm_dtype(model),
             "conv_state_dtype": SGLANG_CONV_DTYPE,
-            "state_bytes": state,
+            "state_bytes": self.state_bytes(model),
             "simlab_state_bytes": model.ssm_state_bytes,
-            "mamba_pool": pool,
+            "mamba_pool": {"shared_with_kv": True} if pool is None else pool.summary,
             "running_state_slots": self.running_state_slots,
-            "defaults": {
-                "mamba_ssm_dtype": self.dtype_source(model),
-                "mamba_conv_dtype": SGLANG_CONV_DTYPE,
-            },
+            "defaults": defaults | ({} if pool is None else pool.defaults),
         } | (grid if self.mamba == "extra_buffer" else {})
 
     def dtype_source(self, model: ModelSpec) -> str:
@@ -364,7 +373,7 @@ class VLLM(BlockPool):
     def engine_model(self, model: ModelSpec) -> ModelSpec:
         return with_ssm_dtype(model, self.ssm_dtype(model))
 
-    def geometry(self, model: ModelSpec, unit: int, ssm_capacity: float | None) -> dict[str, Any]:
+    def geometry(self, model: ModelSpec, unit: int, pool: StatePool | None) -> dict[str, Any]:
         """vLLM's layout: the block (forced up from ``policy.block_size`` for a hybrid in
         ``align``), the pages it equalizes, the state dtypes and where states are kept."""
         block = self.block_size * unit

@@ -12,6 +12,7 @@ import pytest
 
 from policies.production import VLLM, SGLang
 from simlab.cache.scoring import vllm_block_size
+from simlab.cache.state_pool import StatePool
 from simlab.config import ConfigError
 from simlab.experiments import geometry
 from simlab.experiments.crosscheck import overrides_for
@@ -136,12 +137,16 @@ def test_a_bad_dtype_names_the_key():
 
 def test_sglang_geometry_names_its_pool():
     engine = SGLang().engine_model(NEMOTRON)
-    geo = SGLang().geometry(engine, 1, 1e9)
+    pool = StatePool.given(3e9, 1e9, engine.ssm_state_bytes)
+    geo = SGLang().geometry(engine, 1, pool)
     assert geo["mamba_pool"] == {
         "shared_with_kv": False,
+        "source": "cache.ssm_gb",
         "ssm_gb": 1.0,
+        "kv_gb": 3.0,
         "slots": math.floor(1e9 / engine.ssm_state_bytes),
     }
+    assert SGLang().geometry(engine, 1, None)["mamba_pool"] == {"shared_with_kv": True}
     assert geo["defaults"]["mamba_ssm_dtype"].startswith("float32")
 
 

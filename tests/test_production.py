@@ -18,6 +18,7 @@ from policies.production import VLLM, BlockLRU, RadixLRU, SGLang, vllm_hybrid_bl
 from simlab.cache.contract import Semantics, Tracking
 from simlab.cache.keys import BlockKeys, TokenKeys
 from simlab.cache.prefix import PrefixCache
+from simlab.cache.state_pool import StatePool
 from simlab.config import ConfigError
 from simlab.cost.hardware import Hardware
 from simlab.engines.step import RequestStep
@@ -288,7 +289,12 @@ def hybrid_sglang(kv_tokens: float, states: int) -> RequestStep:
     admission, eviction = policy_plugins("sglang")
     kv = kv_tokens * NEMOTRON.kv_bytes_per_token
     return RequestStep.build(
-        NEMOTRON, kv, admission, eviction, "sglang", ssm_capacity_bytes=states * STATE
+        NEMOTRON,
+        kv,
+        admission,
+        eviction,
+        "sglang",
+        state_pool=StatePool.given(kv, states * STATE, STATE),
     )
 
 
@@ -501,7 +507,7 @@ def test_separate_pools_never_overflow_either_and_tombstone_inner_states():
         admission,
         eviction,
         "sglang",
-        ssm_capacity_bytes=3 * STATE,
+        state_pool=StatePool.given(4000 * NEMOTRON.kv_bytes_per_token, 3 * STATE, STATE),
     )
     system = ids(0, 300)
     tombstones = 0

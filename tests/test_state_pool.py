@@ -10,6 +10,7 @@ import json
 import pandas as pd
 import pytest
 
+from simlab.cache.state_pool import StatePool
 from simlab.config import ClusterSettings
 from simlab.engines.cluster.engine import ClusterEngine
 from simlab.engines.records import records_frame
@@ -38,7 +39,12 @@ def step(states: int, kv_tokens: int = 2000, mamba: str = "no_buffer") -> Reques
     """An SGLang step on a Marconi 7B hybrid: ``kv_tokens`` of KV beside ``states`` SSM states."""
     admission, eviction = policy_plugins("sglang", [f"policy.admission.mamba={mamba}"])
     return RequestStep.build(
-        HYBRID, kv_tokens * KV, admission, eviction, "sglang", ssm_capacity_bytes=states * CKPT
+        HYBRID,
+        kv_tokens * KV,
+        admission,
+        eviction,
+        "sglang",
+        state_pool=StatePool.given(kv_tokens * KV, states * CKPT, CKPT),
     )
 
 

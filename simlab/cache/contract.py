@@ -42,6 +42,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from simlab.cache.prefix import InsertResult, Lookup, Node
+    from simlab.cache.state_pool import StatePool
     from simlab.model.spec import ModelSpec
     from traces.format import Request
 
@@ -290,14 +291,17 @@ class AdmissionPolicy:
         """``model`` as the emulated engine keeps it (its state dtypes); most keep it as is."""
         return model
 
-    def geometry(self, model: ModelSpec, unit: int, ssm_capacity: float | None) -> dict[str, Any]:
+    def state_pool(self, model: ModelSpec, capacity_bytes: float) -> StatePool | None:
+        """The engine's split of a hybrid's cache when ``cache.ssm_gb`` is unset (None: shared)."""
+        return None
+
+    def geometry(self, model: ModelSpec, unit: int, pool: StatePool | None) -> dict[str, Any]:
         """The engine's cache layout for ``model`` (``summary.json``'s ``engine_geometry``)."""
         return {}
 
     @classmethod
     def reference_semantics(cls, options: Any) -> dict[str, Any]:
-        """Cache semantics its reference counterpart sets over a preset's (``options``: its
-        config keys)."""
+        """Cache semantics its reference counterpart sets over a preset's (``options``: keys)."""
         return {}
 
     #: a request's match splits the node it stops inside (at most ``len(input) - 1`` ids in)
@@ -321,14 +325,13 @@ class AdmissionPolicy:
     @property
     def running_state_slots(self) -> int:
         """State slots a running request of a hybrid holds outside the tree, in a separate SSM
-        pool (``cache.ssm_gb``): SGLang's request Mamba slot."""
+        pool (:meth:`state_pool`): SGLang's request Mamba slot."""
         return 1
 
     @property
     def slots_per_running_request(self) -> int:
-        """Mamba slots per running request that cap the running requests
-        (``slots // this``; SGLang's ``resolve_max_num_reqs``): its own, its locked hit's state
-        and the state its prompt donates (``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``)."""
+        """Mamba slots per running request that cap the running requests (``slots // this``;
+        SGLang's ``resolve_max_num_reqs``): its own, its locked hit's and its prompt's states."""
         return self.running_state_slots + 2
 
     @property
@@ -348,11 +351,10 @@ class AdmissionPolicy:
         return self
 
     def states_per_checkpoint(self, unit_tokens: int) -> int:
-        """SSM states one checkpoint holds on a trace of ids of ``unit_tokens`` tokens, asked of
-        the admission in tokens (before :func:`in_units`): 1, but for an admission that
-        checkpoints finer than an id, whose every id then holds its states inside the id too
-        (never hit, as nothing matches inside an id, but held: the memory they take is the
-        point of the paper's vLLM+)."""
+        """SSM states one checkpoint holds on a trace of ids of ``unit_tokens`` tokens, asked in
+        tokens (before :func:`in_units`): 1, but for an admission that checkpoints finer than
+        an id, whose every id then holds its states inside it too (never hit, but held: the
+        memory they take is the point of the paper's vLLM+)."""
         return 1
 
     def prepare(self, requests: Sequence[Request]) -> None:
@@ -387,8 +389,7 @@ class EvictionPolicy:
     #: True: an insertion ticks the clock before it walks, so what it refreshes or creates is
     #: newer than every node touched before it (SGLang stamps each access from one global
     #: counter, ``get_and_increase_time_counter``: a publish at a prefill's or a request's end
-    #: is later than the matches that came before it in the same step); False: it takes the
-    #: clock of the last match.
+    #: is later than the step's earlier matches); False: it takes the last match's clock.
     ticks_on_insert: bool = False
     #: Which of equally scored candidates goes first: ``oldest`` (smallest creation id) or
     #: ``dfs`` (the first in depth-first pre-order, children in insertion order: the Marconi
@@ -416,9 +417,8 @@ class EvictionPolicy:
 
     def on_match(self, cache: CacheView, lookup: Lookup) -> None:
         """A queued request's input has been matched by a scheduler that tries to admit it
-        (SGLang matches the queue's head on every attempt, ``init_next_round_input``): the
-        engine's match refreshes the path's recency whatever the policy; nothing counts as a
-        hit (the request may still wait)."""
+        (SGLang matches the queue's head on every attempt, ``init_next_round_input``): it
+        refreshes the path's recency whatever the policy; no hit (the request may still wait)."""
         partial = lookup.partial
         cache.touch(lookup.path if partial is None else [*lookup.path, partial])
 

@@ -35,6 +35,7 @@ from simlab.cache.contract import Admission, AdmissionPolicy, EvictionPolicy, Se
 from simlab.cache.keys import key_scheme
 from simlab.cache.nodes import InsertResult, Lookup, Node
 from simlab.cache.prefix import PrefixCache
+from simlab.cache.state_pool import StatePool
 from simlab.config import ConfigError
 from simlab.engines import publish
 from simlab.engines.keying import StepKeys
@@ -108,6 +109,8 @@ class RequestStep:
     #: an engine with vLLM's block pool runs the step there (:mod:`simlab.engines.block_pool`),
     #: not on ``cache``: the route table's choice (``simlab.run.routes``)
     pool: bool = False
+    #: the hybrid's separate state pool (``cache.ssm_gb`` or the engine's split; None: shared)
+    state_pool: StatePool | None = None
     #: how requests are keyed against the cache, ids counted as tokens
     keys: StepKeys = field(init=False, repr=False)
     _observes: bool = field(init=False, repr=False)  # the eviction policy overrides observe
@@ -125,7 +128,7 @@ class RequestStep:
         page_size: int = 1,
         unit_tokens: int = 1,
         controllers: Sequence[Controller] = (),
-        ssm_capacity_bytes: float | None = None,
+        state_pool: StatePool | None = None,
         semantics: Semantics | None = None,
         host_capacity_bytes: float | None = None,
         host_bw_bytes: float | None = None,
@@ -133,15 +136,14 @@ class RequestStep:
     ) -> RequestStep:
         """A step on a fresh cache shaped for the admission's keys (``page_size`` in ids): a
         block-keyed cache counts one id per block, which is its page, one node per block.
-        ``ssm_capacity_bytes``: SSM states in a pool of their own (``capacity_bytes`` is then
-        KV's). ``semantics``: where the cache follows the Marconi reference code
+        ``state_pool``: SSM states in a pool of their own (``capacity_bytes`` is then KV's). ``semantics``: where the cache follows the Marconi reference code
         (:class:`simlab.cache.contract.Semantics`; default simlab's). ``host_capacity_bytes``: a
         host-memory tier below the cache, at ``host_bw_bytes`` per second
         (:mod:`simlab.cache.host_tier`). ``ckpt_states``: SSM states one checkpoint holds
         (:meth:`simlab.cache.contract.AdmissionPolicy.states_per_checkpoint`)."""
         if host_capacity_bytes is not None:
             check_host_tier(host_bw_bytes, eviction, semantics)
-        if ssm_capacity_bytes is not None and semantics is not None and semantics.reference_insert:
+        if state_pool is not None and semantics is not None and semantics.reference_insert:
             raise ConfigError(
                 "cache.ssm_gb: a separate SSM pool is not supported with the Marconi reference "
                 "code's insertion (policy.compat=reference / reference_fixed, "
@@ -156,13 +158,13 @@ class RequestStep:
             *shape,
             block_nodes=block is not None and not admission.keys.radix,
             block_keys=block is not None,
-            ssm_capacity_bytes=ssm_capacity_bytes,
+            ssm_capacity_bytes=None if state_pool is None else state_pool.ssm_bytes,
             semantics=semantics,
             host_capacity_bytes=host_capacity_bytes,
             host_bw_bytes=host_bw_bytes if host_bw_bytes is not None else math.inf,
             ckpt_states=ckpt_states,
         )
-        return cls(cache, admission, eviction, policy, tuple(controllers))
+        return cls(cache, admission, eviction, policy, tuple(controllers), state_pool=state_pool)
 
     def __post_init__(self) -> None:
         self._observes = overrides(self.eviction, "observe", EvictionPolicy)
@@ -412,7 +414,7 @@ class RequestStep:
         the user did not set (``engine_defaults``); none for a policy that emulates none."""
         cache = self.cache
         unit = cache.unit // (self.admission.keys.block_size or 1)  # tokens per trace id
-        geometry = self.admission.geometry(cache.model, unit, cache.ssm_capacity)
+        geometry = self.admission.geometry(cache.model, unit, self.state_pool)
         defaults = geometry.pop("defaults", None)
         items = {"engine_geometry": geometry} if geometry else {}
         return items | ({"engine_defaults": defaults} if defaults else {})

@@ -128,10 +128,13 @@ def policy_spec(name: str, pcfg: Mapping[str, Any]) -> PolicySpec:
 
 def warn_caveats(steps: list[RequestStep], model: ModelSpec) -> None:
     """One warning line per setting that disables reuse (``summary.json``'s ``caveats``), and
-    one per engine default that changes the model's state bytes (``engine_defaults``)."""
+    one per engine default that changes the model's state bytes or splits its memory
+    (``engine_defaults``)."""
     for step in steps:
         for caveat in step.admission.caveats(step.cache.hybrid):
             log.warning("%s: %s", step.policy, caveat)
+        if step.state_pool is not None and step.state_pool.warning:
+            log.warning("%s: %s", step.policy, step.state_pool.warning)
         engine = step.cache.model
         if engine.ssm_state_bytes != model.ssm_state_bytes:
             log.warning(

@@ -5,6 +5,7 @@ occupancy computed on the route the route table picks (:mod:`simlab.run.routes`)
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -14,7 +15,8 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from simlab.cache.contract import AdmissionPolicy, EvictionPolicy, Semantics, in_units
-from simlab.config import ConfigError, MetricSettings, RunSettings
+from simlab.cache.state_pool import StatePool
+from simlab.config import CacheSettings, ConfigError, MetricSettings, RunSettings
 from simlab.engines.base import Engine, EngineRun, Replicated
 from simlab.engines.records import Columns, latency_summary, record_columns, summarize
 from simlab.engines.step import Controller, RequestStep
@@ -91,16 +93,17 @@ def policy_step(
     if tuner is not None:
         controllers.append(tuner)
     try:
+        pool = state_pool(admission, model, settings.cache)
         return RequestStep.build(
             model,
-            settings.cache.kv_bytes,
+            settings.cache.kv_bytes if pool is None else pool.kv_bytes,
             admission,
             eviction,
             name,
             page_size=page,
             unit_tokens=unit_tokens,
             controllers=controllers,
-            ssm_capacity_bytes=settings.cache.ssm_bytes,
+            state_pool=pool,
             semantics=in_units_semantics(spec.semantics, unit_tokens),
             host_capacity_bytes=settings.cache.host_bytes,
             host_bw_bytes=settings.cache.host_bw_bytes,
@@ -108,8 +111,20 @@ def policy_step(
         )
     except ConfigError:
         raise
-    except ValueError as err:  # the admission's checks of its settings on the model (for_model)
+    except ValueError as err:  # the admission's checks on the model (for_model, state_pool)
         raise ConfigError(f"policy {name!r}: {err}") from err
+
+
+def state_pool(
+    admission: AdmissionPolicy, model: ModelSpec, cache: CacheSettings
+) -> StatePool | None:
+    """A hybrid's separate state pool: ``cache.ssm_gb``'s, else the engine's own split of a
+    finite cache (SGLang's), else None (the states share the KV's budget)."""
+    if cache.ssm_bytes is not None:
+        return StatePool.given(cache.kv_bytes, cache.ssm_bytes, model.ssm_state_bytes)
+    if not model.is_hybrid or math.isinf(cache.capacity_bytes):
+        return None
+    return admission.state_pool(model, cache.capacity_bytes)
 
 
 def in_units_semantics(semantics: Semantics, unit_tokens: int) -> Semantics:
