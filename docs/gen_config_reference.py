@@ -198,6 +198,9 @@ MEANINGS: dict[str, str] = {
     "0.33.0's default for the model (float32 for Nemotron-H, else the model's dtype)",
     "policy.mamba_ssm_dtype": "hybrids: SGLang's SSM state dtype; `auto`: SGLang 0.5.23's "
     "default, float32",
+    "policy.mamba_full_memory_ratio": "hybrids without `cache.ssm_gb`: SGLang's "
+    "`--mamba-full-memory-ratio`, the Mamba pool's share of `cache.size_gb`; null: SGLang "
+    "0.5.23's default, 0.9 (docs: engine geometry)",
     "policy.eviction.alpha": "the eviction's alpha (the policy's `alpha`)",
     "policy.eviction.page_size": "the clairvoyant eviction's KV page (the admission's page size)",
     "policy.admission.block_size": "the admission's block size (the policy's `block_size`)",
@@ -217,6 +220,8 @@ MEANINGS: dict[str, str] = {
     "policy.admission.compute_capability": "the GPU's CUDA compute capability "
     "(`hardware.compute_capability`): vLLM prefills GDN layers with FlashInfer on Hopper, "
     "whose 64-token alignment can raise the block",
+    "policy.admission.mamba_full_memory_ratio": "the admission's Mamba pool ratio (the "
+    "policy's `mamba_full_memory_ratio`)",
     # admission
     "admission.block_size": "tokens per block (one node per whole block)",
     "admission.interval": "a checkpoint every this many tokens",
