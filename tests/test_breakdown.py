@@ -21,7 +21,8 @@ from traces.format import Request
 POLICIES = {
     "lru": ["+policy=sglang_plus"],
     "marconi": ["+policy=marconi", "policy.tuning.enabled=false"],
-    "sglang": ["+policy=sglang"],
+    # 0.3 GB holds no Mamba slot at SGLang's default split (0.9): one at 3
+    "sglang": ["+policy=sglang", "policy.mamba_full_memory_ratio=3"],
     "vllm": ["+policy=vllm"],
 }
 MODELS = {"hybrid": "nemotron_h_8b", "transformer": "llama3_8b"}

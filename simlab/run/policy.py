@@ -119,11 +119,11 @@ def state_pool(
     admission: AdmissionPolicy, model: ModelSpec, cache: CacheSettings
 ) -> StatePool | None:
     """A hybrid's separate state pool: ``cache.ssm_gb``'s, else the engine's own split of a
-    finite cache (SGLang's), else None (the states share the KV's budget)."""
+    finite cache without a host tier (SGLang's), else None (the states share the KV's budget)."""
     if cache.ssm_bytes is not None:
         return StatePool.given(cache.kv_bytes, cache.ssm_bytes, model.ssm_state_bytes)
-    if not model.is_hybrid or math.isinf(cache.capacity_bytes):
-        return None
+    if not model.is_hybrid or math.isinf(cache.capacity_bytes) or cache.host_gb is not None:
+        return None  # a host tier needs one shared GPU budget (simlab.cache.host_tier)
     return admission.state_pool(model, cache.capacity_bytes)
 
 
