@@ -82,7 +82,7 @@ def test_the_default_split_is_sglangs(model, size_gb, per_req, slots):
 
 def test_the_ratio_setting_and_cache_ssm_gb():
     """``policy.mamba_full_memory_ratio`` sets the split (not a default then);
-    ``cache.ssm_gb`` overrides it; an infinite cache has one shared budget."""
+    ``cache.ssm_gb`` overrides it; an infinite cache, or a host tier, has one shared budget."""
     ratio = step(["model=nemotron_h_8b", "policy.mamba_full_memory_ratio=3"])
     assert ratio.state_pool.slots == sglang(2e9, NEMOTRON_STATE, 3)[0] == 13
     assert "mamba_full_memory_ratio" not in ratio.engine_items()["engine_defaults"]
@@ -93,6 +93,8 @@ def test_the_ratio_setting_and_cache_ssm_gb():
     assert infinite.state_pool is None
     assert infinite.engine_items()["engine_geometry"]["mamba_pool"] == {"shared_with_kv": True}
     assert step(["model=llama3_8b"]).state_pool is None
+    host = step(["model=nemotron_h_8b", "cache.host_gb=1", "cache.host_bw_gbps=25"])
+    assert host.state_pool is None  # a host tier needs one shared GPU budget
 
 
 def test_the_default_is_warned_once(caplog):
