@@ -95,6 +95,11 @@ def test_the_ratio_setting_and_cache_ssm_gb():
     assert step(["model=llama3_8b"]).state_pool is None
     host = step(["model=nemotron_h_8b", "cache.host_gb=1", "cache.host_bw_gbps=25"])
     assert host.state_pool is None  # a host tier needs one shared GPU budget
+    (note,) = host.notes  # ... and says so: SGLang itself would split
+    assert note.startswith("cache.host_gb: the SSM states share the GPU budget")
+    assert note in host.summary()["caveats"]
+    assert not step(["model=nemotron_h_8b", "cache.host_gb=1", "cache.host_bw_gbps=25",
+                     "cache.size_gb=inf"]).notes  # fmt: skip
 
 
 def test_the_default_is_warned_once(caplog):

@@ -111,6 +111,8 @@ class RequestStep:
     pool: bool = False
     #: the hybrid's separate state pool (``cache.ssm_gb`` or the engine's split; None: shared)
     state_pool: StatePool | None = None
+    #: what the run's settings make this step do unlike the engine (``summary.json`` caveats)
+    notes: list[str] = field(default_factory=list)
     #: how requests are keyed against the cache, ids counted as tokens
     keys: StepKeys = field(init=False, repr=False)
     _observes: bool = field(init=False, repr=False)  # the eviction policy overrides observe
@@ -406,7 +408,7 @@ class RequestStep:
         tree = () if self.pool else self.admission.tree_caveats(hybrid)
         for line in tree:
             log.warning("%s: %s", self.policy, line)
-        caveats = [*self.admission.caveats(hybrid), *tree, *items.pop("caveats", [])]
+        caveats = [*self.admission.caveats(hybrid), *tree, *self.notes, *items.pop("caveats", [])]
         return items | {"caveats": caveats} if caveats else items
 
     def engine_items(self) -> dict[str, Any]:

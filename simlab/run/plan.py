@@ -131,7 +131,7 @@ def warn_caveats(steps: list[RequestStep], model: ModelSpec) -> None:
     one per engine default that changes the model's state bytes or splits its memory
     (``engine_defaults``)."""
     for step in steps:
-        for caveat in step.admission.caveats(step.cache.hybrid):
+        for caveat in [*step.admission.caveats(step.cache.hybrid), *step.notes]:
             log.warning("%s: %s", step.policy, caveat)
         if step.state_pool is not None and step.state_pool.warning:
             log.warning("%s: %s", step.policy, step.state_pool.warning)

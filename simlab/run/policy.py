@@ -94,7 +94,7 @@ def policy_step(
         controllers.append(tuner)
     try:
         pool = state_pool(admission, model, settings.cache)
-        return RequestStep.build(
+        step = RequestStep.build(
             model,
             settings.cache.kv_bytes if pool is None else pool.kv_bytes,
             admission,
@@ -113,6 +113,12 @@ def policy_step(
         raise
     except ValueError as err:  # the admission's checks on the model (for_model, state_pool)
         raise ConfigError(f"policy {name!r}: {err}") from err
+    if pool is None and cache_split_skipped(admission, model, settings.cache):
+        step.notes.append(
+            "cache.host_gb: the SSM states share the GPU budget with the KV; the engine's own "
+            "split of its memory into a state pool and a KV pool is not modelled with a host tier"
+        )
+    return step
 
 
 def state_pool(
@@ -125,6 +131,16 @@ def state_pool(
     if not model.is_hybrid or math.isinf(cache.capacity_bytes) or cache.host_gb is not None:
         return None  # a host tier needs one shared GPU budget (simlab.cache.host_tier)
     return admission.state_pool(model, cache.capacity_bytes)
+
+
+def cache_split_skipped(admission: AdmissionPolicy, model: ModelSpec, cache: CacheSettings) -> bool:
+    """Whether a host tier kept the engine from splitting a hybrid's finite cache."""
+    if cache.host_gb is None or not model.is_hybrid or math.isinf(cache.capacity_bytes):
+        return False
+    try:
+        return admission.state_pool(model, cache.capacity_bytes) is not None
+    except ValueError:  # too small to split: the host tier's shared budget still runs
+        return True
 
 
 def in_units_semantics(semantics: Semantics, unit_tokens: int) -> Semantics:
