@@ -177,7 +177,8 @@ class LayerOps:
             moved = prefill_tok * activations + 2 * state * len(batch.prefill)
             scan = "selective_scan" if m.ssm_kind == "mamba1" else "ssm_scan"
             flops = self._scan_flops_per_token() * prefill_tok * ns
-            seqs = (len(batch.prefill),)
+            uniform = int(all(q == batch.prefill[0][1] for _, q in batch.prefill))
+            seqs = (len(batch.prefill), uniform)  # equal chunks: the measured tables' shape
             ops.append(Op("ssm_scan", scan, flops, moved * ns, ns, prefill_tok, query=seqs))
         if batch.decode:
             n = len(batch.decode)

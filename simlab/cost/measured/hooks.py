@@ -22,6 +22,12 @@ table covers its shape (then the roofline times it too).
 * Decode attention: the generation table at the batch and the mean context (not with shared-
   prefix attention, which no table measures).
 * All-reduce: the custom all-reduce (CUDA-graph kernel) at the message's elements.
+* GDN and KDA layers (the delta rule): a prefill's scan is the causal conv1d plus the chunked
+  scan at ``b`` sequences of ``tokens / b`` tokens (both linear in the tokens: unequal chunks
+  are ``interpolated``), a decode step the conv update plus the recurrent step at the batch;
+  heads per GPU, the rows measured for the model's ``d_model`` where the table has them. A
+  Mamba2 layer's scan and step: a local table of ``gpu_validate tables`` (no public table
+  measures the SSD scan: :mod:`~simlab.cost.measured.unmeasured` states its range).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ ROW = ("attn_out_proj", "ssm_out_proj", "ssm_x_proj")
 #: stated relative uncertainty of prefill attention over a cached prefix or unequal chunks
 #: (the compute-equivalent length; the tables hold neither)
 PREFIX_ATTENTION_UNCERTAINTY = 0.25
+#: the recurrent kinds whose tables (``gdn_perf``, ``kda_perf``) the delta-rule hook reads
+DELTA_RULE = ("gdn", "kda")
 
 Timed = tuple[float, str] | None  # (seconds, source)
 
@@ -154,6 +162,33 @@ class MeasuredOps:
         timed = None if shared or curve is None else curve.at(float(context_sum) / n)
         return None if timed is None else (op.units * timed[0] / 1e3, timed[1])
 
+    def recurrent(self, op: Op) -> Timed:
+        """A recurrent layer's prefill scan (``ssm_scan``) or decode step (``ssm_step``)."""
+        if self.model.ssm_kind in DELTA_RULE:
+            return self.delta_rule(op)
+        return self.mamba2(op)
+
+    def delta_rule(self, op: Op) -> Timed:
+        """GDN's or KDA's conv + scan (prefill) or conv update + recurrent step (decode)."""
+        m, tp = self.model, self.tp
+        if m.ssm_n_groups % tp or m.ssm_n_heads % tp:
+            return None
+        heads = (m.ssm_n_groups // tp, m.ssm_n_heads // tp)
+        if op.name == "ssm_scan":
+            seqs, uniform = op.query
+            phase, batch, length = "context", seqs, op.tokens / seqs
+        else:
+            phase, batch, length, uniform = "generation", op.tokens, 1, 1
+        parts = [
+            self.kernels.delta_rule(m.ssm_kind, phase, part, batch, length, heads, m.d_model)
+            for part in ("conv", "scan")
+        ]
+        done = [p for p in parts if p is not None]
+        if len(done) < len(parts):
+            return None
+        tags = [tag for _, tag in done] + ([] if uniform else [INTERPOLATED])
+        return m.n_ssm_layers * sum(ms for ms, _ in done) / 1e3, worst(tags)
+
     def mamba2(self, op: Op) -> Timed:
         """Mamba2's scan (per prefill sequence) or decode step, where a local table of
         ``gpu_validate tables`` measured it."""
@@ -171,8 +206,8 @@ class MeasuredOps:
 
 HOOKS: dict[str, Callable[[MeasuredOps, Op], Timed]] = {
     "moe_shared": MeasuredOps.mlp,
-    "ssm_scan": MeasuredOps.mamba2,
-    "ssm_step": MeasuredOps.mamba2,
+    "ssm_scan": MeasuredOps.recurrent,
+    "ssm_step": MeasuredOps.recurrent,
     "mlp": MeasuredOps.mlp,
     "moe": MeasuredOps.moe,
     ALLREDUCE: MeasuredOps.allreduce,

@@ -10,7 +10,10 @@ Tables and their axes (latency in ms per call, one layer):
   heads, batch and the context (``isl + step``);
 * fused MoE (``moe_perf``): per (hidden, intermediate, top-k, experts, TP, EP), the tokens;
 * all-reduce (``custom_allreduce_perf``, the CUDA-graph kernel): per GPU count, the message's
-  elements.
+  elements;
+* the delta-rule recurrent layers (``gdn_perf``: GDN; ``kda_perf``: KDA), per kernel (the causal
+  conv1d, the chunked prefill scan, the recurrent decode step), key heads and value heads (per
+  GPU, 128 wide), batch and sequence length (prefill) or batch (decode, length 1).
 
 Attention runs with the BF16 KV cache and no sliding window; MoE with the ``power_law_1.01``
 routing distribution where the table has it (skewed, as real routers are), else ``balanced``.
@@ -41,12 +44,17 @@ TABLES = {
     "moe": ("moe", "moe_perf"),
     "allreduce": ("comm", "custom_allreduce_perf"),
     "gdn": ("linear_attention", "gdn_perf"),
+    "kda": ("kda", "kda_perf"),
     "mamba2_scan": ("ssm", "mamba2_scan_perf"),
     "mamba2_step": ("ssm", "mamba2_step_perf"),
 }
-#: the GDN kernels of each phase (:meth:`Kernels.gdn`): the chunked prefill scan and the
-#: recurrent decode step
-GDN_KERNELS = {"context": "chunk_gated_delta_rule", "generation": "fused_recurrent"}
+#: the delta-rule scans (:meth:`Kernels.delta_rule`), preferred in this order among a phase's
+#: kernels other than the conv: GDN's chunked prefill scan (FlashInfer's in vLLM, FLA's in
+#: SGLang), KDA's (vLLM's FlashKDA, SGLang's ``chunk_kda``), the packed recurrent decode steps
+SCAN_KERNELS = ("chunk_gated_delta_rule", "flashkda", "chunk_kda", "packed_decode")
+#: the short causal conv before the scan: ``causal_conv1d_fn`` over a prefill (KDA's three
+#: calls over q, k, v), ``causal_conv1d_update`` per decode step
+CONV_KERNEL = "causal_conv1d"
 
 Timed = tuple[float, str] | None  # (ms, source) or no measurement
 
@@ -92,7 +100,8 @@ class Kernels:
             "context": self._attention_grid,
             "generation": self._attention_grid,
             "moe": self._moe_grid,
-            "gdn": self._gdn_grid,
+            "gdn": self._delta_rule_grid,
+            "kda": self._delta_rule_grid,
             "mamba2_scan": self._mamba2_grid,
             "mamba2_step": self._mamba2_grid,
             "allreduce": self._allreduce_grid,
@@ -136,11 +145,18 @@ class Kernels:
         roofline = self._roofline(reference.moe(key[1:], self.dtype), self.dtype)
         return _grid(tables.kernel_rows(frame), ["num_tokens"], 1.0, roofline)
 
-    def _gdn_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
-        frame = tables.rows(path, ())
-        frame = frame[frame["kernel_source"].str.contains(GDN_KERNELS[key[1]])]
+    def _delta_rule_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        """``key``: (family, phase, part ``scan`` | ``conv``, d_model): the rows of one kernel
+        at 128-wide heads, those measured for a model of ``d_model`` where there are some (the
+        tables repeat a head count per model, within a few percent)."""
+        _, phase, part, d_model = key
+        frame = tables.rows(path, (("phase", phase), ("head_k_dim", 128), ("head_v_dim", 128)))
+        conv = frame["kernel_source"].str.contains(CONV_KERNEL)
+        frame = tables.kernel_rows(frame[conv if part == "conv" else ~conv], SCAN_KERNELS)
+        if (frame["d_model"] == d_model).any():
+            frame = frame[frame["d_model"] == d_model]
         axes = ["num_k_heads", "num_v_heads", "batch_size", "seq_len"]
-        return _grid(frame[frame["head_k_dim"] == 128], axes, 1.0)
+        return _grid(frame, axes, 1.0)
 
     def _mamba2_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         frame = tables.rows(path, ())
@@ -183,13 +199,29 @@ class Kernels:
         grid = self.grid(("moe", *shape))
         return None if grid is None else grid.at((tokens,))
 
-    @functools.lru_cache(maxsize=65536)  # noqa: B019
     def gdn(self, phase: str, batch: int, length: int, k_heads: int, v_heads: int) -> Timed:
         """The GDN (gated delta rule) scan of ``batch`` sequences of ``length`` tokens
         (``context``: the chunked prefill scan; ``generation``: one recurrent decode step,
         ``length`` 1) at 128-wide key and value heads."""
-        grid = self.grid(("gdn", phase))
-        return None if grid is None else grid.at((k_heads, v_heads, batch, length))
+        return self.delta_rule("gdn", phase, "scan", batch, length, (k_heads, v_heads))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def delta_rule(
+        self,
+        family: str,
+        phase: str,
+        part: str,
+        batch: int,
+        length: int,
+        heads: tuple[int, int],
+        d_model: int = 0,
+    ) -> Timed:
+        """One ``part`` (``scan`` or ``conv``) of a ``family`` (``gdn`` or ``kda``) layer over
+        ``batch`` sequences of ``length`` tokens in ``phase`` (``context``: a prefill;
+        ``generation``: one decode step, ``length`` 1) at ``heads`` (key heads, value heads)
+        per GPU, measured for a model of ``d_model`` where the table has one."""
+        grid = self.grid((family, phase, part, d_model))
+        return None if grid is None else grid.at((*heads, batch, length))
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def mamba2(self, batch: int, tokens: int, shape: tuple[int, ...]) -> Timed:
