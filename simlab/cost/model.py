@@ -314,7 +314,7 @@ class CostModel:
         if self.kernels is None or shared_kv_tokens or not self.model.n_attn_layers:
             return None
         sums = np.asarray(context_sum + n * np.arange(steps), dtype=np.float64)
-        return self.kernels.decode_seconds(n, sums, self.model.n_attn_layers)
+        return self.kernels.decode_seconds(n, sums)
 
     def _decode_template(self, n: int) -> DecodeTemplate | None:
         """Per ``n``: the summed time of the ops before decode attention, decode attention's

@@ -59,7 +59,7 @@ def class_grids(kernels: Kernels) -> dict[str, list[Grid]]:
     """The grids of each class of ``kernels`` (MoE: one per measured model shape)."""
     keys: dict[str, list[tuple[object, ...]]] = {
         "gemm": [("gemm",)],
-        "attention": [("context", HEAD_DIM), ("generation", HEAD_DIM)],
+        "attention": [("context", HEAD_DIM, 0), ("generation", HEAD_DIM, 0)],
         "moe": [("moe", *shape) for shape in _moe_shapes(kernels)],
         "allreduce": [("allreduce", gpus) for gpus in (2, 4, 8)],
     }

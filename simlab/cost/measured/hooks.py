@@ -8,19 +8,12 @@ table covers its shape (then the roofline times it too).
 
 * GEMMs, per GPU: a column-parallel projection splits its outputs ``n`` over the GPUs, a
   row-parallel one its inputs ``k`` (vLLM's and SGLang's ``ColumnParallelLinear`` /
-  ``RowParallelLinear``); the dense MLP and the MoE's shared experts are the fused gate-up
-  GEMM and the down GEMM. A projection of neither list (MLA's, latent MoE's) keeps the
-  roofline until its split is listed.
+  ``RowParallelLinear``), a replicated one runs whole on each; the dense MLP and the MoE's
+  shared experts are the fused gate-up GEMM and the down GEMM. A projection of none of the
+  lists keeps the roofline until its split is listed.
 * MoE: the fused MoE kernel at the model's (hidden, intermediate, top-k, experts) with
   MoE-TP = ``tp`` (no expert parallelism), plus the router GEMM.
-* Attention, where it is full grouped-query attention (not MLA, no sliding window). Prefill:
-  the causal context-attention table at ``b`` sequences of the
-  compute-equivalent length ``L = sqrt(sum(new^2 + 2 new prefix) / b)`` -- exact for ``b``
-  equal chunks without a prefix (the table's own shape); a cached prefix or unequal chunks are
-  modelled (source ``interpolated``; :data:`PREFIX_ATTENTION_UNCERTAINTY`), never below the
-  time to read their KV at the peak bandwidth.
-* Decode attention: the generation table at the batch and the mean context (not with shared-
-  prefix attention, which no table measures).
+* Attention (grouped-query, its sliding-window layers, MLA): :mod:`.attention`.
 * All-reduce: the custom all-reduce (CUDA-graph kernel) at the message's elements.
 * GDN and KDA layers (the delta rule): a prefill's scan is the causal conv1d plus the chunked
   scan at ``b`` sequences of ``tokens / b`` tokens (both linear in the tokens: unequal chunks
@@ -38,7 +31,7 @@ from collections.abc import Callable
 import numpy as np
 
 from simlab.cost.hardware import Hardware
-from simlab.cost.measured.interpolate import Curve
+from simlab.cost.measured import attention
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import INTERPOLATED, worst
 from simlab.cost.profiles import ALLREDUCE, X_PROJ_ALLREDUCE
@@ -46,9 +39,21 @@ from simlab.cost.shapes import Op, kv_heads_per_gpu
 from simlab.model import layers as kinds
 from simlab.model.spec import ModelSpec
 
-#: GEMMs whose outputs tensor parallelism splits (column-parallel) / whose inputs it splits
-COLUMN = ("attn_qkv_proj", "ssm_in_proj", "ssm_dt_proj", "lm_head")
+#: GEMMs whose outputs tensor parallelism splits (column-parallel) / whose inputs it splits /
+#: that every GPU runs whole (replicated: MLA's down projections, fused in vLLM's
+#: ``fused_qkv_a_proj``, and latent MoE's ``fc1/fc2_latent_proj``)
+COLUMN = (
+    "attn_qkv_proj",
+    "attn_q_proj",
+    "attn_q_b_proj",
+    "attn_kv_b_proj",
+    "attn_gate_proj",
+    "ssm_in_proj",
+    "ssm_dt_proj",
+    "lm_head",
+)
 ROW = ("attn_out_proj", "ssm_out_proj", "ssm_x_proj")
+REPLICATED = ("attn_q_a_proj", "attn_kv_a_proj", "moe_latent_down", "moe_latent_up")
 #: stated relative uncertainty of prefill attention over a cached prefix or unequal chunks
 #: (the compute-equivalent length; the tables hold neither)
 PREFIX_ATTENTION_UNCERTAINTY = 0.25
@@ -67,13 +72,8 @@ class MeasuredOps:
         self.tp = tp
         self.hw = hardware
         self.heads = (model.n_heads // tp, kv_heads_per_gpu(model, tp), model.head_dim)
-        #: the attention the tables measure: full (no sliding window) grouped-query attention
-        #: with equal query and value head sizes (MLA and windows stay on the roofline)
-        self.plain_attention = (
-            model.attn_kind == "gqa"
-            and not model.n_swa_layers
-            and model.head_dim == model.v_head_dim
-        )
+        #: ``(window, layers)`` of each kind of attention layer the tables measure
+        self.attention_layers = attention.layer_kinds(self)
         self._memo: dict[Op, Timed] = {}
 
     def time(self, op: Op) -> Timed:
@@ -81,7 +81,7 @@ class MeasuredOps:
         if op in self._memo:
             return self._memo[op]
         hook = HOOKS.get(op.name)
-        if hook is None and op.name in COLUMN + ROW:
+        if hook is None and op.name in COLUMN + ROW + REPLICATED:
             hook = MeasuredOps.projection
         result = None if hook is None else hook(self, op)
         if len(self._memo) >= 1 << 16:
@@ -128,39 +128,9 @@ class MeasuredOps:
         timed = self.kernels.allreduce(op.tokens * per_token[op.name], self.tp)
         return None if timed is None else (op.units * timed[0] / 1e3, timed[1])
 
-    def prefill_attention(self, op: Op) -> Timed:
-        if not self.plain_attention:
-            return None
-        chunks, length, uniform, kv_tokens = op.query
-        heads, kv, head_dim = self.heads
-        timed = self.kernels.context(chunks, length, heads, kv, head_dim)
-        if timed is None:
-            return None
-        m = self.model
-        kv_bytes = kv_tokens * 2 * kv * head_dim * m.dtype_bytes
-        seconds = max(timed[0] / 1e3, kv_bytes / self.hw.mem_bw)
-        return op.units * seconds, timed[1] if uniform else INTERPOLATED
-
-    def decode_curve(self, n: int) -> Curve | None:
-        """The generation table's curve over the context at batch ``n`` (None: not covered)."""
-        if not self.plain_attention:
-            return None
-        heads, kv, head_dim = self.heads
-        return self.kernels.generation(n, heads, kv, head_dim)
-
-    def decode_seconds(self, n: int, context_sums: np.ndarray, units: int) -> np.ndarray | None:
+    def decode_seconds(self, n: int, context_sums: np.ndarray) -> np.ndarray | None:
         """Decode attention's seconds at each context sum of ``n`` requests (None: uncovered)."""
-        curve = self.decode_curve(n)
-        if curve is None:
-            return None
-        ms = curve.at_many(context_sums / n)
-        return None if ms is None else units * ms / 1e3  # as decode_attention, per element
-
-    def decode_attention(self, op: Op) -> Timed:
-        n, context_sum, shared = op.query
-        curve = self.decode_curve(n)
-        timed = None if shared or curve is None else curve.at(float(context_sum) / n)
-        return None if timed is None else (op.units * timed[0] / 1e3, timed[1])
+        return attention.decode_seconds(self, n, context_sums)
 
     def recurrent(self, op: Op) -> Timed:
         """A recurrent layer's prefill scan (``ssm_scan``) or decode step (``ssm_step``)."""
@@ -212,6 +182,6 @@ HOOKS: dict[str, Callable[[MeasuredOps, Op], Timed]] = {
     "moe": MeasuredOps.moe,
     ALLREDUCE: MeasuredOps.allreduce,
     X_PROJ_ALLREDUCE: MeasuredOps.allreduce,
-    "attn_prefill": MeasuredOps.prefill_attention,
-    "attn_decode": MeasuredOps.decode_attention,
+    "attn_prefill": attention.prefill,
+    "attn_decode": attention.decode,
 }

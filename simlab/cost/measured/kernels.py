@@ -5,9 +5,12 @@ Tables and their axes (latency in ms per call, one layer):
 
 * GEMM (``gemm_perf``): ``n, k`` and the rows ``m``;
 * context attention (``context_attention_perf``, causal, no cached prefix): per head
-  dimension, query heads, KV heads, batch and the sequence length ``isl``;
-* generation attention (``generation_attention_perf``): per head dimension, query heads, KV
-  heads, batch and the context (``isl + step``);
+  dimension and sliding window (0: none), query heads, KV heads, batch and the sequence length
+  ``isl``;
+* generation attention (``generation_attention_perf``): per head dimension and window, query
+  heads, KV heads, batch and the context (``isl + step``);
+* MLA attention (``context_mla_perf``, ``generation_mla_perf``: the attention kernel alone,
+  without its projections): query heads per GPU, batch and the sequence length or context;
 * fused MoE (``moe_perf``): per (hidden, intermediate, top-k, experts, TP, EP), the tokens;
 * all-reduce (``custom_allreduce_perf``, the CUDA-graph kernel): per GPU count, the message's
   elements;
@@ -15,7 +18,7 @@ Tables and their axes (latency in ms per call, one layer):
   conv1d, the chunked prefill scan, the recurrent decode step), key heads and value heads (per
   GPU, 128 wide), batch and sequence length (prefill) or batch (decode, length 1).
 
-Attention runs with the BF16 KV cache and no sliding window; MoE with the ``power_law_1.01``
+Attention runs with the BF16 KV cache; MoE with the ``power_law_1.01``
 routing distribution where the table has it (skewed, as real routers are), else ``balanced``.
 """
 
@@ -41,6 +44,8 @@ TABLES = {
     "gemm": ("gemm", "gemm_perf"),
     "context": ("attention", "context_attention_perf"),
     "generation": ("attention", "generation_attention_perf"),
+    "mla_context": ("mla", "context_mla_perf"),
+    "mla_generation": ("mla", "generation_mla_perf"),
     "moe": ("moe", "moe_perf"),
     "allreduce": ("comm", "custom_allreduce_perf"),
     "gdn": ("linear_attention", "gdn_perf"),
@@ -99,6 +104,8 @@ class Kernels:
             "gemm": self._gemm_grid,
             "context": self._attention_grid,
             "generation": self._attention_grid,
+            "mla_context": self._mla_grid,
+            "mla_generation": self._mla_grid,
             "moe": self._moe_grid,
             "gdn": self._delta_rule_grid,
             "kda": self._delta_rule_grid,
@@ -115,11 +122,11 @@ class Kernels:
         return _grid(frame, ["n", "k", "m"], 1.0, roofline)
 
     def _attention_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
-        kind, head_dim = key
+        kind, head_dim, window = key
         filters = (
             ("attn_dtype", "bfloat16"),
             ("kv_cache_dtype", "bfloat16"),
-            ("window_size", 0),
+            ("window_size", window),
             ("head_dim", head_dim),
         )
         frame = tables.kernel_rows(tables.rows(path, filters), ATTENTION_KERNELS)
@@ -129,7 +136,18 @@ class Kernels:
         axes = ["num_heads", "num_key_value_heads", "batch_size", "length"]
         if kind == "generation":  # launch- and split-bound: no roofline to follow (see reference)
             return _grid(frame, axes, 1.0)
+        if window:  # linear past the window, not the causal reference's square
+            return _grid(frame, axes, 1.0)
         return _grid(frame, axes, 2.0, self._roofline(reference.context(head_dim)))
+
+    def _mla_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        filters = (("mla_dtype", "bfloat16"), ("kv_cache_dtype", "bfloat16"))
+        frame = tables.kernel_rows(tables.rows(path, filters))
+        if frame.empty:
+            return None
+        frame = frame.assign(length=frame["isl"] + frame["step"])
+        axes = ["num_heads", "batch_size", "length"]
+        return _grid(frame, axes, 2.0 if key[0] == "mla_context" else 1.0)
 
     def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         frame = tables.rows(path, (("moe_dtype", tables.DTYPES[self.dtype]["moe"]),))
@@ -182,15 +200,33 @@ class Kernels:
         return None if grid is None else grid.at((n, k, m))
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
-    def context(self, batch: int, length: float, heads: int, kv: int, head_dim: int) -> Timed:
-        """Causal attention of ``batch`` sequences of ``length`` tokens (one layer)."""
-        grid = self.grid(("context", head_dim))
+    def context(
+        self, batch: int, length: float, heads: int, kv: int, head_dim: int, window: int = 0
+    ) -> Timed:
+        """Causal attention of ``batch`` sequences of ``length`` tokens (one layer), each
+        query over at most ``window`` keys (0: all)."""
+        grid = self.grid(("context", head_dim, window))
         return None if grid is None else grid.at((heads, kv, batch, length))
 
-    def generation(self, batch: int, heads: int, kv: int, head_dim: int) -> Curve | None:
+    def generation(
+        self, batch: int, heads: int, kv: int, head_dim: int, window: int = 0
+    ) -> Curve | None:
         """Decode attention of ``batch`` requests against their context (the curve's axis)."""
-        grid = self.grid(("generation", head_dim))
+        grid = self.grid(("generation", head_dim, window))
         return None if grid is None else grid.curve((heads, kv, batch))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def mla_context(self, batch: int, length: float, heads: int) -> Timed:
+        """MLA's causal prefill attention of ``batch`` sequences of ``length`` tokens at
+        ``heads`` query heads (one layer)."""
+        grid = self.grid(("mla_context",))
+        return None if grid is None else grid.at((heads, batch, length))
+
+    def mla_generation(self, batch: int, heads: int) -> Curve | None:
+        """MLA's decode attention of ``batch`` requests against their context (the curve's
+        axis) over the latent cache."""
+        grid = self.grid(("mla_generation",))
+        return None if grid is None else grid.curve((heads, batch))
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def moe(self, tokens: int, shape: tuple[int, ...]) -> Timed:
