@@ -125,3 +125,90 @@ def test_decode_spans_stay_the_step_by_step_times_bit_for_bit(model):
     span = cost.decode_span(contexts, 5)
     steps = [cost.time(BatchShape(decode=(contexts + j).tolist())) for j in range(5)]
     assert span.tolist() == steps
+
+
+# ---------------------------------------------------------------------------- MLA, windows
+def deepseek(backend: str = "sglang"):
+    engine = TimedEngine(hardware=preset("h100_sxm"), tp=8, backend=backend)
+    return engine.cost_model(spec("deepseek_v3"))
+
+
+def mla_rows(name: str, **where: object) -> pd.DataFrame:
+    path = Kernels("h100_sxm", "sglang", "0.5.14").path(name)
+    frame = pd.read_parquet(path)
+    frame = frame[(frame["kv_cache_dtype"] == "bfloat16") & (frame["num_heads"] == 16)]
+    for column, value in where.items():
+        frame = frame[frame[column] == value]
+    assert len(frame) >= 1, frame
+    return frame.head(1)  # a shape measured twice: its first row, as aiconfigurator reads it
+
+
+def test_mla_prefill_and_decode_attention_are_the_mla_tables_at_measured_shapes():
+    cost = deepseek()  # 128 heads over 8 GPUs: the tables' 16-head rows
+    op = op_of(cost, BatchShape(prefill=[(0, 4096)]), "attn_prefill")
+    ms = float(mla_rows("mla_context", batch_size=1, isl=4096)["latency"].iloc[0])
+    assert cost.op_time(op) == pytest.approx(61 * ms / 1e3, rel=1e-12)
+    assert cost.source(op) == MEASURED
+    decode = op_of(cost, BatchShape(decode=[4096] * 8), "attn_decode")
+    ms = float(mla_rows("mla_generation", batch_size=8, step=4095)["latency"].iloc[0])
+    assert cost.op_time(decode) == pytest.approx(61 * ms / 1e3, rel=1e-12)
+    assert cost.source(decode) == MEASURED
+
+
+def test_mla_interpolates_monotonically_and_leaves_uncovered_shapes_to_the_roofline():
+    cost = deepseek()
+    ops = [op_of(cost, BatchShape(prefill=[(0, n)]), "attn_prefill") for n in (4096, 5000, 6144)]
+    assert np.all(np.diff([cost.op_time(op) for op in ops]) > 0)
+    assert cost.source(ops[1]) == INTERPOLATED
+    steps = [op_of(cost, BatchShape(decode=[c] * 8), "attn_decode") for c in (4096, 5000, 8192)]
+    assert np.all(np.diff([cost.op_time(op) for op in steps]) > 0)
+    many = op_of(cost, BatchShape(prefill=[(0, 64)] * 1024), "attn_prefill")  # batch <= 256
+    assert cost.source(many) == ROOFLINE
+    vllm = deepseek("vllm")  # vLLM's tables time the whole MLA module, not its attention
+    assert vllm.source(op_of(vllm, BatchShape(prefill=[(0, 4096)]), "attn_prefill")) == ROOFLINE
+
+
+def test_mla_projections_are_gemms_split_as_the_engines_split_them():
+    cost = deepseek()
+    ops = {op.name: op for op in cost.ops(BatchShape(prefill=[(0, 4096)]))}
+    kernels = cost.kernels.kernels
+    q_a = kernels.gemm(4096, 1536, 7168)  # replicated: every GPU runs it whole
+    q_b = kernels.gemm(4096, 128 * 192 // 8, 1536)  # column-parallel: its outputs split
+    assert cost.op_time(ops["attn_q_a_proj"]) == pytest.approx(61 * q_a[0] / 1e3, rel=1e-12)
+    assert cost.op_time(ops["attn_q_b_proj"]) == pytest.approx(61 * q_b[0] / 1e3, rel=1e-12)
+
+
+def gpt_oss_rows(name: str, window: int, **where: object) -> float:
+    frame = table(name, f"{name}_attention_perf", head_dim=64, window_size=window, num_heads=64)
+    frame = frame[(frame["num_key_value_heads"] == 8) & (frame["kv_cache_dtype"] == "bfloat16")]
+    for column, value in where.items():
+        frame = frame[frame[column] == value]
+    assert len(frame) == 1, frame
+    return float(frame["latency"].iloc[0])
+
+
+def test_sliding_window_layers_are_the_window_tables():
+    cost = TimedEngine(hardware=preset("h100_sxm")).cost_model(spec("gpt_oss_120b"))
+    op = op_of(cost, BatchShape(prefill=[(0, 8192)]), "attn_prefill")
+    full = gpt_oss_rows("context", 0, batch_size=1, isl=8192)
+    window = gpt_oss_rows("context", 128, batch_size=1, isl=8192)
+    assert cost.op_time(op) == pytest.approx(18 * (full + window) / 1e3, rel=1e-12)
+    assert cost.source(op) == MEASURED
+    decode = op_of(cost, BatchShape(decode=[4096] * 8), "attn_decode")
+    full = gpt_oss_rows("generation", 0, batch_size=8, step=4095)
+    window = gpt_oss_rows("generation", 128, batch_size=8, step=4095)
+    assert cost.op_time(decode) == pytest.approx(18 * (full + window) / 1e3, rel=1e-12)
+    prefix = op_of(cost, BatchShape(prefill=[(4096, 4096)]), "attn_prefill")
+    assert cost.source(prefix) == ROOFLINE  # a window's pairs over a prefix: no table shape
+
+
+@pytest.mark.parametrize(
+    ("model", "backend", "tp"), [("gpt_oss_120b", "vllm", 1), ("deepseek_v3", "sglang", 8)]
+)
+def test_attention_decode_spans_stay_the_step_by_step_times(model, backend, tp):
+    engine = TimedEngine(hardware=preset("h100_sxm"), tp=tp, backend=backend)
+    cost = engine.cost_model(spec(model))
+    contexts = np.array([300, 2000, 7000, 120])
+    span = cost.decode_span(contexts, 5)
+    steps = [cost.time(BatchShape(decode=(contexts + j).tolist())) for j in range(5)]
+    assert span.tolist() == steps

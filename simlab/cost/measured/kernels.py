@@ -147,6 +147,8 @@ class Kernels:
             return None
         frame = frame.assign(length=frame["isl"] + frame["step"])
         axes = ["num_heads", "batch_size", "length"]
+        frame = frame.drop_duplicates(axes)  # a shape measured twice: its first row, as
+        # aiconfigurator reads it
         return _grid(frame, axes, 2.0 if key[0] == "mla_context" else 1.0)
 
     def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
