@@ -41,16 +41,18 @@ def layer_kinds(ops: MeasuredOps) -> list[tuple[int, int]]:
 
 
 def prefill(ops: MeasuredOps, op: Op) -> Timed:
+    if not ops.attention_layers:
+        return None
     chunks, length, uniform, kv_tokens = op.query
+    kv_bytes = kv_tokens * _kv_elements(ops) * ops.model.dtype_bytes
     seconds, tags = 0.0, [] if uniform else [INTERPOLATED]
     for window, layers in ops.attention_layers:
         timed = _prefill_layer(ops, chunks, length, window, bool(uniform))
         if timed is None:
             return None
-        kv_bytes = kv_tokens * _kv_elements(ops) * ops.model.dtype_bytes
         seconds += layers * max(timed[0] / 1e3, kv_bytes / ops.hw.mem_bw)
         tags.append(timed[1])
-    return (seconds, worst(tags)) if tags else None
+    return seconds, worst(tags)
 
 
 def _prefill_layer(
@@ -90,7 +92,7 @@ def curves(ops: MeasuredOps, n: int) -> list[Part] | None:
 
 def _context(curve: Curve, window: int, x: float) -> float:
     """Where ``curve`` is read at mean context ``x``: past a window no further than the
-    measured contexts, at the last measured one."""
+    measured contexts, at the last measured one (as :func:`decode_seconds` reads it)."""
     return min(x, curve.x_max) if 0 < window <= curve.x_max else x
 
 

@@ -147,8 +147,9 @@ class Kernels:
             return None
         frame = frame.assign(length=frame["isl"] + frame["step"])
         axes = ["num_heads", "batch_size", "length"]
-        frame = frame.drop_duplicates(axes)  # a shape measured twice: its first row, as
+        # a shape measured twice (the tables hold re-measurements): its first row, as
         # aiconfigurator reads it
+        frame = frame.drop_duplicates(axes)
         return _grid(frame, axes, 2.0 if key[0] == "mla_context" else 1.0)
 
     def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
@@ -250,7 +251,7 @@ class Kernels:
         phase: str,
         part: str,
         batch: int,
-        length: int,
+        length: float,
         heads: tuple[int, int],
         d_model: int = 0,
     ) -> Timed:
