@@ -199,7 +199,10 @@ def test_sliding_window_layers_are_the_window_tables():
     window = gpt_oss_rows("generation", 128, batch_size=8, step=4095)
     assert cost.op_time(decode) == pytest.approx(18 * (full + window) / 1e3, rel=1e-12)
     prefix = op_of(cost, BatchShape(prefill=[(4096, 4096)]), "attn_prefill")
-    assert cost.source(prefix) == ROOFLINE  # a window's pairs over a prefix: no table shape
+    window = gpt_oss_rows("context", 128, batch_size=1, isl=4096)  # at most 128 keys a query
+    full = cost.kernels.kernels.context(1, prefix.query[1], 64, 8, 64)[0]  # equivalent length
+    assert cost.op_time(prefix) == pytest.approx(18 * (full + window) / 1e3, rel=1e-12)
+    assert cost.source(prefix) == INTERPOLATED
 
 
 @pytest.mark.parametrize(

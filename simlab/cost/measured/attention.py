@@ -6,8 +6,8 @@ from the ``mla`` tables (the attention kernel alone: its projections are GEMMs o
   sqrt(sum(new^2 + 2 new prefix) / b)`` -- exact for ``b`` equal chunks without a prefix (the
   tables' own shape); a cached prefix or unequal chunks are modelled (source ``interpolated``;
   :data:`~simlab.cost.measured.hooks.PREFIX_ATTENTION_UNCERTAINTY`), never below the time to
-  read their KV at the peak bandwidth. A sliding-window layer is timed only at the tables'
-  shape (its pairs are not those of a causal length): otherwise the op stays on the roofline.
+  read their KV at the peak bandwidth. A sliding-window layer runs ``b`` sequences of the mean
+  new tokens per chunk: a prefix adds at most ``window^2 / 2`` pairs to a chunk (``interpolated``).
 * Decode: each kind at the batch and the mean context (not with shared-prefix attention,
   which no table measures); a window's curve is flat past the window, so a context beyond the
   measured ones is read at the last measured one.
@@ -47,7 +47,7 @@ def prefill(ops: MeasuredOps, op: Op) -> Timed:
     kv_bytes = kv_tokens * _kv_elements(ops) * ops.model.dtype_bytes
     seconds, tags = 0.0, [] if uniform else [INTERPOLATED]
     for window, layers in ops.attention_layers:
-        timed = _prefill_layer(ops, chunks, length, window, bool(uniform))
+        timed = _prefill_layer(ops, chunks, op.tokens / chunks if window else length, window)
         if timed is None:
             return None
         seconds += layers * max(timed[0] / 1e3, kv_bytes / ops.hw.mem_bw)
@@ -56,13 +56,11 @@ def prefill(ops: MeasuredOps, op: Op) -> Timed:
 
 
 def _prefill_layer(
-    ops: MeasuredOps, chunks: int, length: int, window: int, uniform: bool
+    ops: MeasuredOps, chunks: int, length: float, window: int
 ) -> tuple[float, str] | None:
     """One layer's prefill attention (ms, source) from its table."""
     if ops.model.attn_kind == "mla":
         return ops.kernels.mla_context(chunks, length, ops.heads[0])
-    if window and not uniform:
-        return None
     heads, kv, head_dim = ops.heads
     return ops.kernels.context(chunks, length, heads, kv, head_dim, window)
 
