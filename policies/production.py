@@ -43,13 +43,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from simlab.cache.contract import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
-from simlab.cache.scoring import (
+from simlab.cache.engine_rules import (
     DTYPE_BYTES,
     GDN_FLASHINFER_ALIGNMENT,
     SGLANG_CONV_DTYPE,
     SGLANG_SSM_DTYPE,
     VLLM_SSM_DTYPE,
-    Recency,
     check_bool,
     check_capability,
     check_grid,
@@ -64,6 +63,7 @@ from simlab.cache.scoring import (
     vllm_hybrid_block_size,
     with_ssm_dtype,
 )
+from simlab.cache.scoring import Recency
 from simlab.cache.state_pool import check_ratio, sglang_pool
 
 if TYPE_CHECKING:

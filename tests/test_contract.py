@@ -46,7 +46,12 @@ def modules(package: str) -> list[Path]:
 
 
 #: what a plug-in may import from ``simlab`` at run time: the contract and its building blocks
-CONTRACT_LAYER = {"simlab.cache.contract", "simlab.cache.scoring", "simlab.cache.state_pool"}
+CONTRACT_LAYER = {
+    "simlab.cache.contract",
+    "simlab.cache.scoring",
+    "simlab.cache.engine_rules",
+    "simlab.cache.state_pool",
+}
 
 
 @pytest.mark.parametrize("path", modules("policies"), ids=lambda p: p.name)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from policies.production import VLLM, SGLang
-from simlab.cache.scoring import vllm_block_size
+from simlab.cache.engine_rules import vllm_block_size
 from simlab.cache.state_pool import StatePool
 from simlab.config import ConfigError
 from simlab.experiments import geometry

@@ -11,7 +11,7 @@ Pool (``kv_cache_planning._get_kv_cache_groups_uniform_page_size``): layers of e
 into groups of ``g`` layers (``g``: the fewer kind's count, or the larger's when it is under
 1.5 times that), Mamba groups first (Nemotron-H: 6 Mamba groups of 4 layers, 1 attention
 group). A pool block is one page of each of a group's ``g`` layers, the page holding ``B``
-tokens of one attention layer's KV (``B``: :func:`simlab.cache.scoring.vllm_hybrid_block_size`),
+tokens of one attention layer's KV (``B``: :func:`simlab.cache.engine_rules.vllm_hybrid_block_size`),
 a Mamba layer's state padded to it. So a block of KV is one pool block and a state is one block
 in each Mamba group. Usable blocks: ``floor(capacity / block bytes)``.
 
