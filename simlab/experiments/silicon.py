@@ -48,6 +48,7 @@ from simlab.cost.shapes import check_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import ConcurrencyFeeder
 from simlab.engines.timed.world import TimedWorld
+from simlab.experiments.silicon_recipes import recipe
 from simlab.model.hf import model_spec
 from simlab.model.spec import ModelSpec
 from simlab.run.plan import plan_run
@@ -77,8 +78,6 @@ PRESETS = {
     "gb200": "gb200",
 }
 DTYPE_BYTES = {"bf16": 2, "fp8": 1}
-#: the engines' default chunked-prefill token budgets
-TOKEN_BUDGET = 8192
 
 
 def config_path(model_path: str) -> Path | None:
@@ -122,6 +121,7 @@ class Point:
     osl: int
     ttft_ms: float
     tpot_ms: float
+    measured: str = ""  # the measurement date (YYYY-MM-DD) the csv gives, else ''
 
 
 def points(csv: Path) -> tuple[list[Point], dict[str, int]]:
@@ -134,9 +134,9 @@ def points(csv: Path) -> tuple[list[Point], dict[str, int]]:
         if why:
             skipped[why] = skipped.get(why, 0) + 1
             continue
-        concurrency = int(
-            str(row.silicon_data_source).split("silicon_concurrency=")[1].split(";")[0]
-        )
+        source = str(row.silicon_data_source)
+        concurrency = int(source.split("silicon_concurrency=")[1].split(";")[0])
+        measured = source.split("measured=")[1][:10] if "measured=" in source else ""
         out.append(
             Point(
                 str(row.id),
@@ -151,6 +151,7 @@ def points(csv: Path) -> tuple[list[Point], dict[str, int]]:
                 int(row.osl),
                 float(row.silicon_ttft_ms),
                 float(row.silicon_tpot_ms),
+                measured,
             )
         )
     return out, skipped
@@ -221,8 +222,7 @@ def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
         f"engine.tp={point.tp}",
         f"engine.backend={point.backend}",
         f"engine.backend_version={version_for(point)}",
-        f"engine.max_running={point.concurrency}",
-        f"engine.token_budget={TOKEN_BUDGET}",
+        *recipe(point).overrides(point.concurrency),  # the server's flags
         f"engine.batching={'prefill_first' if point.backend == 'sglang' else 'mixed'}",
         f"engine.costs.iteration_overhead_s={overhead_s}",
         "engine.running_memory_gb=100000",
@@ -314,6 +314,7 @@ def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
     rows = [
         p.__dict__
         | {"version_used": version_for(p)}  # the csv's version, else the newest measured below
+        | {"recipe": recipe(p).source}  # the InferenceX script its flags come from
         | {"ttft_ms_held_out": float(h[0]), "tpot_ms_held_out": float(h[1])}
         | {"ttft_ms_in_sample": float(i[0]), "tpot_ms_in_sample": float(i[1])}
         | {"simulated_ms": sim.tolist()}  # (TTFT, TPOT) at iteration overhead 0 and PROBE_S

@@ -35,6 +35,12 @@ class TimedSettings:
     #: request_admission=sglang; vLLM's async scheduling (its default ``AsyncScheduler``) on
     #: vLLM's block pool (:mod:`simlab.engines.timed.vllm`)
     overlap: bool = False
+    #: SGLang's --scheduler-recv-interval: new requests pulled every N decode steps
+    #: (:mod:`simlab.engines.timed.intake`)
+    recv_interval: int = 1
+    #: TensorRT-LLM's batch_wait_timeout_iters and batch_wait_max_tokens_ratio
+    batch_wait_iters: int = 0
+    batch_wait_tokens_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         self._check_counts()
@@ -74,6 +80,7 @@ class TimedSettings:
                 f"engine.batching must be one of {'|'.join(BATCHINGS)}, got {self.batching!r}"
             )
         self._check_sglang_prefill_limits()
+        self._check_holds()
         if self.overlap and self.request_admission == "sglang" and not shared:
             raise ValueError(
                 "engine.overlap with engine.request_admission=sglang is SGLang's overlap "
@@ -83,12 +90,33 @@ class TimedSettings:
     def _check_counts(self) -> None:
         """The token and request counts are integers >= 1 (the two SGLang limits may be
         null: :meth:`_check_sglang_prefill_limits`)."""
-        for key in ("token_budget", "max_prefill_tokens", "max_running", "ssm_chunk"):
+        for key in (
+            "token_budget",
+            "max_prefill_tokens",
+            "max_running",
+            "ssm_chunk",
+            "recv_interval",
+        ):
             value = getattr(self, key)
             if value is None and key in ("token_budget", "max_prefill_tokens"):
                 continue
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"engine.{key} must be an integer >= 1, got {value!r}")
+
+    def _check_holds(self) -> None:
+        """The engines' holds on new requests (:mod:`simlab.engines.timed.intake`)."""
+        if not (isinstance(self.batch_wait_iters, int) and self.batch_wait_iters >= 0):
+            raise ValueError(
+                f"engine.batch_wait_iters must be an integer >= 0, got {self.batch_wait_iters!r}"
+            )
+        ratio = self.batch_wait_tokens_ratio
+        if not (isinstance(ratio, int | float) and 0 <= ratio <= 1):
+            raise ValueError(f"engine.batch_wait_tokens_ratio must be in [0, 1], got {ratio!r}")
+        if self.batch_wait_iters and self.batching != "mixed":
+            raise ValueError(
+                "engine.batch_wait_iters is TensorRT-LLM's batch waiting: it needs "
+                f"engine.batching=mixed, got {self.batching!r}"
+            )
 
     def _check_sglang_prefill_limits(self) -> None:
         """``engine.max_prefill_tokens`` and ``engine.token_budget=null`` (chunked prefill

@@ -48,6 +48,7 @@ from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.batch import RunningBatch, batch_shape, shared_prefix_reads
 from simlab.engines.timed.feeders import Feeder, SessionFeeder
+from simlab.engines.timed.intake import Intake
 from simlab.engines.timed.jobs import EngineStats, Job, PoolStats
 from simlab.engines.timed.memory import MemoryFactory, tree_memory
 from simlab.engines.timed.settings import TimedSettings
@@ -96,6 +97,8 @@ class TimedWorld:
         #: SGLang's overlap scheduler: a request's token sampled in the last batch waits in
         #: its queued result (``Job.in_flight``); vLLM delivers it even to a preempted request
         self._queues_tokens = s.overlap and sglang
+        self.intake = Intake(s)  # the engine's holds on new requests
+        self._after_extend = False  # the last step ran prefill chunks
         self.memory = memory(self, requests)
         step.prepare(sorted(requests, key=lambda r: (r.arrival, r.session_id, r.turn)))
 
@@ -157,8 +160,11 @@ class TimedWorld:
     def submit(self, job: Job) -> Job:
         """Queue a job (FCFS) and wake the GPU."""
         self.stats.first_arrival = min(self.stats.first_arrival, self.env.now)
-        self.note_queue()
-        self.waiting.append(job)
+        if self.intake.holds_arrivals:
+            self.intake.inbox.append(job)
+        else:
+            self.note_queue()
+            self.waiting.append(job)
         if not self._wakeup.triggered:
             self._wakeup.succeed()
         return job
@@ -176,6 +182,7 @@ class TimedWorld:
         while True:
             if overlap:  # ``get_next_batch_to_run`` stashes first, the last result still queued
                 self._stash_chunked()
+            self._pull()
             self.memory.schedule()
             if not self.running:
                 self.batch.ratio.reset()  # SGLang's on_idle
@@ -194,6 +201,15 @@ class TimedWorld:
             if not overlap:
                 self._complete_finished()
                 self._stash_chunked()
+
+    def _pull(self) -> None:
+        """The requests the engine pulls before this iteration join the queue
+        (:class:`simlab.engines.timed.intake.Intake`; without a hold they are there already)."""
+        idle = not self.running and not self.waiting
+        pulled = self.intake.poll(idle, self._after_extend)
+        if pulled:
+            self.note_queue()
+            self.waiting.extend(pulled)
 
     def results_pending(self) -> bool:
         """``engine.overlap``: whether the last batch's result, still queued, ends a prompt or
@@ -226,7 +242,7 @@ class TimedWorld:
         return any(job.prefilled < job.input_tokens for job in self.running)
 
     def _no_more_arrivals(self) -> bool:
-        return not self.waiting and self._open_sources == 0
+        return not self.waiting and not self.intake.inbox and self._open_sources == 0
 
     # ------------------------------------------------------------------ iterations
     def decoders(self) -> list[Job]:
@@ -249,6 +265,7 @@ class TimedWorld:
                 return
             yield from self._await_loads()
             return
+        self._after_extend = bool(chunks)
         self._track_chunks(chunks)
         duration = self.cost.time(self._batch(chunks, decoders))
         yield self.env.timeout(duration)
@@ -317,6 +334,9 @@ class TimedWorld:
             return ([] if chunks else self.memory.iteration_decoders()), chunks
         if self.settings.request_admission != "sglang":
             decoders = self.memory.iteration_decoders()
+            prompts = sum([j.input_tokens for j in self.running if j.prefilled < j.input_tokens])
+            if self.intake.holds_context(prompts, len(decoders)):  # TensorRT-LLM's batch wait
+                return decoders, []
             return decoders, self.memory.prefill_chunks(self.budget - len(decoders))
         running = self.decoders()
         chunks = self.memory.prefill_chunks(self.budget - len(self.batch_members()))
@@ -354,6 +374,10 @@ class TimedWorld:
     def _decode_span(self):
         """Decode-only stretch until the first request finishes or a new one arrives."""
         decoders, steps = self.memory.span_plan()
+        self._after_extend = False
+        until_pull = self.intake.steps_before_pull()
+        if until_pull is not None and steps > until_pull:  # the stretch ends at the pull
+            steps = until_pull
         if self.settings.overlap:
             self._process_results()
             if not steps:  # the decode sits this step out: its memory frees at the step's end
@@ -374,6 +398,7 @@ class TimedWorld:
         self.stats.busy += float(ends[done - 1])
         self.stats.iterations += done
         self._decoded(decoders, done)
+        self.intake.decoded(done)
         self.memory.span_ran(decoders, done)
         if self._queues_tokens:
             for job in decoders:

@@ -1,0 +1,119 @@
+"""The server settings each measured serving point ran with: InferenceX's launch scripts.
+
+``silicon_sample.csv``'s points are InferenceX runs (their ``silicon_data_source``). The csv
+records the model, GPU, engine, version, tensor parallelism, concurrency and lengths, not the
+server's flags. The flags that decide how long a request waits are in InferenceX's launch scripts
+(github.com/SemiAnalysisAI/InferenceX, Apache-2.0), read here at the commit in force on the
+point's measurement date:
+
+- SGLang: ``--scheduler-recv-interval`` (new requests are pulled every N decode steps,
+  ``engine.recv_interval``) and ``--chunked-prefill-size``;
+- TensorRT-LLM: ``max_num_tokens`` (no chunked prefill: one iteration's tokens) and, for some
+  shapes, ``batch_wait_timeout_iters`` / ``batch_wait_max_tokens_ratio`` (new prompts held while
+  others decode, ``engine.batch_wait_iters``);
+- vLLM: ``max-num-batched-tokens 8192`` and ``max-num-seqs`` at least the concurrency, which
+  are simlab's defaults for these points already.
+
+What each script sets is in :func:`recipe`, with the script and commit it was read from (each
+validated row carries it as ``recipe``). The scripts' ``--max-running-requests`` (128 on
+Blackwell) is not applied: the csv has points above it (concurrency 256 and 512) whose TTFT
+shows no such queue (DeepSeek-R1 on B200 at 1,024 / 8,192 tokens and concurrency 256: 1.8 s,
+where 128 running would make the second half wait a whole generation), so those points ran
+with another setting than the script at that date says; each point runs with its concurrency
+as the cap. The stream intervals the scripts set (10 to 50 tokens
+a chunk) are not modelled: SGLang and TensorRT-LLM send the first token at once whatever the
+interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from simlab.experiments.silicon import Point
+
+REPO = "SemiAnalysisAI/InferenceX"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The engine settings of one point's server, and where they were read."""
+
+    source: str  # the launch script and commit
+    token_budget: int = 8192
+    recv_interval: int = 1
+    batch_wait_iters: int = 0
+    batch_wait_tokens_ratio: float = 0.0
+
+    def overrides(self, concurrency: int) -> list[str]:
+        """The ``engine.*`` overrides the point is simulated with."""
+        return [
+            f"engine.token_budget={self.token_budget}",
+            f"engine.max_running={concurrency}",
+            f"engine.recv_interval={self.recv_interval}",
+            f"engine.batch_wait_iters={self.batch_wait_iters}",
+            f"engine.batch_wait_tokens_ratio={self.batch_wait_tokens_ratio}",
+        ]
+
+
+def _sglang_blackwell(script: str, p: Point) -> Recipe:
+    """The SGLang scripts for B200 / B300 (DeepSeek at TP 8, Qwen3.5 BF16 and FP8 on B200,
+    BF16 on B300): pulls every 30 decode steps from concurrency 16 (10 below), chunks of
+    32,768 tokens; DeepSeek at TP 4: every 10 steps, chunks of 8,192."""
+    if p.model.startswith("deepseek-ai/") and p.tp == 4:
+        return Recipe(script, token_budget=8192, recv_interval=10)
+    return Recipe(script, token_budget=32768, recv_interval=30 if p.concurrency >= 16 else 10)
+
+
+def recipe(p: Point) -> Recipe:
+    """The settings of ``p``'s server (by its model, GPU, engine, shape and measurement date)."""
+    family = p.model.split("/")[1].lower()
+    found = {"sglang": _sglang, "trtllm": _trtllm, "vllm": _vllm}[p.backend](p, family)
+    return found or Recipe("none: the engine's defaults (no InferenceX script read for it)")
+
+
+def _sglang(p: Point, family: str) -> Recipe | None:
+    if family.startswith("deepseek"):
+        if p.system == "h200_sxm":
+            return Recipe("benchmarks/single_node/dsr1_fp8_h200.sh@38b80a859", 32768)
+        if p.system == "b300_sxm":
+            return _sglang_blackwell("benchmarks/single_node/dsr1_fp8_b300.sh@5b302f147", p)
+        return _sglang_blackwell("benchmarks/single_node/dsr1_fp8_b200.sh@38b80a859", p)
+    if not family.startswith("qwen3.5"):
+        return None
+    if p.system == "b300_sxm" and p.precision == "fp8":
+        b300 = "benchmarks/single_node/qwen3.5_fp8_b300.sh@c0f62a2ef"
+        return Recipe(b300, token_budget=16384, recv_interval=10)
+    script = {
+        ("b200_sxm", "bf16"): "benchmarks/single_node/qwen3.5_bf16_b200.sh@9dc87a68c",
+        ("b200_sxm", "fp8"): "benchmarks/single_node/qwen3.5_fp8_b200.sh@6a5dad463",
+        ("b300_sxm", "bf16"): "benchmarks/single_node/qwen3.5_bf16_b300.sh@32274d6c1",
+    }.get((p.system, p.precision))
+    return None if script is None else _sglang_blackwell(script, p)
+
+
+def _trtllm(p: Point, family: str) -> Recipe | None:
+    gpu = "b200" if p.system == "b200_sxm" else "h200"
+    if family.startswith("deepseek"):
+        # max_num_tokens: the concurrency + ISL + 64, rounded up to 64, at least 8,192
+        tokens = max(8192, (p.concurrency + p.isl + 64 + 63) // 64 * 64)
+        if gpu == "b200" and p.measured >= "2026-01-01":
+            script = "benchmarks/dsr1_fp8_b200_trt.sh@ec7bafaae"
+            if p.isl == p.osl == 1024 and p.concurrency >= 64:  # DELAY_BATCHING=true
+                return Recipe(script, tokens, batch_wait_iters=40, batch_wait_tokens_ratio=0.8)
+            return Recipe(script, tokens)
+        return Recipe(f"benchmarks/dsr1_fp8_{gpu}_trt_slurm.sh@17d5e204f", tokens)
+    if family.startswith("llama-3.1-70b"):
+        script = f"benchmarks/70b_fp8_{gpu}_trt_slurm.sh@9596d23d7^"
+        if p.isl == p.osl == 1024 and p.tp < 8:
+            return Recipe(script, 16384, batch_wait_iters=20, batch_wait_tokens_ratio=0.9)
+        return Recipe(script, 16384)
+    return None
+
+
+def _vllm(p: Point, family: str) -> Recipe | None:
+    if not family.startswith("llama-3.1-70b"):
+        return None
+    where = {"b200_sxm": "b200_docker", "h100_sxm": "h100_slurm", "h200_sxm": "h200_slurm"}
+    return Recipe(f"benchmarks/70b_fp8_{where[p.system]}.sh@9596d23d7^")
