@@ -138,7 +138,9 @@ def test_fixture_architectures_load_with_vllms_states() -> None:
     assert falcon.ssm_state_bytes == 44 * mamba2_state(24, 128, 1, 256, 4, ssm=2)
     granite = fixture("granite_4_0_h_small")
     assert (granite.n_attn_layers, granite.n_ssm_layers, granite.n_moe_layers) == (4, 36, 40)
-    assert granite.moe_shared_intermediate == 8192
+    assert granite.moe_shared_intermediate == 1536
+    assert round(granite.total_params / 1e9) == 32  # "granite-4.0-h-small: 32B total, 9B active"
+    assert round((granite.active_layer_params + granite.embedding_params) / 1e9) == 9
     nxt = fixture("qwen3_next_80b_a3b")  # no mamba_ssm_dtype: the model dtype
     assert nxt.ssm_state_bytes == 36 * gdn_state(16, 32, 128, 128, 4, ssm=2)
     assert nxt.n_attn_layers == 12

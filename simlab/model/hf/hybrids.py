@@ -175,11 +175,17 @@ def lfm2(f: Fields) -> Spec:
     """LFM2: short gated convolutions (``conv``) and attention (``full_attention``) by
     ``layer_types``, each followed by a gated MLP (``block_auto_adjust_ff_dim`` shrinks
     ``intermediate_size`` to 2/3, times ``block_ffn_dim_multiplier``, rounded up to
-    ``block_multiple_of``, as vLLM's ``Lfm2MLP``)."""
+    ``block_multiple_of``, as vLLM's ``Lfm2MLP``). The original configs' keys are read as
+    transformers' ``Lfm2Config`` reads them: ``full_attn_idxs`` (the attention layers) when
+    ``layer_types`` is absent, ``block_ff_dim`` before ``intermediate_size``."""
     layers = f.integer("num_hidden_layers")
     kinds = {"conv": "ssm", "full_attention": "attn"}
-    mixers = f.pattern("layer_types", kinds, layers)
-    inter = f.integer("intermediate_size")
+    if f.has("layer_types") or not f.has("full_attn_idxs"):
+        mixers = f.pattern("layer_types", kinds, layers)
+    else:
+        attn = f.indices("full_attn_idxs", f.get("full_attn_idxs"), layers, 0)
+        mixers = ["attn" if i in attn else "ssm" for i in range(layers)]
+    inter = f.integer("block_ff_dim" if f.has("block_ff_dim") else "intermediate_size")
     if f.get("block_auto_adjust_ff_dim", False):
         inter = int(inter * 2 / 3)
         inter = int(float(f.get("block_ffn_dim_multiplier", 1.0)) * inter)
