@@ -190,3 +190,26 @@ def test_an_unmeasured_version_names_the_measured_ones():
     with pytest.raises(ValueError, match=r"hardware\.peak_tflops is not given"):
         Hardware.from_config({"name": "x", "mem_bw_gbps": 1, "mem_gb": 1, "link_bw_gbps": 1})
     assert select.resolve_version("a100_sxm", "vllm", None) == "0.14.0"
+
+
+@installed
+def test_an_fp8_moe_takes_the_block_scaled_rows_where_a_table_has_no_per_tensor_ones():
+    """SGLang's tables measure its FP8 fused MoE with block-scaled weights only: DeepSeek-V3's
+    experts (TP 8) at 4,096 tokens are the measured ``fp8_block`` row, not the roofline. vLLM's
+    tables have per-tensor FP8 rows, and keep them."""
+    shape = (7168, 2048, 8, 256, 8, 1)
+    sglang = Kernels("b200_sxm", "sglang", "0.5.14", "fp8")
+    ms, tag = sglang.moe(4096, shape)
+    rows = tables.rows(sglang.path("moe"), (("moe_dtype", "fp8_block"),))
+    row = rows[
+        (rows.hidden_size == 7168)
+        & (rows.inter_size == 2048)
+        & (rows.num_experts == 256)
+        & (rows.moe_tp_size == 8)
+        & (rows.num_tokens == 4096)
+        & (rows.distribution == "power_law_1.01")
+    ]
+    assert tag == MEASURED and ms == pytest.approx(float(row.latency.iloc[0]))
+    vllm = Kernels("b200_sxm", "vllm", "0.19.0", "fp8")
+    per_tensor = tables.rows(vllm.path("moe"), (("moe_dtype", "fp8"),))
+    assert not per_tensor.empty and vllm.moe(4096, shape) is not None

@@ -25,6 +25,7 @@ routing distribution where the table has it (skewed, as real routers are), else 
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ import numpy as np
 from simlab.cost.measured import reference, tables
 from simlab.cost.measured.interpolate import Curve, Grid
 from simlab.cost.measured.reference import Roofline
+
+log = logging.getLogger(__name__)
 
 #: preferred attention kernels by name (the engines' defaults: FlashAttention 3 on Hopper, 2 on
 #: Ampere / Ada / consumer Blackwell), before the kernel with most rows
@@ -62,6 +65,11 @@ SCAN_KERNELS = ("chunk_gated_delta_rule", "flashkda", "chunk_kda", "packed_decod
 CONV_KERNEL = "causal_conv1d"
 
 Timed = tuple[float, str] | None  # (ms, source) or no measurement
+
+#: the MoE rows an FP8 model's experts take where a table has no per-tensor FP8 ones (SGLang's
+#: tables measure its FP8 fused MoE with block-scaled weights only, the FP8 checkpoints of
+#: DeepSeek-V3/R1 and Qwen3.5 it serves; the same work, scales read per 128 x 128 block)
+FP8_MOE_FALLBACK = "fp8_block"
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the lru caches below key on it
@@ -153,7 +161,19 @@ class Kernels:
         return _grid(frame, axes, 2.0 if key[0] == "mla_context" else 1.0)
 
     def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
-        frame = tables.rows(path, (("moe_dtype", tables.DTYPES[self.dtype]["moe"]),))
+        dtype = tables.DTYPES[self.dtype]["moe"]
+        frame = tables.rows(path, (("moe_dtype", dtype),))
+        if frame.empty and dtype == "fp8":  # SGLang's tables: FP8 MoE only block-scaled
+            frame = tables.rows(path, (("moe_dtype", FP8_MOE_FALLBACK),))
+            if not frame.empty:
+                log.info(
+                    "%s %s %s: no per-tensor FP8 MoE rows; the block-scaled FP8 (%s) rows time "
+                    "the MoE",
+                    self.system,
+                    self.backend,
+                    path.parent.name,
+                    FP8_MOE_FALLBACK,
+                )
         columns = ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
         for column, value in zip(columns, key[1:], strict=True):
             frame = frame[frame[column] == value]

@@ -78,18 +78,23 @@ def systems() -> tuple[str, ...]:
 def table_path(
     system: str, family: str, backend: str, version: str, table: str, local: Path | None = None
 ) -> Path | None:
-    """The parquet file of one table at the newest version <= ``version`` that has it, from
-    the first of :func:`data_roots` with one."""
+    """The parquet file of one table at the newest version <= ``version`` that has it, else
+    (every measurement of that table is newer) at the oldest newer one: the same engine's kernel
+    measured later is closer to it than the roofline. From the first of :func:`data_roots` with
+    one; each table's version is in the run's ``kernels.tables``."""
+    key = version_key(version)
+    found: list[tuple[Path, list[str]]] = []
     for root in data_roots(local):
         base = root / system / family / backend
-        have = sorted(
-            (p.parent.name for p in base.glob(f"*/{table}.parquet")),
-            key=version_key,
-            reverse=True,
-        )
-        for v in have:
-            if version_key(v) <= version_key(version):
-                return base / v / f"{table}.parquet"
+        have = sorted((p.parent.name for p in base.glob(f"*/{table}.parquet")), key=version_key)
+        below = [v for v in have if version_key(v) <= key]
+        if below:
+            return base / below[-1] / f"{table}.parquet"
+        if have:
+            found.append((base, have))
+    if found:
+        base, have = found[0]
+        return base / have[0] / f"{table}.parquet"
     return None
 
 
