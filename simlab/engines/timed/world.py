@@ -334,8 +334,10 @@ class TimedWorld:
             return ([] if chunks else self.memory.iteration_decoders()), chunks
         if self.settings.request_admission != "sglang":
             decoders = self.memory.iteration_decoders()
-            prompts = sum([j.input_tokens for j in self.running if j.prefilled < j.input_tokens])
-            if self.intake.holds_context(prompts, len(decoders)):  # TensorRT-LLM's batch wait
+            if self.intake.wait_iters and self.intake.holds_context(  # TensorRT-LLM's wait
+                sum([j.input_tokens for j in self.running if j.prefilled < j.input_tokens]),
+                len(decoders),
+            ):
                 return decoders, []
             return decoders, self.memory.prefill_chunks(self.budget - len(decoders))
         running = self.decoders()
@@ -372,7 +374,8 @@ class TimedWorld:
         return batch_shape(chunks, decoders, self.cache, self.settings)
 
     def _decode_span(self):
-        """Decode-only stretch until the first request finishes or a new one arrives."""
+        """Decode-only stretch until the first request finishes, a new one arrives or (with
+        ``engine.recv_interval``) the engine pulls the ones that arrived."""
         decoders, steps = self.memory.span_plan()
         self._after_extend = False
         until_pull = self.intake.steps_before_pull()
