@@ -213,3 +213,16 @@ def test_an_fp8_moe_takes_the_block_scaled_rows_where_a_table_has_no_per_tensor_
     vllm = Kernels("b200_sxm", "vllm", "0.19.0", "fp8")
     per_tensor = tables.rows(vllm.path("moe"), (("moe_dtype", "fp8"),))
     assert not per_tensor.empty and vllm.moe(4096, shape) is not None
+
+
+@installed
+def test_tables_measured_only_later_are_taken_at_the_oldest_later_version_and_said():
+    """SGLang 0.5.9 on B200 has only its all-reduce measured at 0.5.9: its GEMM, attention and
+    MoE come from 0.5.14 (not the roofline), and the run's caveat names them; a version whose
+    tables are all at or below it has no caveat."""
+    old = Kernels("b200_sxm", "sglang", "0.5.9")
+    used = old.used_versions()
+    assert used["allreduce"] == "0.5.9" and used["gemm"] == used["moe"] == "0.5.14"
+    line = select.newer_tables(old)
+    assert line is not None and "gemm 0.5.14" in line and "allreduce" not in line
+    assert select.newer_tables(Kernels("b200_sxm", "sglang", "0.5.16")) is None

@@ -89,7 +89,27 @@ def select(
         )
         return None
     _warn_bandwidth(hardware)
-    return Kernels(hardware.system, backend, resolved, dtype, local)
+    kernels = Kernels(hardware.system, backend, resolved, dtype, local)
+    line = newer_tables(kernels)
+    if line is not None and line not in _warned:
+        _warned.add(line)
+        log.warning("%s", line)
+    return kernels
+
+
+def newer_tables(kernels: Kernels) -> str | None:
+    """A line when some tables were measured only at versions newer than the engine's, so
+    :func:`~simlab.cost.measured.tables.table_path` took the oldest newer one (None: none)."""
+    key = tables.version_key(kernels.version)
+    newer = {kind: v for kind, v in kernels.used_versions().items() if tables.version_key(v) > key}
+    if not newer:
+        return None
+    listed = ", ".join(f"{kind} {v}" for kind, v in sorted(newer.items()))
+    return (
+        f"engine.backend_version {kernels.backend} {kernels.version}: tables measured only at "
+        f"later versions time these ops ({listed}); their kernels may differ from "
+        f"{kernels.version}'s"
+    )
 
 
 def model_dtype(dtype: str | None, dtype_bytes: int) -> str:

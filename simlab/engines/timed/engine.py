@@ -266,9 +266,13 @@ def time_sources(cost: CostModel, policy: str) -> dict[str, Any]:
             100 * out[ROOFLINE],
         )
     k = cost.kernels.kernels
-    kernels = {"system": k.system, "backend": k.backend, "version": k.version, "dtype": k.dtype}
-    line = select.caveat(cost.hw)
-    return {"time_sources": out, "kernels": kernels | ({"caveat": line} if line else {})}
+    kernels: dict[str, Any] = {"system": k.system, "backend": k.backend, "version": k.version}
+    kernels |= {"dtype": k.dtype, "tables": k.used_versions()}
+    lines = [line for line in (select.caveat(cost.hw), select.newer_tables(k)) if line]
+    return {
+        "time_sources": out,
+        "kernels": kernels | ({"caveat": "; ".join(lines)} if lines else {}),
+    }
 
 
 def steady(policy: str, records: Sequence[RequestRecord]) -> dict[str, Any]:
