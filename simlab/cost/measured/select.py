@@ -106,9 +106,9 @@ def newer_tables(kernels: Kernels) -> str | None:
         return None
     listed = ", ".join(f"{kind} {v}" for kind, v in sorted(newer.items()))
     return (
-        f"engine.backend_version {kernels.backend} {kernels.version}: tables measured only at "
-        f"later versions time these ops ({listed}); their kernels may differ from "
-        f"{kernels.version}'s"
+        f"engine.backend_version {kernels.backend} {kernels.version}: these tables are measured "
+        f"only at later versions and come from the oldest of them ({listed}); their kernels "
+        f"may differ from {kernels.version}'s"
     )
 
 
