@@ -21,6 +21,7 @@ from simlab.experiments.silicon import (
     simulate,
     spec_of,
 )
+from simlab.experiments.silicon_recipes import Recipe, recipe
 from simlab.run.plan import plan_run
 from simlab.run.policy import policy_step
 
@@ -121,3 +122,27 @@ def test_the_fit_recovers_a_known_overhead_held_out_and_in_sample():
     assert cv["overheads"]["vllm"]["in_sample"] == pytest.approx((0.005, 0.02))
     assert cv["overheads"]["vllm"]["without a"] == pytest.approx((0.005, 0.02))
     np.testing.assert_allclose(cv["held_out"], truth, rtol=1e-9)
+
+
+def test_a_point_runs_with_its_launch_scripts_holds(monkeypatch):
+    """Llama-3.1-70B on TensorRT-LLM at TP 4 and 1,024 / 1,024 tokens ran with
+    ``batch_wait_timeout_iters: 20`` (InferenceX's script; TP 8 without it): each later prompt
+    waits 20 decode iterations beside the running ones, so the point's TTFT grows by about 20
+    decode steps over the same point run with the engine's defaults."""
+    import simlab.experiments.silicon as silicon
+
+    p = point(system="b200_sxm", backend="trtllm", version="1.3.0rc20", concurrency=2,
+              isl=1024, osl=1024)  # fmt: skip
+    assert recipe(p).batch_wait_iters == 20 and recipe(p).token_budget == 16384
+    assert (
+        recipe(
+            point(system="b200_sxm", backend="trtllm", tp=8, isl=1024, osl=1024)
+        ).batch_wait_iters
+        == 0
+    )
+    held_ttft, tpot = simulate(p, 0.0)
+    monkeypatch.setattr(silicon, "recipe", lambda _: Recipe("defaults", token_budget=16384))
+    plain_ttft, plain_tpot = simulate(p, 0.0)
+    assert tpot == pytest.approx(plain_tpot, rel=0.01)
+    # 20 held iterations for every prompt but the opening pair (arriving to an idle engine)
+    assert held_ttft - plain_ttft == pytest.approx(20 * tpot * 18 / 20, rel=0.15)
