@@ -9,9 +9,10 @@ measured: InferenceX's client (``benchmark_serving.py --dataset-name random
 :data:`PROMPTS_PER_SLOT` x ``C`` requests of fresh random tokens (no prefix reuse), input and
 output lengths drawn uniformly from ``[int(0.8 isl), isl]`` and ``[int(0.8 osl), osl]``, all
 ready at time 0 with at most ``C`` in flight (:class:`~simlab.engines.timed.feeders.ConcurrencyFeeder`),
-on measured kernels of that GPU, backend and version (the newest measured at or below it). The
-mean TTFT and TPOT of every request, the opening burst included as the benchmark includes it,
-are compared with the point's.
+on measured kernels of that GPU, backend and version (the newest measured at or below it),
+with its server's flags (InferenceX's launch script: :mod:`simlab.experiments.silicon_recipes`).
+The mean TTFT and TPOT of every request, the opening burst included as the benchmark includes
+it, are compared with the point's.
 
 Only what no kernel measures is fitted, per backend: the engine's CPU time per iteration
 (``engine.costs.iteration_overhead_s``) and a fixed time per request on its TTFT (the API

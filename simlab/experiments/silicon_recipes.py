@@ -15,14 +15,14 @@ point's measurement date:
   are simlab's defaults for these points already.
 
 What each script sets is in :func:`recipe`, with the script and commit it was read from (each
-validated row carries it as ``recipe``). The scripts' ``--max-running-requests`` (128 on
-Blackwell) is not applied: the csv has points above it (concurrency 256 and 512) whose TTFT
-shows no such queue (DeepSeek-R1 on B200 at 1,024 / 8,192 tokens and concurrency 256: 1.8 s,
-where 128 running would make the second half wait a whole generation), so those points ran
-with another setting than the script at that date says; each point runs with its concurrency
-as the cap. The stream intervals the scripts set (10 to 50 tokens
-a chunk) are not modelled: SGLang and TensorRT-LLM send the first token at once whatever the
-interval.
+validated row carries it as ``recipe``). Two flags are not applied:
+
+- ``--max-running-requests`` (128 on Blackwell): the csv has points above it (concurrency 256
+  and 512) whose TTFT shows no such queue (DeepSeek-R1 on B200 at 1,024 / 8,192 tokens and
+  concurrency 256: 1.8 s, where 128 running would make half the requests wait a whole
+  generation), so those points ran with another setting; each point's cap is its concurrency.
+- the stream intervals (10 to 50 tokens a chunk): SGLang and TensorRT-LLM send the first token
+  at once whatever the interval.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from simlab.experiments.silicon import Point
-
-REPO = "SemiAnalysisAI/InferenceX"
 
 
 @dataclass(frozen=True)
