@@ -36,15 +36,12 @@ class Intake:
         self.wait_iters = s.batch_wait_iters
         budget = math.inf if s.token_budget is None else s.token_budget
         self.wait_tokens = s.batch_wait_tokens_ratio * budget
+        #: whether arrivals wait in :attr:`inbox` for a pull (``engine.recv_interval > 1``)
+        self.holds_arrivals = self.recv_interval > 1
         #: the requests that arrived but the scheduler has not pulled yet
         self.inbox: list[Job] = []
         self._count = 0  # SGLang's recv counter
         self._waited = 0  # TensorRT-LLM's batch_wait_iters_count
-
-    @property
-    def holds_arrivals(self) -> bool:
-        """Whether arrivals wait in :attr:`inbox` for a pull (``engine.recv_interval > 1``)."""
-        return self.recv_interval > 1
 
     def poll(self, idle: bool, after_extend: bool) -> list[Job]:
         """The requests pulled before this iteration (``idle``: the scheduler has nothing to

@@ -182,7 +182,8 @@ class TimedWorld:
         while True:
             if overlap:  # ``get_next_batch_to_run`` stashes first, the last result still queued
                 self._stash_chunked()
-            self._pull()
+            if self.intake.holds_arrivals:
+                self._pull()
             self.memory.schedule()
             if not self.running:
                 self.batch.ratio.reset()  # SGLang's on_idle
@@ -204,7 +205,7 @@ class TimedWorld:
 
     def _pull(self) -> None:
         """The requests the engine pulls before this iteration join the queue
-        (:class:`simlab.engines.timed.intake.Intake`; without a hold they are there already)."""
+        (:class:`simlab.engines.timed.intake.Intake`; called only when it holds arrivals)."""
         idle = not self.running and not self.waiting
         pulled = self.intake.poll(idle, self._after_extend)
         if pulled:
