@@ -83,19 +83,16 @@ def table_path(
     measured later is closer to it than the roofline. From the first of :func:`data_roots` with
     one; each table's version is in the run's ``kernels.tables``."""
     key = version_key(version)
-    found: list[tuple[Path, list[str]]] = []
+    newer: Path | None = None
     for root in data_roots(local):
         base = root / system / family / backend
         have = sorted((p.parent.name for p in base.glob(f"*/{table}.parquet")), key=version_key)
         below = [v for v in have if version_key(v) <= key]
         if below:
             return base / below[-1] / f"{table}.parquet"
-        if have:
-            found.append((base, have))
-    if found:
-        base, have = found[0]
-        return base / have[0] / f"{table}.parquet"
-    return None
+        if have and newer is None:
+            newer = base / have[0] / f"{table}.parquet"
+    return newer
 
 
 @functools.lru_cache(maxsize=32)
