@@ -138,6 +138,17 @@ crosscheck: $(STAMP) $(XC_STAMP) crosscheck-geometry
 		--size-gb inf 1.5 2 3 5 --strategy extra_buffer
 	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
 		--size-gb inf 1 2
+	# vLLM's --prefix-match-unit and --prefix-cache-retention-interval (cases *_pmuP, *_rN)
+	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
+		--size-gb 2 inf --prefix-match-unit 16
+	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
+		--size-gb 1 --prefix-match-unit 16
+	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
+		--size-gb 5 --prefix-match-unit 176
+	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SWE_H) --name swebench10_nemotron_h_8b \
+		--size-gb 2 --retention-interval 1056
+	$(XC_BIN)/python -m crosscheck.vllm_hybrid --export $(XC_SHARE_H) --name sharegpt_nemotron_h_8b \
+		--size-gb 1 --retention-interval none
 	$(XC_BIN)/python -m crosscheck.sglang_radix --export $(XC_MOON) --name mooncake_llama3_8b \
 		--cache radix unified --size-gb inf 30 70 275
 	$(XC_BIN)/python -m crosscheck.vllm_blocks --export $(XC_MOON) --name mooncake_llama3_8b \
@@ -147,6 +158,14 @@ crosscheck: $(STAMP) $(XC_STAMP) crosscheck-geometry
 	for async in "" --async-scheduling; do \
 	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \
 		--name sharegpt_nemotron_h_8b --size-gb 1 2 5 --gap 1 4 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b --size-gb 1 --gap 1 --prefix-match-unit 16 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b --size-gb 5 --gap 1 --prefix-match-unit 176 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b --size-gb 1 --gap 1 --retention-interval 1056 $$async && \
+	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \
+		--name sharegpt_nemotron_h_8b --size-gb 1 --gap 1 --retention-interval none $$async && \
 	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SWE_H) \
 		--name swebench10_nemotron_h_8b --size-gb 2 5 --gap 2 8 $$async && \
 	  $(XC_BIN)/python -m crosscheck.vllm_concurrent --export $(XC_SHARE_H) \

@@ -59,10 +59,13 @@ from crosscheck.common import (  # noqa: E402
 )
 from crosscheck.vllm_hybrid import (  # noqa: E402
     SchedulerReplay,
+    add_retention,
     build_config,
     build_scheduler,
     check_model,
     model_of,
+    retention_item,
+    retention_label,
 )
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "crosscheck_load"
@@ -263,11 +266,18 @@ def main(argv: list[str] | None = None) -> int:
         "--block-size", type=int, default=16, help="a Transformer: vLLM's --block-size"
     )
     parser.add_argument(
+        "--prefix-match-unit",
+        type=int,
+        default=None,
+        help="a hybrid: vLLM's --prefix-match-unit (default: the block); cases *_pmuP",
+    )
+    parser.add_argument(
         "--async-scheduling",
         action="store_true",
         help="vLLM's default engine loop (AsyncScheduler, two steps in flight; cases *_async, "
         "simlab's engine.overlap=true)",
     )
+    add_retention(parser)
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
     logging.getLogger("vllm").setLevel(logging.WARNING)
@@ -288,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                     export.max_sequence + 2048,
                     hybrid=hybrid,
                     block=args.block_size,
+                    match_unit=args.prefix_match_unit,
+                    retention=args.retention_interval if hybrid else 0,
                 )
                 total = export.total_tokens + export.max_sequence
                 scheduler, hash_block, per_block, specs = build_scheduler(
@@ -301,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
                 kind = "vllm_hybrid" if hybrid else "vllm_sched"
                 if not hybrid and args.block_size != 16:
                     kind += f"_b{args.block_size}"
+                if hybrid and args.prefix_match_unit:
+                    kind += f"_pmu{args.prefix_match_unit}"
+                if hybrid:
+                    kind += retention_label(args.retention_interval)
                 if args.async_scheduling:
                     kind += "_async"
                 cache = (
@@ -315,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                     "cache": cache,
                     "block_size": config.cache_config.block_size,
                     **({"ssm_dtype": args.ssm_dtype} if hybrid else {}),
+                    **({"prefix_match_unit": hash_block} if args.prefix_match_unit else {}),
+                    **(retention_item(args.retention_interval) if hybrid else {}),
                     "size_gb": manifest_size(size_gb),
                     "num_blocks": scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
                     "block_bytes": per_block,

@@ -148,14 +148,27 @@ def patch_platform() -> None:
 
 
 def build_config(
-    model_dir: str, ssm_dtype: str, max_model_len: int, hybrid: bool = True, block: int = 16
+    model_dir: str,
+    ssm_dtype: str,
+    max_model_len: int,
+    hybrid: bool = True,
+    block: int = 16,
+    match_unit: int | None = None,
+    retention: int | None = 0,
 ) -> VllmConfig:
     """The engine's config for the model in ``model_dir``; a Transformer (``hybrid`` False)
     takes vLLM's cache config with prefix caching on and ``block``-token blocks (vLLM's
-    ``--block-size``, 16 by default)."""
+    ``--block-size``, 16 by default); a hybrid takes ``match_unit`` as vLLM's
+    ``--prefix-match-unit`` (None: its default, the block) and ``retention`` as its
+    ``--prefix-cache-retention-interval`` (0, its default: the semantic states; None: dense)."""
     patch_platform()
     cache: dict = (
-        {"mamba_cache_mode": "align", "mamba_ssm_cache_dtype": ssm_dtype}
+        {
+            "mamba_cache_mode": "align",
+            "mamba_ssm_cache_dtype": ssm_dtype,
+            "prefix_match_unit": match_unit,
+            "prefix_cache_retention_interval": retention,
+        }
         if hybrid
         else {"block_size": block}
     )
@@ -350,14 +363,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ssm-dtype", default="bfloat16", help="vLLM's mamba_ssm_cache_dtype (simlab's BF16)"
     )
+    parser.add_argument(
+        "--prefix-match-unit",
+        type=int,
+        default=None,
+        help="vLLM's --prefix-match-unit (default: the block); cases named vllm_hybrid_pmuP",
+    )
+    add_retention(parser)
     args = parser.parse_args(argv)
+    unit = args.prefix_match_unit
     setup_logging(args.verbose)
     logging.getLogger("vllm").setLevel(logging.WARNING)
     export = Export.load(args.export)
     with tempfile.TemporaryDirectory() as model_dir:
         (Path(model_dir) / "config.json").write_text(json.dumps(NEMOTRON_H_8B))
         for size_gb in args.size_gb:
-            config = build_config(model_dir, args.ssm_dtype, export.max_sequence + 2048)
+            config = build_config(
+                model_dir,
+                args.ssm_dtype,
+                export.max_sequence + 2048,
+                match_unit=unit,
+                retention=args.retention_interval,
+            )
             total = export.total_tokens + export.max_sequence
             scheduler, hash_block, per_block, specs = build_scheduler(
                 config, size_gb, blocks_for_inf=total // 16 + 16 * len(export) + 1024
@@ -365,12 +392,15 @@ def main(argv: list[str] | None = None) -> int:
             check_model(export, specs, config.cache_config.block_size)
             block = config.cache_config.block_size
             case = {
-                "case": f"{args.name}-vllm_hybrid-{size_label(size_gb)}",
+                "case": f"{args.name}-vllm_hybrid{f'_pmu{unit}' if unit else ''}"
+                f"{retention_label(args.retention_interval)}-{size_label(size_gb)}",
                 "engine": "vllm",
                 "engine_version": versions()["vllm"],
                 "cache": "Scheduler (HybridKVCacheCoordinator, mamba_cache_mode=align)",
                 "block_size": block,
                 "ssm_dtype": args.ssm_dtype,
+                **({"prefix_match_unit": hash_block} if unit else {}),
+                **retention_item(args.retention_interval),
                 "size_gb": manifest_size(size_gb),
                 "num_blocks": scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
                 "block_bytes": per_block,
@@ -381,6 +411,28 @@ def main(argv: list[str] | None = None) -> int:
 
             run_case(case, export, run, args.fixtures)
     return 0
+
+
+def add_retention(parser) -> None:
+    parser.add_argument(
+        "--retention-interval",
+        type=lambda v: None if v == "none" else int(v),
+        default=0,
+        help="a hybrid: vLLM's --prefix-cache-retention-interval (0, its default; none: dense); "
+        "cases named _rN or _rdense",
+    )
+
+
+def retention_label(retention: int | None) -> str:
+    """The case name's part for a retention interval (none for vLLM's default, 0)."""
+    if retention == 0:
+        return ""
+    return "_rdense" if retention is None else f"_r{retention}"
+
+
+def retention_item(retention: int | None) -> dict:
+    """The manifest's ``prefix_cache_retention_interval`` (absent at vLLM's default, 0)."""
+    return {} if retention == 0 else {"prefix_cache_retention_interval": retention}
 
 
 def check_model(export: Export, specs: dict, block: int) -> None:

@@ -274,9 +274,10 @@ class VLLM(BlockPool):
     prefix caching, no hits. ``junction: false`` drops the junction state (vLLM before #37898).
     A GDN model on a GPU where vLLM prefills it with FlashInfer (Hopper; :meth:`gdn_prefill`)
     gets blocks in multiples of FlashInfer's 64-token checkpoint alignment. A retention
-    interval also keeps the states steps leave on its grid (vLLM's pool only); a
-    ``prefix_match_unit`` other than the block is refused, and the sub-block junction of
-    #53945 (``enable_mamba_shared_prefix_checkpoint``) needs EAGLE, so it changes nothing.
+    interval also keeps the states steps leave on its grid, and a ``prefix_match_unit``
+    below the block its hits and the prompt's partial tail on that finer grid (vLLM's pool
+    only: :mod:`simlab.engines.block_pool`); the sub-block junction of #53945
+    (``enable_mamba_shared_prefix_checkpoint``) needs EAGLE, so it changes nothing.
     """
 
     committed: bool = True
@@ -302,11 +303,11 @@ class VLLM(BlockPool):
     #: a multiple of N tokens; None, every state a step leaves (vLLM's pool only:
     #: :mod:`simlab.engines.block_pool`)
     prefix_cache_retention_interval: int | None = 0
-    #: vLLM's ``--prefix-match-unit`` (None: 0.33.0's default, the block); a finer grid than
-    #: the block is not modelled
+    #: vLLM's ``--prefix-match-unit`` (None: 0.33.0's default, the block): a divisor of a
+    #: hybrid's block, below it on vLLM's pool only (:meth:`pool_only`)
     prefix_match_unit: int | None = None
     #: vLLM's ``--enable-mamba-shared-prefix-checkpoint``: effective only with EAGLE on the
-    #: Mamba group and a finer ``prefix_match_unit``, so without effect here
+    #: Mamba group (and a finer ``prefix_match_unit``), so without effect here
     enable_mamba_shared_prefix_checkpoint: bool = False
 
     def __post_init__(self) -> None:
@@ -345,6 +346,19 @@ class VLLM(BlockPool):
             )
         return ()
 
+    def pool_only(self, hybrid: bool) -> str | None:
+        unit = self.prefix_match_unit
+        if hybrid and unit is not None and unit < self.block_size:
+            return (
+                f"policy.prefix_match_unit ({unit}) below vLLM's block ({self.block_size}) is "
+                "modelled in vLLM's block pool only: the replay or timed engine on a token "
+                "trace, with no host tier or cache.ssm_gb"
+            )
+        return None
+
+    def hit_grid(self) -> int | None:
+        return self.prefix_match_unit
+
     def caveats(self, hybrid: bool) -> tuple[str, ...]:
         if hybrid and self.mamba_cache_mode == "none":
             return (
@@ -354,8 +368,7 @@ class VLLM(BlockPool):
         if hybrid and self.enable_mamba_shared_prefix_checkpoint:
             return (
                 "policy.enable_mamba_shared_prefix_checkpoint changes nothing: vLLM 0.33.0 "
-                "acts on it only with EAGLE on the Mamba group and a prefix_match_unit below "
-                "the block, neither of which simlab runs",
+                "acts on it only with EAGLE on the Mamba group, which simlab does not run",
             )
         return ()
 
@@ -400,12 +413,30 @@ class VLLM(BlockPool):
                 "prefix_match_unit": self.prefix_match_unit,  # None: the block
                 "enable_mamba_shared_prefix_checkpoint": self.enable_mamba_shared_prefix_checkpoint,
                 "prefix_cache_retention_interval": retention,
-                "states_kept": states_kept(self.junction, retention, block) if align else "none",
+                "states_kept": (
+                    states_kept(self.junction, retention, block, self.prefix_match_unit)
+                    if align
+                    else "none"
+                ),
                 "max_num_batched_tokens": self.max_num_batched_tokens * unit,
                 "defaults": {"mamba_ssm_cache_dtype": self.dtype_source(model)} | gdn_defaults,
             }
             | gdn
         )
+
+    def checkpoint_alignment(self, model: ModelSpec, block: int) -> int | None:
+        """The Mamba layers' prefill checkpoint alignment on vLLM's ``block`` (None: no
+        checkpoint written inside a step): FlashInfer's GDN prefill keeps its offsets on
+        ``lcm(prefix_match_unit, 64)`` (``get_mamba_prefill_checkpoint_grid``); GDN on Triton
+        writes none with a prefix match unit below the block (at the block simlab writes
+        its checkpoint inside the step: the same states, one step fewer); Mamba2 any token."""
+        unit = self.prefix_match_unit or block
+        kernel = self.gdn_prefill(model)
+        if kernel == "flashinfer":
+            return math.lcm(unit, GDN_FLASHINFER_ALIGNMENT) if unit < block else block
+        if kernel == "triton" and unit < block:
+            return None
+        return 1
 
     def gdn_prefill(self, model: ModelSpec) -> str | None:
         """A GDN hybrid's prefill kernel on the run's GPU (None: no GDN layer)."""

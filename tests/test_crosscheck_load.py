@@ -36,7 +36,7 @@ def test_every_synchronous_case_has_its_async_twin():
     assert all("_async-" in c["case"] for c in ASYNC)
     assert not any("_async" in c["case"] for c in SYNC)
     twins = sorted(c["case"].replace("_async-", "-") for c in ASYNC)
-    assert len(ASYNC) == 33 and twins == sorted(c["case"] for c in SYNC)
+    assert len(ASYNC) == 37 and twins == sorted(c["case"] for c in SYNC)
 
 
 def test_the_fixtures_cover_both_traces_hits_and_preemptions():

@@ -279,6 +279,15 @@ class AdmissionPolicy:
         a hybrid or on a Transformer (where the engine runs one)."""
         return False
 
+    def pool_only(self, hybrid: bool) -> str | None:
+        """Why a run must take vLLM's pool (a setting only it models: an error naming the key
+        on any other route); None: any route."""
+        return None
+
+    def hit_grid(self) -> int | None:
+        """The finest grid its hits land on, in its keys' units (None: its keys' block)."""
+        return None
+
     def caveats(self, hybrid: bool) -> tuple[str, ...]:
         """One line per setting that disables reuse (logged; ``summary.json``'s ``caveats``)."""
         return ()

@@ -115,11 +115,15 @@ def vllm_hybrid_block_size(model: ModelSpec, minimum: int, alignment: int = 1) -
     return vllm_block_size(page, token, minimum, alignment, mla=model.attn_kind == "mla")
 
 
-def states_kept(junction: bool, retention: int | None, block: int) -> str:
+def states_kept(junction: bool, retention: int | None, block: int, unit: int | None = None) -> str:
     """Where vLLM's ``align`` mode keeps a request's states (``engine_geometry``), with the
-    shared-prefix ``junction`` and ``--prefix-cache-retention-interval`` ``retention``
-    (tokens; None: dense) on blocks of ``block`` tokens."""
-    kept = "the prompt's last block boundary below its end"
+    shared-prefix ``junction``, ``--prefix-cache-retention-interval`` ``retention`` (tokens;
+    None: dense) and ``--prefix-match-unit`` ``unit`` (None: the block) on blocks of
+    ``block`` tokens."""
+    if unit is not None and unit < block:
+        kept = f"the prompt's last {unit}-token boundary below its end (its partial tail)"
+    else:
+        kept = "the prompt's last block boundary below its end"
     kept += " and the shared-prefix junction" if junction else ""
     if retention is None or 0 < retention <= block:
         return kept + ", and every block boundary a scheduler step ends on"
@@ -157,7 +161,8 @@ def check_grid_options(retention: int | None, unit: int | None) -> None:
 def check_grid(retention: int | None, unit: int | None, block: int, hybrid: bool = True) -> None:
     """vLLM's checks of ``--prefix-cache-retention-interval`` (``retention``) and
     ``--prefix-match-unit`` (``unit``) on the grid of its ``block`` (tokens; forced for a
-    hybrid); a prefix match unit other than the block is not modelled."""
+    hybrid): a unit that divides a hybrid's block (``resolve_kv_cache_block_sizes``), the
+    block itself for a Transformer (one KV-cache group)."""
     if retention and not hybrid:
         raise ValueError(
             "policy.prefix_cache_retention_interval applies to Mamba layers, and this "
@@ -168,10 +173,15 @@ def check_grid(retention: int | None, unit: int | None, block: int, hybrid: bool
             f"policy.prefix_cache_retention_interval ({retention}) must be a multiple of "
             f"vLLM's block for this model ({block} tokens), as vLLM requires"
         )
-    if unit is not None and unit != block:
+    if unit is not None and not hybrid and unit != block:
         raise ValueError(
-            f"policy.prefix_match_unit ({unit}): hits on a grid other than vLLM's block "
-            f"({block} tokens for this model) are not modelled; leave it null"
+            f"policy.prefix_match_unit ({unit}): with one KV-cache group vLLM's hits land "
+            f"on its block ({block} tokens), as vLLM requires; leave it null"
+        )
+    if unit is not None and block % unit:
+        raise ValueError(
+            f"policy.prefix_match_unit ({unit}) must divide vLLM's block for this model "
+            f"({block} tokens), as vLLM requires"
         )
 
 

@@ -97,6 +97,13 @@ def overrides_for(
     block = case.get("block_size")
     if case["engine"] == "vllm" and block and name in BLOCK_KEYS:
         out.append(f"{BLOCK_KEYS[name]}={block}")
+    if case.get("prefix_match_unit") is not None and name == "vllm":  # --prefix-match-unit
+        out.append(f"policy.prefix_match_unit={case['prefix_match_unit']}")
+    if "prefix_cache_retention_interval" in case and name == "vllm":
+        retention = case["prefix_cache_retention_interval"]
+        out.append(
+            f"policy.prefix_cache_retention_interval={retention if retention is not None else 'null'}"
+        )
     if case["engine"] == "sglang" and block and block > 1:  # SGLang's --page-size
         out.append(f"cache.page_size={block}")
     return out

@@ -159,8 +159,13 @@ def policy_legend(ax: Axes, colours: dict[str, str], names: Sequence[str], **kw:
 
 
 def fmt_value(value: Any) -> str:
-    """A swept value for labels: ``2``, ``0.5``, ``inf`` -> ``∞``, strings as they are."""
+    """A swept value for labels: ``2``, ``0.5``, ``inf`` -> ``∞``, ``None`` and NaN (a swept
+    ``null``) -> ``null``, strings as they are."""
+    if value is None:
+        return "null"
     if isinstance(value, float | np.floating):
+        if math.isnan(value):
+            return "null"
         if math.isinf(value):
             return "∞"
         return f"{value:g}"

@@ -160,8 +160,11 @@ def policy_levels(
 
 
 def grid_tokens(step: RequestStep, unit: int) -> int:
-    """The policy's block grid in tokens: its block (a block-keyed policy) or its page."""
-    return math.lcm(step.admission.keys.block_size or 1, step.page_size) * unit
+    """The policy's block grid in tokens: its block (a block-keyed policy; the finer grid its
+    hits land on, vLLM's ``prefix_match_unit``) or its page."""
+    admission = step.admission
+    block = admission.hit_grid() or admission.keys.block_size or 1
+    return math.lcm(block, step.page_size) * unit
 
 
 def _ideal(requests: list[Request], committed: bool, shared: Counterfactuals) -> dict[int, int]:

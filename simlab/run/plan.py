@@ -74,6 +74,10 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     check_capacity(settings, model, block_size)
     check_loader_options(cfg.trace)
     steps = [policy_step(spec, model, settings) for spec in policies.values()]
+    for step in steps:
+        why = step.admission.pool_only(model.is_hybrid)
+        if why is not None and not on_pool(step, engine, block_size):
+            raise ConfigError(why)
     warn_caveats(steps, model)
     clairvoyant = bound_policy(cfg, model, settings)
     if isinstance(engine, MemoryChecked):

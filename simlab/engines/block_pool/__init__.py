@@ -36,6 +36,11 @@ Per request, in the engine's order (one request at a time, so no other request r
 * **Finish**: each Mamba group frees its running block, then the attention group its blocks,
   tail first. Uncached blocks go to the queue's head (reused first), cached ones to its tail.
 
+With a ``prefix_match_unit`` below the block (``policy.prefix_match_unit``), keys come every unit
+and a prompt also caches its partial tail, a hit may end there inside a block, and that block is
+copied in the request's first step (:class:`simlab.engines.block_pool.run.PoolRun`); checked
+request for request against the real scheduler, alone and under load (``*_pmu*`` fixtures).
+
 A state dies with its first group block taken; its other blocks hold memory until the queue
 reaches them. A request that does not fit in the whole pool is an error (vLLM would never
 schedule it).
@@ -54,7 +59,7 @@ from simlab.engines.block_pool.keys import (
     request_keys,
     token_keys,
 )
-from simlab.engines.block_pool.pool import HybridPool, PoolRun, internal_checkpoint
+from simlab.engines.block_pool.pool import HybridPool
 from simlab.engines.block_pool.queue import FreeQueue, PoolFull, PoolShape
 from simlab.engines.block_pool.replay import (
     Peaks,
@@ -65,6 +70,7 @@ from simlab.engines.block_pool.replay import (
     step_pool,
     too_small,
 )
+from simlab.engines.block_pool.run import PoolRun, internal_checkpoint
 
 __all__ = [
     "REPLY_TOKEN",

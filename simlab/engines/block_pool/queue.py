@@ -48,10 +48,14 @@ class FreeQueue:
         )
         self.made = len(self.queue)
         self.refs: dict[int, int] = {}
-        self.key: dict[int, Key] = {}
+        self.key: dict[int, Key] = {}  # a cached block's (primary) key
         self.cached: dict[Key, list[int]] = {}
-        self.per_group: dict[int, int] = {}  # group -> its cached blocks (keys)
+        self.per_group: dict[int, int] = {}  # group -> its cached blocks
         self.evicted = 0  # cached blocks taken (their content evicted)
+        #: keyed by tokens finer than the block (``prefix_match_unit``, :meth:`cache_at`): the
+        #: tokens a block's primary key covers, and a block's other keys
+        self.depth: dict[int, int] = {}
+        self.more: dict[int, list[Key]] = {}
 
     def take(self, n: int) -> list[int]:
         """``n`` blocks from the head; a cached one loses its content."""
@@ -65,16 +69,33 @@ class FreeQueue:
             self.made += n
         keys, refs = self.key, self.refs
         for block in out:
-            key = keys.pop(block, None)
-            if key is not None:
-                self.per_group[key[0]] -= 1
-                owners = self.cached[key]
-                owners.remove(block)
-                if not owners:
-                    del self.cached[key]
+            if block in keys:
+                self._unkey(block)
                 self.evicted += 1
             refs[block] = 1
         return out
+
+    def _unkey(self, block: int) -> list[Key]:
+        """Drop every key of ``block`` (cached); its keys, the primary first."""
+        key = self.key.pop(block)
+        self.per_group[key[0]] -= 1
+        dropped = [key, *self.more.pop(block, ())] if self.more else [key]
+        for k in dropped:
+            owners = self.cached[k]
+            owners.remove(block)
+            if not owners:
+                del self.cached[k]
+        if self.depth:
+            self.depth.pop(block, None)
+        return dropped
+
+    def _add(self, block: int, key: Key, primary: bool) -> None:
+        self.cached.setdefault(key, []).append(block)
+        if primary:
+            self.key[block] = key
+            self.per_group[key[0]] = self.per_group.get(key[0], 0) + 1
+        else:
+            self.more.setdefault(block, []).append(key)
 
     def get(self, key: Key) -> int | None:
         owners = self.cached.get(key)
@@ -105,10 +126,34 @@ class FreeQueue:
         """Give ``block`` its content's key; False when it already has one."""
         if block in self.key:
             return False
-        self.key[block] = key
-        self.cached.setdefault(key, []).append(block)
-        self.per_group[key[0]] = self.per_group.get(key[0], 0) + 1
+        self._add(block, key, True)
         return True
+
+    def cache_at(self, block: int, key: Key, depth: int, replace: bool = False) -> bool:
+        """Key ``block`` by ``key``, the prefix of its first ``depth`` tokens, in a pool keyed
+        finer than its blocks (vLLM's ``cache_full_blocks`` and ``cache_partial_block``): a
+        block keyed at fewer tokens loses those keys (``replace``: any keys), one keyed at more
+        keeps them and gains this one. True when the block was not cached before."""
+        fresh = block not in self.key
+        if not fresh:
+            if replace or self.depth[block] < depth:
+                self._unkey(block)
+            elif key == self.key[block] or key in self.more.get(block, ()):
+                return False
+            else:
+                self._add(block, key, False)
+                return False
+        self._add(block, key, True)
+        self.depth[block] = depth
+        return fresh
+
+    def move(self, src: int, dst: int) -> None:
+        """``src``'s keys, now ``dst``'s (an uncached block holding a copy of its content)."""
+        depth = self.depth.get(src, 0)
+        keys = self._unkey(src)
+        for i, key in enumerate(keys):
+            self._add(dst, key, i == 0)
+        self.depth[dst] = depth
 
 
 class PoolFull(Exception):

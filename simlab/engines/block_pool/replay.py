@@ -110,11 +110,15 @@ def pool_shape(
 def step_pool(step: RequestStep, shape: PoolShape) -> tuple[HybridPool, bool]:
     """The pool of ``step``'s admission options (``policy=vllm``) and its ``committed`` keys."""
     admission = step.admission
+    unit = getattr(admission, "prefix_match_unit", None)
+    alignment = getattr(admission, "checkpoint_alignment", None)
     pool = HybridPool(
         shape,
         junction=bool(getattr(admission, "junction", True)),
         max_tokens=int(getattr(admission, "max_num_batched_tokens", 2048)),
         retention=getattr(admission, "prefix_cache_retention_interval", 0),
+        unit=unit,
+        alignment=alignment(step.cache.model, shape.block) if alignment else 1,
     )
     return pool, admission.keys.committed
 

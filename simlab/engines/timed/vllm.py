@@ -115,6 +115,8 @@ class VllmMemory:
         self._chunks: list[tuple[Job, int]] = []  # this step's prefill chunks
         self._planned: list[Job] = []  # this step's decoders
         self._preempted_now = False  # this step preempted a request (so scheduled none)
+        #: this step deferred the queue's head: its hit's state was cached in this step
+        self._deferred = False
         self._first: dict[int, tuple[int, int]] = {}  # request id -> its first lookup
         #: engine.overlap: vLLM's async scheduling (the module docstring)
         self._async = s.overlap
@@ -172,6 +174,7 @@ class VllmMemory:
         chunks (:meth:`prefills`), else as a decode span."""
         preemptions = self.world.pool.preemptions
         self.hybrid.fresh.clear()
+        self._deferred = False
         self._prev, self._in_flight = self._in_flight, {}
         decoders = self.world.decoders()
         budget = int(self.world.budget) - len(decoders)  # finite: vLLM always chunks
@@ -193,6 +196,7 @@ class VllmMemory:
         self._preempted_now = self.world.pool.preemptions > preemptions
         if not self._preempted_now:
             self._admit(budget)
+        self.hybrid.release()  # the step's copies of partial blocks have run
         self._launch(self.prefill_chunks(0))
 
     def _launch(self, chunks: list[tuple[Job, int]]) -> None:
@@ -222,7 +226,10 @@ class VllmMemory:
             if not self.world.feeder.ready(job):
                 return
             run = self._open(job)
-            if run.hits_fresh_state() or not run.first_chunk(budget):
+            if run.hits_fresh_state():
+                self._deferred = True
+                return
+            if not run.first_chunk(budget):
                 return
             free = len(queue.queue)
             if (
@@ -250,7 +257,7 @@ class VllmMemory:
         run.acquire()
         job.pool_run = run
         job.hit = job.prefilled = run.hit_tokens
-        job.ckpt_tokens = sorted({c for c in (run.checkpoint, run.junction) if c > job.hit})
+        job.ckpt_tokens = sorted({c for c in (run.prompt_checkpoint, run.junction) if c > job.hit})
         if self.settings.radix_mlp:
             job.seq = job.req.full_sequence()
         if job.order < 0:  # a recomputed request keeps its first scheduling (and its hit)
@@ -348,7 +355,8 @@ class VllmMemory:
         running pass, then schedules the queue), on a Transformer likewise before the next
         step that fills a KV block (its running pass caches the block, which a queued
         request's hit may then reach), one step when a request still prefills (it got no
-        tokens in this one) or when this step preempted one (it scheduled none)."""
+        tokens in this one), when this step preempted one (it scheduled none) or when it
+        deferred the queue's head, whose hit's state it cached (the next step schedules it)."""
         size, decoders = self.shape.block, self._planned
         firsts = [j.input_tokens + j.decoded for j in decoders]
         steps = min(j.decode_end - j.decoded for j in decoders)
@@ -364,8 +372,10 @@ class VllmMemory:
                 # a Transformer: a filled block is a longer hit (async: keyed once its last
                 # token is known, in the step that takes the next block: a span's first)
                 steps = min(steps, *((size - 1 - n) % size or size for n in firsts))
-        if any(j.prefilled < j.input_tokens for j in self.world.running) or (
-            self._preempted_now and self.world.waiting
+        if (
+            any(j.prefilled < j.input_tokens for j in self.world.running)
+            or (self._preempted_now and self.world.waiting)
+            or self._deferred
         ):
             steps = 1
         return decoders, steps
