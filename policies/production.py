@@ -18,7 +18,7 @@ SGLang (``mem_cache/radix_cache.py``, ``unified_cache``)
       (``checkpoint_kv_cache``) puts one at the prompt end, the finish one at the committed end
       (``cuts``). Eviction therefore frees a request's output before its prompt.
     * Recency: a match or insert walk refreshes every node it passes, the one it stops inside
-      included, before splitting it (:class:`RadixLRU`); on a hybrid the match refreshes the
+      included, before splitting it (:class:`policies.engine_lru.RadixLRU`); on a hybrid the match refreshes the
       path up to its hit only. Eviction: LRU over leaves.
     * The running request's allocation evicts with only its hit locked: KV it matched past its
       hit may go (``held_from``, :meth:`simlab.cache.prefix.PrefixCache.insert`).
@@ -32,7 +32,7 @@ vLLM (``v1/core/block_pool.py``, ``kv_cache_manager.py``)
       (:class:`simlab.cache.contract.Keys` ``block_size``: one tree node per block).
     * A hit is the longest chain of cached full blocks within ``len(input) - 1`` tokens.
     * Eviction pops one block at a time from an LRU free queue to which a finished request's
-      blocks return tail first (:class:`BlockLRU`: leaves only, so a request's deepest block
+      blocks return tail first (:class:`policies.engine_lru.BlockLRU`: leaves only, so a request's deepest block
       goes first); its partial tail block is held while it runs and freed uncached.
 """
 
@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from simlab.cache.contract import Admission, AdmissionPolicy, CacheView, Keys, Tokens, Tracking
+from simlab.cache.contract import Admission, AdmissionPolicy, Keys, Tokens, Tracking
 from simlab.cache.engine_rules import (
     DTYPE_BYTES,
     GDN_FLASHINFER_ALIGNMENT,
@@ -63,7 +63,6 @@ from simlab.cache.engine_rules import (
     vllm_hybrid_block_size,
     with_ssm_dtype,
 )
-from simlab.cache.scoring import Recency
 from simlab.cache.state_pool import check_ratio, sglang_pool
 
 if TYPE_CHECKING:
@@ -484,47 +483,3 @@ class VLLM(BlockPool):
             stateless_kv=True,
             publishes_prompt=True,
         )
-
-
-@dataclass
-class RadixLRU(Recency):
-    """SGLang's LRU: a match refreshes every node it passes and the one it stops inside; so
-    does an insertion's walk (``refreshes_insert_path``). On a hybrid a match refreshes the
-    path up to its hit only (``_match_post_processor`` stamps ``best_match_node``, the deepest
-    node holding a state, and its ancestors) and both halves of the node it splits
-    (``_split_node`` stamps them; :attr:`SGLang.splits_at_match`): whole nodes matched past the
-    last state stay as old as they were. Each access is stamped from one global counter, so
-    an insertion is newer than every match before it (``ticks_on_insert``)."""
-
-    order = "sglang_recency"
-    refreshes_insert_path: bool = True
-    ticks_on_insert: bool = True
-
-    def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
-        if cache.hybrid:
-            touched = [node for node in lookup.path if node.end <= lookup.hit]
-            if lookup.split is not None:  # both halves of the split: the upper is new
-                touched.append(lookup.split)
-            cache.touch(touched)
-            return
-        partial = lookup.partial
-        cache.touch(lookup.path if partial is None else [*lookup.path, partial])
-
-    on_match = on_hit  # SGLang's match refreshes the same nodes whether it admits or not
-
-
-@dataclass
-class BlockLRU(Recency):
-    """vLLM's free queue: a hit takes its blocks out of the queue and the finished request
-    returns every block it used (``refreshes_insert_path``), tail first."""
-
-    order = "free_queue"
-    refreshes_insert_path: bool = True
-
-    def on_hit(self, cache: CacheView, lookup: Lookup) -> None:
-        node = lookup.hit_node
-        touched = []
-        while node is not None and node is not cache.root:
-            touched.append(node)
-            node = node.parent
-        cache.touch(touched)

@@ -232,7 +232,7 @@ def test_the_match_unit_and_the_shared_prefix_checkpoint(tmp_path):
 def test_the_prefix_tree_says_it_keeps_no_periodic_state():
     """The retention interval is modelled in vLLM's pool; a step the prefix tree runs says
     it keeps the semantic states alone."""
-    from policies.production import BlockLRU
+    from policies.engine_lru import BlockLRU
     from simlab.engines.step import RequestStep
 
     assert not VLLM().tree_caveats(True)

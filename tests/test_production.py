@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from policies.engine_lru import BlockLRU, RadixLRU
 from policies.lru import LRU
-from policies.production import VLLM, BlockLRU, RadixLRU, SGLang, vllm_hybrid_block_size
+from policies.production import VLLM, SGLang, vllm_hybrid_block_size
 from simlab.cache.contract import Semantics, Tracking
 from simlab.cache.keys import BlockKeys, TokenKeys
 from simlab.cache.prefix import PrefixCache

@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 from pandas.testing import assert_frame_equal
 
+from policies.engine_lru import BlockLRU
 from policies.fifo import FIFO
 from policies.lru import LRU
-from policies.production import VLLM, BlockLRU
+from policies.production import VLLM
 from simlab.cache.contract import EvictionPolicy
 from simlab.engines.block_pool import pool_run, pool_shape
 from simlab.engines.records import RECORD_COLUMNS, record_columns

@@ -32,29 +32,19 @@ never the other way round.
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
+
+from simlab.cache.units import Tokens, in_units, token_fields
 
 if TYPE_CHECKING:
     from simlab.cache.prefix import InsertResult, Lookup, Node
     from simlab.cache.state_pool import StatePool
     from simlab.model.spec import ModelSpec
     from traces.format import Request
-
-
-class TokenUnit:
-    """Marker of a parameter counted in tokens (see :data:`Tokens`)."""
-
-
-#: A plug-in parameter counted in tokens. Engines convert it to the trace's units (ids of
-#: ``unit_tokens`` tokens for hash-id traces) with :func:`in_units`; an ``int`` field without
-#: this type is taken as unit-free.
-Tokens = Annotated[int, TokenUnit]
 
 
 class CacheView(Protocol):
@@ -463,31 +453,6 @@ def overrides(policy: object, hook: str, base: type) -> bool:
     call otherwise)."""
     method = getattr(policy, hook, None)
     return method is not None and getattr(method, "__func__", None) is not getattr(base, hook)
-
-
-def token_fields(plugin: object) -> tuple[str, ...]:
-    """Names of a dataclass plug-in's fields typed :data:`Tokens` (none for another object)."""
-    if not dataclasses.is_dataclass(plugin):
-        return ()
-    hints = typing.get_type_hints(type(plugin), include_extras=True)
-    return tuple(
-        f.name
-        for f in dataclasses.fields(plugin)
-        if f.init and TokenUnit in getattr(hints.get(f.name), "__metadata__", ())
-    )
-
-
-Plugin = typing.TypeVar("Plugin")
-
-
-def in_units(plugin: Plugin, unit_tokens: int) -> Plugin:
-    """The plug-in (an admission or an eviction) with its :data:`Tokens` parameters converted
-    to ids of ``unit_tokens`` tokens (rounded, at least 1); unchanged for token traces."""
-    names = token_fields(plugin)
-    if unit_tokens == 1 or not names:
-        return plugin
-    scaled = {n: max(1, round(getattr(plugin, n) / unit_tokens)) for n in names}
-    return dataclasses.replace(plugin, **scaled)  # type: ignore[type-var]
 
 
 __all__ = [
