@@ -18,8 +18,8 @@ SGLang (``mem_cache/radix_cache.py``, ``unified_cache``)
       (``checkpoint_kv_cache``) puts one at the prompt end, the finish one at the committed end
       (``cuts``). Eviction therefore frees a request's output before its prompt.
     * Recency: a match or insert walk refreshes every node it passes, the one it stops inside
-      included, before splitting it (:class:`policies.engine_lru.RadixLRU`); on a hybrid the match refreshes the
-      path up to its hit only. Eviction: LRU over leaves.
+      included, before splitting it (:class:`policies.engine_lru.RadixLRU`); on a hybrid the
+      match refreshes the path up to its hit only. Eviction: LRU over leaves.
     * The running request's allocation evicts with only its hit locked: KV it matched past its
       hit may go (``held_from``, :meth:`simlab.cache.prefix.PrefixCache.insert`).
     * Hybrid, ``no_buffer``: Mamba states are published at the prompt end (after prefill) and
@@ -32,8 +32,9 @@ vLLM (``v1/core/block_pool.py``, ``kv_cache_manager.py``)
       (:class:`simlab.cache.contract.Keys` ``block_size``: one tree node per block).
     * A hit is the longest chain of cached full blocks within ``len(input) - 1`` tokens.
     * Eviction pops one block at a time from an LRU free queue to which a finished request's
-      blocks return tail first (:class:`policies.engine_lru.BlockLRU`: leaves only, so a request's deepest block
-      goes first); its partial tail block is held while it runs and freed uncached.
+      blocks return tail first (:class:`policies.engine_lru.BlockLRU`: leaves only, so a
+      request's deepest block goes first); its partial tail block is held while it runs and
+      freed uncached.
 """
 
 from __future__ import annotations

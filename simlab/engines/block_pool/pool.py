@@ -65,9 +65,9 @@ class HybridPool:
         (``Scheduler._mamba_block_aligned_split``: a block boundary, the prompt's last unit
         boundary when the step does not write its state inside, the junction floored to the
         block grid from ``start``); the checkpoint block is taken for the step as it finally
-        ends (the Mamba manager's ``_needs_internal_checkpoint``; the checkpoint
-        alignment is 1). An end equal to ``start`` schedules nothing (the budget does not
-        reach a block boundary).
+        ends (the Mamba manager's ``_needs_internal_checkpoint``, on the layers' checkpoint
+        ``alignment``). An end equal to ``start`` schedules nothing (the budget does not reach
+        a block boundary).
 
         ``tokens``: what the prefill computes when it is not the ``prompt`` (0): a request
         resumed after a preemption recomputes its outputs too, and vLLM's prefill then ends
