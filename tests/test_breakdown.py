@@ -345,3 +345,19 @@ def test_a_counterfactual_replay_does_not_warn_about_the_users_run(caplog):
     with caplog.at_level("WARNING"):
         run(the_plan, requests)
     assert caplog.text.count("alpha never tuned") == 1
+
+
+@pytest.mark.parametrize("engine", ["replay", "timed"])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=traces())
+def test_parts_sum_to_the_input_with_a_prefix_match_unit(engine, requests):
+    """vLLM's pool keyed every 16 tokens (a hybrid's block is 1,040): the parts still sum to
+    the input, granularity is measured on the unit, replay loses nothing to concurrency."""
+    done = run(plan("vllm", "hybrid", engine, "policy.prefix_match_unit=16"), requests)
+    split = parts(done)
+    assert (summed(split) == done.records["input_tokens"]).all()
+    assert all((values >= 0).all() for values in split.values())
+    assert done.summary["reuse_breakdown_notes"]["grid_tokens"] == 16
+    assert (split["granularity"] < 16).all()
+    if engine == "replay":
+        assert not split["concurrency"].any()

@@ -110,3 +110,28 @@ def test_a_unit_below_the_block_off_vllms_pool_is_refused():
 def test_a_transformer_takes_no_other_unit_than_its_block():
     with pytest.raises(ConfigError, match="one KV-cache group"):
         run_with("model=llama3_8b", "policy.prefix_match_unit=8")
+
+
+def test_a_block_keyed_finer_keeps_or_drops_its_keys_as_vllms_pool_does():
+    """``FreeQueue.cache_at``: a deeper key replaces a shallower one (a partial tail promoted
+    to a full block), a shallower one joins a deeper one (a tail registered on a full block),
+    ``replace`` drops them all (a checkpoint re-keyed), ``move`` hands them to a copy, and
+    taking the block evicts every key."""
+    from simlab.engines.block_pool import FreeQueue
+
+    q = FreeQueue(4)
+    (block,) = q.take(1)
+    assert q.cache_at(block, (0, 7), 80)  # the tail, 80 tokens in
+    assert not q.cache_at(block, (0, 9), 100)  # promoted: the full block's key alone
+    assert q.get((0, 7)) is None and q.get((0, 9)) == block
+    assert not q.cache_at(block, (0, 7), 80)  # the tail again, beside the full key
+    assert q.get((0, 7)) == block and q.get((0, 9)) == block
+    (copy,) = q.take(1)
+    q.move(block, copy)
+    assert q.get((0, 7)) == copy and q.get((0, 9)) == copy and block not in q.key
+    q.cache_at(copy, (0, 5), 64, replace=True)
+    assert q.get((0, 7)) is None and q.get((0, 9)) is None and q.get((0, 5)) == copy
+    q.free([block, copy])
+    taken = q.take(4)
+    assert copy in taken and q.get((0, 5)) is None and q.evicted == 1
+    assert q.per_group[0] == 0
