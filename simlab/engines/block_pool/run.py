@@ -288,8 +288,9 @@ class PoolRun:
         queue, size, keys = self.p.pool, self.p.shape.block, self.keys
         new_states, fine = 0, self.p.scale > 1
         off_grid = checkpoint // size - 1 if checkpoint % size else -1
+        kept = self.kept(start, upto)
         for g, table in enumerate(self.tables):
-            for i in self.kept(start, upto):
+            for i in kept:
                 block = table[i] if 0 <= i < min(upto // size, len(table)) else None
                 if block is None:
                     continue
