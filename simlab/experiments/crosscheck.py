@@ -101,9 +101,8 @@ def overrides_for(
         out.append(f"policy.prefix_match_unit={case['prefix_match_unit']}")
     if "prefix_cache_retention_interval" in case and name == "vllm":
         retention = case["prefix_cache_retention_interval"]
-        out.append(
-            f"policy.prefix_cache_retention_interval={retention if retention is not None else 'null'}"
-        )
+        value = "null" if retention is None else retention
+        out.append(f"policy.prefix_cache_retention_interval={value}")
     if case["engine"] == "sglang" and block and block > 1:  # SGLang's --page-size
         out.append(f"cache.page_size={block}")
     return out
