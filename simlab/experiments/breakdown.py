@@ -15,7 +15,8 @@ from simlab.cost.shapes import BatchShape
 
 
 def kernels_used(cost: CostModel) -> dict[str, Any] | None:
-    """The measured kernels' GPU, backend, version, dtype and each table's version."""
+    """The measured kernels' GPU, backend, version, dtype and each table's version, and the
+    MoE shapes its tables lack (:meth:`~simlab.cost.measured.kernels.Kernels.lent`)."""
     if cost.kernels is None:
         return None
     k = cost.kernels.kernels
@@ -26,7 +27,7 @@ def kernels_used(cost: CostModel) -> dict[str, Any] | None:
         "dtype": k.dtype,
         "tables": k.used_versions(),
         "prefix_attention_uncertainty": PREFIX_ATTENTION_UNCERTAINTY,
-    }
+    } | k.lent()
 
 
 def unmeasured_ranges(

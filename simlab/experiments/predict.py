@@ -354,6 +354,10 @@ def table(prediction: dict[str, Any]) -> str:
             + ", ".join(f"{k} {v}" for k, v in kernels["tables"].items())
             + "); the other ops on the calibrated roofline"
         )
+        for shape, version in (kernels.get("moe_versions") or {}).items():
+            lines.append(f"fused MoE {shape}: from the {version} table")
+        for shape, source in (kernels.get("moe_shapes") or {}).items():
+            lines.append(f"fused MoE {shape}: not measured, timed from the measured {source}")
     measured = prediction.get("measured_ops") or []
     if measured and not kernels:
         lines.append(

@@ -183,8 +183,9 @@ def _calibration_note(config: dict[str, Any]) -> str:
 
 def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]]) -> str:
     """Where a timed run's simulated GPU time came from (``summary.json``'s ``time_sources``,
-    mean over the policies): measured kernels, interpolated between them, or the roofline.
-    Empty for a run without measured kernels."""
+    mean over the policies): measured kernels, interpolated between them, or the roofline, and
+    each fused-MoE shape its tables lack (``kernels.moe_versions``, ``kernels.moe_shapes``). Empty for a run without
+    measured kernels."""
     shares = [p["time_sources"] for p in policies.values() if p.get("time_sources")]
     if not shares:
         return ""
@@ -193,10 +194,17 @@ def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]
     version = engine.get("backend_version") or "newest measured"
     mean = {tag: sum(s.get(tag, 0.0) for s in shares) / len(shares) for tag in SOURCES}
     parts = ", ".join(f"{100 * v:.0f}% {tag}" for tag, v in mean.items())
+    lent = {
+        f"{shape} {how} {whence}"
+        for p in policies.values()
+        for key, how in (("moe_versions", "from the table of"), ("moe_shapes", "timed from"))
+        for shape, whence in ((p.get("kernels") or {}).get(key) or {}).items()
+    }
+    lent_note = "".join(f"; fused MoE {line}" for line in sorted(lent))
     return (
         f"Kernel times: {engine.get('backend')} ({version}) kernels measured on {system}; "
-        f"simulated GPU time {parts} (summary.json time_sources); unmeasured ops (SSM scans, "
-        "state copies, cached-prefix attention) modelled, docs/guides/latency.md"
+        f"simulated GPU time {parts} (summary.json time_sources){lent_note}; unmeasured ops (SSM "
+        "scans, state copies, cached-prefix attention) modelled, docs/guides/latency.md"
     )
 
 

@@ -12,7 +12,8 @@ table covers its shape (then the roofline times it too).
   shared experts are the fused gate-up GEMM and the down GEMM. A projection of none of the
   lists keeps the roofline until its split is listed.
 * MoE: the fused MoE kernel at the model's (hidden, intermediate, top-k, experts) with
-  MoE-TP = ``tp`` (no expert parallelism), plus the router GEMM.
+  MoE-TP = ``tp`` (no expert parallelism), where the table lacks it from another version's
+  table or the nearest measured shape (:meth:`.Kernels.moe`), plus the router GEMM.
 * Attention (grouped-query, its sliding-window layers, MLA): :mod:`.attention`.
 * All-reduce: the custom all-reduce (CUDA-graph kernel) at the message's elements.
 * GDN and KDA layers (the delta rule): a prefill's scan is the causal conv1d plus the chunked
@@ -114,12 +115,18 @@ class MeasuredOps:
     def moe(self, op: Op) -> Timed:
         m, pos = self.model, op.query[0]
         shape = (kinds.moe_width(m), m.moe_intermediate, m.moe_top_k, m.moe_experts, self.tp, 1)
-        fused = self.kernels.moe(pos, shape)
-        router = self.kernels.gemm(pos, m.moe_experts, m.d_model)
+        fused = self.kernels.moe(pos, shape, m.mlp_gated)
+        # a router narrower than the table's narrowest GEMM (Mixtral's 8 experts, Jamba's 16;
+        # the tables start at 32 outputs) takes that GEMM's time, an upper bound on a
+        # launch-bound kernel reading the same activations and fewer weights
+        grid = self.kernels.grid(("gemm",))
+        narrowest = m.moe_experts if grid is None else int(grid.axes[0][0])
+        router = self.kernels.gemm(pos, max(m.moe_experts, narrowest), m.d_model)
         if fused is None or router is None:
             return None
         seconds = m.n_moe_layers * (fused[0] + router[0]) / 1e3
-        return seconds, worst([fused[1], router[1]])
+        tags = [fused[1], router[1]] + ([INTERPOLATED] if m.moe_experts < narrowest else [])
+        return seconds, worst(tags)
 
     def allreduce(self, op: Op) -> Timed:
         per_token = {ALLREDUCE: self.model.d_model}

@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from simlab.cost.measured import reference, tables
+from simlab.cost.measured import reference, tables, transfer
 from simlab.cost.measured.interpolate import Curve, Grid
 from simlab.cost.measured.reference import Roofline
+from simlab.cost.measured.sources import INTERPOLATED
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 #: Ampere / Ada / consumer Blackwell), before the kernel with most rows
 ATTENTION_KERNELS = ("fa3", "flash_attn_fa2", "vllm_flash_attn", "fa2", "flash", "fmha")
 MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced", "power_law_1.2")
+#: a fused-MoE table's shape columns (:data:`~simlab.cost.measured.transfer.Shape`)
+MOE_COLUMNS = ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
 #: the tables and their op family folder
 TABLES = {
     "gemm": ("gemm", "gemm_perf"),
@@ -66,10 +69,13 @@ CONV_KERNEL = "causal_conv1d"
 
 Timed = tuple[float, str] | None  # (ms, source) or no measurement
 
-#: the MoE rows an FP8 model's experts take where a table has no per-tensor FP8 ones (SGLang's
-#: tables measure its FP8 fused MoE with block-scaled weights only, the FP8 checkpoints of
-#: DeepSeek-V3/R1 and Qwen3.5 it serves; the same work, scales read per 128 x 128 block)
+#: the MoE rows an FP8 model's experts take where a table has no per-tensor FP8 rows of its shape
+#: (SGLang's tables measure its FP8 fused MoE with block-scaled weights only, and every table
+#: measures DeepSeek-V3/R1's that way: the FP8 checkpoints they serve; the same work, scales read
+#: per 128 x 128 block)
 FP8_MOE_FALLBACK = "fp8_block"
+#: the lines :meth:`Kernels._warn_once` logged
+_WARNED: set[str] = set()
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the lru caches below key on it
@@ -83,6 +89,12 @@ class Kernels:
     dtype: str = "bf16"
     local: Path | None = None  # tables gpu_validate wrote (``engine.kernel_tables``)
     _grids: dict[Any, Grid | None] = field(default_factory=dict, init=False, repr=False)
+    #: the MoE shapes the table lacks, timed so far: each with the version whose table has it,
+    #: else the measured shape that timed it (:meth:`lent`)
+    moe_versions: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
+    transfers: dict[tuple[int, ...], tuple[int, ...]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def path(self, kind: str) -> Any:
         family, table = TABLES[kind]
@@ -105,6 +117,8 @@ class Kernels:
         return self._grids[key]
 
     def _build(self, key: tuple[Any, ...]) -> Grid | None:
+        if key[0] == "moe_at":  # another version's MoE table (:meth:`_moe_elsewhere`)
+            return self._moe_grid(Path(key[1]), ("moe", *key[2:]))
         path = self.path(key[0])
         if path is None:
             return None
@@ -160,23 +174,29 @@ class Kernels:
         frame = frame.drop_duplicates(axes)
         return _grid(frame, axes, 2.0 if key[0] == "mla_context" else 1.0)
 
-    def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+    def _moe_dtypes(self) -> tuple[str, ...]:
+        """The MoE rows' dtypes a shape is looked up in, in order: an FP8 model's per-tensor
+        rows, then the block-scaled ones (:data:`FP8_MOE_FALLBACK`)."""
         dtype = tables.DTYPES[self.dtype]["moe"]
-        frame = tables.rows(path, (("moe_dtype", dtype),))
-        if frame.empty and dtype == "fp8":  # SGLang's tables: FP8 MoE only block-scaled
-            frame = tables.rows(path, (("moe_dtype", FP8_MOE_FALLBACK),))
+        return (dtype, FP8_MOE_FALLBACK) if dtype == "fp8" else (dtype,)
+
+    def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
+        for dtype in self._moe_dtypes():
+            frame = tables.rows(path, (("moe_dtype", dtype),))
+            for column, value in zip(MOE_COLUMNS, key[1:], strict=True):
+                frame = frame[frame[column] == value]
             if not frame.empty:
-                log.info(
-                    "%s %s %s: no per-tensor FP8 MoE rows; the block-scaled FP8 (%s) rows time "
-                    "the MoE",
-                    self.system,
-                    self.backend,
-                    path.parent.name,
-                    FP8_MOE_FALLBACK,
-                )
-        columns = ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
-        for column, value in zip(columns, key[1:], strict=True):
-            frame = frame[frame[column] == value]
+                break
+        if dtype == FP8_MOE_FALLBACK and not frame.empty:
+            log.info(
+                "%s %s %s: fused MoE %s has no per-tensor FP8 rows; its block-scaled FP8 (%s) "
+                "rows time it",
+                self.system,
+                self.backend,
+                path.parent.name,
+                transfer.label(key[1:]),
+                FP8_MOE_FALLBACK,
+            )
         if "distribution" in frame.columns:
             for distribution in MOE_DISTRIBUTIONS:
                 picked = frame[frame["distribution"] == distribution]
@@ -185,6 +205,19 @@ class Kernels:
                     break
         roofline = self._roofline(reference.moe(key[1:], self.dtype), self.dtype)
         return _grid(tables.kernel_rows(frame), ["num_tokens"], 1.0, roofline)
+
+    @functools.lru_cache(maxsize=1)  # noqa: B019
+    def moe_shapes(self) -> tuple[transfer.Shape, ...]:
+        """The fused-MoE shapes the table measured at this dtype (:data:`MOE_COLUMNS`)."""
+        path = self.path("moe")
+        if path is None:
+            return ()
+        shapes: set[transfer.Shape] = set()
+        for dtype in self._moe_dtypes():
+            frame = tables.rows(path, (("moe_dtype", dtype),))
+            rows = frame[list(MOE_COLUMNS)].drop_duplicates().to_numpy()
+            shapes |= {tuple(int(v) for v in row) for row in rows}
+        return tuple(sorted(shapes))
 
     def _delta_rule_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         """``key``: (family, phase, part ``scan`` | ``conv``, d_model): the rows of one kernel
@@ -252,11 +285,87 @@ class Kernels:
         return None if grid is None else grid.curve((heads, batch))
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
-    def moe(self, tokens: int, shape: tuple[int, ...]) -> Timed:
+    def moe(self, tokens: int, shape: tuple[int, ...], gated: bool = True) -> Timed:
         """The fused MoE of ``tokens`` tokens; ``shape``: (hidden, intermediate, top-k,
-        experts, MoE TP, MoE EP)."""
-        grid = self.grid(("moe", *shape))
-        return None if grid is None else grid.at((tokens,))
+        experts, MoE TP, MoE EP); ``gated``: its experts' (three GEMMs, else two). A shape the
+        table lacks is taken from the nearest other version's table that has it (older first:
+        some versions' tables add a few models only), else timed from the nearest measured
+        shape (:mod:`.transfer`); each is logged once and listed by :meth:`lent`."""
+        grid = self.grid(("moe", *shape)) or self._moe_elsewhere(shape)
+        if grid is not None:
+            return grid.at((tokens,))
+        source = transfer.nearest(self.moe_shapes(), shape)
+        timed = None if source is None else self.moe_from(tokens, shape, source, gated)
+        if timed is not None and source is not None and shape not in self.transfers:
+            self.transfers[shape] = source
+            self._warn_once(
+                f"fused MoE {transfer.label(shape)} not measured; timed from the measured "
+                f"{transfer.label(source)} at equal tokens per expert (summary.json "
+                "kernels.moe_shapes)"
+            )
+        return timed
+
+    def _moe_elsewhere(self, shape: tuple[int, ...]) -> Grid | None:
+        """``shape``'s MoE grid from the nearest other version's table that measured it."""
+        chosen = self.path("moe")
+        if chosen is None:
+            return None
+        key = tables.version_key(chosen.parent.name)
+        have = tables.versions(self.system, self.backend, self.local)
+        older = [v for v in reversed(have) if tables.version_key(v) < key]
+        for version in older + [v for v in have if tables.version_key(v) > key]:
+            path = tables.table_path(*self._moe_at(version))
+            if path is None or path.parent.name != version:
+                continue
+            grid = self.grid(("moe_at", str(path), *shape))
+            if grid is not None:
+                if shape not in self.moe_versions:
+                    self.moe_versions[shape] = version
+                    self._warn_once(
+                        f"fused MoE {transfer.label(shape)} not in the {chosen.parent.name} "
+                        f"table; taken from {version}'s (summary.json kernels.moe_versions)"
+                    )
+                return grid
+        return None
+
+    def _warn_once(self, what: str) -> None:
+        """Log ``what`` of these kernels once per process (runs build kernels per point)."""
+        line = f"{self.system} {self.backend} {self.version}: {what}"
+        if line not in _WARNED:
+            _WARNED.add(line)
+            log.warning("%s", line)
+
+    def _moe_at(self, version: str) -> tuple[Any, ...]:
+        family, table = TABLES["moe"]
+        return (self.system, family, self.backend, version, table, self.local)
+
+    def lent(self) -> dict[str, dict[str, str]]:
+        """``moe_versions`` (a MoE shape the table lacks: the version whose table timed it) and
+        ``moe_shapes`` (one no version has: the measured shape that timed it), where any."""
+        out = {}
+        if self.moe_versions:
+            out["moe_versions"] = {
+                transfer.label(s): v for s, v in sorted(self.moe_versions.items())
+            }
+        if self.transfers:
+            out["moe_shapes"] = transfer.record(self.transfers)
+        return out
+
+    def moe_from(
+        self, tokens: float, shape: tuple[int, ...], source: tuple[int, ...], gated: bool = True
+    ) -> Timed:
+        """``shape``'s fused MoE at ``tokens`` (``gated`` experts or not) from the measured
+        ``source`` shape's (:func:`~.transfer.moe_ms`)."""
+        grid = self.grid(("moe", *source))
+        refs = [
+            self._roofline(reference.moe(s, self.dtype, 3 if g else 2), self.dtype)
+            for s, g in ((shape, gated), (source, True))
+        ]
+        at = transfer.source_tokens(tokens, shape, source)
+        timed = None if grid is None else grid.at((at,))
+        if timed is None or refs[0] is None or refs[1] is None:
+            return None
+        return transfer.moe_ms(tokens, timed[0], at, refs[0], refs[1]), INTERPOLATED
 
     def gdn(self, phase: str, batch: int, length: int, k_heads: int, v_heads: int) -> Timed:
         """The GDN (gated delta rule) scan of ``batch`` sequences of ``length`` tokens

@@ -73,12 +73,13 @@ def context(head_dim: int) -> Work:
     return work
 
 
-def moe(shape: tuple[int, ...], dtype: str) -> Work:
+def moe(shape: tuple[int, ...], dtype: str, matrices: int = 3) -> Work:
     """A fused MoE of ``shape`` (hidden, intermediate, top-k, experts, TP, EP) on its token
-    axis: three ``hidden x intermediate / TP`` GEMMs per routed token, and the weights of the
-    local experts the tokens touch (``E (1 - (1 - k/E)^T)`` of them, uniform routing)."""
+    axis: ``matrices`` ``hidden x intermediate / TP`` GEMMs per routed token (3: gated experts;
+    2: non-gated, Nemotron-H's ReLU^2), and the weights of the local experts the tokens touch
+    (``E (1 - (1 - k/E)^T)`` of them, uniform routing)."""
     hidden, inter, topk, experts, tp, ep = shape
-    width, local, expert_values = WIDTH[dtype], experts / ep, 3.0 * hidden * inter / tp
+    width, local, expert_values = WIDTH[dtype], experts / ep, matrices * hidden * inter / tp
 
     def work(tokens: Any) -> tuple[Any, Any]:
         touched = local * (1.0 - (1.0 - topk / experts) ** tokens)

@@ -268,6 +268,7 @@ def time_sources(cost: CostModel, policy: str) -> dict[str, Any]:
     k = cost.kernels.kernels
     kernels: dict[str, Any] = {"system": k.system, "backend": k.backend, "version": k.version}
     kernels |= {"dtype": k.dtype, "tables": k.used_versions()}
+    kernels |= k.lent()
     lines = [line for line in (select.caveat(cost.hw), select.newer_tables(k)) if line]
     return {
         "time_sources": out,
