@@ -12,7 +12,6 @@ from hydra import compose, initialize_config_dir
 
 from simlab.cost.hardware import Hardware
 from simlab.cost.measured import reference, tables, transfer
-from simlab.cost.measured.heldout import moe_shape_errors
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import INTERPOLATED, MEASURED, ROOFLINE
 from simlab.cost.shapes import BatchShape
@@ -82,7 +81,7 @@ def test_an_unmeasured_shape_is_the_sources_time_scaled_by_the_references():
 @pytest.mark.parametrize("gpu", ["a100_sxm", "h100_sxm"])
 def test_leaving_each_model_out_its_shape_is_timed_within_ten_percent_at_the_median(gpu):
     version = tables.versions(gpu, "vllm")[-1]
-    errors = moe_shape_errors(Kernels(gpu, "vllm", version))
+    errors = transfer.held_out_errors(Kernels(gpu, "vllm", version))
     assert errors.size > 1000
     assert float(sorted(errors)[len(errors) // 2]) < 0.10
 
@@ -102,6 +101,14 @@ def test_the_moe_leaves_the_roofline_and_the_prediction_names_its_source_shape(m
     assert prediction["breakdown_sources"]["moe"] != [ROOFLINE]
     moe_shapes = prediction["kernels"].get("moe_shapes", {})
     assert bool(moe_shapes) == (shape == "transferred")
+    # a lent shape is bounded by the transfer's held-out P90; a measured one is not bounded
+    ranges = (prediction["unmeasured"] or {}).get("ops_ms", {})
+    assert ("moe" in ranges) == (shape == "transferred")
+    if "moe" in ranges:
+        ((low, high),) = ranges["moe"]
+        moe = prediction["breakdown_ms"]["moe"][0]
+        p90 = Kernels("a100_sxm", "vllm", "0.14.0").moe_transfer_p90()
+        assert low == pytest.approx(moe / (1 + p90)) and high == pytest.approx(moe * (1 + p90))
     if moe_shapes:
         ((query, source),) = moe_shapes.items()
         assert query == transfer.label(QWEN3_5_35B) and "of 128" in source

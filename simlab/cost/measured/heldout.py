@@ -72,24 +72,6 @@ def class_grids(kernels: Kernels) -> dict[str, list[Grid]]:
     return out
 
 
-def moe_shape_errors(kernels: Kernels) -> np.ndarray:
-    """``|predicted / measured - 1|`` of every measured fused-MoE point of a gated model
-    without expert parallelism (the MoE simlab times), each model left out: its shape timed
-    from the nearest other model's (:mod:`~simlab.cost.measured.transfer`)."""
-    shapes = [s for s in kernels.moe_shapes() if s[5] == 1 and transfer.gated(s)]
-    errors = []
-    for shape in shapes:
-        source = transfer.nearest(shapes, shape, other_model=True)
-        grid = kernels.grid(("moe", *shape))
-        if source is None or grid is None:
-            continue
-        for tokens, log_t in zip(grid.axes[0], grid.log_y, strict=True):
-            timed = kernels.moe_from(tokens, shape, source) if np.isfinite(log_t) else None
-            if timed is not None:
-                errors.append(abs(timed[0] / np.exp(log_t) - 1))
-    return np.array(errors)
-
-
 def report(kernels: Kernels) -> dict[str, dict[str, float]]:
     """``{class: {median, p90, points}}`` of the held-out errors, and ``noise_p90``, the
     scatter of the table's equal-work shapes (:mod:`~simlab.cost.measured.noise`), where the
@@ -101,7 +83,7 @@ def report(kernels: Kernels) -> dict[str, dict[str, float]]:
         cls: np.concatenate([axis_errors(g) for g in grids]) if grids else np.array([])
         for cls, grids in grids_of.items()
     }
-    per_class["moe_shape"] = moe_shape_errors(kernels)
+    per_class["moe_shape"] = transfer.held_out_errors(kernels)
     for cls, errors in per_class.items():
         if errors.size:
             out[cls] = {

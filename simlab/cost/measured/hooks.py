@@ -112,10 +112,14 @@ class MeasuredOps:
         up = (inter * (2 if gated else 1), d)
         return self.gemms(max(op.tokens, 1), [up, (d, inter)], op.units)
 
+    def moe_shape(self) -> tuple[int, ...]:
+        """The fused MoE's table key: (hidden, intermediate, top-k, experts, MoE TP, MoE EP)."""
+        m = self.model
+        return (kinds.moe_width(m), m.moe_intermediate, m.moe_top_k, m.moe_experts, self.tp, 1)
+
     def moe(self, op: Op) -> Timed:
         m, pos = self.model, op.query[0]
-        shape = (kinds.moe_width(m), m.moe_intermediate, m.moe_top_k, m.moe_experts, self.tp, 1)
-        fused = self.kernels.moe(pos, shape, m.mlp_gated)
+        fused = self.kernels.moe(pos, self.moe_shape(), m.mlp_gated)
         # a router narrower than the table's narrowest GEMM (Mixtral's 8 experts, Jamba's 16;
         # the tables start at 32 outputs) takes that GEMM's time, an upper bound on a
         # launch-bound kernel reading the same activations and fewer weights

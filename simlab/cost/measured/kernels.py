@@ -351,6 +351,12 @@ class Kernels:
             out["moe_shapes"] = transfer.record(self.transfers)
         return out
 
+    @functools.lru_cache(maxsize=8)  # noqa: B019
+    def moe_transfer_p90(self) -> float | None:
+        """The P90 of :func:`~.transfer.held_out_errors` on these tables (None: no points)."""
+        errors = transfer.held_out_errors(self)
+        return float(np.quantile(errors, 0.9)) if errors.size else None
+
     def moe_from(
         self, tokens: float, shape: tuple[int, ...], source: tuple[int, ...], gated: bool = True
     ) -> Timed:

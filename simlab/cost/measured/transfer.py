@@ -31,12 +31,18 @@ import functools
 import logging
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from simlab.cost.measured.reference import Roofline
 from simlab.model import hf
 from simlab.model import layers as kinds
 from simlab.model.hf import resolve
 from simlab.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from simlab.cost.measured.kernels import Kernels
 
 Shape = tuple[int, ...]  # (hidden, intermediate, top-k, experts, MoE TP, MoE EP)
 
@@ -118,3 +124,21 @@ def gated(shape: Shape) -> bool:
     """Whether ``shape``'s experts are gated, as its bundled model config says (gated when no
     config has the shape)."""
     return bundled_gating().get(shape[:4], True)
+
+
+def held_out_errors(kernels: Kernels) -> np.ndarray:
+    """``|predicted / measured - 1|`` of every measured fused-MoE point of a gated model
+    without expert parallelism (the MoE simlab times), each model left out (all its MoE TP
+    degrees): its shape timed from the nearest other model's, as a shape no table holds is."""
+    shapes = [s for s in kernels.moe_shapes() if s[5] == 1 and gated(s)]
+    errors = []
+    for shape in shapes:
+        source = nearest(shapes, shape, other_model=True)
+        grid = kernels.grid(("moe", *shape))
+        if source is None or grid is None:
+            continue
+        for tokens, log_t in zip(grid.axes[0], grid.log_y, strict=True):
+            timed = kernels.moe_from(tokens, shape, source) if np.isfinite(log_t) else None
+            if timed is not None:
+                errors.append(abs(timed[0] / np.exp(log_t) - 1))
+    return np.array(errors)

@@ -19,6 +19,9 @@ kernel's real traffic, :mod:`simlab.cost.layers`); here each gets a stated assum
   low, at the peak bandwidth; high, at half of it plus :data:`COPY_LAUNCH_S` per copy.
 * ``attn_prefill`` over a cached prefix or unequal chunks: the compute-equivalent length of
   :mod:`simlab.cost.measured.hooks`, +-:data:`~simlab.cost.measured.hooks.PREFIX_ATTENTION_UNCERTAINTY`.
+* ``moe`` of a shape no table holds, timed from the nearest measured one
+  (:mod:`~simlab.cost.measured.transfer`): within a factor ``1 + P90`` of that transfer's
+  error with each measured model left out, on the same tables.
 
 Every other op is measured, interpolated from measurements, or an elementwise op (norms)
 whose calibration profile gives its own held-back error.
@@ -49,6 +52,9 @@ ASSUMPTIONS = {
     f"plus {COPY_LAUNCH_S * 1e6:.0f} us per copy",
     "attn_prefill": "cached prefix / unequal chunks at the compute-equivalent causal length, "
     f"+-{100 * PREFIX_ATTENTION_UNCERTAINTY:.0f}%",
+    "moe": "fused MoE of a shape no table holds, from the nearest measured shape at equal "
+    "rows per expert; x/(1 + P90) to x(1 + P90), P90 of that transfer with each measured "
+    "model left out",
 }
 
 
@@ -63,6 +69,9 @@ def bounds(
         return seconds * (1 - PREFIX_ATTENTION_UNCERTAINTY), seconds * (
             1 + PREFIX_ATTENTION_UNCERTAINTY
         )
+    if op.name == "moe":
+        p90 = None if measured is None else lent_moe_p90(measured)
+        return None if p90 is None else (seconds / (1 + p90), seconds * (1 + p90))
     if op.name not in ASSUMPTIONS:
         return None
     floor = op.bytes / mem_bw + op.fixed_s
@@ -71,6 +80,14 @@ def bounds(
     high = _gdn_bound(op, measured)
     high = seconds * UNBOUNDED_HIGH if high is None else high
     return min(floor, seconds), max(high, seconds)
+
+
+def lent_moe_p90(measured: MeasuredOps) -> float | None:
+    """The held-out P90 of the MoE transfer when the model's fused MoE was timed from another
+    shape (:mod:`~simlab.cost.measured.transfer`; None: measured, or not a MoE)."""
+    if not measured.model.moe_experts or measured.moe_shape() not in measured.kernels.transfers:
+        return None
+    return measured.kernels.moe_transfer_p90()
 
 
 def _gdn_bound(op: Op, measured: MeasuredOps | None) -> float | None:
@@ -102,6 +119,8 @@ def ranges(cost: CostModel, batch: BatchShape) -> dict[str, tuple[float, float]]
         if op.name == "attn_prefill":
             if cost.source(op) != INTERPOLATED:
                 continue
+        elif op.name == "moe" and timed:
+            pass  # bounded where it was timed from another shape
         elif timed or cost.measured(op) or op.op_class == "overhead":
             continue
         bound = bounds(op, seconds, cost.hw.mem_bw, cost.kernels)
