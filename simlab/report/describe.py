@@ -184,8 +184,8 @@ def _calibration_note(config: dict[str, Any]) -> str:
 def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]]) -> str:
     """Where a timed run's simulated GPU time came from (``summary.json``'s ``time_sources``,
     mean over the policies): measured kernels, interpolated between them, or the roofline, and
-    each fused-MoE shape its tables lack (``kernels.moe_versions``, ``kernels.moe_shapes``). Empty for a run without
-    measured kernels."""
+    each fused-MoE shape its tables lack (``kernels.moe_versions``, ``kernels.moe_shapes``).
+    Empty for a run without measured kernels."""
     shares = [p["time_sources"] for p in policies.values() if p.get("time_sources")]
     if not shares:
         return ""
