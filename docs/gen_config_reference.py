@@ -113,7 +113,7 @@ MEANINGS: dict[str, str] = {
     "model.ssm_head_dim": "Mamba2 head dimension",
     "model.ssm_n_heads": "Mamba2 heads (0: `d_inner // ssm_head_dim`)",
     "model.ssm_dt_rank": "Mamba1 `dt_rank` (0: `ceil(d_model / 16)`)",
-    "model.dtype_bytes": "bytes per weight, activation and KV element",
+    "model.dtype_bytes": "bytes per weight and activation element (and KV, by default)",
     "model.ssm_state_dtype_bytes": "bytes per SSM recurrent-state element (2: BF16/FP16; 4: "
     "engines that keep the state in FP32)",
     "model.vocab_size": "vocabulary size, for the LM head's cost (0: the LM head is not modelled)",

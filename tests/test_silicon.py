@@ -141,7 +141,8 @@ def test_a_point_runs_with_its_launch_scripts_holds(monkeypatch):
         == 0
     )
     held_ttft, tpot = simulate(p, 0.0)
-    monkeypatch.setattr(silicon, "recipe", lambda _: Recipe("defaults", token_budget=16384))
+    defaults = Recipe("defaults", token_budget=16384, kv_dtype_bytes=1)  # the same FP8 cache
+    monkeypatch.setattr(silicon, "recipe", lambda _: defaults)
     plain_ttft, plain_tpot = simulate(p, 0.0)
     assert tpot == pytest.approx(plain_tpot, rel=0.01)
     # 20 held iterations for every prompt but the opening pair (arriving to an idle engine)

@@ -88,7 +88,7 @@ class LayerOps:
         m = self.model
         na, w = m.n_attn_layers, m.dtype_bytes
         qo = sum(kinds.q_dims(m))  # query read and output written, per token
-        pair, kv = float(kinds.pair_flops(m)), kinds.kv_elements_per_token(m)
+        pair, kv = float(kinds.pair_flops(m)), _kv_read(m)
         ops: list[Op] = []
         if batch.prefill:
             flops = bytes_ = 0.0
@@ -115,7 +115,7 @@ class LayerOps:
         attends ``min(j, window)`` keys, a chunk reads the keys of its window and itself."""
         m = self.model
         W, pair = m.swa_window, float(kinds.pair_flops(m))
-        qo, kv = sum(kinds.q_dims(m)), kinds.kv_elements_per_token(m)
+        qo, kv = sum(kinds.q_dims(m)), _kv_read(m)
 
         def pairs(n: int) -> float:  # sum_{j=1..n} min(j, W)
             return n * (n + 1) / 2 if n <= W else W * (W + 1) / 2 + (n - W) * W
@@ -132,7 +132,7 @@ class LayerOps:
         na, w = m.n_attn_layers, m.dtype_bytes
         full, swa = na - m.n_swa_layers, m.n_swa_layers
         qo, pair = sum(kinds.q_dims(m)), float(kinds.pair_flops(m))
-        kv = kinds.kv_elements_per_token(m)
+        kv = _kv_read(m)
         ctx = float(context_sum)
         kv_reads = max(ctx - shared_kv_tokens, 0.0)
         flops = pair * ctx * full
@@ -295,3 +295,9 @@ def _prefill_query(chunks: list[tuple[int, int]]) -> tuple[int, ...]:
     length = max(1, round(math.sqrt(pairs / len(chunks))))
     uniform = int(all(p == 0 and q == chunks[0][1] for p, q in chunks))
     return (len(chunks), length, uniform, sum(p + q for p, q in chunks))
+
+
+def _kv_read(m: ModelSpec) -> float:
+    """A token's KV elements, weighed by the KV cache's bytes against the model's (the byte
+    terms multiply by ``dtype_bytes``): an FP8 cache beside BF16 weights reads half."""
+    return kinds.kv_elements_per_token(m) * (m.kv_dtype_bytes / m.dtype_bytes)

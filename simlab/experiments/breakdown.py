@@ -25,6 +25,7 @@ def kernels_used(cost: CostModel) -> dict[str, Any] | None:
         "backend": k.backend,
         "version": k.version,
         "dtype": k.dtype,
+        "kv_cache_dtype": k.kv_dtype,
         "tables": k.used_versions(),
         "prefix_attention_uncertainty": PREFIX_ATTENTION_UNCERTAINTY,
     } | k.lent()

@@ -350,7 +350,7 @@ def table(prediction: dict[str, Any]) -> str:
     if kernels:
         lines.append(
             f"measured kernels: {kernels['system']} {kernels['backend']} {kernels['version']} "
-            f"{kernels['dtype']} (tables: "
+            f"{kernels['dtype']}, KV cache {kernels['kv_cache_dtype']} (tables: "
             + ", ".join(f"{k} {v}" for k, v in kernels["tables"].items())
             + "); the other ops on the calibrated roofline"
         )

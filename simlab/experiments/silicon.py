@@ -93,14 +93,15 @@ def config_path(model_path: str) -> Path | None:
 
 
 @functools.lru_cache(maxsize=64)
-def spec_of(model_path: str, dtype_bytes: int) -> ModelSpec | None:
+def spec_of(model_path: str, dtype_bytes: int, kv_dtype_bytes: int = 0) -> ModelSpec | None:
     """The model's :class:`ModelSpec` from its config (:mod:`simlab.model.hf`; None: no config
-    shipped, or an architecture simlab.model does not read)."""
+    shipped, or an architecture simlab.model does not read), its KV cache in
+    ``kv_dtype_bytes`` (0: the model's)."""
     path = config_path(model_path)
     if path is None:
         return None
     try:
-        return model_spec(model_path, path, dtype_bytes=dtype_bytes)
+        return model_spec(model_path, path, dtype_bytes=dtype_bytes, kv_dtype_bytes=kv_dtype_bytes)
     except ValueError as err:
         log.info("%s: %s", model_path, err)
         return None
@@ -215,7 +216,8 @@ def requests_of(point: Point, seed: int = 0) -> list[Request]:
 
 def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
     """The point's mean TTFT and TPOT (ms) in the timed engine at ``overhead_s`` per iteration."""
-    spec = spec_of(point.model, DTYPE_BYTES[point.precision])
+    server = recipe(point)
+    spec = spec_of(point.model, DTYPE_BYTES[point.precision], server.kv_dtype_bytes)
     assert spec is not None  # points() keeps only describable models
     overrides = [
         f"hardware={PRESETS[point.system]}",
@@ -223,7 +225,7 @@ def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
         f"engine.tp={point.tp}",
         f"engine.backend={point.backend}",
         f"engine.backend_version={version_for(point)}",
-        *recipe(point).overrides(point.concurrency),  # the server's flags
+        *server.overrides(point.concurrency),  # the server's flags
         f"engine.batching={'prefill_first' if point.backend == 'sglang' else 'mixed'}",
         f"engine.costs.iteration_overhead_s={overhead_s}",
         "engine.running_memory_gb=100000",
@@ -316,6 +318,7 @@ def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
         p.__dict__
         | {"version_used": version_for(p)}  # the csv's version, else the newest measured below
         | {"recipe": recipe(p).source}  # the InferenceX script its flags come from
+        | {"kv_cache": {1: "fp8", 2: "bf16"}[recipe(p).kv_dtype_bytes]}
         | {"ttft_ms_held_out": float(h[0]), "tpot_ms_held_out": float(h[1])}
         | {"ttft_ms_in_sample": float(i[0]), "tpot_ms_in_sample": float(i[1])}
         | {"simulated_ms": sim.tolist()}  # (TTFT, TPOT) at iteration overhead 0 and PROBE_S

@@ -7,12 +7,14 @@ server's flags. The flags that decide how long a request waits are in InferenceX
 point's measurement date:
 
 - SGLang: ``--scheduler-recv-interval`` (new requests are pulled every N decode steps,
-  ``engine.recv_interval``) and ``--chunked-prefill-size``;
+  ``engine.recv_interval``), ``--chunked-prefill-size`` and ``--kv-cache-dtype``;
 - TensorRT-LLM: ``max_num_tokens`` (no chunked prefill: one iteration's tokens) and, for some
   shapes, ``batch_wait_timeout_iters`` / ``batch_wait_max_tokens_ratio`` (new prompts held while
-  others decode, ``engine.batch_wait_iters``);
+  others decode, ``engine.batch_wait_iters``) and the KV cache's dtype (FP8 in every script);
 - vLLM: ``max-num-batched-tokens 8192`` and ``max-num-seqs`` at least the concurrency, which
-  are simlab's defaults for these points already.
+  are simlab's defaults for these points already, and ``kv-cache-dtype: fp8``.
+
+The KV cache's dtype (``model.kv_dtype_bytes``) picks the attention tables' FP8 or BF16 rows.
 
 What each script sets is in :func:`recipe`, with the script and commit it was read from (each
 validated row carries it as ``recipe``). Two flags are not applied:
@@ -43,6 +45,7 @@ class Recipe:
     recv_interval: int = 1
     batch_wait_iters: int = 0
     batch_wait_tokens_ratio: float = 0.0
+    kv_dtype_bytes: int = 2  # the KV cache: BF16 (the engines' auto), FP8 (1) where set
 
     def overrides(self, concurrency: int) -> list[str]:
         """The ``engine.*`` overrides the point is simulated with."""
@@ -58,10 +61,13 @@ class Recipe:
 def _sglang_blackwell(script: str, p: Point) -> Recipe:
     """The SGLang scripts for B200 / B300 (DeepSeek at TP 8, Qwen3.5 BF16 and FP8 on B200,
     BF16 on B300): pulls every 30 decode steps from concurrency 16 (10 below), chunks of
-    32,768 tokens; DeepSeek at TP 4: every 10 steps, chunks of 8,192."""
+    32,768 tokens; DeepSeek at TP 4: every 10 steps, chunks of 8,192. The FP8 models'
+    scripts set ``--kv-cache-dtype fp8_e4m3``; the BF16 ones leave it at auto (BF16)."""
+    kv = 1 if p.precision == "fp8" else 2
     if p.model.startswith("deepseek-ai/") and p.tp == 4:
-        return Recipe(script, token_budget=8192, recv_interval=10)
-    return Recipe(script, token_budget=32768, recv_interval=30 if p.concurrency >= 16 else 10)
+        return Recipe(script, token_budget=8192, recv_interval=10, kv_dtype_bytes=kv)
+    interval = 30 if p.concurrency >= 16 else 10
+    return Recipe(script, token_budget=32768, recv_interval=interval, kv_dtype_bytes=kv)
 
 
 def recipe(p: Point) -> Recipe:
@@ -82,7 +88,7 @@ def _sglang(p: Point, family: str) -> Recipe | None:
         return None
     if p.system == "b300_sxm" and p.precision == "fp8":
         b300 = "benchmarks/single_node/qwen3.5_fp8_b300.sh@c0f62a2ef"
-        return Recipe(b300, token_budget=16384, recv_interval=10)
+        return Recipe(b300, token_budget=16384, recv_interval=10, kv_dtype_bytes=1)
     script = {
         ("b200_sxm", "bf16"): "benchmarks/single_node/qwen3.5_bf16_b200.sh@9dc87a68c",
         ("b200_sxm", "fp8"): "benchmarks/single_node/qwen3.5_fp8_b200.sh@6a5dad463",
@@ -92,6 +98,7 @@ def _sglang(p: Point, family: str) -> Recipe | None:
 
 
 def _trtllm(p: Point, family: str) -> Recipe | None:
+    """Every script sets ``kv_cache_config: dtype: fp8``."""
     gpu = "b200" if p.system == "b200_sxm" else "h200"
     if family.startswith("deepseek"):
         # max_num_tokens: the concurrency + ISL + 64, rounded up to 64, at least 8,192
@@ -99,14 +106,15 @@ def _trtllm(p: Point, family: str) -> Recipe | None:
         if gpu == "b200" and p.measured >= "2026-01-01":
             script = "benchmarks/dsr1_fp8_b200_trt.sh@ec7bafaae"
             if p.isl == p.osl == 1024 and p.concurrency >= 64:  # DELAY_BATCHING=true
-                return Recipe(script, tokens, batch_wait_iters=40, batch_wait_tokens_ratio=0.8)
-            return Recipe(script, tokens)
-        return Recipe(f"benchmarks/dsr1_fp8_{gpu}_trt_slurm.sh@17d5e204f", tokens)
+                return Recipe(script, tokens, 1, 40, 0.8, 1)  # wait 40 iters / 0.8; FP8 KV
+            return Recipe(script, tokens, kv_dtype_bytes=1)
+        slurm = f"benchmarks/dsr1_fp8_{gpu}_trt_slurm.sh@17d5e204f"
+        return Recipe(slurm, tokens, kv_dtype_bytes=1)
     if family.startswith("llama-3.1-70b"):
         script = f"benchmarks/70b_fp8_{gpu}_trt_slurm.sh@9596d23d7^"
         if p.isl == p.osl == 1024 and p.tp < 8:
-            return Recipe(script, 16384, batch_wait_iters=20, batch_wait_tokens_ratio=0.9)
-        return Recipe(script, 16384)
+            return Recipe(script, 16384, 1, 20, 0.9, 1)  # wait 20 iters / 0.9; FP8 KV
+        return Recipe(script, 16384, kv_dtype_bytes=1)
     return None
 
 
@@ -114,4 +122,5 @@ def _vllm(p: Point, family: str) -> Recipe | None:
     if not family.startswith("llama-3.1-70b"):
         return None
     where = {"b200_sxm": "b200_docker", "h100_sxm": "h100_slurm", "h200_sxm": "h200_slurm"}
-    return Recipe(f"benchmarks/70b_fp8_{where[p.system]}.sh@9596d23d7^")
+    # config.yaml: ``kv-cache-dtype: fp8``
+    return Recipe(f"benchmarks/70b_fp8_{where[p.system]}.sh@9596d23d7^", kv_dtype_bytes=1)

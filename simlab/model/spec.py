@@ -17,8 +17,9 @@ the config counts once per part it has (Falcon-H1's layer is one attention, one 
 
 Bytes (precomputed ``int`` attributes)
   * ``kv_bytes_per_token``: what one token writes in *all* attention layers: K and V of every
-    KV head (``n_kv_heads * (head_dim + v_head_dim) * dtype_bytes`` per layer), or MLA's latent
-    ``(mla_kv_rank + mla_rope_dim) * dtype_bytes``. Sliding-window layers are counted for every
+    KV head (``n_kv_heads * (head_dim + v_head_dim) * kv_dtype_bytes`` per layer), or MLA's
+    latent ``(mla_kv_rank + mla_rope_dim) * kv_dtype_bytes`` (``kv_dtype_bytes`` 0: the model's
+    ``dtype_bytes``). Sliding-window layers are counted for every
     token (a cached prefix keeps their blocks until evicted; a running request needs only its
     last ``swa_window`` of them).
   * ``ssm_state_bytes``: one SSM checkpoint = recurrent state + conv state of *all* SSM layers:
@@ -89,6 +90,8 @@ FLOP_FORMULAS = ("paper", "exact")
 SSM_KINDS = ("mamba1", "mamba2", "gdn", "kda", "short_conv")
 ATTN_KINDS = ("gqa", "mla")
 
+_STR_FIELDS: tuple[str, ...] = ("name", "architecture", "ssm_kind", "flop_formula", "attn_kind")
+_STR_FIELDS += ("state_dtypes", "config_ssm_dtype", "source")
 # Fields that may be 0 in a config, meaning "derive from the others".
 _AUTO_FIELDS = frozenset(
     {
@@ -100,6 +103,7 @@ _AUTO_FIELDS = frozenset(
         "ssm_n_heads",
         "ssm_dt_rank",
         "ssm_conv_state_width",
+        "kv_dtype_bytes",
     }
 )
 
@@ -155,6 +159,7 @@ class ModelSpec:
     ssm_conv_state_width: int = 0
     # numerics and head; state_dtypes says which dtype each state is kept in, and why
     dtype_bytes: int = 2
+    kv_dtype_bytes: int = 0  # the KV cache's (the engines' --kv-cache-dtype); 0: dtype_bytes
     ssm_state_dtype_bytes: int = 2
     vocab_size: int = 0
     tie_embeddings: bool = False
@@ -235,16 +240,7 @@ class ModelSpec:
             if f.name in ("mlp_gated", "tie_embeddings", "attn_gate"):
                 if not isinstance(v, bool):
                     raise ValueError(f"model.{f.name} must be true/false, got {v!r}")
-            elif f.name in (
-                "name",
-                "architecture",
-                "ssm_kind",
-                "flop_formula",
-                "attn_kind",
-                "state_dtypes",
-                "config_ssm_dtype",
-                "source",
-            ):
+            elif f.name in _STR_FIELDS:
                 if not isinstance(v, str):
                     raise ValueError(f"model.{f.name} must be a string, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int | np.integer):
@@ -285,6 +281,11 @@ class ModelSpec:
         self._resolve_widths()
 
     def _resolve_widths(self) -> None:
+        if self.kv_dtype_bytes == 0:
+            self._set("kv_dtype_bytes", self.dtype_bytes)
+        elif self.kv_dtype_bytes != self.dtype_bytes and self.state_dtypes:
+            note = f"; KV cache {self.kv_dtype_bytes} bytes (model.kv_dtype_bytes)"
+            self._set("state_dtypes", self.state_dtypes + note)
         if self.v_head_dim == 0:
             self._set("v_head_dim", self.head_dim)
         if self.ssm_conv_state_width == 0:
@@ -389,7 +390,8 @@ class ModelSpec:
         dtype = self.dtype_bytes
         state_ch, conv_ch = layers.ssm_channels(self)
         width = self.ssm_conv_state_width or self.ssm_conv_kernel
-        kv_layer = layers.kv_elements_per_token(self) * dtype if self.n_attn_layers else 0
+        kv = self.kv_dtype_bytes
+        kv_layer = layers.kv_elements_per_token(self) * kv if self.n_attn_layers else 0
         state_layer = (
             state_ch * self.ssm_state_dim * self.ssm_state_dtype_bytes + conv_ch * width * dtype
             if self.n_ssm_layers

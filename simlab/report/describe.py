@@ -201,8 +201,12 @@ def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]
         for shape, whence in ((p.get("kernels") or {}).get(key) or {}).items()
     }
     lent_note = "".join(f"; fused MoE {line}" for line in sorted(lent))
+    kv = sorted(
+        {str((p.get("kernels") or {}).get("kv_cache_dtype", "bf16")) for p in policies.values()}
+    )
     return (
-        f"Kernel times: {engine.get('backend')} ({version}) kernels measured on {system}; "
+        f"Kernel times: {engine.get('backend')} ({version}) kernels measured on {system}, "
+        f"KV cache {'/'.join(kv)}; "
         f"simulated GPU time {parts} (summary.json time_sources){lent_note}; unmeasured ops (SSM "
         "scans, state copies, cached-prefix attention) modelled, docs/guides/latency.md"
     )

@@ -44,7 +44,7 @@ def prefill(ops: MeasuredOps, op: Op) -> Timed:
     if not ops.attention_layers:
         return None
     chunks, length, uniform, kv_tokens = op.query
-    kv_bytes = kv_tokens * _kv_elements(ops) * ops.model.dtype_bytes
+    kv_bytes = kv_tokens * _kv_elements(ops) * ops.model.kv_dtype_bytes
     seconds, tags = 0.0, [] if uniform else [INTERPOLATED]
     for window, layers in ops.attention_layers:
         timed = _prefill_layer(ops, chunks, op.tokens / chunks if window else length, window)

@@ -18,7 +18,8 @@ Tables and their axes (latency in ms per call, one layer):
   conv1d, the chunked prefill scan, the recurrent decode step), key heads and value heads (per
   GPU, 128 wide), batch and sequence length (prefill) or batch (decode, length 1).
 
-Attention runs with the BF16 KV cache; MoE with the ``power_law_1.01``
+Attention runs with BF16 compute on the KV cache's dtype (BF16 or FP8 rows); MoE with the
+``power_law_1.01``
 routing distribution where the table has it (skewed, as real routers are), else ``balanced``.
 """
 
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 #: preferred attention kernels by name (the engines' defaults: FlashAttention 3 on Hopper, 2 on
 #: Ampere / Ada / consumer Blackwell), before the kernel with most rows
 ATTENTION_KERNELS = ("fa3", "flash_attn_fa2", "vllm_flash_attn", "fa2", "flash", "fmha")
+#: the KV cache's dtype -> the attention tables' ``kv_cache_dtype`` rows
+KV_ROWS = {"bf16": "bfloat16", "fp8": "fp8"}
 MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced", "power_law_1.2")
 #: a fused-MoE table's shape columns (:data:`~simlab.cost.measured.transfer.Shape`)
 MOE_COLUMNS = ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
@@ -88,6 +91,7 @@ class Kernels:
     version: str
     dtype: str = "bf16"
     local: Path | None = None  # tables gpu_validate wrote (``engine.kernel_tables``)
+    kv_dtype: str = "bf16"  # the KV cache's: the attention rows (:data:`KV_ROWS`)
     _grids: dict[Any, Grid | None] = field(default_factory=dict, init=False, repr=False)
     #: the MoE shapes the table lacks, timed so far: each with the version whose table has it,
     #: else the measured shape that timed it (:meth:`lent`)
@@ -147,7 +151,7 @@ class Kernels:
         kind, head_dim, window = key
         filters = (
             ("attn_dtype", "bfloat16"),
-            ("kv_cache_dtype", "bfloat16"),
+            ("kv_cache_dtype", KV_ROWS[self.kv_dtype]),
             ("window_size", window),
             ("head_dim", head_dim),
         )
@@ -163,7 +167,7 @@ class Kernels:
         return _grid(frame, axes, 2.0, self._roofline(reference.context(head_dim)))
 
     def _mla_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
-        filters = (("mla_dtype", "bfloat16"), ("kv_cache_dtype", "bfloat16"))
+        filters = (("mla_dtype", "bfloat16"), ("kv_cache_dtype", KV_ROWS[self.kv_dtype]))
         frame = tables.kernel_rows(tables.rows(path, filters))
         if frame.empty:
             return None

@@ -70,6 +70,7 @@ def select(
     version: str | None,
     dtype: str,
     local: Path | None = None,
+    kv_dtype: str = "bf16",
 ) -> Kernels | None:
     """The :class:`Kernels` of a run, or None: ``engine.kernels=roofline``, a preset without
     a ``system``, or tables not installed / not covering it (logged once)."""
@@ -89,7 +90,7 @@ def select(
         )
         return None
     _warn_bandwidth(hardware)
-    kernels = Kernels(hardware.system, backend, resolved, dtype, local)
+    kernels = Kernels(hardware.system, backend, resolved, dtype, local, kv_dtype)
     line = newer_tables(kernels)
     if line is not None and line not in _warned:
         _warned.add(line)
@@ -122,6 +123,17 @@ def model_dtype(dtype: str | None, dtype_bytes: int) -> str:
             f"({', '.join(tables.DTYPES)}) or engine.kernels=roofline"
         )
     return DTYPE_OF_BYTES[dtype_bytes]
+
+
+def kv_dtype(kv_bytes: int) -> str:
+    """The KV cache's dtype by its bytes per value (``model.kv_dtype_bytes``; ValueError
+    naming the key where no table has it)."""
+    if kv_bytes not in DTYPE_OF_BYTES:
+        raise ValueError(
+            f"model.kv_dtype_bytes: {kv_bytes} has no measured KV cache dtype (2: bf16, 1: fp8); "
+            "set it or engine.kernels=roofline"
+        )
+    return DTYPE_OF_BYTES[kv_bytes]
 
 
 _warned: set[str] = set()

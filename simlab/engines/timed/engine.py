@@ -175,9 +175,10 @@ class TimedEngine(TimedSettings):
         None: the roofline times every op)."""
         try:
             dtype = select.model_dtype(self.dtype, model.dtype_bytes)
+            kv = select.kv_dtype(model.kv_dtype_bytes) if self.kernels == "measured" else "bf16"
             local = select.local_tables(self.kernel_tables)
             return select.select(
-                self.hardware, self.kernels, self.backend, self.backend_version, dtype, local
+                self.hardware, self.kernels, self.backend, self.backend_version, dtype, local, kv
             )
         except ValueError as err:
             raise ConfigError(str(err)) from err
@@ -267,7 +268,7 @@ def time_sources(cost: CostModel, policy: str) -> dict[str, Any]:
         )
     k = cost.kernels.kernels
     kernels: dict[str, Any] = {"system": k.system, "backend": k.backend, "version": k.version}
-    kernels |= {"dtype": k.dtype, "tables": k.used_versions()}
+    kernels |= {"dtype": k.dtype, "kv_cache_dtype": k.kv_dtype, "tables": k.used_versions()}
     kernels |= k.lent()
     lines = [line for line in (select.caveat(cost.hw), select.newer_tables(k)) if line]
     return {

@@ -1,0 +1,43 @@
+"""``python -m bench.silicon_peer``: aiconfigurator-core's own estimator on the silicon points
+simlab validates against, estimated as aiconfigurator's comparison estimates them, failures
+counted by reason, written atomically."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import silicon_peer
+from simlab.cost.measured import tables
+from simlab.experiments.silicon import points
+
+pytestmark = pytest.mark.skipif(
+    tables.systems_dir() is None, reason="aiconfigurator-core is not installed"
+)
+
+
+def test_the_peer_estimates_the_same_points_and_counts_what_it_cannot(tmp_path):
+    root = tables.systems_dir()
+    assert root is not None
+    pts, _ = points(root / "silicon_sample.csv")
+    assert silicon_peer.main(["--out", str(tmp_path), "--limit", "3"]) == 0
+    result = json.loads((tmp_path / "silicon_peer.json").read_text())
+    assert [r["id"] for r in result["rows"]] == [p.id for p in pts[:3]]
+    for row in result["rows"]:
+        got = row["primary"]
+        assert got["isl"] == row["isl"] and got["ctx_tokens"] == row["isl"]  # cli_estimate's
+        assert got["ttft_ms"] > 0 and got["tpot_ms"] > 0
+    primary = result["primary"]
+    assert primary["estimated"] + primary["failed"] == primary["points"] == 3
+    errors = [abs(r["primary"]["ttft_ms"] / r["ttft_ms"] - 1) for r in result["rows"]]
+    assert primary["ttft_mape"] == pytest.approx(sum(errors) / 3)
+    assert not list(tmp_path.glob(".silicon_peer.*"))  # no temporary file left
+
+
+def test_a_version_aiconfigurator_does_not_query_takes_the_closest_slot_above():
+    root = tables.systems_dir()
+    assert root is not None
+    pts, _ = points(root / "silicon_sample.csv")
+    old = next(p for p in pts if p.backend == "sglang" and p.version == "0.5.9")
+    assert silicon_peer.slot_version(old) == "0.5.14"
