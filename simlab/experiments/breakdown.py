@@ -20,15 +20,19 @@ def kernels_used(cost: CostModel) -> dict[str, Any] | None:
     if cost.kernels is None:
         return None
     k = cost.kernels.kernels
-    return {
-        "system": k.system,
-        "backend": k.backend,
-        "version": k.version,
-        "dtype": k.dtype,
-        "kv_cache_dtype": k.kv_dtype,
-        "tables": k.used_versions(),
-        "prefix_attention_uncertainty": PREFIX_ATTENTION_UNCERTAINTY,
-    } | k.lent()
+    return (
+        {
+            "system": k.system,
+            "backend": k.backend,
+            "version": k.version,
+            "dtype": k.dtype,
+            "kv_cache_dtype": k.kv_dtype,
+            "tables": k.used_versions(),
+            "prefix_attention_uncertainty": PREFIX_ATTENTION_UNCERTAINTY,
+        }
+        | ({"moe_kernel": k.moe_kernel} if k.moe_kernel else {})
+        | k.lent()
+    )
 
 
 def unmeasured_ranges(

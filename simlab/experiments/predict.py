@@ -356,6 +356,8 @@ def table(prediction: dict[str, Any]) -> str:
         )
         for shape, version in (kernels.get("moe_versions") or {}).items():
             lines.append(f"fused MoE {shape}: from the {version} table")
+        for shape, where in (kernels.get("moe_kernels") or {}).items():
+            lines.append(f"fused MoE {shape}: {kernels['moe_kernel']} kernel from {where}")
         for shape, source in (kernels.get("moe_shapes") or {}).items():
             lines.append(f"fused MoE {shape}: not measured, timed from the measured {source}")
     measured = prediction.get("measured_ops") or []

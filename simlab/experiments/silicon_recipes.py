@@ -14,7 +14,9 @@ point's measurement date:
 - vLLM: ``max-num-batched-tokens 8192`` and ``max-num-seqs`` at least the concurrency, which
   are simlab's defaults for these points already, and ``kv-cache-dtype: fp8``.
 
-The KV cache's dtype (``model.kv_dtype_bytes``) picks the attention tables' FP8 or BF16 rows.
+The KV cache's dtype (``model.kv_dtype_bytes``) picks the attention tables' FP8 or BF16 rows;
+the MoE backend (SGLang's ``--moe-runner-backend``, TensorRT-LLM's ``moe_config.backend``) the
+MoE table's kernel (``engine.moe_kernel``, :mod:`simlab.cost.measured.moe_kernel`).
 
 What each script sets is in :func:`recipe`, with the script and commit it was read from (each
 validated row carries it as ``recipe``). Two flags are not applied:
@@ -36,6 +38,11 @@ if TYPE_CHECKING:
     from simlab.experiments.silicon import Point
 
 
+#: TensorRT-LLM's generated MoE kernels, as FlashInfer wraps them (SGLang's
+#: ``--moe-runner-backend flashinfer_trtllm``, TensorRT-LLM's ``moe_config.backend: TRTLLM``)
+FLASHINFER_TRTLLM = "flashinfer_trtllm"
+
+
 @dataclass(frozen=True)
 class Recipe:
     """The engine settings of one point's server, and where they were read."""
@@ -46,6 +53,7 @@ class Recipe:
     batch_wait_iters: int = 0
     batch_wait_tokens_ratio: float = 0.0
     kv_dtype_bytes: int = 2  # the KV cache: BF16 (the engines' auto), FP8 (1) where set
+    moe_kernel: str | None = None  # the MoE backend the script names (None: the engine's own)
 
     def overrides(self, concurrency: int) -> list[str]:
         """The ``engine.*`` overrides the point is simulated with."""
@@ -55,6 +63,7 @@ class Recipe:
             f"engine.recv_interval={self.recv_interval}",
             f"engine.batch_wait_iters={self.batch_wait_iters}",
             f"engine.batch_wait_tokens_ratio={self.batch_wait_tokens_ratio}",
+            f"engine.moe_kernel={self.moe_kernel or 'null'}",
         ]
 
 
@@ -62,12 +71,13 @@ def _sglang_blackwell(script: str, p: Point) -> Recipe:
     """The SGLang scripts for B200 / B300 (DeepSeek at TP 8, Qwen3.5 BF16 and FP8 on B200,
     BF16 on B300): pulls every 30 decode steps from concurrency 16 (10 below), chunks of
     32,768 tokens; DeepSeek at TP 4: every 10 steps, chunks of 8,192. The FP8 models'
-    scripts set ``--kv-cache-dtype fp8_e4m3``; the BF16 ones leave it at auto (BF16)."""
+    scripts set ``--kv-cache-dtype fp8_e4m3``; the BF16 ones leave it at auto (BF16). Every
+    one runs ``--moe-runner-backend flashinfer_trtllm``."""
     kv = 1 if p.precision == "fp8" else 2
     if p.model.startswith("deepseek-ai/") and p.tp == 4:
-        return Recipe(script, token_budget=8192, recv_interval=10, kv_dtype_bytes=kv)
+        return Recipe(script, 8192, 10, kv_dtype_bytes=kv, moe_kernel=FLASHINFER_TRTLLM)
     interval = 30 if p.concurrency >= 16 else 10
-    return Recipe(script, token_budget=32768, recv_interval=interval, kv_dtype_bytes=kv)
+    return Recipe(script, 32768, interval, kv_dtype_bytes=kv, moe_kernel=FLASHINFER_TRTLLM)
 
 
 def recipe(p: Point) -> Recipe:
@@ -88,7 +98,7 @@ def _sglang(p: Point, family: str) -> Recipe | None:
         return None
     if p.system == "b300_sxm" and p.precision == "fp8":
         b300 = "benchmarks/single_node/qwen3.5_fp8_b300.sh@c0f62a2ef"
-        return Recipe(b300, token_budget=16384, recv_interval=10, kv_dtype_bytes=1)
+        return Recipe(b300, 16384, 10, kv_dtype_bytes=1, moe_kernel=FLASHINFER_TRTLLM)
     script = {
         ("b200_sxm", "bf16"): "benchmarks/single_node/qwen3.5_bf16_b200.sh@9dc87a68c",
         ("b200_sxm", "fp8"): "benchmarks/single_node/qwen3.5_fp8_b200.sh@6a5dad463",
@@ -98,18 +108,23 @@ def _sglang(p: Point, family: str) -> Recipe | None:
 
 
 def _trtllm(p: Point, family: str) -> Recipe | None:
-    """Every script sets ``kv_cache_config: dtype: fp8``."""
+    """Every script sets ``kv_cache_config: dtype: fp8``. DeepSeek's ``moe_config.backend``:
+    ``TRTLLM`` on B200 from 2026 (``DEEPGEMM`` at 1,024 / 8,192 tokens from concurrency 256),
+    ``DEEPGEMM`` on B200 before, ``CUTLASS`` on H200."""
     gpu = "b200" if p.system == "b200_sxm" else "h200"
     if family.startswith("deepseek"):
         # max_num_tokens: the concurrency + ISL + 64, rounded up to 64, at least 8,192
         tokens = max(8192, (p.concurrency + p.isl + 64 + 63) // 64 * 64)
         if gpu == "b200" and p.measured >= "2026-01-01":
             script = "benchmarks/dsr1_fp8_b200_trt.sh@ec7bafaae"
+            deepgemm = p.isl == 1024 and p.osl == 8192 and p.concurrency >= 256
+            moe = "deepgemm" if deepgemm else FLASHINFER_TRTLLM  # TensorRT-LLM's own kernels
             if p.isl == p.osl == 1024 and p.concurrency >= 64:  # DELAY_BATCHING=true
-                return Recipe(script, tokens, 1, 40, 0.8, 1)  # wait 40 iters / 0.8; FP8 KV
-            return Recipe(script, tokens, kv_dtype_bytes=1)
+                return Recipe(script, tokens, 1, 40, 0.8, 1, moe)  # wait 40 iters / 0.8; FP8 KV
+            return Recipe(script, tokens, kv_dtype_bytes=1, moe_kernel=moe)
         slurm = f"benchmarks/dsr1_fp8_{gpu}_trt_slurm.sh@17d5e204f"
-        return Recipe(slurm, tokens, kv_dtype_bytes=1)
+        moe = "deepgemm" if gpu == "b200" else "cutlass"
+        return Recipe(slurm, tokens, kv_dtype_bytes=1, moe_kernel=moe)
     if family.startswith("llama-3.1-70b"):
         script = f"benchmarks/70b_fp8_{gpu}_trt_slurm.sh@9596d23d7^"
         if p.isl == p.osl == 1024 and p.tp < 8:

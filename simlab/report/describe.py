@@ -184,7 +184,8 @@ def _calibration_note(config: dict[str, Any]) -> str:
 def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]]) -> str:
     """Where a timed run's simulated GPU time came from (``summary.json``'s ``time_sources``,
     mean over the policies): measured kernels, interpolated between them, or the roofline, and
-    each fused-MoE shape its tables lack (``kernels.moe_versions``, ``kernels.moe_shapes``).
+    each fused-MoE shape or kernel its tables lack (``kernels.moe_versions``, ``moe_shapes``,
+    ``moe_kernels``).
     Empty for a run without measured kernels."""
     shares = [p["time_sources"] for p in policies.values() if p.get("time_sources")]
     if not shares:
@@ -197,7 +198,11 @@ def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]
     lent = {
         f"{shape} {how} {whence}"
         for p in policies.values()
-        for key, how in (("moe_versions", "from the table of"), ("moe_shapes", "timed from"))
+        for key, how in (
+            ("moe_versions", "from the table of"),
+            ("moe_shapes", "timed from"),
+            ("moe_kernels", "its kernel from"),
+        )
         for shape, whence in ((p.get("kernels") or {}).get(key) or {}).items()
     }
     lent_note = "".join(f"; fused MoE {line}" for line in sorted(lent))

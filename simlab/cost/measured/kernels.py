@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from simlab.cost.measured import reference, tables, transfer
+from simlab.cost.measured import moe_kernel, reference, tables, transfer
 from simlab.cost.measured.interpolate import Curve, Grid
+from simlab.cost.measured.moe_kernel import MOE_COLUMNS
 from simlab.cost.measured.reference import Roofline
 from simlab.cost.measured.sources import INTERPOLATED
 
@@ -45,9 +46,6 @@ log = logging.getLogger(__name__)
 ATTENTION_KERNELS = ("fa3", "flash_attn_fa2", "vllm_flash_attn", "fa2", "flash", "fmha")
 #: the KV cache's dtype -> the attention tables' ``kv_cache_dtype`` rows
 KV_ROWS = {"bf16": "bfloat16", "fp8": "fp8"}
-MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced", "power_law_1.2")
-#: a fused-MoE table's shape columns (:data:`~simlab.cost.measured.transfer.Shape`)
-MOE_COLUMNS = ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
 #: the tables and their op family folder
 TABLES = {
     "gemm": ("gemm", "gemm_perf"),
@@ -92,6 +90,7 @@ class Kernels:
     dtype: str = "bf16"
     local: Path | None = None  # tables gpu_validate wrote (``engine.kernel_tables``)
     kv_dtype: str = "bf16"  # the KV cache's: the attention rows (:data:`KV_ROWS`)
+    moe_kernel: str | None = None  # the fused MoE's kernel (:mod:`.moe_kernel`; None: the table's)
     _grids: dict[Any, Grid | None] = field(default_factory=dict, init=False, repr=False)
     #: the MoE shapes the table lacks, timed so far: each with the version whose table has it,
     #: else the measured shape that timed it (:meth:`lent`)
@@ -99,6 +98,8 @@ class Kernels:
     transfers: dict[tuple[int, ...], tuple[int, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
+    #: the MoE shapes whose ``moe_kernel`` the table lacks: where that kernel's rows came from
+    moe_kernels: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
 
     def path(self, kind: str) -> Any:
         family, table = TABLES[kind]
@@ -185,12 +186,7 @@ class Kernels:
         return (dtype, FP8_MOE_FALLBACK) if dtype == "fp8" else (dtype,)
 
     def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
-        for dtype in self._moe_dtypes():
-            frame = tables.rows(path, (("moe_dtype", dtype),))
-            for column, value in zip(MOE_COLUMNS, key[1:], strict=True):
-                frame = frame[frame[column] == value]
-            if not frame.empty:
-                break
+        frame, dtype = moe_kernel.shape_rows(path, self._moe_dtypes(), key[1:])
         if dtype == FP8_MOE_FALLBACK and not frame.empty:
             log.info(
                 "%s %s %s: fused MoE %s has no per-tensor FP8 rows; its block-scaled FP8 (%s) "
@@ -201,14 +197,30 @@ class Kernels:
                 transfer.label(key[1:]),
                 FP8_MOE_FALLBACK,
             )
-        if "distribution" in frame.columns:
-            for distribution in MOE_DISTRIBUTIONS:
-                picked = frame[frame["distribution"] == distribution]
-                if not picked.empty:
-                    frame = picked
-                    break
         roofline = self._roofline(reference.moe(key[1:], self.dtype), self.dtype)
-        return _grid(tables.kernel_rows(frame), ["num_tokens"], 1.0, roofline)
+        return _grid(self._moe_kernel_rows(frame, key[1:]), ["num_tokens"], 1.0, roofline)
+
+    def _moe_kernel_rows(self, frame: Any, shape: tuple[int, ...]) -> Any:
+        """``frame``'s rows of :attr:`moe_kernel` (None: the kernel with most rows); where the
+        table has none, that kernel's rows in another engine's table on this GPU, else the
+        table's own kernel (each logged once and listed by :meth:`lent`)."""
+        if self.moe_kernel is None or frame.empty:
+            return tables.kernel_rows(frame)
+        mine = moe_kernel.of(frame, self.moe_kernel)
+        if not mine.empty:
+            return mine
+        found = moe_kernel.elsewhere(
+            self.system, self.backend, shape, self._moe_dtypes(), self.moe_kernel, self.local
+        )
+        own = tables.kernel_rows(frame)
+        where = "not measured: " + str(own["kernel_source"].iloc[0]) if found is None else found[1]
+        if shape not in self.moe_kernels:
+            self.moe_kernels[shape] = where
+            self._warn_once(
+                f"fused MoE {transfer.label(shape)}: engine.moe_kernel={self.moe_kernel} from "
+                f"{where} (summary.json kernels.moe_kernels)"
+            )
+        return own if found is None else found[0]
 
     @functools.lru_cache(maxsize=1)  # noqa: B019
     def moe_shapes(self) -> tuple[transfer.Shape, ...]:
@@ -353,6 +365,8 @@ class Kernels:
             }
         if self.transfers:
             out["moe_shapes"] = transfer.record(self.transfers)
+        if self.moe_kernels:
+            out["moe_kernels"] = {transfer.label(s): w for s, w in sorted(self.moe_kernels.items())}
         return out
 
     @functools.lru_cache(maxsize=8)  # noqa: B019

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from simlab.cost.hardware import Hardware
-from simlab.cost.measured import tables
+from simlab.cost.measured import moe_kernel, tables
 from simlab.cost.measured.kernels import Kernels
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ def select(
     dtype: str,
     local: Path | None = None,
     kv_dtype: str = "bf16",
+    moe_kernel: str | None = None,
 ) -> Kernels | None:
     """The :class:`Kernels` of a run, or None: ``engine.kernels=roofline``, a preset without
     a ``system``, or tables not installed / not covering it (logged once)."""
@@ -90,7 +91,7 @@ def select(
         )
         return None
     _warn_bandwidth(hardware)
-    kernels = Kernels(hardware.system, backend, resolved, dtype, local, kv_dtype)
+    kernels = Kernels(hardware.system, backend, resolved, dtype, local, kv_dtype, moe_kernel)
     line = newer_tables(kernels)
     if line is not None and line not in _warned:
         _warned.add(line)
@@ -123,6 +124,19 @@ def model_dtype(dtype: str | None, dtype_bytes: int) -> str:
             f"({', '.join(tables.DTYPES)}) or engine.kernels=roofline"
         )
     return DTYPE_OF_BYTES[dtype_bytes]
+
+
+def check_moe_kernel(system: str, kernel: str | None, local: Path | None = None) -> None:
+    """``engine.moe_kernel`` names a fused-MoE kernel some table on ``system`` measured
+    (ValueError naming the key and those measured otherwise)."""
+    if kernel is None or tables.systems_dir() is None:
+        return
+    names = moe_kernel.kernels_on(system, local)
+    if not isinstance(kernel, str) or not kernel or not any(kernel in n for n in names):
+        raise ValueError(
+            f"engine.moe_kernel: no fused-MoE kernel on {system} matches {kernel!r} "
+            f"(measured: {', '.join(sorted(names))})"
+        )
 
 
 def kv_dtype(kv_bytes: int) -> str:

@@ -69,6 +69,7 @@ class TimedEngine(TimedSettings):
     backend_version: str | None = None  # its version (None: the newest measured on the GPU)
     dtype: str | None = None  # the tables' dtype (bf16|fp8|fp4; None: the model's)
     kernel_tables: str | None = None  # gpu_validate's tables: those the package lacks
+    moe_kernel: str | None = None  # the fused MoE's kernel, a substring of the tables' names
     _calibration: Calibration | None = field(default=None, init=False, repr=False)
     _terms: CostTerms = field(default_factory=CostTerms, init=False, repr=False)
 
@@ -90,6 +91,7 @@ class TimedEngine(TimedSettings):
             if self.hardware.system is not None and self.kernels == "measured":
                 system, backend = self.hardware.system, self.backend
                 select.resolve_version(system, backend, self.backend_version, local)
+                select.check_moe_kernel(system, self.moe_kernel, local)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from err  # the message names its key
         object.__setattr__(self, "_calibration", calibration)
@@ -178,7 +180,14 @@ class TimedEngine(TimedSettings):
             kv = select.kv_dtype(model.kv_dtype_bytes) if self.kernels == "measured" else "bf16"
             local = select.local_tables(self.kernel_tables)
             return select.select(
-                self.hardware, self.kernels, self.backend, self.backend_version, dtype, local, kv
+                self.hardware,
+                self.kernels,
+                self.backend,
+                self.backend_version,
+                dtype,
+                local,
+                kv,
+                self.moe_kernel,
             )
         except ValueError as err:
             raise ConfigError(str(err)) from err
@@ -269,6 +278,7 @@ def time_sources(cost: CostModel, policy: str) -> dict[str, Any]:
     k = cost.kernels.kernels
     kernels: dict[str, Any] = {"system": k.system, "backend": k.backend, "version": k.version}
     kernels |= {"dtype": k.dtype, "kv_cache_dtype": k.kv_dtype, "tables": k.used_versions()}
+    kernels |= {"moe_kernel": k.moe_kernel} if k.moe_kernel else {}
     kernels |= k.lent()
     lines = [line for line in (select.caveat(cost.hw), select.newer_tables(k)) if line]
     return {
