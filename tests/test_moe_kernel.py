@@ -86,3 +86,15 @@ def point(system: str, backend: str, isl: int = 1024, osl: int = 1024, c: int = 
 )
 def test_each_silicon_point_takes_its_scripts_moe_backend(p, kernel):
     assert recipe(p).moe_kernel == kernel
+
+
+@installed
+def test_a_kernel_no_table_measured_at_the_shape_keeps_the_tables_own_and_says_so():
+    """Marlin is measured on B200 (vLLM's and SGLang's INT4 / MXFP4 experts), never at
+    DeepSeek's FP8 shape: the table's own DeepGEMM times it, and the run records that."""
+    plain = Kernels("b200_sxm", "trtllm", "1.3.0rc20", "fp8")
+    marlin = Kernels("b200_sxm", "trtllm", "1.3.0rc20", "fp8", None, "bf16", "marlin")
+    assert marlin.moe(64, DEEPSEEK_TP8) == plain.moe(64, DEEPSEEK_TP8)
+    assert marlin.lent()["moe_kernels"] == {
+        "7168x2048 top-8 of 256 (MoE TP 8, EP 1)": "not measured: the table's deepgemm"
+    }

@@ -213,7 +213,11 @@ class Kernels:
             self.system, self.backend, shape, self._moe_dtypes(), self.moe_kernel, self.local
         )
         own = tables.kernel_rows(frame)
-        where = "not measured: " + str(own["kernel_source"].iloc[0]) if found is None else found[1]
+        if found is None:
+            name = own["kernel_source"].iloc[0] if "kernel_source" in own.columns else "its rows"
+            where = f"not measured: the table's {name}"
+        else:
+            where = found[1]
         if shape not in self.moe_kernels:
             self.moe_kernels[shape] = where
             self._warn_once(
