@@ -36,7 +36,8 @@ Sensitivity variants, each changing one thing from the above (``primary``):
 ``checkpoint_quant`` (all quant modes inferred from the model's FP8 checkpoint where
 aiconfigurator ships one: DeepSeek's block FP8 -> ``fp8_block`` GEMM and MoE; Llama's
 ``nvidia/Llama-3.1-70B-Instruct-FP8`` -> ``fp8_static`` GEMM, FP8 KV; Qwen3.5 unchanged),
-``token_budget`` (``ctx_tokens`` = the server's token budget, :func:`simlab.experiments.silicon_recipes.recipe`, capped at ``isl * (C - 1)`` as
+``token_budget`` (``ctx_tokens`` = the server's token budget,
+:func:`simlab.experiments.silicon_recipes.recipe`, capped at ``isl * (C - 1)`` as
 aiconfigurator's own sweep keeps one decode request, at least ``isl``) and ``mean_lengths``
 (ISL / OSL = the mean of the client's uniform ``[int(0.8 L), L]``).
 """
@@ -250,13 +251,15 @@ def _pct(x: float | None) -> str:
 
 def lines(result: dict[str, Any], variant: str = "primary") -> list[str]:
     """The printed table of ``variant``: MAPE (median) per model x GPU x engine."""
-    head = f"{'model x GPU x engine':<52} {'points':>6} {'failed':>6}  TTFT MAPE (median)   TPOT MAPE (median)"
+    head = f"{'model x GPU x engine':<52} {'points':>6} {'failed':>6}"
+    head += "  TTFT MAPE (median)   TPOT MAPE (median)"
     out = [f"aiconfigurator-core {variant}:", head]
     v = result[variant]
     for key, g in [*v["groups"].items(), *v["by_engine"].items(), ("overall", v)]:
         out.append(
-            f"{key:<52} {g['points']:>6} {g['failed']:>6}  {_pct(g['ttft_mape'])} ({_pct(g['ttft_median'])})"
-            f"   {_pct(g['tpot_mape'])} ({_pct(g['tpot_median'])})"
+            f"{key:<52} {g['points']:>6} {g['failed']:>6}  "
+            f"{_pct(g['ttft_mape'])} ({_pct(g['ttft_median'])})   "
+            f"{_pct(g['tpot_mape'])} ({_pct(g['tpot_median'])})"
         )
     out += [f"failed: {n} x {why}" for why, n in v["failures"].items()]
     for other in VARIANTS[1:]:
