@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 from pathlib import Path
@@ -158,12 +160,20 @@ def ideal_hits(trace: Trace) -> list[int]:
 
 
 def compose(overrides: list[str] | None = None):
-    """The composed run config, as `python -m simlab OVERRIDES` would see it."""
+    """The composed run config, as `python -m simlab OVERRIDES` would see it: a copy of the
+    first composition of the same overrides in this process (the config files do not change
+    while the tests run; composing takes ~0.15 s, a copy ~4 ms, and the suite composes the
+    same overrides hundreds of times)."""
+    return copy.deepcopy(_composed(tuple(overrides or ())))
+
+
+@functools.lru_cache(maxsize=512)
+def _composed(overrides: tuple[str, ...]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides or [])
+        return hydra_compose(config_name="config", overrides=list(overrides))
 
 
 def policy_plugins(name: str, overrides: list[str] | None = None):

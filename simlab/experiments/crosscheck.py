@@ -40,7 +40,9 @@ DTYPE_KEYS = {"sglang": "policy.mamba_ssm_dtype", "vllm": "policy.mamba_ssm_cach
 #: arrivals' session rate, think times and a trace's timestamps scaled by 10^6, so the order is
 #: the replay's; a budget past the longest prompt, so that each prompt is prefilled in one
 #: extend as the fixtures' drivers run it: SGLang's ``extra_buffer`` places its states relative
-#: to each extend, :class:`simlab.cache.contract.Tracking`)
+#: to each extend, :class:`simlab.cache.contract.Tracking`; times from the roofline: one request
+#: at a time, the hits do not depend on them, and the measured tables' interpolation took a third
+#: of each run)
 ENGINES = {
     "replay": ["engine=replay"],
     "timed": [
@@ -50,6 +52,7 @@ ENGINES = {
         "arrivals.session_rate=0.000001",
         "arrivals.think_time_mean=5000000",
         "arrivals.time_scale=1000000",
+        "engine.kernels=roofline",
     ],
 }
 
@@ -117,14 +120,17 @@ def fixture_dtype(case: dict[str, Any], policy: str) -> list[str]:
 
 
 def simlab_hits(overrides: list[str]) -> pd.DataFrame:
-    """Records of a run composed from ``overrides`` (nothing written)."""
+    """Records of a run composed from ``overrides`` (nothing written; without the reuse
+    breakdown, whose counterfactual replays the comparison of hits does not read)."""
     from hydra import compose, initialize_config_dir
 
     from simlab.run.simulate import simulate
 
     configs = Path(__file__).resolve().parents[2] / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, "report=false"])
+        cfg = compose(
+            config_name="config", overrides=[*overrides, "report=false", "reuse_breakdown=false"]
+        )
     cfg.output_dir = None
     records = simulate(cfg).records
     assert records is not None
