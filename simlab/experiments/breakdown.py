@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from simlab.cost.measured import unmeasured
+from simlab.cost.measured import select, unmeasured
 from simlab.cost.measured.hooks import PREFIX_ATTENTION_UNCERTAINTY
 from simlab.cost.measured.sources import worst
 from simlab.cost.model import CostModel
@@ -32,6 +32,7 @@ def kernels_used(cost: CostModel) -> dict[str, Any] | None:
         }
         | ({"moe_kernel": k.moe_kernel} if k.moe_kernel else {})
         | k.lent()
+        | ({"checkpoint": line} if (line := select.checkpoint_caveat(cost.model, k.dtype)) else {})
     )
 
 

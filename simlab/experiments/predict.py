@@ -329,6 +329,23 @@ def _at_tp(cfg: DictConfig, tp: int, where: str) -> tuple[TimedEngine, CostModel
         raise ConfigError(f"{where}: {err}") from err
 
 
+def kernel_lines(kernels: dict[str, Any]) -> list[str]:
+    """The measured tables a prediction read, and where its MoE and weights came from."""
+    lines = [
+        f"measured kernels: {kernels['system']} {kernels['backend']} {kernels['version']} "
+        f"{kernels['dtype']}, KV cache {kernels['kv_cache_dtype']} (tables: "
+        + ", ".join(f"{k} {v}" for k, v in kernels["tables"].items())
+        + "); the other ops on the calibrated roofline"
+    ]
+    for shape, version in (kernels.get("moe_versions") or {}).items():
+        lines.append(f"fused MoE {shape}: from the {version} table")
+    for shape, where in (kernels.get("moe_kernels") or {}).items():
+        lines.append(f"fused MoE {shape}: {kernels['moe_kernel']} kernel from {where}")
+    for shape, source in (kernels.get("moe_shapes") or {}).items():
+        lines.append(f"fused MoE {shape}: not measured, timed from the measured {source}")
+    return lines + ([kernels["checkpoint"]] if kernels.get("checkpoint") else [])
+
+
 def table(prediction: dict[str, Any]) -> str:
     """One line per length: the time and the ops that take most of it."""
     lines = [
@@ -348,18 +365,7 @@ def table(prediction: dict[str, Any]) -> str:
         )
     kernels = prediction.get("kernels")
     if kernels:
-        lines.append(
-            f"measured kernels: {kernels['system']} {kernels['backend']} {kernels['version']} "
-            f"{kernels['dtype']}, KV cache {kernels['kv_cache_dtype']} (tables: "
-            + ", ".join(f"{k} {v}" for k, v in kernels["tables"].items())
-            + "); the other ops on the calibrated roofline"
-        )
-        for shape, version in (kernels.get("moe_versions") or {}).items():
-            lines.append(f"fused MoE {shape}: from the {version} table")
-        for shape, where in (kernels.get("moe_kernels") or {}).items():
-            lines.append(f"fused MoE {shape}: {kernels['moe_kernel']} kernel from {where}")
-        for shape, source in (kernels.get("moe_shapes") or {}).items():
-            lines.append(f"fused MoE {shape}: not measured, timed from the measured {source}")
+        lines += kernel_lines(kernels)
     measured = prediction.get("measured_ops") or []
     if measured and not kernels:
         lines.append(

@@ -91,7 +91,7 @@ SSM_KINDS = ("mamba1", "mamba2", "gdn", "kda", "short_conv")
 ATTN_KINDS = ("gqa", "mla")
 
 _STR_FIELDS: tuple[str, ...] = ("name", "architecture", "ssm_kind", "flop_formula", "attn_kind")
-_STR_FIELDS += ("state_dtypes", "config_ssm_dtype", "source")
+_STR_FIELDS += ("state_dtypes", "config_ssm_dtype", "source", "weight_quant")
 # Fields that may be 0 in a config, meaning "derive from the others".
 _AUTO_FIELDS = frozenset(
     {
@@ -165,6 +165,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     flop_formula: Literal["paper", "exact"] = "exact"
     state_dtypes: str = ""
+    weight_quant: str = ""  # the checkpoint's weight format (its quantization_config; "": none)
     #: the recurrent state's dtype the config.json names (``mamba_ssm_cache_dtype`` /
     #: ``mamba_ssm_dtype``; "" for none): the engines follow it over their own defaults
     config_ssm_dtype: str = ""

@@ -10,6 +10,7 @@ from pathlib import Path
 from simlab.cost.hardware import Hardware
 from simlab.cost.measured import moe_kernel, tables
 from simlab.cost.measured.kernels import Kernels
+from simlab.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +18,8 @@ log = logging.getLogger(__name__)
 KERNEL_MODES = ("measured", "roofline")
 #: a model's weight bytes per value -> its dtype's tables (``engine.dtype`` null)
 DTYPE_OF_BYTES = {2: "bf16", 1: "fp8"}
+#: a checkpoint's weight format (``ModelSpec.weight_quant``) -> the tables that time it
+QUANT_TABLES = {"fp8": "fp8", "nvfp4": "fp4"}
 #: relative difference of bandwidth between a preset and its tables' GPU that warns
 BANDWIDTH_WARN = 0.05
 
@@ -151,6 +154,33 @@ def kv_dtype(kv_bytes: int) -> str:
 
 
 _warned: set[str] = set()
+
+
+def checkpoint_caveat(model: ModelSpec, dtype: str) -> str | None:
+    """A line when the model's checkpoint keeps its weights in a format (``weight_quant``, from
+    its config's ``quantization_config``) other than the tables' ``dtype`` that time them
+    (None: the same, or a checkpoint in its torch dtype)."""
+    quant, table = model.weight_quant, QUANT_TABLES.get(model.weight_quant)
+    if not quant or table == dtype:
+        return None
+    fix = (
+        f"engine.dtype={table} times them as the engines run them"
+        if table
+        else "no table measures that format"
+    )
+    return (
+        f"model {model.name}: its checkpoint's weights are {quant} (config "
+        f"quantization_config), but they are timed on the {dtype} tables and charged at "
+        f"model.dtype_bytes={model.dtype_bytes}: {fix}"
+    )
+
+
+def warn_checkpoint(model: ModelSpec, dtype: str) -> None:
+    """Log :func:`checkpoint_caveat` once per model and dtype."""
+    line = checkpoint_caveat(model, dtype)
+    if line is not None and line not in _warned:
+        _warned.add(line)
+        log.warning("%s", line)
 
 
 def caveat(hardware: Hardware) -> str | None:

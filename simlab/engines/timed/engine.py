@@ -177,6 +177,7 @@ class TimedEngine(TimedSettings):
         None: the roofline times every op)."""
         try:
             dtype = select.model_dtype(self.dtype, model.dtype_bytes)
+            select.warn_checkpoint(model, dtype)
             kv = select.kv_dtype(model.kv_dtype_bytes) if self.kernels == "measured" else "bf16"
             local = select.local_tables(self.kernel_tables)
             return select.select(
@@ -280,7 +281,12 @@ def time_sources(cost: CostModel, policy: str) -> dict[str, Any]:
     kernels |= {"dtype": k.dtype, "kv_cache_dtype": k.kv_dtype, "tables": k.used_versions()}
     kernels |= {"moe_kernel": k.moe_kernel} if k.moe_kernel else {}
     kernels |= k.lent()
-    lines = [line for line in (select.caveat(cost.hw), select.newer_tables(k)) if line]
+    found = (
+        select.caveat(cost.hw),
+        select.newer_tables(k),
+        select.checkpoint_caveat(cost.model, k.dtype),
+    )
+    lines = [line for line in found if line]
     return {
         "time_sources": out,
         "kernels": kernels | ({"caveat": "; ".join(lines)} if lines else {}),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from simlab.model.hf.fields import Fields
@@ -28,7 +30,26 @@ def trunk(f: Fields) -> Spec:
         "dtype_bytes": dtype,
         "ssm_state_dtype_bytes": dtype,
         "state_dtypes": f"KV cache {DTYPE_NAMES.get(dtype, dtype)} ({why})",
+        "weight_quant": weight_format(f),
     }
+
+
+def weight_format(f: Fields) -> str:
+    """The checkpoint's weight format, lower case ("" for none): its config's
+    ``quantization_config``, else a ModelOpt ``hf_quant_config.json`` beside the config (NVIDIA's
+    FP8 and NVFP4 checkpoints; ``<name>_hf_quant_config.json`` beside ``<name>_config.json``).
+    ModelOpt's ``quant_algo`` (``fp8``, ``nvfp4``, ``mixed_precision``), else the
+    ``quant_method`` (``fp8``, ``mxfp4``, ``compressed-tensors``)."""
+    quant = f.get("quantization_config")
+    if not isinstance(quant, dict):
+        path = Path(f.path)
+        sibling = path.with_name(path.name.removesuffix("config.json") + "hf_quant_config.json")
+        if not path.name.endswith("config.json") or not sibling.is_file():
+            return ""
+        quant = json.loads(sibling.read_text()).get("quantization")
+        if not isinstance(quant, dict):
+            return ""
+    return str(quant.get("quant_algo") or quant.get("quant_method") or "quantized").lower()
 
 
 def gqa(f: Fields, heads: str = "num_attention_heads", head_dim: str = "head_dim") -> Spec:
