@@ -56,6 +56,9 @@ def test_a_checkpoint_directory_with_modelopts_file_beside_its_config(tmp_path):
         json.dumps({"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}})
     )
     assert model_spec("me/llama", config).weight_quant == "nvfp4"
+    (tmp_path / "hf_quant_config.json").write_text("{quantization: NVFP4")
+    with pytest.raises(ValueError, match=r"hf_quant_config\.json: not a ModelOpt quantization"):
+        model_spec("me/llama", config)
 
 
 @installed

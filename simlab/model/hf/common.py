@@ -46,7 +46,10 @@ def weight_format(f: Fields) -> str:
         sibling = path.with_name(path.name.removesuffix("config.json") + "hf_quant_config.json")
         if not path.name.endswith("config.json") or not sibling.is_file():
             return ""
-        quant = json.loads(sibling.read_text()).get("quantization")
+        try:
+            quant = json.loads(sibling.read_text()).get("quantization")
+        except (json.JSONDecodeError, AttributeError) as err:
+            raise ValueError(f"{sibling}: not a ModelOpt quantization config ({err})") from None
         if not isinstance(quant, dict):
             return ""
     return str(quant.get("quant_algo") or quant.get("quant_method") or "quantized").lower()
