@@ -17,6 +17,8 @@ requests come in the replay's order, one at a time).
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import json
 import logging
 import sys
@@ -119,18 +121,27 @@ def fixture_dtype(case: dict[str, Any], policy: str) -> list[str]:
     return [] if key is None else [f"{key}={case.get('ssm_dtype', 'bfloat16')}"]
 
 
-def simlab_hits(overrides: list[str]) -> pd.DataFrame:
-    """Records of a run composed from ``overrides`` (nothing written; without the reuse
-    breakdown, whose counterfactual replays the comparison of hits does not read)."""
-    from hydra import compose, initialize_config_dir
+def composed(overrides: list[str]) -> Any:
+    """The run config of ``overrides``: a copy of the first composition of the same overrides
+    in this process (the tests compare many cases more than once; composing takes ~0.15 s)."""
+    return copy.deepcopy(_compose(tuple(overrides)))
 
-    from simlab.run.simulate import simulate
+
+@functools.lru_cache(maxsize=256)
+def _compose(overrides: tuple[str, ...]) -> Any:
+    from hydra import compose, initialize_config_dir
 
     configs = Path(__file__).resolve().parents[2] / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
-        cfg = compose(
-            config_name="config", overrides=[*overrides, "report=false", "reuse_breakdown=false"]
-        )
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def simlab_hits(overrides: list[str]) -> pd.DataFrame:
+    """Records of a run composed from ``overrides`` (nothing written; without the reuse
+    breakdown, whose counterfactual replays the comparison of hits does not read)."""
+    from simlab.run.simulate import simulate
+
+    cfg = composed([*overrides, "report=false", "reuse_breakdown=false"])
     cfg.output_dir = None
     records = simulate(cfg).records
     assert records is not None

@@ -46,7 +46,7 @@ from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.jobs import Job
 from simlab.engines.timed.memory import MemoryFactory, tree_memory
 from simlab.engines.timed.world import TimedWorld
-from simlab.experiments.crosscheck import load_cases, overrides_for
+from simlab.experiments.crosscheck import composed, load_cases, overrides_for
 from traces.format import Request
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,6 @@ def sglang_chunk(case: dict[str, Any]) -> str:
 
 def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
     """The timed engine's run of ``case`` on the step clock, one row per fixture row."""
-    from hydra import compose, initialize_config_dir
-
     from simlab.engines.block_pool import pool_shape
     from simlab.engines.timed.vllm import VllmMemory
     from simlab.run.routes import pool_refusal
@@ -162,11 +160,7 @@ def simlab_table(case: dict[str, Any], engine: pd.DataFrame) -> pd.DataFrame:
             f"engine.overlap={str(bool(case.get('async_scheduling'))).lower()}",
         ]
     )
-    overrides = [*overrides_for(case, engine="timed"), *limits, "report=false"]
-    configs = Path(__file__).resolve().parents[2] / "configs"
-    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    plan = plan_run(cfg)
+    plan = plan_run(composed([*overrides_for(case, engine="timed"), *limits, "report=false"]))
     trace, loaded = trace_requests(plan.trace, plan.settings)
     by_id = {r.request_id: r for r in loaded}
     requests = [by_id[int(i)] for i in engine["request_id"]]
