@@ -6,12 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install run test test-all bench bench-peers lint clean crosscheck crosscheck-geometry paper docs
 
-## The dependencies are not byte-compiled at install (half its time, torch's files among them,
-## which the simulator never imports): Python compiles each module the first time it is imported.
+## The dependencies are byte-compiled at install: with PYTHONDONTWRITEBYTECODE set (as on this
+## project's machines) nothing compiled later is kept: every process would compile its imports again.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-compile -e '.[dev,gpu,fast]'
+	$(BIN)/pip install --quiet -e '.[dev,gpu,fast]'
 	$(BIN)/python -m compileall -q simlab policies traces hydra_plugins
 	touch $(STAMP)
 
