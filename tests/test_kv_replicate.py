@@ -204,3 +204,41 @@ def test_silicon_replays_qwen35_at_tp_4_and_8():
     pts, _ = points(systems / "silicon_sample.csv")
     tps = {p.tp for p in pts if p.model == "Qwen/Qwen3.5-397B-A17B"}
     assert tps == {4, 8}
+
+
+#: deepseek-ai/DeepSeek-V3's config.json: MLA over 61 layers, a latent of kv_lora_rank 512 +
+#: qk_rope_head_dim 64 elements a token and layer
+DEEPSEEK = ["model=deepseek_v3", "hardware=h200"]
+LATENT, MLA_LAYERS = 512 + 64, 61
+
+
+@installed
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_every_gpu_keeps_the_whole_mla_latent(tp):
+    """vLLM's, SGLang's and TensorRT-LLM's MLA caches are not split by heads: each of the tp
+    GPUs keeps every token's latent, so a cache of S GB holds S / (tp x latent) tokens."""
+    size_gb = 50
+    run = [*DEEPSEEK, "+policy=fifo", f"engine.tp={tp}", f"cache.size_gb={size_gb}"]
+    plan = plan_run(compose_run([*run, "engine.memory_check=false"]))
+    latent_bytes = LATENT * MLA_LAYERS * plan.model.kv_dtype_bytes
+    assert plan.model.kv_bytes_per_token == tp * latent_bytes
+    replicated = {"mla_kv_copies": tp, "kv_bytes_per_token": tp * latent_bytes}
+    assert plan.config.get("kv_replicated") == (replicated if tp > 1 else None)
+    step = policy_step(plan.policies["fifo"], plan.model, plan.settings)
+    tokens = plan.settings.cache.kv_bytes // step.cache.kv_per_unit_token
+    assert tokens == size_gb * 10**9 // (tp * latent_bytes)
+    assert on_tp(plan.model, tp) == plan.model  # idempotent: the cost model applies it again
+
+
+@installed
+@pytest.mark.parametrize("tp", [2, 8])
+def test_one_gpu_reads_the_whole_latent_a_token(tp):
+    """The roofline's decode attention on one GPU reads each token's whole latent whatever the
+    tp (its query heads split); the measured hook's KV floor reads the same."""
+    cfg = compose_run([*DEEPSEEK, "+policy=fifo"])
+    model = ModelSpec.from_config(cfg.model)
+    cost = CostModel(model, Hardware.from_config(cfg.hardware), tp=tp)
+    one = cost.layers.attention_decode(1, 1000, 0)
+    more = cost.layers.attention_decode(1, 3000, 0)
+    per_token = LATENT * model.kv_dtype_bytes * MLA_LAYERS
+    assert more.bytes - one.bytes == pytest.approx(2000 * per_token, rel=1e-12)

@@ -111,12 +111,22 @@ def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
 
 
 def on_tp(model: ModelSpec, tp: int) -> ModelSpec:
-    """``model`` as the ``tp`` GPUs of one replica hold it (after :func:`check_tp`): with
-    ``tp`` above its KV heads (GQA), the engines copy each KV head onto ``tp / KV heads`` GPUs,
-    so the replica stores and projects ``tp * kv_heads_per_gpu`` KV heads -- its KV bytes per
-    token, K/V projection and attention KV reads grow by ``tp / KV heads``, and one GPU's share
-    (``1 / tp`` of each) is its one KV head. ``model`` itself otherwise."""
+    """``model`` as the ``tp`` GPUs of one replica hold it (after :func:`check_tp`):
+
+    - with ``tp`` above its KV heads (GQA), the engines copy each KV head onto ``tp / KV heads``
+      GPUs, so the replica stores and projects ``tp * kv_heads_per_gpu`` KV heads -- its KV
+      bytes per token, K/V projection and attention KV reads grow by ``tp / KV heads``, and one
+      GPU's share (``1 / tp`` of each) is its one KV head;
+    - MLA's latent is not split by heads: every GPU keeps each token's whole latent (vLLM's,
+      SGLang's and TensorRT-LLM's MLA caches without attention data parallelism), so the
+      replica holds ``tp`` copies (``mla_kv_copies``) and one GPU reads a whole latent a token.
+
+    ``model`` itself otherwise."""
     check_tp(model, tp)
-    if model.attn_kind != "gqa" or not model.n_attn_layers or tp <= model.n_kv_heads:
+    if not model.n_attn_layers or tp == 1:
+        return model
+    if model.attn_kind == "mla":
+        return replace(model, mla_kv_copies=tp)
+    if tp <= model.n_kv_heads:
         return model
     return replace(model, n_kv_heads=tp * kv_heads_per_gpu(model, tp))

@@ -41,11 +41,17 @@ def q_dims(m: ModelSpec) -> tuple[int, int]:
 
 
 def kv_elements_per_token(m: ModelSpec) -> int:
-    """Cached elements of one token in one attention layer: K and V of every KV head (GQA), or
-    MLA's compressed latent ``kv_lora_rank + qk_rope_head_dim`` (vLLM's MLA cache)."""
+    """Cached elements of one token in one attention layer across the replica: K and V of every
+    KV head (GQA), or MLA's latent (:func:`latent_elements`) once per GPU that keeps it."""
     if m.attn_kind == "mla":
-        return m.mla_kv_rank + m.mla_rope_dim
+        return latent_elements(m) * m.mla_kv_copies
     return m.n_kv_heads * (m.head_dim + m.v_head_dim)
+
+
+def latent_elements(m: ModelSpec) -> int:
+    """MLA's compressed latent of one token in one layer, ``kv_lora_rank + qk_rope_head_dim``
+    (vLLM's MLA cache): what each tensor-parallel GPU keeps whole."""
+    return m.mla_kv_rank + m.mla_rope_dim
 
 
 def pair_flops(m: ModelSpec) -> int:

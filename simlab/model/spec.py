@@ -18,8 +18,8 @@ the config counts once per part it has (Falcon-H1's layer is one attention, one 
 Bytes (precomputed ``int`` attributes)
   * ``kv_bytes_per_token``: what one token writes in *all* attention layers: K and V of every
     KV head (``n_kv_heads * (head_dim + v_head_dim) * kv_dtype_bytes`` per layer), or MLA's
-    latent ``(mla_kv_rank + mla_rope_dim) * kv_dtype_bytes`` (``kv_dtype_bytes`` 0: the model's
-    ``dtype_bytes``). Sliding-window layers are counted for every
+    latent ``(mla_kv_rank + mla_rope_dim) * kv_dtype_bytes`` on each of its ``mla_kv_copies``
+    GPUs (``kv_dtype_bytes`` 0: ``dtype_bytes``). Sliding-window layers are counted for every
     token (a cached prefix keeps their blocks until evicted; a running request needs only its
     last ``swa_window`` of them).
   * ``ssm_state_bytes``: one SSM checkpoint = recurrent state + conv state of *all* SSM layers:
@@ -137,6 +137,7 @@ class ModelSpec:
     mla_q_rank: int = 0
     mla_kv_rank: int = 0
     mla_rope_dim: int = 0
+    mla_kv_copies: int = 1  # the replica's copies of the latent (on_tp: each GPU keeps it whole)
     n_swa_layers: int = 0
     swa_window: int = 0
     # dense MLP / MoE
@@ -335,7 +336,7 @@ class ModelSpec:
         if self.n_swa_layers:
             self._positive("swa_window")
         if self.attn_kind == "mla":
-            self._positive("mla_kv_rank", "mla_rope_dim")
+            self._positive("mla_kv_rank", "mla_rope_dim", "mla_kv_copies")
             if self.mla_rope_dim >= self.head_dim:
                 raise ValueError(
                     f"model.mla_rope_dim ({self.mla_rope_dim}) must be < head_dim "

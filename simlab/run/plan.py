@@ -88,11 +88,10 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     config = saved_config(cfg)
     if configured.source:  # model=hf: what its config.json resolved to, in summary.json
         config["model_resolved"] = configured.config_fields()
-    if model.n_kv_heads != configured.n_kv_heads:  # engine.tp copies the KV heads
-        config["kv_replicated"] = {
-            "kv_heads": model.n_kv_heads,
-            "kv_bytes_per_token": model.kv_bytes_per_token,
-        }
+    if model.kv_bytes_per_token != configured.kv_bytes_per_token:  # engine.tp copies the KV
+        copies = ("mla_kv_copies", model.mla_kv_copies) if model.attn_kind == "mla" else None
+        config["kv_replicated"] = dict([copies or ("kv_heads", model.n_kv_heads)])
+        config["kv_replicated"]["kv_bytes_per_token"] = model.kv_bytes_per_token
     return RunPlan(
         settings,
         model,

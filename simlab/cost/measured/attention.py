@@ -68,7 +68,7 @@ def _prefill_layer(
 def _kv_elements(ops: MeasuredOps) -> int:
     """Cached elements of one token in one layer on one GPU (MLA's latent is not split)."""
     if ops.model.attn_kind == "mla":
-        return kinds.kv_elements_per_token(ops.model)
+        return kinds.latent_elements(ops.model)
     _, kv, head_dim = ops.heads
     return 2 * kv * head_dim
 

@@ -100,24 +100,28 @@ class TimedEngine(TimedSettings):
     def held(self, model: ModelSpec) -> ModelSpec:
         """``model`` as the replica's ``tp`` GPUs hold it (:func:`simlab.cost.shapes.on_tp`:
         with ``tp`` above the KV heads each is copied onto ``tp / KV heads`` GPUs, as vLLM and
-        SGLang do, and a token's KV takes that much more of the pool); a ``tp`` the engines
-        reject is a :class:`ConfigError` naming ``engine.tp``."""
+        SGLang do, and MLA's latent onto every GPU: a token's KV takes that much more of the
+        pool); a ``tp`` the engines reject is a :class:`ConfigError` naming ``engine.tp``."""
         try:
             held = on_tp(model, self.tp)
         except ValueError as err:
             raise ConfigError(str(err)) from err
-        if held is not model:
-            log.warning(
-                "engine.tp %d exceeds %s's %d KV heads: each is copied onto %d GPUs (vLLM's "
-                "and SGLang's rule), %d KV bytes a token across the replica, not %d "
-                "(summary.json's config.kv_replicated)",
-                self.tp,
-                model.name,
-                model.n_kv_heads,
-                self.tp // model.n_kv_heads,
-                held.kv_bytes_per_token,
-                model.kv_bytes_per_token,
-            )
+        if held.kv_bytes_per_token == model.kv_bytes_per_token:
+            return held
+        why = (
+            f"each GPU keeps {model.name}'s whole MLA latent"
+            if model.attn_kind == "mla"
+            else f"engine.tp {self.tp} exceeds {model.name}'s {model.n_kv_heads} KV heads, "
+            f"each copied onto {self.tp // model.n_kv_heads} GPUs"
+        )
+        log.warning(
+            "%s (the engines' rule): %d KV bytes a token across the replica's %d GPUs, not %d "
+            "(summary.json's config.kv_replicated)",
+            why,
+            held.kv_bytes_per_token,
+            self.tp,
+            model.kv_bytes_per_token,
+        )
         return held
 
     def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None:
