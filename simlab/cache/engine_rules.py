@@ -78,8 +78,11 @@ def check_capability(value: object) -> None:
 
 
 def model_dtype(model: ModelSpec) -> str:
-    """The model's own dtype by its bytes (the presets are BF16)."""
-    return {4: "float32", 2: "bfloat16"}.get(model.dtype_bytes, f"{model.dtype_bytes} bytes")
+    """The model's own dtype by its bytes (the presets are BF16; a one-byte model is an FP8
+    checkpoint, whose activations and states stay in its BF16 ``torch_dtype``)."""
+    return {4: "float32", 2: "bfloat16", 1: "bfloat16"}.get(
+        model.dtype_bytes, f"{model.dtype_bytes} bytes"
+    )
 
 
 def check_ssm_dtype(value: str, key: str) -> None:
@@ -89,8 +92,10 @@ def check_ssm_dtype(value: str, key: str) -> None:
 
 def with_ssm_dtype(model: ModelSpec, dtype: str) -> ModelSpec:
     """``model`` with its recurrent (SSM) state kept in ``dtype``."""
+    if not model.is_hybrid:
+        return model
     size = DTYPE_BYTES[dtype]
-    if not model.is_hybrid or model.ssm_state_dtype_bytes == size:
+    if model.ssm_state_dtype_bytes == size:
         return model
     return replace(model, ssm_state_dtype_bytes=size)
 

@@ -45,10 +45,10 @@ from hydra import compose, initialize_config_dir
 
 from simlab.config import ConfigError
 from simlab.cost.measured import tables
-from simlab.cost.shapes import check_tp
+from simlab.cost.shapes import check_tp, on_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import ConcurrencyFeeder
-from simlab.engines.timed.world import TimedWorld
+from simlab.experiments.silicon_memory import KvPool, admission, kv_pool
 from simlab.experiments.silicon_recipes import recipe
 from simlab.model.hf import model_spec
 from simlab.model.spec import ModelSpec
@@ -124,6 +124,8 @@ class Point:
     ttft_ms: float
     tpot_ms: float
     measured: str = ""  # the measurement date (YYYY-MM-DD) the csv gives, else ''
+    gemm_quant: str = ""  # the csv's gemm_quant_mode and moe_quant_mode ('' where none)
+    moe_quant: str = ""
 
 
 def points(csv: Path) -> tuple[list[Point], dict[str, int]]:
@@ -154,9 +156,15 @@ def points(csv: Path) -> tuple[list[Point], dict[str, int]]:
                 float(row.silicon_ttft_ms),
                 float(row.silicon_tpot_ms),
                 measured,
+                _mode(row.gemm_quant_mode),
+                _mode(row.moe_quant_mode),
             )
         )
     return out, skipped
+
+
+def _mode(value: Any) -> str:
+    return "" if pd.isna(value) else str(value)
 
 
 def _uncovered(row: Any) -> str:
@@ -214,23 +222,39 @@ def requests_of(point: Point, seed: int = 0) -> list[Request]:
     ]
 
 
-def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
-    """The point's mean TTFT and TPOT (ms) in the timed engine at ``overhead_s`` per iteration."""
+def pool_of(point: Point) -> KvPool | None:
+    """The point's KV pool as its engine sizes it (:mod:`simlab.experiments.silicon_memory`;
+    None: aiconfigurator-core's memory model cannot size it)."""
     server = recipe(point)
     spec = spec_of(point.model, DTYPE_BYTES[point.precision], server.kv_dtype_bytes)
     assert spec is not None  # points() keeps only describable models
+    return kv_pool(point, server, version_for(point), on_tp(spec, point.tp))
+
+
+#: a point whose pool cannot be sized runs with memory unconstrained (no request ever waits
+#: for memory); its row's ``kv_pool`` is null
+UNCONSTRAINED = ["+policy=fifo", "engine.running_memory_gb=100000", "cache.size_gb=1"]
+
+
+def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
+    """The point's mean TTFT and TPOT (ms) in the timed engine at ``overhead_s`` per iteration,
+    its requests admitted against its KV pool the engine's way (no prefix is reused: the
+    policy decides nothing else)."""
+    server = recipe(point)
+    spec = spec_of(point.model, DTYPE_BYTES[point.precision], server.kv_dtype_bytes)
+    assert spec is not None  # points() keeps only describable models
+    pool = pool_of(point)
+    memory = UNCONSTRAINED if pool is None else admission(point.backend, pool.gb)
     overrides = [
         f"hardware={PRESETS[point.system]}",
-        "+policy=fifo",  # no prefix is reused: the policy does not matter
+        *memory,
         f"engine.tp={point.tp}",
         f"engine.backend={point.backend}",
         f"engine.backend_version={version_for(point)}",
         *server.overrides(point.concurrency),  # the server's flags
         f"engine.batching={'prefill_first' if point.backend == 'sglang' else 'mixed'}",
         f"engine.costs.iteration_overhead_s={overhead_s}",
-        "engine.running_memory_gb=100000",
-        "engine.memory_check=false",
-        "cache.size_gb=1",
+        "engine.memory_check=false",  # the pool is sized from the GPU's memory already
         "report=false",
     ]
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
@@ -239,11 +263,10 @@ def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
     (policy,) = plan.policies.values()
     engine = plan.engine
     assert isinstance(engine, TimedEngine)
-    cost = engine.cost_model(spec)
     requests = requests_of(point)
-    step = policy_step(policy, spec, plan.settings)
+    step = policy_step(policy, on_tp(spec, point.tp), plan.settings)  # the replica's KV bytes
     feeder = ConcurrencyFeeder(requests, point.concurrency)
-    records = TimedWorld(requests, step, cost, engine).run(feeder)
+    records = engine.world(requests, step).run(feeder)  # vLLM's block pool under policy=vllm
     ttft = np.mean([r.ttft for r in records])
     tpot = np.mean([r.tpot for r in records if r.tpot == r.tpot])
     return 1e3 * float(ttft), 1e3 * float(tpot)
@@ -319,17 +342,27 @@ def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
         | {"version_used": version_for(p)}  # the csv's version, else the newest measured below
         | {"recipe": recipe(p).source}  # the InferenceX script its flags come from
         | {"kv_cache": {1: "fp8", 2: "bf16"}[recipe(p).kv_dtype_bytes]}
+        | {"kv_pool": None if (pool := pool_of(p)) is None else pool.row()}
         | {"ttft_ms_held_out": float(h[0]), "tpot_ms_held_out": float(h[1])}
         | {"ttft_ms_in_sample": float(i[0]), "tpot_ms_in_sample": float(i[1])}
         | {"simulated_ms": sim.tolist()}  # (TTFT, TPOT) at iteration overhead 0 and PROBE_S
         for p, h, i, sim in zip(pts, held, inside, cv["sims"], strict=True)
     ]
+    unsized = sum(row["kv_pool"] is None for row in rows)
+    if unsized:
+        log.warning(
+            "%d of %d points ran with memory unconstrained: aiconfigurator-core's memory model "
+            "could not size their KV pool (validation.json rows with a null kv_pool)",
+            unsized,
+            len(rows),
+        )
     return {
         "ttft_mape_held_out": float(eh[:, 0].mean()),
         "tpot_mape_held_out": float(eh[:, 1].mean()),
         "ttft_mape_in_sample": float(ei[:, 0].mean()),
         "tpot_mape_in_sample": float(ei[:, 1].mean()),
         "overheads_s": cv["overheads"],
+        "kv_pools": {"sized": len(rows) - unsized, "unconstrained": unsized},
         "groups": groups,
         "rows": rows,
     }

@@ -16,7 +16,9 @@ point's measurement date:
 
 The KV cache's dtype (``model.kv_dtype_bytes``) picks the attention tables' FP8 or BF16 rows;
 the MoE backend (SGLang's ``--moe-runner-backend``, TensorRT-LLM's ``moe_config.backend``) the
-MoE table's kernel (``engine.moe_kernel``, :mod:`simlab.cost.measured.moe_kernel`).
+MoE table's kernel (``engine.moe_kernel``, :mod:`simlab.cost.measured.moe_kernel`); the memory
+fraction (SGLang's ``--mem-fraction-static``, TensorRT-LLM's ``free_gpu_memory_fraction``,
+vLLM's ``--gpu-memory-utilization``) the KV pool (:mod:`simlab.experiments.silicon_memory`).
 
 What each script sets is in :func:`recipe`, with the script and commit it was read from (each
 validated row carries it as ``recipe``). Two flags are not applied:
@@ -54,6 +56,9 @@ class Recipe:
     batch_wait_tokens_ratio: float = 0.0
     kv_dtype_bytes: int = 2  # the KV cache: BF16 (the engines' auto), FP8 (1) where set
     moe_kernel: str | None = None  # the MoE backend the script names (None: the engine's own)
+    #: the KV pool's share of memory: SGLang's --mem-fraction-static, TensorRT-LLM's
+    #: free_gpu_memory_fraction, vLLM's --gpu-memory-utilization (None: the engine's default)
+    memory_fraction: float | None = None
 
     def overrides(self, concurrency: int) -> list[str]:
         """The ``engine.*`` overrides the point is simulated with."""
@@ -70,14 +75,14 @@ class Recipe:
 def _sglang_blackwell(script: str, p: Point) -> Recipe:
     """The SGLang scripts for B200 / B300 (DeepSeek at TP 8, Qwen3.5 BF16 and FP8 on B200,
     BF16 on B300): pulls every 30 decode steps from concurrency 16 (10 below), chunks of
-    32,768 tokens; DeepSeek at TP 4: every 10 steps, chunks of 8,192. The FP8 models'
-    scripts set ``--kv-cache-dtype fp8_e4m3``; the BF16 ones leave it at auto (BF16). Every
-    one runs ``--moe-runner-backend flashinfer_trtllm``."""
+    32,768 tokens, ``--mem-fraction-static 0.82``; DeepSeek at TP 4: every 10 steps, chunks of
+    8,192, 0.95. The FP8 models' scripts set ``--kv-cache-dtype fp8_e4m3``; the BF16 ones leave
+    it at auto (BF16). Every one runs ``--moe-runner-backend flashinfer_trtllm``."""
     kv = 1 if p.precision == "fp8" else 2
     if p.model.startswith("deepseek-ai/") and p.tp == 4:
-        return Recipe(script, 8192, 10, kv_dtype_bytes=kv, moe_kernel=FLASHINFER_TRTLLM)
+        return Recipe(script, 8192, 10, 0, 0.0, kv, FLASHINFER_TRTLLM, 0.95)
     interval = 30 if p.concurrency >= 16 else 10
-    return Recipe(script, 32768, interval, kv_dtype_bytes=kv, moe_kernel=FLASHINFER_TRTLLM)
+    return Recipe(script, 32768, interval, 0, 0.0, kv, FLASHINFER_TRTLLM, 0.82)
 
 
 def recipe(p: Point) -> Recipe:
@@ -90,7 +95,8 @@ def recipe(p: Point) -> Recipe:
 def _sglang(p: Point, family: str) -> Recipe | None:
     if family.startswith("deepseek"):
         if p.system == "h200_sxm":
-            return Recipe("benchmarks/single_node/dsr1_fp8_h200.sh@38b80a859", 32768)
+            h200 = "benchmarks/single_node/dsr1_fp8_h200.sh@38b80a859"
+            return Recipe(h200, 32768, memory_fraction=0.82)
         if p.system == "b300_sxm":
             return _sglang_blackwell("benchmarks/single_node/dsr1_fp8_b300.sh@5b302f147", p)
         return _sglang_blackwell("benchmarks/single_node/dsr1_fp8_b200.sh@38b80a859", p)
@@ -98,7 +104,7 @@ def _sglang(p: Point, family: str) -> Recipe | None:
         return None
     if p.system == "b300_sxm" and p.precision == "fp8":
         b300 = "benchmarks/single_node/qwen3.5_fp8_b300.sh@c0f62a2ef"
-        return Recipe(b300, 16384, 10, kv_dtype_bytes=1, moe_kernel=FLASHINFER_TRTLLM)
+        return Recipe(b300, 16384, 10, 0, 0.0, 1, FLASHINFER_TRTLLM, 0.8)
     script = {
         ("b200_sxm", "bf16"): "benchmarks/single_node/qwen3.5_bf16_b200.sh@9dc87a68c",
         ("b200_sxm", "fp8"): "benchmarks/single_node/qwen3.5_fp8_b200.sh@6a5dad463",
@@ -110,7 +116,9 @@ def _sglang(p: Point, family: str) -> Recipe | None:
 def _trtllm(p: Point, family: str) -> Recipe | None:
     """Every script sets ``kv_cache_config: dtype: fp8``. DeepSeek's ``moe_config.backend``:
     ``TRTLLM`` on B200 from 2026 (``DEEPGEMM`` at 1,024 / 8,192 tokens from concurrency 256),
-    ``DEEPGEMM`` on B200 before, ``CUTLASS`` on H200."""
+    ``DEEPGEMM`` on B200 before, ``CUTLASS`` on H200; its ``free_gpu_memory_fraction``: 0.75 on
+    H200, 0.8 on B200 (from 2026: 0.7 at 1,024 / 8,192 from concurrency 256, 0.75 at 8,192 /
+    1,024 on TP 4). Llama's scripts leave the fraction at TensorRT-LLM's default."""
     gpu = "b200" if p.system == "b200_sxm" else "h200"
     if family.startswith("deepseek"):
         # max_num_tokens: the concurrency + ISL + 64, rounded up to 64, at least 8,192
@@ -119,12 +127,14 @@ def _trtllm(p: Point, family: str) -> Recipe | None:
             script = "benchmarks/dsr1_fp8_b200_trt.sh@ec7bafaae"
             deepgemm = p.isl == 1024 and p.osl == 8192 and p.concurrency >= 256
             moe = "deepgemm" if deepgemm else FLASHINFER_TRTLLM  # TensorRT-LLM's own kernels
+            fraction = 0.7 if deepgemm else 0.75 if p.isl == 8192 and p.tp == 4 else 0.8
             if p.isl == p.osl == 1024 and p.concurrency >= 64:  # DELAY_BATCHING=true
-                return Recipe(script, tokens, 1, 40, 0.8, 1, moe)  # wait 40 iters / 0.8; FP8 KV
-            return Recipe(script, tokens, kv_dtype_bytes=1, moe_kernel=moe)
+                # wait 40 iterations / 0.8 of the tokens; FP8 KV
+                return Recipe(script, tokens, 1, 40, 0.8, 1, moe, fraction)
+            return Recipe(script, tokens, 1, 0, 0.0, 1, moe, fraction)
         slurm = f"benchmarks/dsr1_fp8_{gpu}_trt_slurm.sh@17d5e204f"
         moe = "deepgemm" if gpu == "b200" else "cutlass"
-        return Recipe(slurm, tokens, kv_dtype_bytes=1, moe_kernel=moe)
+        return Recipe(slurm, tokens, 1, 0, 0.0, 1, moe, 0.8 if gpu == "b200" else 0.75)
     if family.startswith("llama-3.1-70b"):
         script = f"benchmarks/70b_fp8_{gpu}_trt_slurm.sh@9596d23d7^"
         if p.isl == p.osl == 1024 and p.tp < 8:
@@ -137,5 +147,6 @@ def _vllm(p: Point, family: str) -> Recipe | None:
     if not family.startswith("llama-3.1-70b"):
         return None
     where = {"b200_sxm": "b200_docker", "h100_sxm": "h100_slurm", "h200_sxm": "h200_slurm"}
-    # config.yaml: ``kv-cache-dtype: fp8``
-    return Recipe(f"benchmarks/70b_fp8_{where[p.system]}.sh@9596d23d7^", kv_dtype_bytes=1)
+    # config.yaml: ``kv-cache-dtype: fp8``; ``--gpu-memory-utilization 0.9``
+    script = f"benchmarks/70b_fp8_{where[p.system]}.sh@9596d23d7^"
+    return Recipe(script, kv_dtype_bytes=1, memory_fraction=0.9)
