@@ -54,6 +54,7 @@ from simlab.model.hf import model_spec
 from simlab.model.spec import ModelSpec
 from simlab.run.plan import plan_run
 from simlab.run.policy import policy_step
+from simlab.run.routes import TIMED_ROUTES, Case, choose
 from traces.format import Request
 from traces.progress import Progress
 
@@ -265,8 +266,10 @@ def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
     assert isinstance(engine, TimedEngine)
     requests = requests_of(point)
     step = policy_step(policy, on_tp(spec, point.tp), plan.settings)  # the replica's KV bytes
+    route = choose(Case(step, engine, requests))  # policy=vllm: vLLM's block pool
+    assert route.taken in TIMED_ROUTES
     feeder = ConcurrencyFeeder(requests, point.concurrency)
-    records = engine.world(requests, step).run(feeder)  # vLLM's block pool under policy=vllm
+    records = engine.world(requests, step).run(feeder)
     ttft = np.mean([r.ttft for r in records])
     tpot = np.mean([r.tpot for r in records if r.tpot == r.tpot])
     return 1e3 * float(ttft), 1e3 * float(tpot)
