@@ -48,7 +48,7 @@ from simlab.cost.measured import tables
 from simlab.cost.shapes import check_tp, on_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import ConcurrencyFeeder
-from simlab.experiments.silicon_memory import KvPool, admission, kv_pool
+from simlab.experiments.silicon_memory import KvPool, admission, aic_model, kv_pool
 from simlab.experiments.silicon_recipes import recipe
 from simlab.model.hf import model_spec
 from simlab.model.spec import ModelSpec
@@ -88,8 +88,8 @@ def config_path(model_path: str) -> Path | None:
     root = tables.systems_dir()
     if root is None:
         return None
-    name = model_path.replace("/", "--").replace("Llama-3.1", "Meta-Llama-3.1")
-    path = root.parent / "model_configs" / f"{name.removesuffix('-Instruct')}_config.json"
+    name = aic_model(model_path).replace("/", "--")
+    path = root.parent / "model_configs" / f"{name}_config.json"
     return path if path.exists() else None
 
 

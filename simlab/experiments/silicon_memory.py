@@ -75,7 +75,8 @@ class KvPool:
     gb: float
     tokens: int  # the tokens it holds
     fraction: float  # the engine's memory fraction
-    per_gpu: dict[str, float]  # GiB on one GPU: capacity, weights, activations, other, kv
+    #: GiB on one GPU: capacity, weights, activations, runtime, communication buffers, kv
+    per_gpu: dict[str, float]
 
     def row(self) -> dict[str, object]:
         """The record each validated row carries."""
@@ -92,7 +93,7 @@ def kv_pool(point: Point, server: Recipe, version: str | None, held: ModelSpec) 
     (``held``); None where aiconfigurator-core's memory model cannot build the model (the point
     then runs with memory unconstrained, and its row says so)."""
     kv_dtype = "fp8" if server.kv_dtype_bytes == 1 else None
-    memory = _memory(
+    aic = _memory(
         aic_model(point.model),
         point.system,
         point.backend,
@@ -101,12 +102,12 @@ def kv_pool(point: Point, server: Recipe, version: str | None, held: ModelSpec) 
         server.token_budget,
         (point.gemm_quant or None, point.moe_quant or None, kv_dtype),
     )
-    if memory is None:
+    if aic is None:
         return None
     fraction = server.memory_fraction or DEFAULT_FRACTION[point.backend]
-    capacity, activations = memory["capacity"], memory["activations"]
     weights = weights_per_gpu(held, point.tp)
-    memory["weights"] = weights
+    memory = aic | {"weights": weights}  # the replayed model's, not aiconfigurator's
+    capacity, activations = memory["capacity"], memory["activations"]
     non_kv = weights + activations + memory["runtime"] + memory["communication"]
     if point.backend == "trtllm":
         kv = fraction * (capacity - non_kv)
