@@ -90,3 +90,30 @@ def test_a_format_no_table_measures_is_named():
     line = select.checkpoint_caveat(model_spec("openai/gpt-oss-120b"), "bf16")
     assert line is not None and "mxfp4" in line and "no table measures that format" in line
     assert select.checkpoint_caveat(model_spec("meta-llama/Meta-Llama-3.1-70B"), "bf16") is None
+
+
+@installed
+def test_the_memory_check_charges_a_quantized_checkpoints_weights_at_their_format():
+    """DeepSeek-V3's FP8 checkpoint (config dtype BF16): its 671 billion parameters take about
+    673 GB loaded (layers at one byte, embedding and LM head at two), so it fits eight H200s
+    (1,128 GB) beside 400 GB of cache; charged at BF16 (1,342 GB) it could not load at all.
+    ModelOpt's NVFP4 weights take half a byte and an FP8 scale per 16."""
+    from simlab.config import ConfigError
+    from simlab.model.layers import weight_bytes
+
+    deepseek = model_spec("deepseek-ai/DeepSeek-V3")
+    assert (deepseek.weight_quant, deepseek.dtype_bytes) == ("fp8", 2)
+    params = deepseek.layer_params + deepseek.embedding_params
+    assert weight_bytes(deepseek) == deepseek.layer_params + 2 * deepseek.embedding_params
+    assert 670e9 < weight_bytes(deepseek) < 675e9 < params * 2
+    engine = TimedEngine(hardware=h200(), tp=8, memory_check=True, running_memory_gb=1.0)
+    engine.check_memory(deepseek, 400.0)
+    with pytest.raises(ConfigError, match=r"^cache\.size_gb: 500 GB of cache"):
+        engine.check_memory(deepseek, 500.0)
+    nvfp4 = model_spec("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4")
+    assert nvfp4.weight_quant == "nvfp4"
+    assert weight_bytes(nvfp4) == pytest.approx(
+        nvfp4.layer_params * 0.5625 + nvfp4.embedding_params * nvfp4.dtype_bytes
+    )
+    plain = model_spec("meta-llama/Meta-Llama-3.1-70B")  # BF16: every weight at two bytes
+    assert weight_bytes(plain) == 2 * (plain.layer_params + plain.embedding_params)

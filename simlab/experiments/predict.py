@@ -59,6 +59,7 @@ from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.settings import TimedSettings
 from simlab.experiments import measured as measured_table
 from simlab.experiments.breakdown import kernels_used, op_sources, summed, unmeasured_ranges
+from simlab.model import layers
 from simlab.model.spec import ModelSpec
 from simlab.run.cli import reported_as_one_line, unknown_choice
 from simlab.run.simulate import build_engine
@@ -99,7 +100,7 @@ def timed_engine(cfg: DictConfig) -> tuple[TimedEngine, CostModel]:
     if not isinstance(engine, TimedEngine):
         raise ConfigError("engine: simlab.experiments.predict needs a timed engine (engine=timed)")
     model = engine.held(model)  # replicated KV heads; a tp the engines reject is an error
-    weights = (model.layer_params + model.embedding_params) * model.dtype_bytes / 1e9
+    weights = layers.weight_bytes(model) / 1e9  # at the checkpoint's format
     if weights > engine.hardware.mem_gb * engine.tp:
         log.warning(
             "%s's %.1f GB of weights exceed %g GB (%s x tp %d): no engine could serve this",

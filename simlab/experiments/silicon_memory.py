@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from simlab.cost.measured import tables
+from simlab.model import layers
 from simlab.model.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -124,10 +125,9 @@ def kv_pool(point: Point, server: Recipe, version: str | None, held: ModelSpec) 
 
 def weights_per_gpu(held: ModelSpec, tp: int) -> float:
     """One GPU's weights in bytes: the model's parameters as its ``tp`` GPUs hold them (K/V
-    projections copied where the KV heads are), at its bytes, the embedding and LM head at BF16
-    at least (FP8 checkpoints keep them BF16), each split over the ``tp`` GPUs."""
-    embedding_bytes = max(held.dtype_bytes, 2)
-    return (held.layer_params * held.dtype_bytes + held.embedding_params * embedding_bytes) / tp
+    projections copied where the KV heads are) at the checkpoint's format, the embedding and LM
+    head at BF16 at least (:func:`simlab.model.layers.weight_bytes`), split over the GPUs."""
+    return layers.weight_bytes(held) / tp
 
 
 def admission(backend: str, pool_gb: float) -> list[str]:

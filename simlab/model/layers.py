@@ -205,3 +205,20 @@ def moe_params(m: ModelSpec) -> tuple[int, int]:
     expert = mats * moe_width(m) * m.moe_intermediate
     other = D * m.moe_experts + D + mats * D * m.moe_shared_intermediate + 2 * D * m.moe_latent
     return expert, other
+
+
+# ---------------------------------------------------------------------------- weights' memory
+#: bytes a layer weight takes in a checkpoint's format (``weight_quant``) where that is known:
+#: FP8 one byte (its per-block or per-tensor scales negligible), ModelOpt's NVFP4 half a byte
+#: plus an FP8 scale per 16 weights
+QUANT_WEIGHT_BYTES = {"fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
+
+
+def weight_bytes(m: ModelSpec) -> float:
+    """The weights' bytes as the engines load them: the layers' parameters at the checkpoint's
+    format (:data:`QUANT_WEIGHT_BYTES`; others, e.g. MXFP4 on the experts only, at
+    ``dtype_bytes``), the embedding and LM head at ``dtype_bytes`` and at least BF16 (the
+    quantized checkpoints keep them unquantized; a one-byte ``dtype_bytes`` is an FP8
+    checkpoint)."""
+    layer = min(QUANT_WEIGHT_BYTES.get(m.weight_quant, m.dtype_bytes), m.dtype_bytes)
+    return m.layer_params * layer + m.embedding_params * max(m.dtype_bytes, 2)

@@ -32,6 +32,7 @@ from simlab.engines.timed.load import load_verdict, steady_state
 from simlab.engines.timed.settings import TimedSettings
 from simlab.engines.timed.vllm import VllmMemory
 from simlab.engines.timed.world import TimedWorld
+from simlab.model import layers
 from simlab.model.spec import ModelSpec
 from traces.format import Request
 
@@ -137,7 +138,7 @@ class TimedEngine(TimedSettings):
         running = self.running_gb(reserve)
         if not self.memory_check or not math.isfinite(cache_gb):
             return
-        weights = (model.layer_params + model.embedding_params) * model.dtype_bytes / 1e9
+        weights = layers.weight_bytes(model) / 1e9  # at the checkpoint's format
         have = self.hardware.mem_gb * self.tp
         if cache_gb + running + weights > have:
             pool = f"{cache_gb:g} GB of cache"
