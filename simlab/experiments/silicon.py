@@ -10,7 +10,9 @@ measured: InferenceX's client (``benchmark_serving.py --dataset-name random
 output lengths drawn uniformly from ``[int(0.8 isl), isl]`` and ``[int(0.8 osl), osl]``, all
 ready at time 0 with at most ``C`` in flight (:class:`~simlab.engines.timed.feeders.ConcurrencyFeeder`),
 on measured kernels of that GPU, backend and version (the newest measured at or below it),
-with its server's flags (InferenceX's launch script: :mod:`simlab.experiments.silicon_recipes`).
+with its server's flags (InferenceX's launch script: :mod:`simlab.experiments.silicon_recipes`),
+its requests admitted against its KV pool as its engine sizes and fills it
+(:mod:`simlab.experiments.silicon_memory`).
 The mean TTFT and TPOT of every request, the opening burst included as the benchmark includes
 it, are compared with the point's.
 
