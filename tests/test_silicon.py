@@ -14,13 +14,12 @@ from simlab.experiments.silicon import (
     CONFIGS,
     PROBE_S,
     Point,
-    at,
-    cross_validate,
     points,
     requests_of,
     simulate,
     spec_of,
 )
+from simlab.experiments.silicon_fit import at, cross_validate
 from simlab.experiments.silicon_recipes import Recipe, recipe
 from simlab.run.plan import plan_run
 from simlab.run.policy import policy_step

@@ -1,5 +1,5 @@
-"""``python -m simlab.validate silicon --out DIR``: the timed engine against NVIDIA's measured
-end-to-end serving points (``silicon_sample.csv`` in aiconfigurator-core).
+"""The measured serving points ``python -m simlab.validate silicon`` replays, and one point's
+replay: the timed engine against NVIDIA's measured end-to-end serving points (``silicon_sample.csv`` in aiconfigurator-core).
 
 Each point (one model on one GPU type with one engine and version, its tensor-parallel degree,
 concurrency ``C`` and input / output lengths) is replayed in the timed engine the way it was
@@ -16,14 +16,10 @@ its requests admitted against its KV pool as its engine sizes and fills it
 The mean TTFT and TPOT of every request, the opening burst included as the benchmark includes
 it, are compared with the point's.
 
-Only what no kernel measures is fitted, per backend: the engine's CPU time per iteration
-(``engine.costs.iteration_overhead_s``) and a fixed time per request on its TTFT (the API
-server, tokenisation, the first scheduling; not in the timed engine, added here). Each point is simulated at two
-overheads (0 and :data:`PROBE_S`); its TTFT and TPOT are taken as linear in the overhead
-between them (an iteration's overhead adds once to each of its requests' waits), and the
-overheads minimising the mean absolute relative error of TTFT and TPOT are found on the points of
-every other model (leave one model out) and applied to the held-out model's points; in sample,
-on all of them.
+Only what no kernel measures is fitted, per backend (:mod:`simlab.experiments.silicon_fit`):
+the engine's CPU time per iteration and a fixed time per request on its TTFT. Each point is
+simulated at two iteration overheads (0 and :data:`PROBE_S`). The command line, with its
+resumable, parallel replay, is :mod:`simlab.experiments.silicon_run`.
 
 Covered: the points served aggregated (``mode=agg``), without pipeline or data parallelism or
 expert parallelism, at BF16 or FP8, of models :mod:`simlab.model.hf` reads from the configs
@@ -32,11 +28,8 @@ the package ships; the rest (FP4 and INT4 among them) are counted by reason.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +38,6 @@ import numpy as np
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
-from simlab.config import ConfigError
 from simlab.cost.measured import tables
 from simlab.cost.shapes import check_tp, on_tp
 from simlab.engines.timed.engine import TimedEngine
@@ -58,7 +50,6 @@ from simlab.run.plan import plan_run
 from simlab.run.policy import policy_step
 from simlab.run.routes import TIMED_ROUTES, Case, choose
 from traces.format import Request
-from traces.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +61,6 @@ PROMPTS_PER_SLOT = 10
 RANGE_RATIO = 0.8
 #: the second overhead each point is simulated at (seconds per iteration)
 PROBE_S = 0.01
-#: the overheads searched: seconds per iteration, seconds per request (on its TTFT)
-GRID_S = np.linspace(0.0, 0.03, 61)
-REQUEST_GRID_S = np.linspace(0.0, 1.0, 201)
 #: the table's GPU -> simlab's hardware preset
 PRESETS = {
     "h100_sxm": "h100_sxm",
@@ -277,109 +265,6 @@ def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
     return 1e3 * float(ttft), 1e3 * float(tpot)
 
 
-def errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
-    return np.abs(predicted / measured - 1)
-
-
-Overheads = tuple[float, float]  # (seconds per iteration, seconds per request)
-
-
-def at(sims: np.ndarray, overheads: Overheads) -> np.ndarray:
-    """Each point's (TTFT, TPOT) in ms at ``overheads``: linear in the iteration's between its
-    two simulations (``sims[:, 0]`` at 0, ``sims[:, 1]`` at :data:`PROBE_S`; points x 2 x 2),
-    plus the per-request one on the TTFT."""
-    iteration_s, request_s = overheads
-    out = sims[:, 0] + (sims[:, 1] - sims[:, 0]) * (iteration_s / PROBE_S)
-    return out + np.array([1e3 * request_s, 0.0])
-
-
-def fit(sims: np.ndarray, measured: np.ndarray) -> Overheads:
-    """The overheads of :data:`GRID_S` x :data:`REQUEST_GRID_S` minimising the mean relative
-    error of TTFT and TPOT."""
-    grid = [(o, r) for o in GRID_S for r in REQUEST_GRID_S]
-    losses = [float(np.mean(errors(at(sims, pair), measured))) for pair in grid]
-    o, r = grid[int(np.argmin(losses))]
-    return float(o), float(r)
-
-
-def cross_validate(pts: list[Point], sims: np.ndarray) -> dict[str, Any]:
-    """Per backend, the overheads fitted on every other model's points (held out) and on all
-    (in sample), each point's predictions, and the errors."""
-    measured = np.array([[p.ttft_ms, p.tpot_ms] for p in pts])
-    held, inside = np.zeros_like(measured), np.zeros_like(measured)
-    fitted: dict[str, dict[str, Overheads]] = {}
-    for backend in sorted({p.backend for p in pts}):
-        mine = np.array([p.backend == backend for p in pts])
-        fitted[backend] = {"in_sample": fit(sims[mine], measured[mine])}
-        inside[mine] = at(sims[mine], fitted[backend]["in_sample"])
-        for model in sorted({p.model for p in pts if p.backend == backend}):
-            test = mine & np.array([p.model == model for p in pts])
-            train = mine & ~test
-            pair = fit(sims[train], measured[train]) if train.any() else (0.0, 0.0)
-            fitted[backend][f"without {model}"] = pair
-            held[test] = at(sims[test], pair)
-    return {
-        "measured": measured,
-        "held_out": held,
-        "in_sample": inside,
-        "overheads": fitted,
-        "sims": sims,
-    }
-
-
-def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
-    """``validation.json``: overall MAPEs (fractions), per model x GPU x engine, and rows."""
-    m, held, inside = cv["measured"], cv["held_out"], cv["in_sample"]
-    eh, ei = errors(held, m), errors(inside, m)
-    groups = {}
-    for key in sorted({(p.model, p.system, p.backend) for p in pts}):
-        mask = np.array([(p.model, p.system, p.backend) == key for p in pts])
-        groups[" x ".join(key)] = {
-            "points": int(mask.sum()),
-            "ttft_mape_held_out": float(eh[mask, 0].mean()),
-            "ttft_median_held_out": float(np.median(eh[mask, 0])),
-            "tpot_mape_held_out": float(eh[mask, 1].mean()),
-            "ttft_mape_in_sample": float(ei[mask, 0].mean()),
-            "tpot_mape_in_sample": float(ei[mask, 1].mean()),
-        }
-    rows = [
-        p.__dict__
-        | {"version_used": version_for(p)}  # the csv's version, else the newest measured below
-        | {"recipe": recipe(p).source}  # the InferenceX script its flags come from
-        | {"kv_cache": {1: "fp8", 2: "bf16"}[recipe(p).kv_dtype_bytes]}
-        | {"kv_pool": None if (pool := pool_of(p)) is None else pool.row()}
-        | {"ttft_ms_held_out": float(h[0]), "tpot_ms_held_out": float(h[1])}
-        | {"ttft_ms_in_sample": float(i[0]), "tpot_ms_in_sample": float(i[1])}
-        | {"simulated_ms": sim.tolist()}  # (TTFT, TPOT) at iteration overhead 0 and PROBE_S
-        for p, h, i, sim in zip(pts, held, inside, cv["sims"], strict=True)
-    ]
-    unsized = sum(row["kv_pool"] is None for row in rows)
-    if unsized:
-        log.warning(
-            "%d of %d points ran with memory unconstrained: aiconfigurator-core's memory model "
-            "could not size their KV pool (validation.json rows with a null kv_pool)",
-            unsized,
-            len(rows),
-        )
-    return {
-        "ttft_mape_held_out": float(eh[:, 0].mean()),
-        "tpot_mape_held_out": float(eh[:, 1].mean()),
-        "ttft_mape_in_sample": float(ei[:, 0].mean()),
-        "tpot_mape_in_sample": float(ei[:, 1].mean()),
-        "overheads_s": cv["overheads"],
-        "kv_pools": {"sized": len(rows) - unsized, "unconstrained": unsized},
-        "groups": groups,
-        "rows": rows,
-    }
-
-
-def write(out: Path, result: dict[str, Any]) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "validation.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    return path
-
-
 def sample(pts: list[Point], per_group: int | None) -> list[Point]:
     """At most ``per_group`` points per model x GPU x engine, spread over its concurrencies and
     lengths (in the table's order; None: all)."""
@@ -394,63 +279,3 @@ def sample(pts: list[Point], per_group: int | None) -> list[Point]:
         idx = np.unique(np.linspace(0, len(ordered) - 1, min(per_group, len(ordered))).round())
         out += [ordered[int(i)] for i in idx]
     return out
-
-
-def validate(out: Path, per_group: int | None = None, max_concurrency: int = 512) -> dict[str, Any]:
-    """Replay, fit, cross-validate and write ``out/validation.json``."""
-    csv = tables.systems_dir()
-    if csv is None:
-        raise ConfigError("simlab.validate silicon: aiconfigurator-core is not installed")
-    pts, skipped = points(csv / "silicon_sample.csv")
-    pts = [p for p in sample(pts, per_group) if p.concurrency <= max_concurrency]
-    sims = np.zeros((len(pts), 2, 2))
-    with Progress(len(pts), "silicon points", check_every=1) as progress:
-        for i, p in enumerate(pts):
-            sims[i, 0], sims[i, 1] = simulate(p, 0.0), simulate(p, PROBE_S)
-            log.debug("%s: %s / %s", p.id, sims[i, 0], (p.ttft_ms, p.tpot_ms))
-            progress.update()
-    result = summary(pts, cross_validate(pts, sims)) | {"skipped": skipped}
-    write(out, result)
-    return result
-
-
-def lines(result: dict[str, Any]) -> list[str]:
-    """The printed table: MAPE and median error per model x GPU x engine."""
-    out = [
-        f"{'model x GPU x engine':<52} {'points':>6}  TTFT MAPE held-out (median) / in-sample"
-        "   TPOT MAPE held-out / in-sample"
-    ]
-    for key, g in result["groups"].items():
-        out.append(
-            f"{key:<52} {g['points']:>6}  {100 * g['ttft_mape_held_out']:6.1f}% "
-            f"({100 * g['ttft_median_held_out']:5.1f}%) / {100 * g['ttft_mape_in_sample']:5.1f}%"
-            f"      {100 * g['tpot_mape_held_out']:6.1f}% / {100 * g['tpot_mape_in_sample']:5.1f}%"
-        )
-    out.append(
-        f"overall: TTFT MAPE {100 * result['ttft_mape_held_out']:.1f}% held out, "
-        f"{100 * result['ttft_mape_in_sample']:.1f}% in sample; TPOT "
-        f"{100 * result['tpot_mape_held_out']:.1f}% / {100 * result['tpot_mape_in_sample']:.1f}%"
-    )
-    out.append("overheads (s per iteration, s per request): " + json.dumps(result["overheads_s"]))
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simlab.validate")
-    sub = parser.add_subparsers(dest="command", required=True)
-    silicon = sub.add_parser("silicon", help="replay silicon_sample.csv in the timed engine")
-    silicon.add_argument("--out", required=True, type=Path, help="writes DIR/validation.json")
-    silicon.add_argument(
-        "--per-group", type=int, default=None, help="at most N points per model x GPU x engine"
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("traces.progress").setLevel(logging.INFO)  # a line now and then
-    try:
-        result = validate(args.out, args.per_group)
-    except ConfigError as err:
-        print(f"simlab.validate: error: {err}", file=sys.stderr)
-        return 2
-    print("\n".join(lines(result)))
-    print(f"validation: {args.out / 'validation.json'}")
-    return 0

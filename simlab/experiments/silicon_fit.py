@@ -1,0 +1,146 @@
+"""The overheads no kernel measures, fitted to the silicon points with leave-one-model-out
+cross-validation, and ``validation.json``'s summary of the errors.
+
+Per backend: the engine's CPU time per iteration (``engine.costs.iteration_overhead_s``) and a
+fixed time per request on its TTFT (the API server, tokenisation, the first scheduling; not in
+the timed engine, added here). Each point was simulated at two overheads (0 and
+:data:`~simlab.experiments.silicon.PROBE_S`); its TTFT and TPOT are taken as linear in the
+overhead between them (an iteration's overhead adds once to each of its requests' waits), and
+the overheads minimising the mean absolute relative error of TTFT and TPOT are found on the
+points of every other model (leave one model out) and applied to the held-out model's points; in
+sample, on all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import numpy as np
+
+from simlab.experiments.silicon import PROBE_S, Point, pool_of, version_for
+from simlab.experiments.silicon_recipes import recipe
+
+log = logging.getLogger(__name__)
+
+#: the overheads searched: seconds per iteration, seconds per request (on its TTFT)
+GRID_S = np.linspace(0.0, 0.03, 61)
+REQUEST_GRID_S = np.linspace(0.0, 1.0, 201)
+
+
+def errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    return np.abs(predicted / measured - 1)
+
+
+Overheads = tuple[float, float]  # (seconds per iteration, seconds per request)
+
+
+def at(sims: np.ndarray, overheads: Overheads) -> np.ndarray:
+    """Each point's (TTFT, TPOT) in ms at ``overheads``: linear in the iteration's between its
+    two simulations (``sims[:, 0]`` at 0, ``sims[:, 1]`` at :data:`PROBE_S`; points x 2 x 2),
+    plus the per-request one on the TTFT."""
+    iteration_s, request_s = overheads
+    out = sims[:, 0] + (sims[:, 1] - sims[:, 0]) * (iteration_s / PROBE_S)
+    return out + np.array([1e3 * request_s, 0.0])
+
+
+def fit(sims: np.ndarray, measured: np.ndarray) -> Overheads:
+    """The overheads of :data:`GRID_S` x :data:`REQUEST_GRID_S` minimising the mean relative
+    error of TTFT and TPOT."""
+    grid = [(o, r) for o in GRID_S for r in REQUEST_GRID_S]
+    losses = [float(np.mean(errors(at(sims, pair), measured))) for pair in grid]
+    o, r = grid[int(np.argmin(losses))]
+    return float(o), float(r)
+
+
+def cross_validate(pts: list[Point], sims: np.ndarray) -> dict[str, Any]:
+    """Per backend, the overheads fitted on every other model's points (held out) and on all
+    (in sample), each point's predictions, and the errors."""
+    measured = np.array([[p.ttft_ms, p.tpot_ms] for p in pts])
+    held, inside = np.zeros_like(measured), np.zeros_like(measured)
+    fitted: dict[str, dict[str, Overheads]] = {}
+    for backend in sorted({p.backend for p in pts}):
+        mine = np.array([p.backend == backend for p in pts])
+        fitted[backend] = {"in_sample": fit(sims[mine], measured[mine])}
+        inside[mine] = at(sims[mine], fitted[backend]["in_sample"])
+        for model in sorted({p.model for p in pts if p.backend == backend}):
+            test = mine & np.array([p.model == model for p in pts])
+            train = mine & ~test
+            pair = fit(sims[train], measured[train]) if train.any() else (0.0, 0.0)
+            fitted[backend][f"without {model}"] = pair
+            held[test] = at(sims[test], pair)
+    return {
+        "measured": measured,
+        "held_out": held,
+        "in_sample": inside,
+        "overheads": fitted,
+        "sims": sims,
+    }
+
+
+def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
+    """``validation.json``: overall MAPEs (fractions), per model x GPU x engine, and rows."""
+    m, held, inside = cv["measured"], cv["held_out"], cv["in_sample"]
+    eh, ei = errors(held, m), errors(inside, m)
+    groups = {}
+    for key in sorted({(p.model, p.system, p.backend) for p in pts}):
+        mask = np.array([(p.model, p.system, p.backend) == key for p in pts])
+        groups[" x ".join(key)] = {
+            "points": int(mask.sum()),
+            "ttft_mape_held_out": float(eh[mask, 0].mean()),
+            "ttft_median_held_out": float(np.median(eh[mask, 0])),
+            "tpot_mape_held_out": float(eh[mask, 1].mean()),
+            "ttft_mape_in_sample": float(ei[mask, 0].mean()),
+            "tpot_mape_in_sample": float(ei[mask, 1].mean()),
+        }
+    rows = [
+        p.__dict__
+        | {"version_used": version_for(p)}  # the csv's version, else the newest measured below
+        | {"recipe": recipe(p).source}  # the InferenceX script its flags come from
+        | {"kv_cache": {1: "fp8", 2: "bf16"}[recipe(p).kv_dtype_bytes]}
+        | {"kv_pool": None if (pool := pool_of(p)) is None else pool.row()}
+        | {"ttft_ms_held_out": float(h[0]), "tpot_ms_held_out": float(h[1])}
+        | {"ttft_ms_in_sample": float(i[0]), "tpot_ms_in_sample": float(i[1])}
+        | {"simulated_ms": sim.tolist()}  # (TTFT, TPOT) at iteration overhead 0 and PROBE_S
+        for p, h, i, sim in zip(pts, held, inside, cv["sims"], strict=True)
+    ]
+    unsized = sum(row["kv_pool"] is None for row in rows)
+    if unsized:
+        log.warning(
+            "%d of %d points ran with memory unconstrained: aiconfigurator-core's memory model "
+            "could not size their KV pool (validation.json rows with a null kv_pool)",
+            unsized,
+            len(rows),
+        )
+    return {
+        "ttft_mape_held_out": float(eh[:, 0].mean()),
+        "tpot_mape_held_out": float(eh[:, 1].mean()),
+        "ttft_mape_in_sample": float(ei[:, 0].mean()),
+        "tpot_mape_in_sample": float(ei[:, 1].mean()),
+        "overheads_s": cv["overheads"],
+        "kv_pools": {"sized": len(rows) - unsized, "unconstrained": unsized},
+        "groups": groups,
+        "rows": rows,
+    }
+
+
+def lines(result: dict[str, Any]) -> list[str]:
+    """The printed table: MAPE and median error per model x GPU x engine."""
+    out = [
+        f"{'model x GPU x engine':<52} {'points':>6}  TTFT MAPE held-out (median) / in-sample"
+        "   TPOT MAPE held-out / in-sample"
+    ]
+    for key, g in result["groups"].items():
+        out.append(
+            f"{key:<52} {g['points']:>6}  {100 * g['ttft_mape_held_out']:6.1f}% "
+            f"({100 * g['ttft_median_held_out']:5.1f}%) / {100 * g['ttft_mape_in_sample']:5.1f}%"
+            f"      {100 * g['tpot_mape_held_out']:6.1f}% / {100 * g['tpot_mape_in_sample']:5.1f}%"
+        )
+    out.append(
+        f"overall: TTFT MAPE {100 * result['ttft_mape_held_out']:.1f}% held out, "
+        f"{100 * result['ttft_mape_in_sample']:.1f}% in sample; TPOT "
+        f"{100 * result['tpot_mape_held_out']:.1f}% / {100 * result['tpot_mape_in_sample']:.1f}%"
+    )
+    out.append("overheads (s per iteration, s per request): " + json.dumps(result["overheads_s"]))
+    return out
