@@ -146,3 +146,21 @@ def test_a_point_runs_with_its_launch_scripts_holds(monkeypatch):
     assert tpot == pytest.approx(plain_tpot, rel=0.01)
     # 20 held iterations for every prompt but the opening pair (arriving to an idle engine)
     assert held_ttft - plain_ttft == pytest.approx(20 * tpot * 18 / 20, rel=0.15)
+
+
+def test_deepseeks_tensorrt_llm_token_budget_is_its_scripts_at_the_measurement_date():
+    """``max_num_tokens`` is the concurrency + ISL + 64 rounded up to 64; the scripts from
+    2026-01-21 raise it to at least 8,192, the slurm scripts before did not: at 1,024 tokens the
+    earlier points prefilled one prompt an iteration."""
+
+    def budget(system, measured, isl, concurrency):  # fmt: skip
+        p = point(model="deepseek-ai/DeepSeek-R1", system=system, backend="trtllm", tp=8,
+                  measured=measured, isl=isl, concurrency=concurrency)  # fmt: skip
+        return recipe(p).token_budget
+
+    assert budget("h200_sxm", "2025-11-02", 1024, 4) == 1152
+    assert budget("h200_sxm", "2025-11-02", 1024, 256) == 1344
+    assert budget("h200_sxm", "2025-11-02", 8192, 4) == 8320
+    assert budget("b200_sxm", "2025-11-02", 1024, 64) == 1152
+    assert budget("b200_sxm", "2026-01-29", 1024, 4) == 8192
+    assert budget("b200_sxm", "2026-01-29", 8192, 64) == 8320

@@ -121,10 +121,12 @@ def _trtllm(p: Point, family: str) -> Recipe | None:
     1,024 on TP 4). Llama's scripts leave the fraction at TensorRT-LLM's default."""
     gpu = "b200" if p.system == "b200_sxm" else "h200"
     if family.startswith("deepseek"):
-        # max_num_tokens: the concurrency + ISL + 64, rounded up to 64, at least 8,192
-        tokens = max(8192, (p.concurrency + p.isl + 64 + 63) // 64 * 64)
+        # max_num_tokens: the concurrency + ISL + 64, rounded up to 64; at least 8,192 in the
+        # scripts from 2026-01-21 (InferenceX 64af5a771), not in the slurm scripts before
+        tokens = (p.concurrency + p.isl + 64 + 63) // 64 * 64
         if gpu == "b200" and p.measured >= "2026-01-01":
             script = "benchmarks/dsr1_fp8_b200_trt.sh@ec7bafaae"
+            tokens = max(8192, tokens)
             deepgemm = p.isl == 1024 and p.osl == 8192 and p.concurrency >= 256
             moe = "deepgemm" if deepgemm else FLASHINFER_TRTLLM  # TensorRT-LLM's own kernels
             fraction = 0.7 if deepgemm else 0.75 if p.isl == 8192 and p.tp == 4 else 0.8
