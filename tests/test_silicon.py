@@ -18,6 +18,7 @@ from simlab.experiments.silicon import (
     requests_of,
     simulate,
     spec_of,
+    version_for,
 )
 from simlab.experiments.silicon_fit import at, cross_validate
 from simlab.experiments.silicon_recipes import Recipe, recipe
@@ -164,3 +165,22 @@ def test_deepseeks_tensorrt_llm_token_budget_is_its_scripts_at_the_measurement_d
     assert budget("b200_sxm", "2025-11-02", 1024, 64) == 1152
     assert budget("b200_sxm", "2026-01-29", 1024, 4) == 8192
     assert budget("b200_sxm", "2026-01-29", 8192, 64) == 8320
+
+
+def test_a_point_runs_on_the_measured_version_closest_to_the_one_it_ran():
+    """The csv's version, else the image of the workflow that measured it (InferenceX ran
+    vLLM 0.10.2 and TensorRT-LLM 1.1.0rc2.post2 in October 2025): the newest measured at or
+    below it, else the oldest above; never a development build; a nightly takes the newest."""
+    have = tables.versions("h100_sxm", "vllm")
+    assert any(".dev" in v for v in have)  # 0.1.dev..., which orders below every release
+    llama = point(version="nan", system="h100_sxm")
+    assert recipe(llama).image_version == "0.10.2"
+    releases = [v for v in have if ".dev" not in v]
+    assert version_for(llama) == releases[0]  # nothing measured at or below 0.10.2
+    assert version_for(point(version="99.0.0")) == releases[-1]
+    sglang = tables.versions("b200_sxm", "sglang")
+    deepseek = dict(model="deepseek-ai/DeepSeek-R1", system="b200_sxm", backend="sglang", tp=8)
+    older = point(version="0.5.6", **deepseek)
+    above = [v for v in sglang if tables.version_key(v) > tables.version_key("0.5.6")]
+    assert version_for(older) == above[0] != sglang[-1]
+    assert version_for(point(version="nightly-dev", **deepseek)) == sglang[-1]

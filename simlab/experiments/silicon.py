@@ -184,11 +184,16 @@ def _uncovered(row: Any) -> str:
 
 
 def version_for(point: Point) -> str | None:
-    """The newest measured version of the point's backend at or below its own."""
-    have = tables.versions(point.system, point.backend)
-    below = [v for v in have if tables.version_key(v) <= tables.version_key(point.version)]
-    pick = below or list(have)
-    return pick[-1] if pick else None
+    """The measured version of the point's backend closest to the one it ran (the csv's, else
+    its workflow's image, :attr:`Recipe.image_version`): the newest at or below it, else the
+    oldest above. Development builds (``.dev``) have no place in that order and are not
+    picked; a version that is not a number (SGLang's nightly builds) takes the newest."""
+    have = [v for v in tables.versions(point.system, point.backend) if ".dev" not in v]
+    ran = point.version if point.version[:1].isdigit() else recipe(point).image_version
+    if not have or ran is None:
+        return have[-1] if have else None
+    below = [v for v in have if tables.version_key(v) <= tables.version_key(ran)]
+    return below[-1] if below else have[0]
 
 
 def requests_of(point: Point, seed: int = 0) -> list[Request]:

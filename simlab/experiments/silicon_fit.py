@@ -96,7 +96,7 @@ def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
         }
     rows = [
         p.__dict__
-        | {"version_used": version_for(p)}  # the csv's version, else the newest measured below
+        | {"version_used": version_for(p)}  # the measured version closest to the one it ran
         | {"recipe": recipe(p).source}  # the InferenceX script its flags come from
         | {"kv_cache": {1: "fp8", 2: "bf16"}[recipe(p).kv_dtype_bytes]}
         | {"kv_pool": None if (pool := pool_of(p)) is None else pool.row()}

@@ -40,6 +40,11 @@ if TYPE_CHECKING:
     from simlab.experiments.silicon import Point
 
 
+#: the images of InferenceX's October-November 2025 workflows (``70b-tmpl.yml`` at 9596d23d7^,
+#: ``dsr1-tmpl.yml`` at e06929c70): the points of that time, whose csv rows give no version
+VLLM_2025 = "0.10.2"  # vllm/vllm-openai:v0.10.2
+TRTLLM_2025 = "1.1.0rc2.post2"  # nvcr.io/nvidia/tensorrt-llm/release:1.1.0rc2.post2
+
 #: TensorRT-LLM's generated MoE kernels, as FlashInfer wraps them (SGLang's
 #: ``--moe-runner-backend flashinfer_trtllm``, TensorRT-LLM's ``moe_config.backend: TRTLLM``)
 FLASHINFER_TRTLLM = "flashinfer_trtllm"
@@ -59,6 +64,9 @@ class Recipe:
     #: the KV pool's share of memory: SGLang's --mem-fraction-static, TensorRT-LLM's
     #: free_gpu_memory_fraction, vLLM's --gpu-memory-utilization (None: the engine's default)
     memory_fraction: float | None = None
+    #: the engine version of the image the workflow ran, for the points whose csv row gives
+    #: none (None: the csv's)
+    image_version: str | None = None
 
     def overrides(self, concurrency: int) -> list[str]:
         """The ``engine.*`` overrides the point is simulated with."""
@@ -136,12 +144,13 @@ def _trtllm(p: Point, family: str) -> Recipe | None:
             return Recipe(script, tokens, 1, 0, 0.0, 1, moe, fraction)
         slurm = f"benchmarks/dsr1_fp8_{gpu}_trt_slurm.sh@17d5e204f"
         moe = "deepgemm" if gpu == "b200" else "cutlass"
-        return Recipe(slurm, tokens, 1, 0, 0.0, 1, moe, 0.8 if gpu == "b200" else 0.75)
+        fraction = 0.8 if gpu == "b200" else 0.75
+        return Recipe(slurm, tokens, 1, 0, 0.0, 1, moe, fraction, TRTLLM_2025)
     if family.startswith("llama-3.1-70b"):
         script = f"benchmarks/70b_fp8_{gpu}_trt_slurm.sh@9596d23d7^"
-        if p.isl == p.osl == 1024 and p.tp < 8:
-            return Recipe(script, 16384, 1, 20, 0.9, 1)  # wait 20 iters / 0.9; FP8 KV
-        return Recipe(script, 16384, kv_dtype_bytes=1)
+        if p.isl == p.osl == 1024 and p.tp < 8:  # wait 20 iters / 0.9; FP8 KV
+            return Recipe(script, 16384, 1, 20, 0.9, 1, image_version=TRTLLM_2025)
+        return Recipe(script, 16384, kv_dtype_bytes=1, image_version=TRTLLM_2025)
     return None
 
 
@@ -151,4 +160,4 @@ def _vllm(p: Point, family: str) -> Recipe | None:
     where = {"b200_sxm": "b200_docker", "h100_sxm": "h100_slurm", "h200_sxm": "h200_slurm"}
     # config.yaml: ``kv-cache-dtype: fp8``; ``--gpu-memory-utilization 0.9``
     script = f"benchmarks/70b_fp8_{where[p.system]}.sh@9596d23d7^"
-    return Recipe(script, kv_dtype_bytes=1, memory_fraction=0.9)
+    return Recipe(script, kv_dtype_bytes=1, memory_fraction=0.9, image_version=VLLM_2025)
