@@ -61,6 +61,15 @@ class MemoryChecked(Protocol):
 
 
 @runtime_checkable
+class Overheads(Protocol):
+    """An engine whose latencies include the engine's own overheads (the timed engines):
+    :meth:`overheads_caveat` says when they are all zero, the defaults, which no run should
+    read as measured."""
+
+    def overheads_caveat(self) -> str | None: ...
+
+
+@runtime_checkable
 class Replicated(Protocol):
     """An engine of several replicas (:class:`simlab.engines.cluster.engine.ClusterEngine`): ``step`` serves
     the first and ``fresh_step()`` builds each other replica's step."""

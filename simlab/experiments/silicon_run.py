@@ -90,6 +90,16 @@ def claim(out: Path, overwrite: bool) -> dict[str, Sims]:
     return done
 
 
+def quiet(level: int = logging.WARNING) -> None:
+    """A replay's logging (each worker's too): the run's level, without the zero-overhead
+    caveat every point's plan gives (the points run at zero overhead by design: the fit adds
+    the overheads)."""
+    logging.basicConfig(level=level, format="%(message)s")
+    logging.getLogger("simlab.run.plan").addFilter(
+        lambda record: not record.getMessage().startswith("engine overheads are 0")
+    )
+
+
 def both(point: Point) -> tuple[str, Sims]:
     """The point's (TTFT, TPOT) at iteration overheads 0 and :data:`PROBE_S`."""
     return point.id, [list(simulate(point, 0.0)), list(simulate(point, PROBE_S))]
@@ -117,7 +127,7 @@ def replay(pts: list[Point], out: Path, jobs: int, overwrite: bool) -> np.ndarra
         elif todo:
             # spawn: each worker imports simlab afresh (no forked numba or Hydra state)
             context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            with ProcessPoolExecutor(jobs, context, quiet, (logging.getLogger().level,)) as pool:
                 for future in as_completed([pool.submit(both, p) for p in todo]):
                     keep(*future.result())
     return np.array([done[p.id] for p in pts], dtype=float)
@@ -159,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1 (got {args.jobs})")
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    quiet()
     for name in ("traces.progress", __name__):
         logging.getLogger(name).setLevel(logging.INFO)  # progress now and then, and resumes
     try:

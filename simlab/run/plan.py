@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from simlab.config import ClusterSettings, ConfigError, RunSettings, run_settings, selected_policies
-from simlab.engines.base import Engine, MemoryChecked
+from simlab.engines.base import Engine, MemoryChecked, Overheads
 from simlab.engines.step import RequestStep
 from simlab.engines.tuning.settings import TuningSettings
 from simlab.model.spec import ModelSpec
@@ -86,6 +86,10 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     out_dir = output_dir(cfg)
     check_writable(out_dir)
     config = saved_config(cfg)
+    overheads = engine.overheads_caveat() if isinstance(engine, Overheads) else None
+    if overheads:  # in summary.json and on the report's cost-model note
+        log.warning("%s", overheads)
+        config["engine_overheads"] = overheads
     if configured.source:  # model=hf: what its config.json resolved to, in summary.json
         config["model_resolved"] = configured.config_fields()
     if model.kv_bytes_per_token != configured.kv_bytes_per_token:  # engine.tp copies the KV

@@ -59,6 +59,10 @@ class ClusterEngine:
         """Each replica holds the model as the single engine does."""
         return self.engine.held(model)
 
+    def overheads_caveat(self) -> str | None:
+        """Each replica's: the single engine's."""
+        return self.engine.overheads_caveat()
+
     def check_memory(self, model: Any, cache_gb: float, reserve: bool = True) -> None:
         """Each replica is one GPU (x tp) with its own cache: the single engine's check."""
         self.engine.check_memory(model, cache_gb, reserve)

@@ -125,6 +125,18 @@ class TimedEngine(TimedSettings):
         )
         return held
 
+    def overheads_caveat(self) -> str | None:
+        """The caveat of a run whose engine overheads are all zero (the defaults): its
+        latencies leave out the engine's CPU time and its API server (None: one is set)."""
+        terms = self._terms
+        if terms.iteration_overhead_s or terms.sequence_overhead_s or self.request_overhead_s:
+            return None
+        return (
+            "engine overheads are 0 (engine.costs.iteration_overhead_s, "
+            "engine.request_overhead_s): the latencies leave out the engine's CPU time and its "
+            f"API server; {self.backend}'s fitted values: docs/validation/silicon.md"
+        )
+
     def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None:
         """``tp`` splits ``model``'s heads evenly (:func:`simlab.cost.shapes.check_tp`), and the
         pool + weights must fit the GPUs' memory (``hardware.mem_gb`` x ``tp``;

@@ -41,9 +41,15 @@ class TimedSettings:
     #: TensorRT-LLM's batch_wait_timeout_iters and batch_wait_max_tokens_ratio
     batch_wait_iters: int = 0
     batch_wait_tokens_ratio: float = 0.0
+    #: seconds from a request's send to the engine's queue (the API server, tokenisation): on
+    #: its TTFT and latency, beside the GPU (:meth:`TimedWorld.submit`)
+    request_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         self._check_counts()
+        overhead = self.request_overhead_s
+        if isinstance(overhead, bool) or not (isinstance(overhead, int | float) and overhead >= 0):
+            raise ValueError(f"engine.request_overhead_s must be >= 0 (seconds), got {overhead!r}")
         shared = self.kv_pool == "shared"  # one budget: the cache alone may be the whole pool
         if not self.running_memory_gb >= 0:  # 0 separate: vLLM's pool (TimedEngine.check_memory)
             least = ">= 0 with kv_pool=shared" if shared else "> 0 (or 0 on vLLM's block pool)"

@@ -158,8 +158,19 @@ class TimedWorld:
         self._open_sources -= 1
 
     def submit(self, job: Job) -> Job:
-        """Queue a job (FCFS) and wake the GPU."""
+        """Queue a job (FCFS) and wake the GPU; with ``engine.request_overhead_s``, that long
+        after its send (its ``arrival``, from which its TTFT counts)."""
         self.stats.first_arrival = min(self.stats.first_arrival, self.env.now)
+        if self.settings.request_overhead_s:
+            self.env.process(self._front_end(job))
+            return job
+        return self._enqueue(job)
+
+    def _front_end(self, job: Job) -> Generator[Any, Any, None]:
+        yield self.env.timeout(self.settings.request_overhead_s)
+        self._enqueue(job)
+
+    def _enqueue(self, job: Job) -> Job:
         if self.intake.holds_arrivals:
             self.intake.inbox.append(job)
         else:
