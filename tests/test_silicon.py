@@ -20,7 +20,7 @@ from simlab.experiments.silicon import (
     spec_of,
     version_for,
 )
-from simlab.experiments.silicon_fit import at, cross_validate
+from simlab.experiments.silicon_fit import at, cross_validate, folds
 from simlab.experiments.silicon_recipes import Recipe, recipe
 from simlab.run.plan import plan_run
 from simlab.run.policy import policy_step
@@ -184,3 +184,25 @@ def test_a_point_runs_on_the_measured_version_closest_to_the_one_it_ran():
     above = [v for v in sglang if tables.version_key(v) > tables.version_key("0.5.6")]
     assert version_for(older) == above[0] != sglang[-1]
     assert version_for(point(version="nightly-dev", **deepseek)) == sglang[-1]
+
+
+def test_one_architecture_is_held_out_as_one_model():
+    """DeepSeek-V3 and R1 share their config but for the name, and the csv gives most of V3's
+    points R1's very measurements: they leave the fit together, each other model alone."""
+    pts, _ = points(tables.systems_dir() / "silicon_sample.csv")
+    r1 = {(p.system, p.backend, p.tp, p.concurrency, p.isl, p.osl, p.ttft_ms)
+          for p in pts if p.model == "deepseek-ai/DeepSeek-R1"}  # fmt: skip
+    v3 = [p for p in pts if p.model == "deepseek-ai/DeepSeek-V3"]
+    copies = [p for p in v3 if (p.system, p.backend, p.tp, p.concurrency, p.isl, p.osl, p.ttft_ms) in r1]  # fmt: skip
+    assert len(copies) > len(v3) / 2
+    fold = folds({p.model for p in pts})
+    assert fold["deepseek-ai/DeepSeek-V3"] == fold["deepseek-ai/DeepSeek-R1"]
+    assert len(set(fold.values())) == len(fold) - 1
+    sims = np.zeros((len(pts), 2, 2))
+    cv = cross_validate(pts, sims)
+    deepseek = "without deepseek-ai/DeepSeek-R1 + deepseek-ai/DeepSeek-V3"
+    assert set(cv["overheads"]["trtllm"]) == {
+        "in_sample",
+        deepseek,
+        "without meta-llama/Llama-3.1-70B",
+    }
