@@ -233,6 +233,33 @@ def summarise(rows: list[dict[str, Any]], wall_s: float, skipped: dict[str, int]
     return result | {"rows": rows}
 
 
+def simlab_on(rows: list[dict[str, Any]], validation: dict[str, Any]) -> dict[str, Any]:
+    """simlab's errors (``python -m simlab.validate silicon``'s ``validation.json``) on each
+    variant's estimated points: TTFT and TPOT MAPE (median) held out and in sample, overall,
+    by engine and for the hybrid Qwen3.5."""
+    mine = {r["id"]: r for r in validation["rows"]}
+
+    def errors(ids: list[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {"points": len(ids)}
+        for m in ("ttft", "tpot"):
+            for fit in ("held_out", "in_sample"):
+                e = np.array([abs(mine[i][f"{m}_ms_{fit}"] / mine[i][f"{m}_ms"] - 1) for i in ids])
+                out[f"{m}_mape_{fit}"] = float(e.mean()) if len(e) else None
+                out[f"{m}_median_{fit}"] = float(np.median(e)) if len(e) else None
+        return out
+
+    result = {}
+    for variant in VARIANTS:
+        ok = [r for r in rows if "error" not in r[variant] and r["id"] in mine]
+        groups = {"overall": [r["id"] for r in ok]}
+        for r in ok:
+            groups.setdefault(r["backend"], []).append(r["id"])
+            if "Qwen3.5" in r["model"]:
+                groups.setdefault("hybrid Qwen3.5", []).append(r["id"])
+        result[variant] = {k: errors(v) for k, v in groups.items()}
+    return result
+
+
 def write(out: Path, result: dict[str, Any]) -> Path:
     """``out/silicon_peer.json``, written to a temporary file and renamed (atomic)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -279,7 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", required=True, type=Path, help="writes DIR/silicon_peer.json")
     parser.add_argument("--limit", type=int, default=None, help="the first N points only")
+    parser.add_argument(
+        "--validation",
+        type=Path,
+        default=None,
+        help="simlab's validation.json (python -m simlab.validate silicon): its errors on the "
+        "same points beside the peer's",
+    )
     args = parser.parse_args(argv)
+    if args.validation is not None and not args.validation.is_file():
+        parser.error(f"--validation {args.validation}: no such file")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)  # progress every 50 points
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)  # per-load warnings
@@ -292,8 +328,18 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = run(pts, frame)
     result = summarise(rows, time.perf_counter() - t0, skipped)
+    if args.validation is not None:
+        result["simlab_on_same_points"] = simlab_on(rows, json.loads(args.validation.read_text()))
     path = write(args.out, result)
     print("\n".join(lines(result)))
+    for variant, groups in result.get("simlab_on_same_points", {}).items():
+        for key, g in groups.items():
+            print(
+                f"simlab on {variant}'s {key} ({g['points']}): TTFT held out "
+                f"{_pct(g['ttft_mape_held_out'])} ({_pct(g['ttft_median_held_out'])}), in sample "
+                f"{_pct(g['ttft_mape_in_sample'])}; TPOT held out {_pct(g['tpot_mape_held_out'])}"
+                f" ({_pct(g['tpot_median_held_out'])}), in sample {_pct(g['tpot_mape_in_sample'])}"
+            )
     print(f"wall {result['wall_s']:.0f} s; written {path}")
     return 0
 

@@ -41,3 +41,31 @@ def test_a_version_aiconfigurator_does_not_query_takes_the_closest_slot_above():
     pts, _ = points(root / "silicon_sample.csv")
     old = next(p for p in pts if p.backend == "sglang" and p.version == "0.5.9")
     assert silicon_peer.slot_version(old) == "0.5.14"
+
+
+def test_simlabs_errors_are_taken_on_the_points_the_peer_estimated_only(tmp_path, capsys):
+    """``--validation``: simlab's held-out and in-sample errors on each variant's estimated
+    points, joined by id; a point the peer failed on does not count."""
+    root = tables.systems_dir()
+    assert root is not None
+    pts, _ = points(root / "silicon_sample.csv")
+    rows = [
+        {"id": p.id, "ttft_ms": 100.0, "tpot_ms": 10.0, "ttft_ms_held_out": 100.0 + 10 * i,
+         "tpot_ms_held_out": 10.0, "ttft_ms_in_sample": 100.0, "tpot_ms_in_sample": 12.0}
+        for i, p in enumerate(pts[:3])
+    ]  # fmt: skip
+    validation = tmp_path / "validation.json"
+    validation.write_text(json.dumps({"rows": rows}))
+    assert silicon_peer.main(["--out", str(tmp_path), "--limit", "3", "--validation", str(validation)]) == 0  # fmt: skip
+    result = json.loads((tmp_path / "silicon_peer.json").read_text())
+    estimated = [i for i, r in enumerate(result["rows"]) if "error" not in r["primary"]]
+    assert estimated  # the check needs a point the peer estimated
+    ours = result["simlab_on_same_points"]["primary"]["overall"]
+    assert ours["points"] == len(estimated)
+    assert ours["ttft_mape_held_out"] == pytest.approx(
+        sum(0.1 * i for i in estimated) / len(estimated)
+    )
+    assert ours["tpot_mape_in_sample"] == pytest.approx(0.2)
+    assert "simlab on primary's overall" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        silicon_peer.main(["--out", str(tmp_path), "--validation", str(tmp_path / "none.json")])
