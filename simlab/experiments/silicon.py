@@ -1,5 +1,6 @@
-"""The measured serving points ``python -m simlab.validate silicon`` replays, and one point's
-replay: the timed engine against NVIDIA's measured end-to-end serving points (``silicon_sample.csv`` in aiconfigurator-core).
+"""The measured serving points ``python -m simlab.validate silicon`` replays
+(``silicon_sample.csv`` in aiconfigurator-core: NVIDIA's end-to-end measurements), and one
+point's replay in the timed engine.
 
 Each point (one model on one GPU type with one engine and version, its tensor-parallel degree,
 concurrency ``C`` and input / output lengths) is replayed in the timed engine the way it was
@@ -9,7 +10,7 @@ measured: InferenceX's client (``benchmark_serving.py --dataset-name random
 :data:`PROMPTS_PER_SLOT` x ``C`` requests of fresh random tokens (no prefix reuse), input and
 output lengths drawn uniformly from ``[int(0.8 isl), isl]`` and ``[int(0.8 osl), osl]``, all
 ready at time 0 with at most ``C`` in flight (:class:`~simlab.engines.timed.feeders.ConcurrencyFeeder`),
-on measured kernels of that GPU, backend and version (the newest measured at or below it),
+on measured kernels of that GPU, backend and version (the closest measured: :func:`version_for`),
 with its server's flags (InferenceX's launch script: :mod:`simlab.experiments.silicon_recipes`),
 its requests admitted against its KV pool as its engine sizes and fills it
 (:mod:`simlab.experiments.silicon_memory`).
