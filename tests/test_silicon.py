@@ -206,3 +206,25 @@ def test_one_architecture_is_held_out_as_one_model():
         deepseek,
         "without meta-llama/Llama-3.1-70B",
     }
+
+
+def test_the_runs_of_speculative_decoding_configs_are_counted_not_replayed():
+    """The csv does not mark InferenceX's MTP runs. Two are known by their image and date:
+    DeepSeek-R1 FP8 on B200 with TensorRT-LLM 1.2.0rc6.post3 on 2026-02-05 (its non-MTP config
+    ran 1.2.0rc6.post2) and Qwen3.5 FP8 on B200 with SGLang v0.5.9-cu130 on 2026-03-20 (its
+    non-MTP config ran v0.5.9-cu129-amd64). They decode several tokens a step, which the replay
+    does not model."""
+    from simlab.experiments.silicon_recipes import speculative
+
+    source = "model=x; silicon_concurrency=4; measured=2026-02-05T19:55:05Z; image=nvcr.io#nvidia/tensorrt-llm/release:1.2.0rc6.post3"  # fmt: skip
+    assert speculative("deepseek-ai/DeepSeek-R1", "b200_sxm", "trtllm", "fp8", source)
+    assert not speculative("deepseek-ai/DeepSeek-R1", "b200_sxm", "trtllm", "fp8",
+                           source.replace("post3", "post2"))  # fmt: skip
+    assert not speculative("deepseek-ai/DeepSeek-R1", "b200_sxm", "trtllm", "fp8",
+                           source.replace("02-05", "02-06"))  # fmt: skip
+    pts, skipped = points(tables.systems_dir() / "silicon_sample.csv")
+    assert skipped["speculative decoding (an InferenceX MTP config's run)"] == 78
+    assert not any(
+        p.measured in ("2026-02-05", "2026-03-20") for p in pts if p.system == "b200_sxm"
+    )
+    assert any(p.measured == "2026-01-29" and p.backend == "trtllm" for p in pts)  # its non-MTP run

@@ -44,7 +44,7 @@ from simlab.cost.shapes import check_tp, on_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import ConcurrencyFeeder
 from simlab.experiments.silicon_memory import KvPool, admission, aic_model, kv_pool
-from simlab.experiments.silicon_recipes import recipe
+from simlab.experiments.silicon_recipes import recipe, speculative
 from simlab.model.hf import model_spec
 from simlab.model.spec import ModelSpec
 from simlab.run.plan import plan_run
@@ -170,6 +170,16 @@ def _uncovered(row: Any) -> str:
         (row.precision not in DTYPE_BYTES, f"precision {row.precision}"),
         (row.system not in PRESETS, f"GPU {row.system} has no preset"),
         ("silicon_concurrency=" not in str(row.silicon_data_source), "no concurrency"),
+        (
+            speculative(
+                str(row.model_path),
+                str(row.system),
+                str(row.backend),
+                str(row.precision),
+                str(row.silicon_data_source),
+            ),
+            "speculative decoding (an InferenceX MTP config's run)",
+        ),
     )
     for bad, why in checks:
         if bad:

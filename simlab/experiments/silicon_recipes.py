@@ -20,6 +20,10 @@ MoE table's kernel (``engine.moe_kernel``, :mod:`simlab.cost.measured.moe_kernel
 fraction (SGLang's ``--mem-fraction-static``, TensorRT-LLM's ``free_gpu_memory_fraction``,
 vLLM's ``--gpu-memory-utilization``) the KV pool (:mod:`simlab.experiments.silicon_memory`).
 
+Two runs among the csv's aggregated points are of InferenceX's speculative-decoding (MTP)
+configs, which the csv does not mark (:data:`SPECULATIVE_RUNS`); they are counted, not
+replayed.
+
 What each script sets is in :func:`recipe`, with the script and commit it was read from (each
 validated row carries it as ``recipe``). Two flags are not applied:
 
@@ -91,6 +95,30 @@ def _sglang_blackwell(script: str, p: Point) -> Recipe:
         return Recipe(script, 8192, 10, 0, 0.0, kv, FLASHINFER_TRTLLM, 0.95)
     interval = 30 if p.concurrency >= 16 else 10
     return Recipe(script, 32768, interval, 0, 0.0, kv, FLASHINFER_TRTLLM, 0.82)
+
+
+#: the runs of InferenceX's speculative-decoding (MTP) configs among the csv's aggregated points,
+#: which the csv does not mark: (model, GPU, engine, precision, the image's tag, the measurement
+#: date). Each run's measurement time is the moment the commit that triggered it was merged,
+#: and that commit changed the ``-mtp`` config alone; the image ran in no other config of the
+#: model then (``.github/configs/nvidia-master.yaml``)
+SPECULATIVE_RUNS = {
+    # 5d517074c "dsr1 fp8 b200 trt agg mtp update" (2026-02-05 19:55 UTC):
+    # dsr1-fp8-b200-trt-mtp on release:1.2.0rc6.post3; dsr1-fp8-b200-trt ran 1.2.0rc6.post2
+    ("deepseek-ai/DeepSeek-R1", "b200_sxm", "trtllm", "fp8", "1.2.0rc6.post3", "2026-02-05"),
+    # 35d4bb367 "Add Qwen3.5 FP8 B200 SGLang MTP config" (2026-03-20 22:08 UTC):
+    # qwen3.5-fp8-b200-sglang-mtp on v0.5.9-cu130; qwen3.5-fp8-b200-sglang ran v0.5.9-cu129-amd64
+    ("Qwen/Qwen3.5-397B-A17B", "b200_sxm", "sglang", "fp8", "v0.5.9-cu130", "2026-03-20"),
+}
+
+
+def speculative(model: str, system: str, backend: str, precision: str, source: str) -> bool:
+    """Whether a csv row (its columns and ``silicon_data_source``) is a run of one of
+    InferenceX's speculative-decoding configs (:data:`SPECULATIVE_RUNS`)."""
+    fields = dict(part.strip().split("=", 1) for part in source.split(";") if "=" in part)
+    tag = fields.get("image", "").rsplit(":", 1)[-1]
+    date = fields.get("measured", "")[:10]
+    return (model, system, backend, precision, tag, date) in SPECULATIVE_RUNS
 
 
 def recipe(p: Point) -> Recipe:
