@@ -6,7 +6,8 @@ axis of its grid, each line of measured points along that axis (the other axes f
 alternate interior points held back; each is predicted from its two kept neighbours exactly as
 :mod:`simlab.cost.measured.interpolate` predicts an unmeasured shape (the log efficiency against
 the table's roofline reference, linear in log shape, clamped to the neighbours), and compared
-with its measurement. Prints the median and P90 of
+with its measurement (the tables as measured: their GEMM spikes kept, not taken at their fit
+as a run takes them). Prints the median and P90 of
 ``|predicted / measured - 1|`` per class and the points behind them, and the table's own
 scatter between shapes that do the same work (:mod:`simlab.cost.measured.noise`), a floor under
 that error. ``moe_shape``: each measured MoE model left out and timed from the nearest other
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             f"heldout: error: --backend {args.backend} has no tables on {args.gpu}", file=sys.stderr
         )
         return 2
-    result = report(Kernels(args.gpu, args.backend, version, args.dtype))
+    result = report(Kernels(args.gpu, args.backend, version, args.dtype, despike=False))
     print(f"{args.gpu} {args.backend} {version} {args.dtype}: held-out error, alternate shapes")
     for cls, row in result.items():
         floor = f"  table noise P90 {100 * row['noise_p90']:4.1f}%" if "noise_p90" in row else ""

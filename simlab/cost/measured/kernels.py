@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from simlab.cost.measured import moe_kernel, reference, tables, transfer
+from simlab.cost.measured import moe_kernel, noise, reference, tables, transfer
 from simlab.cost.measured.interpolate import Curve, Grid
 from simlab.cost.measured.moe_kernel import MOE_COLUMNS
 from simlab.cost.measured.reference import Roofline
@@ -91,6 +91,9 @@ class Kernels:
     local: Path | None = None  # tables gpu_validate wrote (``engine.kernel_tables``)
     kv_dtype: str = "bf16"  # the KV cache's: the attention rows (:data:`KV_ROWS`)
     moe_kernel: str | None = None  # the fused MoE's kernel (:mod:`.moe_kernel`; None: the table's)
+    #: GEMM spikes taken at their fit (:func:`.noise.despike_gemm`); the held-out check reads
+    #: the tables as measured
+    despike: bool = True
     _grids: dict[Any, Grid | None] = field(default_factory=dict, init=False, repr=False)
     #: the MoE shapes the table lacks, timed so far: each with the version whose table has it,
     #: else the measured shape that timed it (:meth:`lent`)
@@ -98,6 +101,8 @@ class Kernels:
     transfers: dict[tuple[int, ...], tuple[int, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
+    #: the GEMM table's spikes taken at their fit: ``{"<dtype> <version>": rows}``
+    gemm_spikes: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     #: the MoE shapes whose ``moe_kernel`` the table lacks: where that kernel's rows came from
     moe_kernels: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
 
@@ -145,6 +150,15 @@ class Kernels:
     def _gemm_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         dtype = tables.DTYPES[self.dtype]["gemm"]
         frame = tables.kernel_rows(tables.rows(path, (("gemm_dtype", dtype),)))
+        if self.despike:
+            frame, spikes = noise.despike_gemm(frame)
+            if spikes:
+                self.gemm_spikes[f"{dtype} {path.parent.name}"] = spikes
+                self._warn_once(
+                    f"{spikes} weight-bound rows of the {dtype} GEMM table "
+                    f"({path.parent.name}) are over {noise.SPIKE:g}x their line's fit, "
+                    "measurement spikes: taken at the fit (summary.json kernels.gemm_spikes)"
+                )
         roofline = self._roofline(reference.gemm(self.dtype), self.dtype)
         return _grid(frame, ["n", "k", "m"], 1.0, roofline)
 
@@ -359,10 +373,13 @@ class Kernels:
         family, table = TABLES["moe"]
         return (self.system, family, self.backend, version, table, self.local)
 
-    def lent(self) -> dict[str, dict[str, str]]:
-        """``moe_versions`` (a MoE shape the table lacks: the version whose table timed it) and
-        ``moe_shapes`` (one no version has: the measured shape that timed it), where any."""
-        out = {}
+    def lent(self) -> dict[str, dict[str, Any]]:
+        """``moe_versions`` (a MoE shape the table lacks: the version whose table timed it),
+        ``moe_shapes`` (one no version has: the measured shape that timed it) and
+        ``gemm_spikes`` (the GEMM rows taken at their fit), where any."""
+        out: dict[str, Any] = {}
+        if self.gemm_spikes:
+            out["gemm_spikes"] = dict(self.gemm_spikes)
         if self.moe_versions:
             out["moe_versions"] = {
                 transfer.label(s): v for s, v in sorted(self.moe_versions.items())

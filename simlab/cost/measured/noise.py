@@ -12,11 +12,15 @@ differently):
   ``sqrt(2)`` (one point's share, for independent scatter).
 
 MoE and all-reduce tables have no such shapes.
+
+:func:`despike_gemm` takes the weight-bound GEMM rows that stand far over their expected time
+(a measurement's spike, not a kernel's time) at that time before any interpolation.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +30,42 @@ from simlab.cost.measured.interpolate import Grid
 FLAT_ROWS = 16
 #: ... and their activations under this share of the weight
 FLAT_SHARE = 0.01
+#: a weight-bound GEMM row this many times its expected time is a spike: the rows of a clean
+#: table lie within 10% of it (``python -m simlab.cost.measured.heldout``'s noise)
+SPIKE = 1.25
+
+
+def despike_gemm(frame: Any) -> tuple[Any, int]:
+    """``frame`` (a GEMM table's rows of one kernel and dtype: ``n, k, m, latency``) with each
+    spike taken at its expected time, and how many there were.
+
+    The weight-bound rows (``m <= 16``, their activations under 1% of the weight) of an
+    ``n x k`` line read the same weight. Their log times are fitted as a line's level plus a
+    row count's offset shared by every line (Tukey's median polish, two sweeps): a kernel's
+    own step at some ``m`` (vLLM's FP8 kernels on Blackwell slower at one row, its block-scaled
+    ones faster at multiples of four) is in the offset, not a spike. A row over :data:`SPIKE`
+    times its fit is a measurement's spike (timing noise only adds) and takes the fit, on
+    lines of at least three such rows. Rows outside the weight-bound region are never touched
+    (their times rise with ``m`` in steps the kernels choose)."""
+    if frame.empty or not {"n", "k", "m", "latency"} <= set(frame.columns):
+        return frame, 0
+    n, k, m = (frame[c].to_numpy(dtype=float) for c in ("n", "k", "m"))
+    rows = frame[(m <= FLAT_ROWS) & (FLAT_ROWS * (n + k) < FLAT_SHARE * n * k)]
+    if rows.empty:
+        return frame, 0
+    log_t = np.log(rows["latency"].astype(float))
+    line = [rows["n"], rows["k"]]
+    offset = log_t * 0.0
+    for _ in range(2):
+        level = (log_t - offset).groupby(line).transform("median")
+        offset = (log_t - level).groupby(rows["m"]).transform("median")
+    fit = level + offset
+    spike = (log_t - fit > math.log(SPIKE)) & (log_t.groupby(line).transform("size") >= 3)
+    if not spike.any():
+        return frame, 0
+    out = frame.copy()
+    out.loc[spike[spike].index, "latency"] = np.exp(fit[spike])
+    return out, int(spike.sum())
 
 
 def gemm_scatter(grid: Grid) -> np.ndarray:
