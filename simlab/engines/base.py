@@ -62,11 +62,14 @@ class MemoryChecked(Protocol):
 
 @runtime_checkable
 class Overheads(Protocol):
-    """An engine whose latencies include the engine's own overheads (the timed engines):
-    :meth:`overheads_caveat` says when they are all zero, the defaults, which no run should
-    read as measured."""
+    """An engine whose latencies include the engine's own overheads and scheduling (the timed
+    engines): :meth:`overheads_caveat` says when the overheads are all zero, the defaults,
+    which no run should read as measured; :meth:`defaults_caveat` when its scheduling differs
+    from the modelled engine's defaults on the GPU."""
 
     def overheads_caveat(self) -> str | None: ...
+
+    def defaults_caveat(self) -> str | None: ...
 
 
 @runtime_checkable

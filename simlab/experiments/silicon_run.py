@@ -29,6 +29,7 @@ import numpy as np
 
 from simlab.config import ConfigError
 from simlab.cost.measured import tables
+from simlab.engines.timed import defaults
 from simlab.experiments.silicon import PROBE_S, Point, points, sample, simulate
 from simlab.experiments.silicon_fit import cross_validate, lines, summary
 from simlab.util.provenance import code_version
@@ -91,12 +92,15 @@ def claim(out: Path, overwrite: bool) -> dict[str, Sims]:
 
 
 def quiet(level: int = logging.WARNING) -> None:
-    """A replay's logging (each worker's too): the run's level, without the zero-overhead
-    caveat every point's plan gives (the points run at zero overhead by design: the fit adds
-    the overheads)."""
+    """A replay's logging (each worker's too): the run's level, without the two caveats every
+    point's plan gives by design (zero overheads: the fit adds them; the engine's defaults: each
+    point runs its server's flags)."""
     logging.basicConfig(level=level, format="%(message)s")
     logging.getLogger("simlab.run.plan").addFilter(
-        lambda record: not record.getMessage().startswith("engine overheads are 0")
+        lambda record: (
+            not record.getMessage().startswith("engine overheads are 0")
+            and not record.getMessage().endswith(defaults.SAID)
+        )
     )
 
 

@@ -145,8 +145,9 @@ def cost_model_note(config: dict[str, Any]) -> str:
     if not isinstance(engine.get("hardware"), dict):
         return ""
     note = _calibration_note(config)
-    if config.get("engine_overheads"):
-        note += f"; {config['engine_overheads']}"
+    for key in ("engine_overheads", "engine_defaults"):
+        if config.get(key):
+            note += f"; {config[key]}"
     if engine.get("kernels") == "measured" and engine["hardware"].get("system"):
         return note.replace(
             "Cost model: ", "Cost model: measured kernels first; ops without one: ", 1

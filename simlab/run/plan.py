@@ -86,10 +86,14 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     out_dir = output_dir(cfg)
     check_writable(out_dir)
     config = saved_config(cfg)
-    overheads = engine.overheads_caveat() if isinstance(engine, Overheads) else None
-    if overheads:  # in summary.json and on the report's cost-model note
-        log.warning("%s", overheads)
-        config["engine_overheads"] = overheads
+    if isinstance(engine, Overheads):  # in summary.json and on the report's cost-model note
+        for key, line in (
+            ("engine_overheads", engine.overheads_caveat()),
+            ("engine_defaults", engine.defaults_caveat()),
+        ):
+            if line:
+                log.warning("%s", line)
+                config[key] = line
     if configured.source:  # model=hf: what its config.json resolved to, in summary.json
         config["model_resolved"] = configured.config_fields()
     if model.kv_bytes_per_token != configured.kv_bytes_per_token:  # engine.tp copies the KV

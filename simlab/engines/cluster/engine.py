@@ -63,6 +63,10 @@ class ClusterEngine:
         """Each replica's: the single engine's."""
         return self.engine.overheads_caveat()
 
+    def defaults_caveat(self) -> str | None:
+        """Each replica's: the single engine's."""
+        return self.engine.defaults_caveat()
+
     def check_memory(self, model: Any, cache_gb: float, reserve: bool = True) -> None:
         """Each replica is one GPU (x tp) with its own cache: the single engine's check."""
         self.engine.check_memory(model, cache_gb, reserve)

@@ -26,6 +26,7 @@ from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
+from simlab.engines.timed import defaults
 from simlab.engines.timed.agents import closed_loop
 from simlab.engines.timed.feeders import session_feeder
 from simlab.engines.timed.load import load_verdict, steady_state
@@ -136,6 +137,11 @@ class TimedEngine(TimedSettings):
             "engine.request_overhead_s): the latencies leave out the engine's CPU time and its "
             f"API server; {self.backend}'s fitted values: docs/validation/silicon.md"
         )
+
+    def defaults_caveat(self) -> str | None:
+        """The caveat of a run whose scheduling differs from ``engine.backend``'s defaults on its
+        GPU (:mod:`simlab.engines.timed.defaults`; None: it agrees)."""
+        return defaults.caveat(self, self.backend, self.hardware.name, self.hardware.mem_gb)
 
     def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None:
         """``tp`` splits ``model``'s heads evenly (:func:`simlab.cost.shapes.check_tp`), and the

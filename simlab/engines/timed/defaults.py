@@ -1,0 +1,78 @@
+"""The scheduling defaults of the engine a timed run stands for (``engine.backend``) on its GPU,
+and the caveat of a run whose settings differ from them (:func:`caveat`).
+
+simlab's own defaults (``engine.token_budget=8192``, ``max_running=256``, ``batching=mixed``)
+are one engine's on one GPU. An engine sizes its defaults by the GPU's memory, as its code
+reads it at start-up:
+
+- vLLM (``EngineArgs.get_batch_defaults``, ``vllm/engine/arg_utils.py``): on a GPU of at
+  least 70 GiB that is not an A100, ``max_num_batched_tokens`` 8,192 for its OpenAI server and
+  16,384 for the ``LLM`` class, ``max_num_seqs`` 1,024; on the others 2,048 / 8,192 and 256.
+  Prefill chunks and decodes share an iteration (``batching=mixed``).
+- SGLang (``ServerArgs._handle_gpu_memory_settings``, ``python/sglang/srt/server_args.py``):
+  ``--chunked-prefill-size`` 2,048 under 35 GB, 4,096 under 60 GB, 8,192 under 160 GB and
+  16,384 above; its scheduler runs a prefill batch before the decodes
+  (``batching=prefill_first``) unless ``--enable-mixed-chunk``. Its ``--max-running-requests``
+  follows the KV pool's size and is not compared.
+- TensorRT-LLM (``BaseLlmArgs``, ``tensorrt_llm/llmapi/llm_args.py``): ``max_num_tokens``
+  8,192 and ``max_batch_size`` 2,048 on every GPU; context and generation requests share an
+  iteration.
+
+A run whose settings differ says so once, in one line naming the keys and the engine's values,
+and records it in ``summary.json`` (``config.engine_defaults``): its figures are simlab's
+scheduling on that engine's kernels, not the engine as it starts by default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: vLLM's large defaults need this much GPU memory (GiB) and a GPU that is not an A100
+VLLM_LARGE_GIB = 70
+#: SGLang's ``--chunked-prefill-size`` by GPU memory: (below this many GB, tokens)
+SGLANG_CHUNKS = ((35, 2048), (60, 4096), (160, 8192))
+SGLANG_LARGE_CHUNK = 16384
+#: TensorRT-LLM's ``max_num_tokens`` and ``max_batch_size``
+TRTLLM_TOKENS, TRTLLM_BATCH = 8192, 2048
+#: how the caveat ends
+SAID = "starts by default (docs/guides/engines.md#the-engines-own-defaults)"
+
+
+def defaults(backend: str, gpu: str, mem_gb: float) -> dict[str, tuple[Any, ...]]:
+    """``{engine key: the values the backend's defaults give it}`` on a GPU named ``gpu`` (a
+    hardware preset's name) of ``mem_gb`` of memory; several values where the engine has
+    several entry points (vLLM's server and ``LLM`` class)."""
+    if backend == "vllm":
+        large = mem_gb >= VLLM_LARGE_GIB and "a100" not in gpu.lower()
+        return {
+            "token_budget": (8192, 16384) if large else (2048, 8192),
+            "max_running": (1024,) if large else (256,),
+            "batching": ("mixed",),
+        }
+    if backend == "sglang":
+        chunk = next((c for below, c in SGLANG_CHUNKS if mem_gb < below), SGLANG_LARGE_CHUNK)
+        return {"token_budget": (chunk,), "batching": ("prefill_first",)}
+    if backend == "trtllm":
+        return {
+            "token_budget": (TRTLLM_TOKENS,),
+            "max_running": (TRTLLM_BATCH,),
+            "batching": ("mixed",),
+        }
+    return {}
+
+
+def caveat(settings: Any, backend: str, gpu: str, mem_gb: float) -> str | None:
+    """The line of a run whose ``settings`` (``engine.token_budget``, ``max_running``,
+    ``batching``) differ from ``backend``'s defaults on the GPU (None: they agree)."""
+    differ = []
+    for key, values in defaults(backend, gpu, mem_gb).items():
+        have = getattr(settings, key)
+        if have not in values:
+            theirs = " or ".join(str(v) for v in values)
+            differ.append(f"engine.{key}={have} ({backend}: {theirs})")
+    if not differ:
+        return None
+    return (
+        f"{backend}'s defaults on {gpu} differ: {', '.join(differ)}; the run schedules as "
+        f"set, not as {backend} {SAID}"
+    )

@@ -1,0 +1,70 @@
+"""The engines' own scheduling defaults on a GPU (:mod:`simlab.engines.timed.defaults`): a timed
+run whose settings differ from ``engine.backend``'s says so once and records it."""
+
+from __future__ import annotations
+
+import pytest
+
+from simlab.engines.timed.defaults import caveat, defaults
+from simlab.engines.timed.settings import TimedSettings
+from simlab.report.describe import cost_model_note
+from simlab.run.plan import plan_run
+from tests.fixtures import compose
+
+
+@pytest.mark.parametrize(
+    ("gpu", "mem_gb", "budget", "running"),
+    [
+        ("a100_40gb", 40, (2048, 8192), (256,)),
+        ("a100_80gb", 80, (2048, 8192), (256,)),  # vLLM keeps A100s on the small defaults
+        ("l40s", 48, (2048, 8192), (256,)),
+        ("h100_sxm", 80, (8192, 16384), (1024,)),
+        ("rtx_pro_6000_server", 96, (8192, 16384), (1024,)),
+    ],
+)
+def test_vllm_sizes_its_batch_by_the_gpus_memory_and_name(gpu, mem_gb, budget, running):
+    got = defaults("vllm", gpu, mem_gb)
+    assert got["token_budget"] == budget and got["max_running"] == running
+    assert got["batching"] == ("mixed",)
+
+
+@pytest.mark.parametrize(
+    ("mem_gb", "chunk"), [(24, 2048), (40, 4096), (48, 4096), (80, 8192), (141, 8192), (180, 16384)]
+)
+def test_sglang_chunks_by_the_gpus_memory_and_prefills_first(mem_gb, chunk):
+    got = defaults("sglang", "gpu", mem_gb)
+    assert got == {"token_budget": (chunk,), "batching": ("prefill_first",)}
+
+
+def test_trtllm_keeps_one_budget_everywhere():
+    for mem_gb in (40, 80, 180):
+        assert defaults("trtllm", "gpu", mem_gb) == {
+            "token_budget": (8192,),
+            "max_running": (2048,),
+            "batching": ("mixed",),
+        }
+
+
+def test_the_caveat_names_each_key_that_differs_and_nothing_when_they_agree():
+    simlab = TimedSettings()  # 8192 tokens, 256 running, mixed
+    assert caveat(simlab, "vllm", "a100_40gb", 40) is None  # vLLM's LLM class on an A100
+    line = caveat(simlab, "vllm", "h100_sxm", 80)
+    assert line is not None and "engine.max_running=256 (vllm: 1024)" in line
+    assert "token_budget" not in line and "batching" not in line
+    line = caveat(simlab, "sglang", "b200_sxm", 180)
+    assert line is not None
+    assert "engine.token_budget=8192 (sglang: 16384)" in line
+    assert "engine.batching=mixed (sglang: prefill_first)" in line
+    as_sglang = TimedSettings(token_budget=16384, batching="prefill_first")
+    assert caveat(as_sglang, "sglang", "b200_sxm", 180) is None
+
+
+def test_a_run_off_its_engines_defaults_says_so_once_and_records_it(caplog):
+    with caplog.at_level("WARNING"):
+        plan = plan_run(compose(["+policy=fifo", "engine=timed", "hardware=h100_sxm"]))
+    line = plan.config["engine_defaults"]
+    assert "engine.max_running=256 (vllm: 1024)" in line
+    assert [r.getMessage() for r in caplog.records].count(line) == 1
+    assert line in cost_model_note(plan.config)
+    agreeing = ["+policy=fifo", "engine=timed", "hardware=h100_sxm", "engine.max_running=1024"]
+    assert "engine_defaults" not in plan_run(compose(agreeing)).config
