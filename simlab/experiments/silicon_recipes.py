@@ -25,8 +25,17 @@ configs, which the csv does not mark (:data:`SPECULATIVE_RUNS`); they are counte
 replayed.
 
 What each script sets is in :func:`recipe`, with the script and commit it was read from (each
-validated row carries it as ``recipe``). Two flags are not applied:
+validated row carries it as ``recipe``). Three settings are not applied:
 
+- the overlapped loops: SGLang's overlap scheduler (its default; no script turns it off),
+  vLLM's ``async-scheduling: true`` (every Llama script) and TensorRT-LLM's overlap scheduler
+  (its PyTorch backend's default). ``engine.overlap`` models the first two, but SGLang's on a
+  hybrid only with a Mamba prefix cache these servers ran without (``--disable-radix-cache``),
+  and none on the prefix tree TensorRT-LLM's points run on. At zero overhead the loop changes
+  nothing that shows: Llama-3.1-70B on B200 with vLLM at TP 8, concurrency 4, 1,024 / 1,024
+  tokens replays at 34.5 ms TTFT and 6.85 ms TPOT either way, DeepSeek-R1 on H200 with SGLang
+  at 81.8 and 11.8. It would hide the fitted per-iteration overhead behind the GPU, and that
+  fit is at most 2 ms (:mod:`simlab.experiments.silicon_fit`).
 - ``--max-running-requests`` (128 on Blackwell): the csv has points above it (concurrency 256
   and 512) whose TTFT shows no such queue (DeepSeek-R1 on B200 at 1,024 / 8,192 tokens and
   concurrency 256: 1.8 s, where 128 running would make half the requests wait a whole
