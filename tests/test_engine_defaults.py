@@ -4,12 +4,15 @@ run whose settings differ from ``engine.backend``'s says so once and records it.
 from __future__ import annotations
 
 import pytest
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 
 from simlab.engines.timed.defaults import caveat, defaults
 from simlab.engines.timed.settings import TimedSettings
+from simlab.experiments.predict import predict
 from simlab.report.describe import cost_model_note
 from simlab.run.plan import plan_run
-from tests.fixtures import compose
+from tests.fixtures import CONFIGS, compose
 
 
 @pytest.mark.parametrize(
@@ -68,3 +71,22 @@ def test_a_run_off_its_engines_defaults_says_so_once_and_records_it(caplog):
     assert line in cost_model_note(plan.config)
     agreeing = ["+policy=fifo", "engine=timed", "hardware=h100_sxm", "engine.max_running=1024"]
     assert "engine_defaults" not in plan_run(compose(agreeing)).config
+
+
+def test_a_prediction_names_the_chunk_size_its_engine_would_use(caplog):
+    """``simlab.predict`` compares the settings a prefill depends on (the token budget and the
+    batching), not the running-request cap: on an H100 vLLM's server chunks at 8,192 as simlab
+    does, SGLang's scheduler prefills first, and both are said where they differ."""
+    def config(overrides: list[str]):
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            return hydra_compose(config_name="predict", overrides=overrides)
+
+    base = ["model=llama3_8b", "hardware=h100_sxm", "prefill=[1000]"]
+    assert predict(config(base))["engine_defaults"] is None  # max_running is not compared
+    with caplog.at_level("WARNING"):
+        line = predict(config([*base, "engine.backend=sglang", "engine.token_budget=4096"]))[
+            "engine_defaults"
+        ]
+    assert "engine.token_budget=4096 (sglang: 8192)" in line
+    assert "engine.batching=mixed (sglang: prefill_first)" in line
+    assert [r.getMessage() for r in caplog.records].count(line) == 1

@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 TOP_OPS = 4  # ops named per length in the printed table
+#: the scheduling settings a prefill's time depends on (compared with the engine's defaults)
+PREFILL_KEYS = ("token_budget", "batching")
 
 
 def lengths(cfg: DictConfig) -> tuple[list[int], int, int]:
@@ -229,6 +231,9 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     rows = measured_table.load(cfg, prefix, engine.tp)  # checked before any prediction
     models = None if rows is None else models_by_tp(cfg, rows, (engine, cost))
     scheduling = Scheduling.of(engine)
+    off_defaults = engine.defaults_caveat(PREFILL_KEYS)
+    if off_defaults:
+        log.warning("%s", off_defaults)
     runs = [prefill_iterations(prefix, n, batch, scheduling, cost.model.is_hybrid) for n in prefill]
     breakdowns = [summed(cost.breakdown(shape) for shape in run) for run in runs]
     totals = [prefill_seconds(cost, run) for run in runs]
@@ -258,6 +263,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         "batch": batch,
         "token_budget": cfg.engine.token_budget,  # null: chunked prefill off
         "batching": engine.batching,
+        # where those differ from engine.backend's own defaults on the GPU (null: they agree)
+        "engine_defaults": off_defaults,
         # SGLang's admission pass (request_admission=sglang, kv_pool=shared) and its cap
         "admission_passes": scheduling.passes,
         "max_prefill_tokens": engine.max_prefill_tokens if scheduling.passes else None,
@@ -367,6 +374,8 @@ def table(prediction: dict[str, Any]) -> str:
     kernels = prediction.get("kernels")
     if kernels:
         lines += kernel_lines(kernels)
+    if prediction.get("engine_defaults"):
+        lines.append(prediction["engine_defaults"])
     measured = prediction.get("measured_ops") or []
     if measured and not kernels:
         lines.append(

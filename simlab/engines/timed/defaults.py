@@ -61,11 +61,16 @@ def defaults(backend: str, gpu: str, mem_gb: float) -> dict[str, tuple[Any, ...]
     return {}
 
 
-def caveat(settings: Any, backend: str, gpu: str, mem_gb: float) -> str | None:
+def caveat(
+    settings: Any, backend: str, gpu: str, mem_gb: float, keys: tuple[str, ...] | None = None
+) -> str | None:
     """The line of a run whose ``settings`` (``engine.token_budget``, ``max_running``,
-    ``batching``) differ from ``backend``'s defaults on the GPU (None: they agree)."""
+    ``batching``; only ``keys`` where given) differ from ``backend``'s defaults on the GPU
+    (None: they agree)."""
     differ = []
     for key, values in defaults(backend, gpu, mem_gb).items():
+        if keys is not None and key not in keys:
+            continue
         have = getattr(settings, key)
         if have not in values:
             theirs = " or ".join(str(v) for v in values)

@@ -138,10 +138,12 @@ class TimedEngine(TimedSettings):
             f"API server; {self.backend}'s fitted values: docs/validation/silicon.md"
         )
 
-    def defaults_caveat(self) -> str | None:
-        """The caveat of a run whose scheduling differs from ``engine.backend``'s defaults on its
-        GPU (:mod:`simlab.engines.timed.defaults`; None: it agrees)."""
-        return defaults.caveat(self, self.backend, self.hardware.name, self.hardware.mem_gb)
+    def defaults_caveat(self, keys: tuple[str, ...] | None = None) -> str | None:
+        """The caveat of a run whose scheduling (``keys`` of it, where given) differs from
+        ``engine.backend``'s defaults on its GPU (:mod:`simlab.engines.timed.defaults`; None:
+        it agrees)."""
+        hw = self.hardware
+        return defaults.caveat(self, self.backend, hw.name, hw.mem_gb, keys)
 
     def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None:
         """``tp`` splits ``model``'s heads evenly (:func:`simlab.cost.shapes.check_tp`), and the
