@@ -49,7 +49,7 @@ def test_trtllm_keeps_one_budget_everywhere():
 
 
 def test_the_caveat_names_each_key_that_differs_and_nothing_when_they_agree():
-    simlab = TimedSettings()  # 8192 tokens, 256 running, mixed
+    simlab = TimedSettings(max_running=256)  # 8192 tokens, 256 running, mixed
     assert caveat(simlab, "vllm", "a100_40gb", 40) is None  # vLLM's LLM class on an A100
     line = caveat(simlab, "vllm", "h100_sxm", 80)
     assert line is not None and "engine.max_running=256 (vllm: 1024)" in line
@@ -58,25 +58,46 @@ def test_the_caveat_names_each_key_that_differs_and_nothing_when_they_agree():
     assert line is not None
     assert "engine.token_budget=8192 (sglang: 16384)" in line
     assert "engine.batching=mixed (sglang: prefill_first)" in line
-    as_sglang = TimedSettings(token_budget=16384, batching="prefill_first")
+    as_sglang = TimedSettings(token_budget=16384, batching="prefill_first", max_running=256)
     assert caveat(as_sglang, "sglang", "b200_sxm", 180) is None
 
 
 def test_a_run_off_its_engines_defaults_says_so_once_and_records_it(caplog):
+    run = ["+policy=fifo", "engine=timed", "hardware=h100_sxm"]
     with caplog.at_level("WARNING"):
-        plan = plan_run(compose(["+policy=fifo", "engine=timed", "hardware=h100_sxm"]))
+        plan = plan_run(compose([*run, "engine.max_running=256"]))
     line = plan.config["engine_defaults"]
     assert "engine.max_running=256 (vllm: 1024)" in line
     assert [r.getMessage() for r in caplog.records].count(line) == 1
     assert line in cost_model_note(plan.config)
-    agreeing = ["+policy=fifo", "engine=timed", "hardware=h100_sxm", "engine.max_running=1024"]
-    assert "engine_defaults" not in plan_run(compose(agreeing)).config
+    assert "engine_defaults" not in plan_run(compose(run)).config
+
+
+@pytest.mark.parametrize(
+    ("hardware", "backend", "cap"),
+    [
+        ("h100_sxm", "vllm", 1024),
+        ("a100_40gb", "vllm", 256),
+        ("a100_80gb", "vllm", 256),
+        ("h100_sxm", "sglang", 2048),
+        ("b200_sxm", "trtllm", 2048),
+    ],
+)
+def test_a_null_running_cap_is_the_engines_own_and_is_recorded(hardware, backend, cap):
+    overrides = ["+policy=fifo", "engine=timed", f"hardware={hardware}"]
+    plan = plan_run(compose([*overrides, f"engine.backend={backend}"]))
+    assert plan.engine.max_running == cap
+    assert plan.config["engine"]["max_running"] == cap  # summary.json: the value the run used
+    assert plan.config["engine_resolved"] == {"max_running": f"{backend}'s default on {hardware}"}
+    explicit = plan_run(compose([*overrides, f"engine.backend={backend}", "engine.max_running=64"]))
+    assert explicit.engine.max_running == 64 and "engine_resolved" not in explicit.config
 
 
 def test_a_prediction_names_the_chunk_size_its_engine_would_use(caplog):
     """``simlab.predict`` compares the settings a prefill depends on (the token budget and the
     batching), not the running-request cap: on an H100 vLLM's server chunks at 8,192 as simlab
     does, SGLang's scheduler prefills first, and both are said where they differ."""
+
     def config(overrides: list[str]):
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
             return hydra_compose(config_name="predict", overrides=overrides)

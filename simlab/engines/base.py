@@ -71,6 +71,8 @@ class Overheads(Protocol):
 
     def defaults_caveat(self) -> str | None: ...
 
+    def resolved(self) -> dict[str, tuple[Any, str]]: ...
+
 
 @runtime_checkable
 class Replicated(Protocol):

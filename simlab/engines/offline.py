@@ -59,6 +59,11 @@ class OfflineEngine(TimedEngine):
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
             raise ValueError(f"engine.prefix_share must be a number in [0, 1], got {share!r}")
 
+    def defaults_caveat(self, keys: tuple[str, ...] | None = None) -> str | None:
+        """The token budget and the batching only: batching is memory-centric here (BatchLLM),
+        ``engine.max_running`` no request cap by design."""
+        return super().defaults_caveat(keys or ("token_budget", "batching"))
+
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
         groups = self.scheduler.plan(requests)
         world = self.world(requests, step)

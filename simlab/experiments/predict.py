@@ -223,7 +223,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     """The prediction as ``prediction.json`` holds it (see the module docstring)."""
     prefill, prefix, batch = lengths(cfg)
     engine, cost = timed_engine(cfg)
-    if batch > engine.max_running:
+    if batch > engine.running_cap:
         raise ConfigError(
             f"batch: {batch} requests exceed engine.max_running={engine.max_running} (the "
             "others would wait for outputs simlab.experiments.predict does not model)"

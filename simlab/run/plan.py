@@ -87,6 +87,10 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     check_writable(out_dir)
     config = saved_config(cfg)
     if isinstance(engine, Overheads):  # in summary.json and on the report's cost-model note
+        for key, (value, whose) in engine.resolved().items():  # null: the engine's default
+            log.info("engine.%s=null: %s, %s", key, whose, value)
+            config["engine"][key] = value
+            config.setdefault("engine_resolved", {})[key] = whose
         for key, line in (
             ("engine_overheads", engine.overheads_caveat()),
             ("engine_defaults", engine.defaults_caveat()),

@@ -67,6 +67,10 @@ class ClusterEngine:
         """Each replica's: the single engine's."""
         return self.engine.defaults_caveat()
 
+    def resolved(self) -> dict[str, tuple[Any, str]]:
+        """Each replica's: the single engine's."""
+        return self.engine.resolved()
+
     def check_memory(self, model: Any, cache_gb: float, reserve: bool = True) -> None:
         """Each replica is one GPU (x tp) with its own cache: the single engine's check."""
         self.engine.check_memory(model, cache_gb, reserve)

@@ -1,9 +1,9 @@
 """The scheduling defaults of the engine a timed run stands for (``engine.backend``) on its GPU,
 and the caveat of a run whose settings differ from them (:func:`caveat`).
 
-simlab's own defaults (``engine.token_budget=8192``, ``max_running=256``, ``batching=mixed``)
-are one engine's on one GPU. An engine sizes its defaults by the GPU's memory, as its code
-reads it at start-up:
+simlab's own defaults (``engine.token_budget=8192``, ``batching=mixed``) are one engine's on one
+GPU; ``engine.max_running=null`` (the default) takes the engine's own cap (:func:`running`). An
+engine sizes its defaults by the GPU's memory, as its code reads it at start-up:
 
 - vLLM (``EngineArgs.get_batch_defaults``, ``vllm/engine/arg_utils.py``): on a GPU of at
   least 70 GiB that is not an A100, ``max_num_batched_tokens`` 8,192 for its OpenAI server and
@@ -13,7 +13,8 @@ reads it at start-up:
   ``--chunked-prefill-size`` 2,048 under 35 GB, 4,096 under 60 GB, 8,192 under 160 GB and
   16,384 above; its scheduler runs a prefill batch before the decodes
   (``batching=prefill_first``) unless ``--enable-mixed-chunk``. Its ``--max-running-requests``
-  follows the KV pool's size and is not compared.
+  follows the KV pool's size (``ModelRunner``: 2,048 to 4,096, and half the pool's tokens):
+  :func:`running` takes its floor, 2,048, and it is not compared.
 - TensorRT-LLM (``BaseLlmArgs``, ``tensorrt_llm/llmapi/llm_args.py``): ``max_num_tokens``
   8,192 and ``max_batch_size`` 2,048 on every GPU; context and generation requests share an
   iteration.
@@ -34,8 +35,20 @@ SGLANG_CHUNKS = ((35, 2048), (60, 4096), (160, 8192))
 SGLANG_LARGE_CHUNK = 16384
 #: TensorRT-LLM's ``max_num_tokens`` and ``max_batch_size``
 TRTLLM_TOKENS, TRTLLM_BATCH = 8192, 2048
+#: SGLang's request pool at least (``ModelRunner``'s ``max_num_reqs``)
+SGLANG_RUNNING = 2048
 #: how the caveat ends
 SAID = "starts by default (docs/guides/engines.md#the-engines-own-defaults)"
+
+
+def running(backend: str, gpu: str, mem_gb: float) -> int:
+    """``backend``'s cap on running requests on the GPU (``engine.max_running=null``): vLLM's
+    ``max_num_seqs``, TensorRT-LLM's ``max_batch_size``, and SGLang's floor of 2,048 (its
+    request pool, ``min(max(pool tokens / context length x 512, 2048), 4096)``, and half the
+    pool's tokens: at least 2,048 for a pool of 4,096 tokens or more; it runs out of KV first)."""
+    if backend == "vllm":
+        return defaults(backend, gpu, mem_gb)["max_running"][0]
+    return SGLANG_RUNNING if backend == "sglang" else TRTLLM_BATCH
 
 
 def defaults(backend: str, gpu: str, mem_gb: float) -> dict[str, tuple[Any, ...]]:

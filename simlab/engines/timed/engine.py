@@ -74,6 +74,8 @@ class TimedEngine(TimedSettings):
     moe_kernel: str | None = None  # the fused MoE's kernel, a substring of the tables' names
     _calibration: Calibration | None = field(default=None, init=False, repr=False)
     _terms: CostTerms = field(default_factory=CostTerms, init=False, repr=False)
+    #: the settings left null that took the backend's defaults: ``{key: (value, whose)}``
+    _resolved: dict[str, tuple[Any, str]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -89,6 +91,11 @@ class TimedEngine(TimedSettings):
             calibration = load_calibration(self.calibration, self.hardware.name, self.profiles)
             terms = CostTerms.from_config(self.costs)
             select.check(self.kernels, self.backend, self.backend_version, self.dtype)
+            if self.max_running is None:  # engine.max_running=null: the backend's own cap
+                hw = self.hardware
+                cap = defaults.running(self.backend, hw.name, hw.mem_gb)
+                object.__setattr__(self, "max_running", cap)
+                self._resolved["max_running"] = (cap, f"{self.backend}'s default on {hw.name}")
             local = select.local_tables(self.kernel_tables)
             if self.hardware.system is not None and self.kernels == "measured":
                 system, backend = self.hardware.system, self.backend
@@ -137,6 +144,11 @@ class TimedEngine(TimedSettings):
             "engine.request_overhead_s): the latencies leave out the engine's CPU time and its "
             f"API server; {self.backend}'s fitted values: docs/validation/silicon.md"
         )
+
+    def resolved(self) -> dict[str, tuple[Any, str]]:
+        """The settings left null that took ``engine.backend``'s defaults on the GPU:
+        ``{key: (value, whose)}`` (``engine.max_running=null``)."""
+        return dict(self._resolved)
 
     def defaults_caveat(self, keys: tuple[str, ...] | None = None) -> str | None:
         """The caveat of a run whose scheduling (``keys`` of it, where given) differs from

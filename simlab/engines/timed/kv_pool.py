@@ -116,7 +116,7 @@ class KVPool:
                 f"of {self.model.name} per running request (SGLang's mamba ratio: its own "
                 f"slot(s), its hit's and its prompt's); it holds {slots}"
             )
-        pool.max_running = min(self.settings.max_running, slots // ratio)
+        pool.max_running = min(self.settings.running_cap, slots // ratio)
 
     def hold_slots(self, job: Job, slots: int) -> None:
         """``job`` takes (``slots`` > 0) or gives back (< 0) state slots of the separate SSM

@@ -16,7 +16,7 @@ class TimedSettings:
 
     token_budget: int | None = 8192  # None: chunked prefill off (request_admission=sglang)
     max_prefill_tokens: int | None = None  # SGLang's --max-prefill-tokens (None: no cap)
-    max_running: int = 256
+    max_running: int | None = 256  # None: engine.backend's default (TimedEngine resolves it)
     running_memory_gb: float = 16.0
     ckpt_split: bool = True
     ssm_chunk: int = 256
@@ -93,9 +93,18 @@ class TimedSettings:
                 f"scheduler: it needs engine.kv_pool=shared, got {self.kv_pool!r}"
             )
 
+    @property
+    def running_cap(self) -> int:
+        """``engine.max_running`` as the engine resolved it (null: the backend's cap,
+        :class:`~simlab.engines.timed.engine.TimedEngine`, before any world runs)."""
+        if self.max_running is None:
+            raise ValueError("engine.max_running is unresolved: build the engine from its config")
+        return self.max_running
+
     def _check_counts(self) -> None:
         """The token and request counts are integers >= 1 (the two SGLang limits may be
-        null: :meth:`_check_sglang_prefill_limits`)."""
+        null: :meth:`_check_sglang_prefill_limits`; ``max_running`` null: the engine's default,
+        :class:`~simlab.engines.timed.engine.TimedEngine` resolves it)."""
         for key in (
             "token_budget",
             "max_prefill_tokens",
@@ -104,7 +113,7 @@ class TimedSettings:
             "recv_interval",
         ):
             value = getattr(self, key)
-            if value is None and key in ("token_budget", "max_prefill_tokens"):
+            if value is None and key in ("token_budget", "max_prefill_tokens", "max_running"):
                 continue
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"engine.{key} must be an integer >= 1, got {value!r}")

@@ -220,7 +220,7 @@ class VllmMemory:
         while (
             self.world.waiting
             and budget > 0
-            and len(self.world.running) < self.settings.max_running
+            and len(self.world.running) < self.settings.running_cap
         ):
             job = self.world.waiting[0]
             if not self.world.feeder.ready(job):
@@ -363,7 +363,7 @@ class VllmMemory:
         steps = min(steps, *(size - n % size for n in firsts))
         if self.world.waiting and self._async and self._completions_due():
             steps = 1  # they free blocks and slots before the next step is scheduled
-        elif self.world.waiting and len(self.world.running) < self.settings.max_running:
+        elif self.world.waiting and len(self.world.running) < self.settings.running_cap:
             retire = 2 if self._async else 1  # async: a step behind (its basis is processed)
             steps = min(steps, *((retire - n) % size or size for n in firsts))
             if self._async and self.shape.state_groups and self._basis_jumps(decoders):

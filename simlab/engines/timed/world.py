@@ -78,7 +78,7 @@ class TimedWorld:
         self.stats = EngineStats()
         self.pool = PoolStats()
         self.feeder: Feeder = SessionFeeder(requests)
-        self.max_running = s.max_running  # a separate SSM pool may lower it
+        self.max_running = s.running_cap  # a separate SSM pool may lower it
         # tokens one iteration computes (chunked prefill off: any number)
         self.budget: float = math.inf if s.token_budget is None else s.token_budget
         self.batch = RunningBatch(prefill_first=s.batching == "prefill_first")
