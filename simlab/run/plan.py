@@ -86,7 +86,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     out_dir = output_dir(cfg)
     check_writable(out_dir)
     config = saved_config(cfg)
-    if isinstance(engine, Overheads):  # in summary.json and on the report's cost-model note
+    if isinstance(engine, Overheads):  # in summary.json (the caveats on the report too)
         for key, (value, whose) in engine.resolved().items():  # null: the engine's default
             log.info("engine.%s=null: %s, %s", key, whose, value)
             config["engine"][key] = value
