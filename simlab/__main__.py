@@ -34,7 +34,7 @@ def main(cfg: DictConfig) -> None:
         summary = simulate(cfg)
     print(
         f"\n{summary.trace['name']}: {summary.trace['requests']} requests, "
-        f"{summary.trace['sessions']} sessions, cache {float(cfg.cache.size_gb):g} GB, "
+        f"{summary.trace['sessions']} sessions, cache {float(summary.config['cache']['size_gb']):g} GB, "
         f"model {cfg.model.name}"
     )
     print(summary.table())

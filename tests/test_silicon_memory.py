@@ -9,9 +9,9 @@ import pytest
 
 from simlab.cost.measured import tables
 from simlab.cost.shapes import on_tp
+from simlab.engines.timed.pool_sizing import GIB, aic_model, gpu_memory, weights_per_gpu
 from simlab.experiments import silicon
 from simlab.experiments.silicon import Point, pool_of, simulate, spec_of
-from simlab.experiments.silicon_memory import GIB, _memory, aic_model, weights_per_gpu
 
 pytestmark = pytest.mark.skipif(
     tables.systems_dir() is None, reason="aiconfigurator-core is not installed"
@@ -66,7 +66,7 @@ def test_weights_are_the_replayed_models_parameters():
     """Llama-3.1-70B at FP8: simlab's weights and aiconfigurator's agree to 0.1%; DeepSeek-R1's
     are its 671 billion parameters at one byte, the embedding and LM head at two."""
     llama = spec_of("meta-llama/Llama-3.1-70B", 1, 1)
-    theirs = _memory(aic_model(llama.name), "h200_sxm", "trtllm", "1.3.0rc20", 1, 16384,
+    theirs = gpu_memory(aic_model(llama.name), "h200_sxm", "trtllm", "1.3.0rc20", 1, 16384,
                      ("fp8", "fp8", "fp8"))  # fmt: skip
     assert theirs is not None
     assert weights_per_gpu(on_tp(llama, 1), 1) == pytest.approx(theirs["weights"], rel=1e-3)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from simlab.engines.records import RequestRecord
     from simlab.engines.step import RequestStep
+    from simlab.engines.timed.pool_sizing import KvPool
     from simlab.model.spec import ModelSpec
     from traces.format import Request
 
@@ -58,6 +59,11 @@ class MemoryChecked(Protocol):
         ...
 
     def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None: ...
+
+    def engine_pool(self, model: ModelSpec) -> KvPool:
+        """The KV pool the modelled engine allocates for ``model`` on its GPUs
+        (``cache.size_gb=engine``)."""
+        ...
 
 
 @runtime_checkable

@@ -43,7 +43,8 @@ from simlab.cost.measured import tables
 from simlab.cost.shapes import check_tp, on_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import ConcurrencyFeeder
-from simlab.experiments.silicon_memory import KvPool, admission, aic_model, kv_pool
+from simlab.engines.timed.pool_sizing import KvPool, aic_model, shipped_config
+from simlab.experiments.silicon_memory import admission, kv_pool
 from simlab.experiments.silicon_recipes import recipe, speculative
 from simlab.model.hf import model_spec
 from simlab.model.spec import ModelSpec
@@ -76,12 +77,7 @@ DTYPE_BYTES = {"bf16": 2, "fp8": 1}
 def config_path(model_path: str) -> Path | None:
     """The model's Hugging Face ``config.json`` as aiconfigurator-core ships it (None: not
     shipped)."""
-    root = tables.systems_dir()
-    if root is None:
-        return None
-    name = aic_model(model_path).replace("/", "--")
-    path = root.parent / "model_configs" / f"{name}_config.json"
-    return path if path.exists() else None
+    return shipped_config(aic_model(model_path))
 
 
 @functools.lru_cache(maxsize=64)

@@ -148,6 +148,11 @@ def cost_model_note(config: dict[str, Any]) -> str:
     for key in ("engine_overheads", "engine_defaults"):
         if config.get(key):
             note += f"; {config[key]}"
+    if pool := config.get("engine_pool"):  # cache.size_gb=engine
+        note += (
+            f"; KV pool {pool['kv_pool_gb']:g} GB as {engine.get('backend')} sizes it "
+            f"({pool['kv_pool_tokens']:,} tokens, memory fraction {pool['memory_fraction']:g})"
+        )
     if engine.get("kernels") == "measured" and engine["hardware"].get("system"):
         return note.replace(
             "Cost model: ", "Cost model: measured kernels first; ops without one: ", 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from simlab.config import ClusterSettings, ConfigError, RunSettings, run_settings, selected_policies
 from simlab.engines.base import Engine, MemoryChecked, Overheads
 from simlab.engines.step import RequestStep
+from simlab.engines.timed.pool_sizing import KvPool
 from simlab.engines.tuning.settings import TuningSettings
 from simlab.model.spec import ModelSpec
 from simlab.run.checks import check_capacity, check_loader_options, check_writable
@@ -32,6 +33,9 @@ from simlab.run.routes import on_pool
 from simlab.run.trace import TraceSpec
 
 log = logging.getLogger(__name__)
+
+#: ``cache.size_gb=engine``: the KV pool the modelled engine allocates on its GPUs
+ENGINE_POOL = "engine"
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,9 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     settings, the model, the trace loader's options, each selected policy's plug-ins and
     controllers, the bound, the engine and the output directory. Raises :class:`ConfigError`
     naming the key."""
+    sized = engine_sized(cfg)
+    if sized:
+        cfg = on_shared_pool(cfg)
     settings = run_settings(cfg)
     policies = {name: policy_spec(name, pcfg) for name, pcfg in selected_policies(cfg).items()}
     try:
@@ -70,6 +77,9 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     engine = build_engine(cfg)
     # the caches size with the model as the engine's GPUs hold it (replicated KV heads)
     model = engine.held(configured) if isinstance(engine, MemoryChecked) else configured
+    pool = engine_pool(engine, model, cfg) if sized else None
+    if pool is not None:
+        settings = replace(settings, cache=replace(settings.cache, size_gb=pool.gb))
     block_size = int(cfg.trace.get("block_size") or 1)
     check_capacity(settings, model, block_size)
     check_loader_options(cfg.trace)
@@ -86,18 +96,7 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     out_dir = output_dir(cfg)
     check_writable(out_dir)
     config = saved_config(cfg)
-    if isinstance(engine, Overheads):  # in summary.json (the caveats on the report too)
-        for key, (value, whose) in engine.resolved().items():  # null: the engine's default
-            log.info("engine.%s=null: %s, %s", key, whose, value)
-            config["engine"][key] = value
-            config.setdefault("engine_resolved", {})[key] = whose
-        for key, line in (
-            ("engine_overheads", engine.overheads_caveat()),
-            ("engine_defaults", engine.defaults_caveat()),
-        ):
-            if line:
-                log.warning("%s", line)
-                config[key] = line
+    record_engine(config, engine, pool)
     if configured.source:  # model=hf: what its config.json resolved to, in summary.json
         config["model_resolved"] = configured.config_fields()
     if model.kv_bytes_per_token != configured.kv_bytes_per_token:  # engine.tp copies the KV
@@ -117,6 +116,65 @@ def plan_run(cfg: DictConfig) -> RunPlan:
         config=config,
         breakdown=breakdown_enabled(cfg),
     )
+
+
+def engine_sized(cfg: DictConfig) -> bool:
+    """Whether ``cache.size_gb`` is ``engine``: the KV pool the modelled engine allocates."""
+    cache = cfg.get("cache")
+    return cache is not None and cache.get("size_gb") == ENGINE_POOL
+
+
+def on_shared_pool(cfg: DictConfig) -> DictConfig:
+    """``cfg`` for ``cache.size_gb=engine``: one pool that running requests and the prefix
+    cache share (``engine.kv_pool=shared``, ``engine.running_memory_gb=0``), as the engines
+    keep it; its size is the engine's (:meth:`MemoryChecked.engine_pool`), set once the engine
+    is built (1 GB until then)."""
+    engine = cfg.get("engine")
+    if engine is None or "kv_pool" not in engine:
+        raise ConfigError("cache.size_gb=engine: the engine's pool needs engine=timed")
+    cfg = cfg.copy()
+    for key, value in (("kv_pool", "shared"), ("running_memory_gb", 0)):
+        if cfg.engine[key] != value:
+            log.info("cache.size_gb=engine: engine.%s=%s (was %s)", key, value, cfg.engine[key])
+            cfg.engine[key] = value
+    cfg.cache.size_gb = 1.0
+    return cfg
+
+
+def record_engine(config: dict[str, Any], engine: Engine, pool: KvPool | None) -> None:
+    """What ``summary.json`` keeps of the engine beside its config (the caveats go on the
+    report too): the pool ``cache.size_gb=engine`` sized, the settings left null that took the
+    engine's defaults, and the caveats of zero overheads and of other scheduling."""
+    if pool is not None:
+        config["cache"]["size_gb"] = pool.gb
+        config["engine_pool"] = pool.row()
+    if not isinstance(engine, Overheads):
+        return
+    for key, (value, whose) in engine.resolved().items():  # null: the engine's default
+        log.info("engine.%s=null: %s, %s", key, whose, value)
+        config["engine"][key] = value
+        config.setdefault("engine_resolved", {})[key] = whose
+    for key, line in (
+        ("engine_overheads", engine.overheads_caveat()),
+        ("engine_defaults", engine.defaults_caveat()),
+    ):
+        if line:
+            log.warning("%s", line)
+            config[key] = line
+
+
+def engine_pool(engine: Engine, model: ModelSpec, cfg: DictConfig) -> KvPool:
+    """``cache.size_gb=engine``: the pool the engine sizes for ``model`` (as its GPUs hold it),
+    logged once."""
+    if not isinstance(engine, MemoryChecked):
+        raise ConfigError("cache.size_gb=engine: the engine's pool needs engine=timed")
+    pool = engine.engine_pool(model)
+    log.info(
+        "cache.size_gb=engine: %s's KV pool on %s GPU(s), %.2f GB (%s tokens; memory fraction "
+        "%g), shared by running requests and the prefix cache",
+        cfg.engine.backend, cfg.engine.tp, pool.gb, f"{pool.tokens:,}", pool.fraction,
+    )  # fmt: skip
+    return pool
 
 
 def policy_spec(name: str, pcfg: Mapping[str, Any]) -> PolicySpec:

@@ -71,6 +71,10 @@ class ClusterEngine:
         """Each replica's: the single engine's."""
         return self.engine.resolved()
 
+    def engine_pool(self, model: Any) -> Any:
+        """Each replica's KV pool: the single engine's."""
+        return self.engine.engine_pool(model)
+
     def check_memory(self, model: Any, cache_gb: float, reserve: bool = True) -> None:
         """Each replica is one GPU (x tp) with its own cache: the single engine's check."""
         self.engine.check_memory(model, cache_gb, reserve)

@@ -30,6 +30,7 @@ from simlab.engines.timed import defaults
 from simlab.engines.timed.agents import closed_loop
 from simlab.engines.timed.feeders import session_feeder
 from simlab.engines.timed.load import load_verdict, steady_state
+from simlab.engines.timed.pool_sizing import KvPool, aic_model, size
 from simlab.engines.timed.settings import TimedSettings
 from simlab.engines.timed.vllm import VllmMemory
 from simlab.engines.timed.world import TimedWorld
@@ -38,6 +39,9 @@ from simlab.model.spec import ModelSpec
 from traces.format import Request
 
 log = logging.getLogger(__name__)
+
+#: SGLang's ``--max-prefill-tokens``: the activations' tokens with chunked prefill off
+SGLANG_MAX_PREFILL = 16384
 
 
 def load_calibration(
@@ -156,6 +160,36 @@ class TimedEngine(TimedSettings):
         it agrees)."""
         hw = self.hardware
         return defaults.caveat(self, self.backend, hw.name, hw.mem_gb, keys)
+
+    def engine_pool(self, model: ModelSpec) -> KvPool:
+        """``cache.size_gb=engine``: the KV pool ``engine.backend`` allocates for ``model`` (as
+        the replica holds it) on ``tp`` GPUs of ``hardware.system``, at its default memory
+        fraction and the model's quantization (:mod:`simlab.engines.timed.pool_sizing`); a
+        :class:`ConfigError` naming ``cache.size_gb`` where it cannot be sized."""
+        system = self.hardware.system
+        why = None if system is not None else f"hardware {self.hardware.name} names no system"
+        pool = None
+        if why is None:
+            version = select.resolve_version(system, self.backend, self.backend_version)
+            dtype = self.dtype or {1: "fp8"}.get(model.dtype_bytes, "bf16")
+            weights = {"fp8": "fp8", "fp4": "nvfp4"}.get(dtype)
+            quant = (weights, weights, "fp8" if model.kv_dtype_bytes == 1 else None)
+            budget = self.token_budget or self.max_prefill_tokens or SGLANG_MAX_PREFILL
+            where = (system, self.backend, version)
+            gpu = self.hardware.mem_gb  # GiB, as aiconfigurator-core's systems count it
+            pool = size(aic_model(model.name), model, where, self.tp, budget, quant, None, gpu)
+            why = (
+                None
+                if pool is not None
+                else (
+                    f"aiconfigurator-core's memory model cannot size {model.name} on {system} "
+                    f"with {self.backend} x tp {self.tp} (no config of that name, or no memory "
+                    "left for the KV cache)"
+                )
+            )
+        if pool is None:
+            raise ConfigError(f"cache.size_gb=engine: {why}; set cache.size_gb in GB")
+        return pool
 
     def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None:
         """``tp`` splits ``model``'s heads evenly (:func:`simlab.cost.shapes.check_tp`), and the
