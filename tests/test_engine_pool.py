@@ -115,3 +115,28 @@ def test_a_number_leaves_the_pool_as_set():
     plan = plan_run(compose(["engine=timed", "model=qwen3_32b", "hardware=h200"]))
     assert "engine_pool" not in plan.config and plan.settings.cache.size_gb == 2.0
     assert plan.config["engine"]["kv_pool"] == "separate"
+
+
+def test_each_replica_of_a_cluster_has_the_single_engine_s_pool():
+    run = [*QWEN, "hardware=h200", "engine.backend=trtllm"]
+    one = plan_run(compose(run)).config["engine_pool"]
+    assert plan_run(compose([*run, "cluster.replicas=2"])).config["engine_pool"] == one
+    assert one["memory_fraction"] == 0.9  # TensorRT-LLM's free_gpu_memory_fraction
+
+
+def test_a_server_s_memory_fraction_sizes_its_pool_and_nothing_else():
+    """``engine.memory_fraction`` is the server's flag (here vLLM's
+    ``--gpu-memory-utilization 0.95``): 0.05 of the GPU more for the KV cache; without
+    ``cache.size_gb=engine`` it would size nothing, so it is an error."""
+    run = [*QWEN, "hardware=rtx_pro_6000_server", "engine.backend=vllm"]
+    base = plan_run(compose(run)).config["engine_pool"]
+    more = plan_run(compose([*run, "engine.memory_fraction=0.95"])).config["engine_pool"]
+    assert more["memory_fraction"] == 0.95
+    gained = more["per_gpu_gib"]["kv"] - base["per_gpu_gib"]["kv"]
+    assert gained == pytest.approx(0.05 * base["per_gpu_gib"]["capacity"], abs=2e-3)
+    for bad in (
+        ["engine=timed", "engine.memory_fraction=0.9"],
+        [*run, "engine.memory_fraction=1.5"],
+    ):
+        with pytest.raises(ConfigError, match=r"engine\.memory_fraction"):
+            plan_run(compose(bad))

@@ -68,6 +68,8 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     sized = engine_sized(cfg)
     if sized:
         cfg = on_shared_pool(cfg)
+    elif cfg.get("engine") is not None and cfg.engine.get("memory_fraction") is not None:
+        raise ConfigError("engine.memory_fraction is read only with cache.size_gb=engine")
     settings = run_settings(cfg)
     policies = {name: policy_spec(name, pcfg) for name, pcfg in selected_policies(cfg).items()}
     try:

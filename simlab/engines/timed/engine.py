@@ -163,8 +163,8 @@ class TimedEngine(TimedSettings):
 
     def engine_pool(self, model: ModelSpec) -> KvPool:
         """``cache.size_gb=engine``: the KV pool ``engine.backend`` allocates for ``model`` (as
-        the replica holds it) on ``tp`` GPUs of ``hardware.system``, at its default memory
-        fraction and the model's quantization (:mod:`simlab.engines.timed.pool_sizing`); a
+        the replica holds it) on ``tp`` GPUs of ``hardware.system``, at ``memory_fraction``
+        (null: the engine's default) and the model's quantization (:mod:`simlab.engines.timed.pool_sizing`); a
         :class:`ConfigError` naming ``cache.size_gb`` where it cannot be sized."""
         system = self.hardware.system
         why = None if system is not None else f"hardware {self.hardware.name} names no system"
@@ -177,7 +177,8 @@ class TimedEngine(TimedSettings):
             budget = self.token_budget or self.max_prefill_tokens or SGLANG_MAX_PREFILL
             where = (system, self.backend, version)
             gpu = self.hardware.mem_gb  # GiB, as aiconfigurator-core's systems count it
-            pool = size(aic_model(model.name), model, where, self.tp, budget, quant, None, gpu)
+            fraction = self.memory_fraction  # None: the engine's own
+            pool = size(aic_model(model.name), model, where, self.tp, budget, quant, fraction, gpu)
             why = (
                 None
                 if pool is not None

@@ -44,12 +44,13 @@ class TimedSettings:
     #: seconds from a request's send to the engine's queue (the API server, tokenisation): on
     #: its TTFT and latency, beside the GPU (:meth:`TimedWorld.submit`)
     request_overhead_s: float = 0.0
+    #: cache.size_gb=engine: the engine's memory fraction (vLLM's --gpu-memory-utilization,
+    #: SGLang's --mem-fraction-static, TensorRT-LLM's free_gpu_memory_fraction; None: its own)
+    memory_fraction: float | None = None
 
     def __post_init__(self) -> None:
         self._check_counts()
-        overhead = self.request_overhead_s
-        if isinstance(overhead, bool) or not (isinstance(overhead, int | float) and overhead >= 0):
-            raise ValueError(f"engine.request_overhead_s must be >= 0 (seconds), got {overhead!r}")
+        self._check_seconds_and_fraction()
         shared = self.kv_pool == "shared"  # one budget: the cache alone may be the whole pool
         if not self.running_memory_gb >= 0:  # 0 separate: vLLM's pool (TimedEngine.check_memory)
             least = ">= 0 with kv_pool=shared" if shared else "> 0 (or 0 on vLLM's block pool)"
@@ -117,6 +118,18 @@ class TimedSettings:
                 continue
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"engine.{key} must be an integer >= 1, got {value!r}")
+
+    def _check_seconds_and_fraction(self) -> None:
+        """``request_overhead_s`` is >= 0 and ``memory_fraction`` null or in (0, 1]."""
+        fraction = self.memory_fraction
+        if fraction is not None and (
+            isinstance(fraction, bool)
+            or not (isinstance(fraction, int | float) and 0 < fraction <= 1)
+        ):
+            raise ValueError(f"engine.memory_fraction must be in (0, 1] or null, got {fraction!r}")
+        overhead = self.request_overhead_s
+        if isinstance(overhead, bool) or not (isinstance(overhead, int | float) and overhead >= 0):
+            raise ValueError(f"engine.request_overhead_s must be >= 0 (seconds), got {overhead!r}")
 
     def _check_holds(self) -> None:
         """The engines' holds on new requests (:mod:`simlab.engines.timed.intake`)."""
