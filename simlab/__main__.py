@@ -27,15 +27,17 @@ Plugins.instance().register(GroupedJoblibLauncher)  # hydra/launcher=simlab_jobl
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> None:
-    if capacity_list(cfg) is not None:
+    with reported_as_one_line():
+        capacities = capacity_list(cfg)
+    if capacities is not None:
         main_capacities(cfg)
         return
     with reported_as_one_line():
         summary = simulate(cfg)
+    size_gb = float(summary.config["cache"]["size_gb"])  # cache.size_gb=engine: as sized
     print(
         f"\n{summary.trace['name']}: {summary.trace['requests']} requests, "
-        f"{summary.trace['sessions']} sessions, cache {float(summary.config['cache']['size_gb']):g} GB, "
-        f"model {cfg.model.name}"
+        f"{summary.trace['sessions']} sessions, cache {size_gb:g} GB, model {cfg.model.name}"
     )
     print(summary.table())
     if summary.out_dir is not None:

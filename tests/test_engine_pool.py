@@ -140,3 +140,11 @@ def test_a_server_s_memory_fraction_sizes_its_pool_and_nothing_else():
     ):
         with pytest.raises(ConfigError, match=r"engine\.memory_fraction"):
             plan_run(compose(bad))
+
+
+def test_a_capacity_list_takes_numbers_only():
+    from simlab.run.capacities import capacity_list
+
+    assert capacity_list(compose(["cache.size_gb=[1,2]"])) == [1, 2]
+    with pytest.raises(ConfigError, match=r"cache\.size_gb: 'engine' is the engine's one pool"):
+        capacity_list(compose(["engine=timed", "cache.size_gb=[engine,2]"]))

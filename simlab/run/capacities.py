@@ -40,7 +40,7 @@ from simlab.fastpaths.blocks.replay import Walks
 from simlab.run import routes
 from simlab.run.breakdown import Counterfactuals
 from simlab.run.checks import check_request_fits, check_writable
-from simlab.run.plan import RunPlan, output_dir, plan_run
+from simlab.run.plan import ENGINE_POOL, RunPlan, output_dir, plan_run
 from simlab.run.policy import PolicyRun, policy_step, run_policy, stacked_runs
 from simlab.run.routes import Route
 from simlab.run.simulate import finish_run
@@ -82,6 +82,10 @@ def capacity_list(cfg: DictConfig) -> list[Any] | None:
     value = cache.get("size_gb") if cache is not None else None
     if not isinstance(value, ListConfig | list):
         return None
+    if ENGINE_POOL in list(value):
+        raise ConfigError(
+            f"cache.size_gb: {ENGINE_POOL!r} is the engine's one pool; a list takes numbers of GB"
+        )
     return list(value)
 
 
