@@ -164,6 +164,7 @@ def test_presets_fill_their_peaks_from_the_package():
         ("kernels", "magic", r"engine\.kernels must be one of"),
         ("backend", "tgi", r"engine\.backend must be one of vllm, sglang, trtllm"),
         ("dtype", "int3", r"engine\.dtype must be null or one of"),
+        ("backend_version", 0.1, r"engine\.backend_version must be a string, .* quote it"),
     ],
 )
 def test_bad_keys_are_one_line_errors_naming_them(key, value, match):

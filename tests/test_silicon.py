@@ -3,6 +3,8 @@ engine, and the overhead fit with leave-one-model-out cross-validation."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
@@ -20,7 +22,7 @@ from simlab.experiments.silicon import (
     spec_of,
     version_for,
 )
-from simlab.experiments.silicon_fit import at, cross_validate, folds
+from simlab.experiments.silicon_fit import at, cross_validate, distinct, folds, summary
 from simlab.experiments.silicon_recipes import Recipe, recipe
 from simlab.run.plan import plan_run
 from simlab.run.policy import policy_step
@@ -206,6 +208,26 @@ def test_one_architecture_is_held_out_as_one_model():
         deepseek,
         "without meta-llama/Llama-3.1-70B",
     }
+
+
+def test_each_measurement_counts_once_in_the_distinct_figure():
+    """The csv repeats measurements, one row per dump file (their TTFTs differ in the last
+    digit at most), and gives DeepSeek-V3 R1's: ``distinct`` keeps each once, and a point of
+    another shape or another TTFT stays."""
+    pts, _ = points(tables.systems_dir() / "silicon_sample.csv")
+    first = distinct(pts)
+    assert 500 < len(first) < len(pts)
+    key = lambda p: (p.system, p.backend, p.precision, p.tp, p.concurrency, p.isl, p.osl)  # noqa: E731
+    kept = {(key(pts[i]), round(pts[i].ttft_ms, 6)) for i in first}
+    assert len(kept) == len(first)  # no two kept points are one measurement
+    assert all((key(p), round(p.ttft_ms, 6)) in kept for p in pts)  # every one is kept once
+    base = pts[first[0]]
+    twin = dataclasses.replace(base, id="twin", ttft_ms=base.ttft_ms * (1 + 1e-15))
+    other = dataclasses.replace(base, id="other", ttft_ms=base.ttft_ms * 1.01)
+    assert distinct([base, twin, other]) == [0, 2]
+    sims = np.ones((3, 2, 2))
+    once = summary([base, twin, other], cross_validate([base, twin, other], sims))["distinct"]
+    assert once["points"] == 2
 
 
 def test_the_runs_of_speculative_decoding_configs_are_counted_not_replayed():

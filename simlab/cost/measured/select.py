@@ -35,7 +35,10 @@ def check(mode: str, backend: str, version: str | None, dtype: str | None) -> No
         known = ", ".join(tables.DTYPES)
         raise ValueError(f"engine.dtype must be null or one of {known}, got {dtype!r}")
     if version is not None and not isinstance(version, str):
-        raise ValueError(f"engine.backend_version must be a string, got {version!r}")
+        raise ValueError(
+            f"engine.backend_version must be a string, got the number {version!r}: quote it "
+            f"(engine.backend_version=\"'{version}'\"), as a version like 0.10 reads as 0.1"
+        )
 
 
 def local_tables(path: str | None) -> Path | None:
