@@ -164,32 +164,32 @@ class TimedEngine(TimedSettings):
     def engine_pool(self, model: ModelSpec) -> KvPool:
         """``cache.size_gb=engine``: the KV pool ``engine.backend`` allocates for ``model`` (as
         the replica holds it) on ``tp`` GPUs of ``hardware.system``, at ``memory_fraction``
-        (null: the engine's default) and the model's quantization (:mod:`simlab.engines.timed.pool_sizing`); a
-        :class:`ConfigError` naming ``cache.size_gb`` where it cannot be sized."""
-        system = self.hardware.system
-        why = None if system is not None else f"hardware {self.hardware.name} names no system"
-        pool = None
-        if why is None:
-            version = select.resolve_version(system, self.backend, self.backend_version)
-            dtype = self.dtype or {1: "fp8"}.get(model.dtype_bytes, "bf16")
-            weights = {"fp8": "fp8", "fp4": "nvfp4"}.get(dtype)
-            quant = (weights, weights, "fp8" if model.kv_dtype_bytes == 1 else None)
-            budget = self.token_budget or self.max_prefill_tokens or SGLANG_MAX_PREFILL
-            where = (system, self.backend, version)
-            gpu = self.hardware.mem_gb  # GiB, as aiconfigurator-core's systems count it
-            fraction = self.memory_fraction  # None: the engine's own
-            pool = size(aic_model(model.name), model, where, self.tp, budget, quant, fraction, gpu)
-            why = (
-                None
-                if pool is not None
-                else (
-                    f"aiconfigurator-core's memory model cannot size {model.name} on {system} "
-                    f"with {self.backend} x tp {self.tp} (no config of that name, or no memory "
-                    "left for the KV cache)"
-                )
+        (null: the engine's own) and the model's quantization
+        (:mod:`simlab.engines.timed.pool_sizing`); a :class:`ConfigError` naming
+        ``cache.size_gb`` where it cannot be sized."""
+        system, backend = self.hardware.system, self.backend
+        if system is None:
+            raise ConfigError(
+                f"cache.size_gb=engine: hardware {self.hardware.name} names no system to size "
+                "the pool on; set cache.size_gb in GB"
             )
+        version = select.resolve_version(system, backend, self.backend_version)
+        dtype = self.dtype or {1: "fp8"}.get(model.dtype_bytes, "bf16")
+        weights = {"fp8": "fp8", "fp4": "nvfp4"}.get(dtype)  # None: the tables' BF16
+        quant = (weights, weights, "fp8" if model.kv_dtype_bytes == 1 else None)
+        budget = self.token_budget or self.max_prefill_tokens or SGLANG_MAX_PREFILL
+        gpu_gib = self.hardware.mem_gb  # GiB, as aiconfigurator-core's systems count it
+        where = (system, backend, version)
+        pool = size(
+            aic_model(model.name), model, where, self.tp, budget, quant, self.memory_fraction,
+            gpu_gib,
+        )  # fmt: skip
         if pool is None:
-            raise ConfigError(f"cache.size_gb=engine: {why}; set cache.size_gb in GB")
+            raise ConfigError(
+                f"cache.size_gb=engine: aiconfigurator-core's memory model cannot size "
+                f"{model.name} on {system} with {backend} x tp {self.tp} (no config of that "
+                "name, or no memory left for the KV cache); set cache.size_gb in GB"
+            )
         return pool
 
     def check_memory(self, model: ModelSpec, cache_gb: float, reserve: bool = True) -> None:
