@@ -104,6 +104,12 @@ def test_timed_runs_carry_the_verdict_and_a_heavy_one_is_saturated():
     policy = {"token_hit_rate": 0.5, "saturated": True, "saturation": "the backlog builds"}
     lines = Summary(policies={"lru": policy}, trace={}, config={}).saturation_lines()
     assert "warning: lru is saturated (the backlog builds); its latencies measure" in lines
+    assert "cache.size_gb=engine" not in lines  # the queue, not the pool
+    pool = policy | {"saturation": "300 of 900 requests waited for pool memory"}
+    lines = Summary(policies={"lru": pool}, trace={}, config={}).saturation_lines()
+    assert "or take the engine's own KV pool (cache.size_gb=engine), to compare" in lines
+    sized = Summary(policies={"lru": pool}, trace={}, config={"engine_pool": {}})
+    assert "cache.size_gb=engine" not in sized.saturation_lines()  # it has it already
 
 
 def test_a_timed_engine_run_states_its_load_and_warns_of_a_burst(caplog):

@@ -96,10 +96,18 @@ class Summary:
         )
 
     def saturation_lines(self) -> str:
-        """A warning per saturated timed run: its latencies measure the backlog."""
+        """A warning per saturated timed run: its latencies measure the backlog. Where the KV
+        pool is the bottleneck and the run set its size, it names the engine's own pool."""
+        sized = "engine_pool" in self.config  # cache.size_gb=engine
+
+        def remedy(why: str) -> str:
+            pool = "pool" in why and not sized
+            return ", or take the engine's own KV pool (cache.size_gb=engine)," if pool else ""
+
         return "".join(
             f"\nwarning: {name} is saturated ({p['saturation']}); its latencies measure the "
-            f"backlog: lower the load (arrivals.session_rate) to compare policies"
+            f"backlog: lower the load (arrivals.session_rate){remedy(p['saturation'])} to "
+            "compare policies"
             for name, p in self.policies.items()
             if p.get("saturated")
         )
