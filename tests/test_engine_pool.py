@@ -77,6 +77,7 @@ def test_vllm_s_pool_is_its_utilization_of_the_gpu_less_all_else_and_is_shared()
     assert plan.config["engine"]["kv_pool"] == "shared"
     assert plan.config["engine"]["running_memory_gb"] == 0
     assert plan.engine.running_gb(reserve=True) == 0
+    assert "caveat" not in pool  # vLLM's 0.9 is its documented default
     note = cost_model_note(plan.config)
     assert f"KV pool {pool['kv_pool_gb']:g} GB as vllm sizes it" in note
 
@@ -96,6 +97,9 @@ def test_sglang_s_pool_is_its_static_fraction_less_the_weights_across_tp():
     kv = fraction * aic["capacity"] - weights - aic["communication"]
     assert plan.settings.cache.size_gb == pytest.approx(2 * kv / 1e9, rel=1e-6)
     assert 29 < pool["per_gpu_gib"]["weights"] < 32  # half of Qwen3-32B
+    assert "its 0.5 releases' heuristic" in pool["caveat"]  # an estimate of SGLang's, said so
+    given = plan_run(compose([*run, "engine.memory_fraction=0.85"])).config["engine_pool"]
+    assert "caveat" not in given and given["memory_fraction"] == 0.85
 
 
 def test_a_pool_that_cannot_be_sized_is_a_one_line_error_naming_the_key():

@@ -176,6 +176,8 @@ def engine_pool(engine: Engine, model: ModelSpec, cfg: DictConfig) -> KvPool:
         "%g), shared by running requests and the prefix cache",
         cfg.engine.backend, cfg.engine.tp, pool.gb, f"{pool.tokens:,}", pool.fraction,
     )  # fmt: skip
+    if pool.caveat:
+        log.warning("cache.size_gb=engine: %s (summary.json's engine_pool)", pool.caveat)
     return pool
 
 

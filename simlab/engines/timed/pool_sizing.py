@@ -60,15 +60,18 @@ class KvPool:
     fraction: float  # the engine's memory fraction
     #: GiB on one GPU: capacity, weights, activations, runtime, communication buffers, kv
     per_gpu: dict[str, float]
+    #: what the fraction rests on where simlab estimated the engine's own (SGLang's)
+    caveat: str = ""
 
     def row(self) -> dict[str, object]:
         """What a run's ``summary.json`` and each validated silicon row record."""
-        return {
+        row: dict[str, object] = {
             "kv_pool_gb": round(self.gb, 3),
             "kv_pool_tokens": self.tokens,
             "memory_fraction": self.fraction,
             "per_gpu_gib": {k: round(v, 3) for k, v in self.per_gpu.items()},
         }
+        return row | ({"caveat": self.caveat} if self.caveat else {})
 
 
 def sglang_fraction(capacity_bytes: float, chunk: int, tp: int) -> float:
@@ -124,8 +127,16 @@ def size(
     if capacity_gib is not None:
         memory["capacity"] = min(memory["capacity"], capacity_gib * GIB)
     capacity, activations = memory["capacity"], memory["activations"]
+    caveat = ""
     if fraction is None:
         fraction = default_fraction(backend, capacity, token_budget, tp)
+        if backend == "sglang":
+            caveat = (
+                f"sglang's mem_fraction_static {fraction:g} is its 0.5 releases' heuristic "
+                "(ServerArgs._handle_gpu_memory_settings), without its cut for a multimodal "
+                "model nor the later releases' sizing after CUDA graph capture; "
+                "engine.memory_fraction sets the server's"
+            )
     non_kv = weights + activations + memory["runtime"] + memory["communication"]
     if backend == "trtllm":
         kv = fraction * (capacity - non_kv)
@@ -137,7 +148,7 @@ def size(
         return None
     gb = tp * kv / 1e9
     per_gpu = {k: v / GIB for k, v in (memory | {"kv": kv}).items()}
-    return KvPool(gb, int(gb * 1e9 // held.kv_bytes_per_token), fraction, per_gpu)
+    return KvPool(gb, int(gb * 1e9 // held.kv_bytes_per_token), fraction, per_gpu, caveat)
 
 
 def weights_per_gpu(held: ModelSpec, tp: int) -> float:
