@@ -53,7 +53,7 @@ def unmeasured_ranges(
             high += sum(hi - b[op] for op, (_, hi) in r.items())
         total_ms.append([1000 * low, 1000 * high])
     return {
-        "assumptions": {op: unmeasured.ASSUMPTIONS[op] for op in names},
+        "assumptions": {op: unmeasured.assumption(op, cost.model.ssm_kind) for op in names},
         "ops_ms": {
             op: [[1000 * v for v in r.get(op, (0.0, 0.0))] for r in per_run] for op in names
         },

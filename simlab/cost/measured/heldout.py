@@ -12,6 +12,8 @@ as a run takes them). Prints the median and P90 of
 scatter between shapes that do the same work (:mod:`simlab.cost.measured.noise`), a floor under
 that error. ``moe_shape``: each measured MoE model left out and timed from the nearest other
 model's shape, as :mod:`simlab.cost.measured.transfer` times a shape the table lacks.
+``gdn_scan_gpu`` (a GPU whose tables lack GDN's chunked scan): each GPU that lends it left out
+and timed from the others, as :mod:`simlab.cost.measured.delta_lend` times it.
 ``--json FILE`` writes them.
 """
 
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simlab.cost.measured import select, tables, transfer
+from simlab.cost.measured import delta_lend, select, tables, transfer
 from simlab.cost.measured.interpolate import Grid
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.noise import noise
@@ -85,6 +87,8 @@ def report(kernels: Kernels) -> dict[str, dict[str, float]]:
         for cls, grids in grids_of.items()
     }
     per_class["moe_shape"] = transfer.held_out_errors(kernels)
+    if kernels.grid(("gdn", *delta_lend.SCAN, 0)) is None:  # the scan comes from other GPUs
+        per_class["gdn_scan_gpu"] = delta_lend.held_out_errors(kernels.system, kernels.local)
     for cls, errors in per_class.items():
         if errors.size:
             out[cls] = {
@@ -126,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     for cls, row in result.items():
         floor = f"  table noise P90 {100 * row['noise_p90']:4.1f}%" if "noise_p90" in row else ""
         floor += "  each model left out (MoE shapes the tables lack)" if cls == "moe_shape" else ""
+        if cls == "gdn_scan_gpu":
+            floor += "  each source GPU left out (the GDN scan these tables lack)"
         print(
-            f"  {cls:<10} median {100 * row['median']:5.1f}%  P90 {100 * row['p90']:5.1f}%  "
+            f"  {cls:<12} median {100 * row['median']:5.1f}%  P90 {100 * row['p90']:5.1f}%  "
             f"({row['points']:,} points){floor}"
         )
     if args.json is not None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from simlab.cost.measured import moe_kernel, noise, reference, tables, transfer
+from simlab.cost.measured import delta_lend, moe_kernel, noise, reference, tables, transfer
 from simlab.cost.measured.interpolate import Curve, Grid
 from simlab.cost.measured.moe_kernel import MOE_COLUMNS
 from simlab.cost.measured.reference import Roofline
@@ -60,14 +60,6 @@ TABLES = {
     "mamba2_scan": ("ssm", "mamba2_scan_perf"),
     "mamba2_step": ("ssm", "mamba2_step_perf"),
 }
-#: the delta-rule scans (:meth:`Kernels.delta_rule`), preferred in this order among a phase's
-#: kernels other than the conv: GDN's chunked prefill scan (FlashInfer's in vLLM, FLA's in
-#: SGLang), KDA's (vLLM's FlashKDA, SGLang's ``chunk_kda``), the packed recurrent decode steps
-SCAN_KERNELS = ("chunk_gated_delta_rule", "flashkda", "chunk_kda", "packed_decode")
-#: the short causal conv before the scan: ``causal_conv1d_fn`` over a prefill (KDA's three
-#: calls over q, k, v), ``causal_conv1d_update`` per decode step
-CONV_KERNEL = "causal_conv1d"
-
 Timed = tuple[float, str] | None  # (ms, source) or no measurement
 
 #: the MoE rows an FP8 model's experts take where a table has no per-tensor FP8 rows of its shape
@@ -105,10 +97,15 @@ class Kernels:
     gemm_spikes: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     #: the MoE shapes whose ``moe_kernel`` the table lacks: where that kernel's rows came from
     moe_kernels: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
+    #: the delta-rule kernels these tables lack: where each came from (:mod:`.delta_lend`)
+    delta_lent: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
-    def path(self, kind: str) -> Any:
+    def path(self, kind: str, backend: str | None = None, version: str | None = None) -> Any:
+        """The file of ``kind``'s table (of another ``backend`` / ``version`` if given)."""
         family, table = TABLES[kind]
-        return tables.table_path(self.system, family, self.backend, self.version, table, self.local)
+        return tables.table_path(
+            self.system, family, backend or self.backend, version or self.version, table, self.local
+        )
 
     def used_versions(self) -> dict[str, str]:
         """The version each table comes from (the newest at or below :attr:`version`)."""
@@ -129,6 +126,9 @@ class Kernels:
     def _build(self, key: tuple[Any, ...]) -> Grid | None:
         if key[0] == "moe_at":  # another version's MoE table (:meth:`_moe_elsewhere`)
             return self._moe_grid(Path(key[1]), ("moe", *key[2:]))
+        if key[0] == "delta_at":  # another engine's delta-rule table (:mod:`.delta_lend`)
+            phase, part, d_model = key[2:]
+            return delta_lend.grid(Path(key[1]), phase, part, d_model, lent=True)
         path = self.path(key[0])
         if path is None:
             return None
@@ -139,8 +139,8 @@ class Kernels:
             "mla_context": self._mla_grid,
             "mla_generation": self._mla_grid,
             "moe": self._moe_grid,
-            "gdn": self._delta_rule_grid,
-            "kda": self._delta_rule_grid,
+            "gdn": _delta_rule_grid,
+            "kda": _delta_rule_grid,
             "mamba2_scan": self._mamba2_grid,
             "mamba2_step": self._mamba2_grid,
             "allreduce": self._allreduce_grid,
@@ -252,19 +252,6 @@ class Kernels:
             rows = frame[list(MOE_COLUMNS)].drop_duplicates().to_numpy()
             shapes |= {tuple(int(v) for v in row) for row in rows}
         return tuple(sorted(shapes))
-
-    def _delta_rule_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
-        """``key``: (family, phase, part ``scan`` | ``conv``, d_model): the rows of one kernel
-        at 128-wide heads, those measured for a model of ``d_model`` where there are some (the
-        tables repeat a head count per model, within a few percent)."""
-        _, phase, part, d_model = key
-        frame = tables.rows(path, (("phase", phase), ("head_k_dim", 128), ("head_v_dim", 128)))
-        conv = frame["kernel_source"].str.contains(CONV_KERNEL)
-        frame = tables.kernel_rows(frame[conv if part == "conv" else ~conv], SCAN_KERNELS)
-        if (frame["d_model"] == d_model).any():
-            frame = frame[frame["d_model"] == d_model]
-        axes = ["num_k_heads", "num_v_heads", "batch_size", "seq_len"]
-        return _grid(frame, axes, 1.0)
 
     def _mamba2_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         frame = tables.rows(path, ())
@@ -388,7 +375,18 @@ class Kernels:
             out["moe_shapes"] = transfer.record(self.transfers)
         if self.moe_kernels:
             out["moe_kernels"] = {transfer.label(s): w for s, w in sorted(self.moe_kernels.items())}
+        if self.delta_lent:
+            out["delta_rule_lent"] = dict(sorted(self.delta_lent.items()))
         return out
+
+    def record_lent(self, kernel: str, where: str) -> None:
+        """Note (once, logged) that ``kernel`` is not in these tables and came from ``where``."""
+        if kernel not in self.delta_lent:
+            self.delta_lent[kernel] = where
+            self._warn_once(
+                f"{kernel}: not in these tables, taken from {where} "
+                "(summary.json kernels.delta_rule_lent)"
+            )
 
     @functools.lru_cache(maxsize=8)  # noqa: B019
     def moe_transfer_p90(self) -> float | None:
@@ -432,9 +430,18 @@ class Kernels:
         """One ``part`` (``scan`` or ``conv``) of a ``family`` (``gdn`` or ``kda``) layer over
         ``batch`` sequences of ``length`` tokens in ``phase`` (``context``: a prefill;
         ``generation``: one decode step, ``length`` 1) at ``heads`` (key heads, value heads)
-        per GPU, measured for a model of ``d_model`` where the table has one."""
-        grid = self.grid((family, phase, part, d_model))
-        return None if grid is None else grid.at((*heads, batch, length))
+        per GPU, measured for a model of ``d_model`` where the table has one. A kernel these
+        tables lack comes from another engine's table on the GPU, and GDN's chunked scan where
+        no engine measured its shape here from other GPUs of its class (:mod:`.delta_lend`)."""
+        grid, lender = self.grid((family, phase, part, d_model)), None
+        if grid is None:
+            grid, lender = delta_lend.elsewhere(self, family, phase, part, d_model) or (None, None)
+        timed = None if grid is None else grid.at((*heads, batch, length))
+        if timed is not None and lender is not None:
+            self.record_lent(f"{family} {phase} {part}", lender)
+        if timed is None and (family, phase, part) == ("gdn", *delta_lend.SCAN):
+            return delta_lend.gdn_scan(self, (heads, batch, length), d_model)
+        return timed
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def mamba2(self, batch: int, tokens: int, shape: tuple[int, ...]) -> Timed:
@@ -452,6 +459,11 @@ class Kernels:
         """One all-reduce of ``elements`` BF16 values over ``gpus`` GPUs."""
         grid = self.grid(("allreduce", gpus))
         return None if grid is None else grid.at((elements,))
+
+
+def _delta_rule_grid(path: Path, key: tuple[Any, ...]) -> Grid | None:
+    """``key``: (family, phase, part, d_model) (:func:`.delta_lend.grid`)."""
+    return delta_lend.grid(path, *key[1:])
 
 
 def _grid(

@@ -122,15 +122,24 @@ def kernel_rows(frame: Any, prefer: tuple[str, ...] = ()) -> Any:
 
 
 @functools.lru_cache(maxsize=32)
-def peaks(system: str) -> dict[str, float] | None:
-    """``systems/<system>.yaml``'s GPU peaks as a hardware preset's keys (None: no file)."""
+def system_spec(system: str) -> dict[str, Any] | None:
+    """``systems/<system>.yaml`` as read (None: no file)."""
     import yaml
 
     root = systems_dir()
     path = None if root is None else root / f"{system}.yaml"
     if path is None or not path.exists():
         return None
-    spec = yaml.safe_load(path.read_text())
+    spec: dict[str, Any] = yaml.safe_load(path.read_text())
+    return spec
+
+
+@functools.lru_cache(maxsize=32)
+def peaks(system: str) -> dict[str, float] | None:
+    """``systems/<system>.yaml``'s GPU peaks as a hardware preset's keys (None: no file)."""
+    spec = system_spec(system)
+    if spec is None:
+        return None
     gpu, node = spec["gpu"], spec["node"]
     return {
         "peak_tflops": gpu["bfloat16_tc_flops"] / 1e12,

@@ -11,6 +11,12 @@ kernel's real traffic, :mod:`simlab.cost.layers`); here each gets a stated assum
   elements per token as the SSD scan updates (``ssm_n_heads x head_dim x state_dim``), since the
   delta rule does at least the SSD scan's chunked work per state element (its WY transform
   adds to it); without a GDN table, twice the model.
+* ``ssm_scan`` of a GDN layer (conv1d and chunked delta-rule scan) on a GPU whose tables lack
+  the scan: transferred from the GPUs of its class that measured it
+  (:mod:`~simlab.cost.measured.delta_lend`), within a factor ``1 + P90`` of that transfer with
+  each source GPU left out; on the roofline (a shape no table covers), low its bytes at the
+  peak bandwidth, high that transferred or measured scan at ``1 + P90`` (else twice the model):
+  the measured scan takes 2-11x its roofline from 4,096 tokens on every GPU that measured it.
 * ``selective_scan`` (Mamba1): sequential in time on CUDA cores in FP32; low, its bytes at the
   peak bandwidth; high, twice the model (no public measurement of it).
 * ``ssm_step`` (the recurrent decode step): low, its bytes at the peak bandwidth; high, the
@@ -29,6 +35,7 @@ whose calibration profile gives its own held-back error.
 
 from __future__ import annotations
 
+from simlab.cost.measured import delta_lend
 from simlab.cost.measured.hooks import PREFIX_ATTENTION_UNCERTAINTY, MeasuredOps
 from simlab.cost.measured.sources import INTERPOLATED
 from simlab.cost.model import CostModel
@@ -56,6 +63,17 @@ ASSUMPTIONS = {
     "rows per expert; x/(1 + P90) to x(1 + P90), P90 of that transfer with each measured "
     "model left out",
 }
+#: a GDN layer's ``ssm_scan`` (:func:`assumption`)
+GDN_SCAN = (
+    "GDN conv + chunked scan: the scan this GPU's tables lack from its class's GPUs at its "
+    "bandwidth, x/(1 + P90) to x(1 + P90) with each source GPU left out; on the roofline, low: "
+    "bytes at peak bandwidth, high: that scan x(1 + P90) (else 2x)"
+)
+
+
+def assumption(op: str, ssm_kind: str) -> str:
+    """The stated assumption of unmeasured ``op`` in a model of ``ssm_kind`` layers."""
+    return GDN_SCAN if op == "ssm_scan" and ssm_kind == "gdn" else ASSUMPTIONS[op]
 
 
 def bounds(
@@ -69,8 +87,8 @@ def bounds(
         return seconds * (1 - PREFIX_ATTENTION_UNCERTAINTY), seconds * (
             1 + PREFIX_ATTENTION_UNCERTAINTY
         )
-    if op.name == "moe":
-        p90 = None if measured is None else lent_moe_p90(measured)
+    if op.name == "moe" or (op.name == "ssm_scan" and measured and measured.time(op)):
+        p90 = _lent_p90(op, measured)  # a timed op: None where measured here
         return None if p90 is None else (seconds / (1 + p90), seconds * (1 + p90))
     if op.name not in ASSUMPTIONS:
         return None
@@ -90,12 +108,35 @@ def lent_moe_p90(measured: MeasuredOps) -> float | None:
     return measured.kernels.moe_transfer_p90()
 
 
+def _lent_p90(op: Op, measured: MeasuredOps | None) -> float | None:
+    """The held-out P90 of the transfer that timed ``op`` (a MoE shape or a GDN scan the
+    tables lack; None: measured, or not timed)."""
+    if measured is None:
+        return None
+    return lent_moe_p90(measured) if op.name == "moe" else lent_scan_p90(measured)
+
+
+def lent_scan_p90(measured: MeasuredOps) -> float | None:
+    """The held-out P90 of the GDN scan's transfer from other GPUs where the model is GDN and
+    its GPU's tables lack the scan (:mod:`~simlab.cost.measured.delta_lend`; else None)."""
+    kernels = measured.kernels
+    if measured.model.ssm_kind != "gdn" or delta_lend.GPU_LENT not in kernels.delta_lent:
+        return None
+    return delta_lend.transfer_p90(kernels)
+
+
 def _gdn_bound(op: Op, measured: MeasuredOps | None) -> float | None:
-    """The measured GDN scan at the state size of ``op``'s Mamba2 scan or step (None: no
-    table, or not Mamba2)."""
+    """The measured GDN scan at the state size of ``op``'s Mamba2 scan or step; a GDN layer's
+    own scan transferred from other GPUs, at ``1 + P90`` (None: no table, or neither)."""
     if measured is None or op.name not in ("ssm_scan", "ssm_step"):
         return None
     m, tp = measured.model, measured.tp
+    if m.ssm_kind == "gdn" and op.name == "ssm_scan" and op.query and m.ssm_n_heads % tp == 0:
+        seqs = op.query[0]
+        heads = (max(1, m.ssm_n_groups // tp), m.ssm_n_heads // tp)
+        timed = measured.kernels.gdn("context", seqs, max(1, round(op.tokens / seqs)), *heads)
+        p90 = lent_scan_p90(measured) or 0.0
+        return None if timed is None else m.n_ssm_layers * timed[0] / 1e3 * (1 + p90)
     if m.ssm_kind != "mamba2":
         return None
     v_heads = max(1, round(m.ssm_n_heads * m.ssm_head_dim * m.ssm_state_dim / GDN_HEAD_STATE / tp))
@@ -119,8 +160,8 @@ def ranges(cost: CostModel, batch: BatchShape) -> dict[str, tuple[float, float]]
         if op.name == "attn_prefill":
             if cost.source(op) != INTERPOLATED:
                 continue
-        elif op.name == "moe" and timed:
-            pass  # bounded where it was timed from another shape
+        elif op.name in ("moe", "ssm_scan") and timed:
+            pass  # bounded where it was timed from another shape or GPU
         elif timed or cost.measured(op) or op.op_class == "overhead":
             continue
         bound = bounds(op, seconds, cost.hw.mem_bw, cost.kernels)
