@@ -179,3 +179,14 @@ def test_vllm_and_sglang_time_the_same_conv_and_decode_kernels_alike(gpu):
         assert both.sum() > 150
         ratio = float(np.exp(np.median(grids[0].log_y[both] - grids[1].log_y[both])))
         assert 0.85 < ratio < 1.15, (kernel, ratio)
+
+
+def test_a_mamba2_scans_high_end_on_a100_is_the_transferred_gdn_scan_and_recorded():
+    overrides = ["model=nemotron_3_nano", "hardware=a100_80gb", "engine.backend=vllm"]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        out = predict(compose(config_name="predict", overrides=[*overrides, "prefill=[8192]"]))
+    assert delta_lend.GPU_LENT in out["kernels"]["delta_rule_lent"]
+    assert "SSD" in out["unmeasured"]["assumptions"]["ssm_scan"]
+    ((low, high),) = out["unmeasured"]["ops_ms"]["ssm_scan"]
+    (scan,) = out["breakdown_ms"]["ssm_scan"]
+    assert low < scan < high and high != pytest.approx(2 * scan)

@@ -241,6 +241,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         sum(cost.measured_share(shape) * cost.time(shape) for shape in run) / total
         for run, total in zip(runs, totals, strict=True)
     ]
+    # before the kernels: a bound may lend a kernel (kernels.delta_rule_lent)
+    unmeasured = unmeasured_ranges(cost, runs, totals)
     return {
         "model": cost.model.name,
         "hardware": cost.hw.name,
@@ -284,7 +286,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         "breakdown_sources": op_sources(cost, runs),
         "time_sources": [shares(summed(cost.sources(shape) for shape in run)) for run in runs],
         # the unmeasured ops' modelled ranges (simlab.cost.measured.unmeasured)
-        "unmeasured": unmeasured_ranges(cost, runs, totals),
+        "unmeasured": unmeasured,
         # measured.path: the rows predicted and their error (simlab.experiments.measured.compare)
         "measured": None if rows is None or models is None else checked(rows, batch, models),
     }

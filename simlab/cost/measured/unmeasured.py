@@ -50,7 +50,8 @@ GDN_HEAD_STATE = 128 * 128
 
 ASSUMPTIONS = {
     "ssm_scan": "SSD chunked scan: roofline of its traffic; low: bytes at peak bandwidth; "
-    "high: measured GDN chunk scan at equal state size (else 2x)",
+    "high: GDN chunk scan at equal state size, measured here or from this GPU's class "
+    "(else 2x)",
     "selective_scan": "Mamba1 selective scan on FP32 CUDA cores; low: bytes at peak "
     "bandwidth; high: 2x (no public measurement)",
     "ssm_step": "recurrent decode step; low: bytes at peak bandwidth; high: measured GDN "
