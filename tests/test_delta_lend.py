@@ -16,8 +16,9 @@ from simlab.cost.measured import delta_lend, tables, unmeasured
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import INTERPOLATED, ROOFLINE
 from simlab.cost.shapes import BatchShape
-from simlab.engines.timed.engine import TimedEngine
+from simlab.engines.timed.engine import TimedEngine, time_sources
 from simlab.experiments.predict import predict
+from simlab.report.describe import time_sources_note
 from tests.fixtures import CONFIGS
 from tests.test_measured_kernels import installed, preset, spec
 
@@ -190,3 +191,16 @@ def test_a_mamba2_scans_high_end_on_a100_is_the_transferred_gdn_scan_and_recorde
     ((low, high),) = out["unmeasured"]["ops_ms"]["ssm_scan"]
     (scan,) = out["breakdown_ms"]["ssm_scan"]
     assert low < scan < high and high != pytest.approx(2 * scan)
+
+
+def test_a_timed_run_records_the_lent_gdn_kernels_and_the_report_names_them():
+    cost = preset_cost(spec("qwen3_5_35b_a3b"), 1)
+    cost.time(BatchShape(prefill=[(0, 1000)], decode=[1000]))
+    summary = time_sources(cost, "lru")
+    lent = summary["kernels"]["delta_rule_lent"]
+    assert lent["gdn context conv"] == lent["gdn generation scan"] == "sglang 0.5.10"
+    assert lent[delta_lend.GPU_LENT] == "l40s, rtx_pro_6000_server at this GPU's bandwidth"
+    config = {"engine": {"backend": "vllm", "hardware": {"system": "a100_sxm"}}}
+    note = time_sources_note(config, {"lru": summary})
+    assert f"; {delta_lend.GPU_LENT} from l40s, rtx_pro_6000_server" in note
+    assert "; gdn context conv from sglang 0.5.10" in note

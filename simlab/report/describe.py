@@ -193,7 +193,7 @@ def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]
     """Where a timed run's simulated GPU time came from (``summary.json``'s ``time_sources``,
     mean over the policies): measured kernels, interpolated between them, or the roofline, and
     each fused-MoE shape or kernel its tables lack (``kernels.moe_versions``, ``moe_shapes``,
-    ``moe_kernels``).
+    ``moe_kernels``) and each delta-rule kernel lent (``delta_rule_lent``).
     Empty for a run without measured kernels."""
     shares = [p["time_sources"] for p in policies.values() if p.get("time_sources")]
     if not shares:
@@ -214,6 +214,12 @@ def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]
         for shape, whence in ((p.get("kernels") or {}).get(key) or {}).items()
     }
     lent_note = "".join(f"; fused MoE {line}" for line in sorted(lent))
+    delta = {
+        f"{kernel} from {where}"
+        for p in policies.values()
+        for kernel, where in ((p.get("kernels") or {}).get("delta_rule_lent") or {}).items()
+    }
+    lent_note += "".join(f"; {line}" for line in sorted(delta))
     kv = sorted(
         {str((p.get("kernels") or {}).get("kv_cache_dtype", "bf16")) for p in policies.values()}
     )
