@@ -62,6 +62,12 @@ def test_flashinfers_own_scan_never_lends():
     assert delta_lend.grid(path, "context", "scan", 0) is not None  # FlashInfer's, vLLM's own
     assert delta_lend.grid(path, "context", "scan", 0, lent=True) is None
     assert delta_lend.grid(path, "context", "conv", 0, lent=True) is not None
+    # nor do KDA's kernels (vLLM's FlashKDA, SGLang's chunk_kda): TensorRT-LLM has no KDA table
+    trt = Kernels("h100_sxm", "trtllm", tables.versions("h100_sxm", "trtllm")[-1])
+    sglang = Kernels("h100_sxm", "sglang", tables.versions("h100_sxm", "sglang")[-1])
+    heads = (24, 24)  # a measured head count
+    assert sglang.delta_rule("kda", "context", "scan", 1, 4096, heads, 0) is not None
+    assert trt.delta_rule("kda", "context", "scan", 1, 4096, heads, 0) is None
 
 
 def test_the_scan_no_engine_measured_on_a100_comes_from_its_class_at_its_bandwidth():

@@ -1,6 +1,6 @@
-"""The delta-rule (GDN, KDA) kernels a GPU's tables lack for an engine: lent from another engine
-on the same GPU (:func:`elsewhere`), and GDN's chunked prefill scan from other GPUs
-(:func:`gdn_scan`).
+"""The GDN kernels a GPU's tables lack for an engine: lent from another engine on the same GPU
+(:func:`elsewhere`), and the chunked prefill scan from other GPUs (:func:`gdn_scan`). KDA's
+kernels are not lent: its engines run different ones (vLLM's FlashKDA, SGLang's ``chunk_kda``).
 
 **Another engine, same GPU.** vLLM and SGLang run the same causal conv1d and recurrent decode
 kernels, and on the GPUs where vLLM has no FlashInfer scan (Ada, consumer Blackwell) the same
@@ -91,7 +91,7 @@ def elsewhere(
     kernels: Kernels, family: str, phase: str, part: str, d_model: int
 ) -> tuple[Grid, str] | None:
     """The grid of the first other engine on ``kernels``' GPU whose newest ``family`` table has
-    this kernel, and that engine and version; None if none has."""
+    this kernel (``part`` in ``phase``), and that engine and version; None if none has."""
     for backend in LENDERS:
         if backend == kernels.backend:
             continue

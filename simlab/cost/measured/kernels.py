@@ -434,7 +434,7 @@ class Kernels:
         tables lack comes from another engine's table on the GPU, and GDN's chunked scan where
         no engine measured its shape here from other GPUs of its class (:mod:`.delta_lend`)."""
         grid, lender = self.grid((family, phase, part, d_model)), None
-        if grid is None:
+        if grid is None and family == "gdn":  # KDA's engines run different kernels
             grid, lender = delta_lend.elsewhere(self, family, phase, part, d_model) or (None, None)
         timed = None if grid is None else grid.at((*heads, batch, length))
         if timed is not None and lender is not None:
