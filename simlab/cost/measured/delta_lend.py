@@ -46,7 +46,7 @@ from simlab.cost.measured.sources import INTERPOLATED
 if TYPE_CHECKING:
     from simlab.cost.measured.kernels import Kernels
 
-#: the engines whose delta-rule table lends, first found first
+#: the engines whose GDN table lends, first found first
 LENDERS = ("sglang", "vllm", "trtllm")
 #: the engine whose tables time FLA's Triton chunked scan on every GPU
 SCAN_SOURCE = "sglang"
@@ -61,7 +61,13 @@ CONV_KERNEL = "causal_conv1d"
 #: a kernel that is another engine's own and never lends
 OWN_KERNEL = "flashinfer"
 
+#: the GDN kernel other GPUs lend: the chunked prefill scan (phase, part)
+SCAN = ("context", "scan")
+#: its entry in ``Kernels.delta_lent``
+GPU_LENT = "gdn context scan (other GPUs)"
+
 Timed = tuple[float, str] | None
+Shape = tuple[tuple[int, int], int, float]  # (key heads, value heads), batch, length
 
 
 def grid(path: Path, phase: str, part: str, d_model: int, lent: bool = False) -> Grid | None:
@@ -117,13 +123,6 @@ def sm_version(system: str) -> int | None:
     spec = tables.system_spec(system)
     value = None if spec is None else spec["gpu"].get("sm_version")
     return None if value is None else int(value)
-
-
-#: the GDN kernel other GPUs lend: the chunked prefill scan (phase, part)
-SCAN = ("context", "scan")
-#: its entry in ``Kernels.delta_lent``
-GPU_LENT = "gdn context scan (other GPUs)"
-Shape = tuple[tuple[int, int], int, float]  # (key heads, value heads), batch, length
 
 
 @functools.lru_cache(maxsize=16)
