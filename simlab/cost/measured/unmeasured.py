@@ -51,7 +51,7 @@ GDN_HEAD_STATE = 128 * 128
 ASSUMPTIONS = {
     "ssm_scan": "SSD chunked scan: roofline of its traffic; low: bytes at peak bandwidth; "
     "high: GDN chunk scan at equal state size, measured here or from this GPU's class "
-    "(else 2x)",
+    "x(1 + P90) (else 2x)",
     "selective_scan": "Mamba1 selective scan on FP32 CUDA cores; low: bytes at peak "
     "bandwidth; high: 2x (no public measurement)",
     "ssm_step": "recurrent decode step; low: bytes at peak bandwidth; high: measured GDN "
@@ -127,17 +127,27 @@ def lent_scan_p90(measured: MeasuredOps) -> float | None:
 
 
 def _gdn_bound(op: Op, measured: MeasuredOps | None) -> float | None:
-    """The measured GDN scan at the state size of ``op``'s Mamba2 scan or step; a GDN layer's
-    own scan transferred from other GPUs, at ``1 + P90`` (None: no table, or neither)."""
+    """The GDN scan at the state size of ``op``'s Mamba2 scan or step, or a GDN layer's own
+    scan, measured on this GPU or transferred from its class (then at ``1 + P90``); None: no
+    table, or neither kind."""
     if measured is None or op.name not in ("ssm_scan", "ssm_step"):
         return None
+    timed = _gdn_time(op, measured)
+    if timed is None:
+        return None
+    kernels = measured.kernels
+    p90 = delta_lend.transfer_p90(kernels) if delta_lend.GPU_LENT in kernels.delta_lent else None
+    return measured.model.n_ssm_layers * timed / 1e3 * (1 + (p90 or 0.0))
+
+
+def _gdn_time(op: Op, measured: MeasuredOps) -> float | None:
+    """One layer's GDN scan (ms) that bounds ``op`` (:func:`_gdn_bound`)."""
     m, tp = measured.model, measured.tp
     if m.ssm_kind == "gdn" and op.name == "ssm_scan" and op.query and m.ssm_n_heads % tp == 0:
         seqs = op.query[0]
         heads = (max(1, m.ssm_n_groups // tp), m.ssm_n_heads // tp)
         timed = measured.kernels.gdn("context", seqs, max(1, round(op.tokens / seqs)), *heads)
-        p90 = lent_scan_p90(measured) or 0.0
-        return None if timed is None else m.n_ssm_layers * timed[0] / 1e3 * (1 + p90)
+        return None if timed is None else timed[0]
     if m.ssm_kind != "mamba2":
         return None
     v_heads = max(1, round(m.ssm_n_heads * m.ssm_head_dim * m.ssm_state_dim / GDN_HEAD_STATE / tp))
@@ -148,7 +158,7 @@ def _gdn_bound(op: Op, measured: MeasuredOps | None) -> float | None:
         else:
             timed = measured.kernels.gdn("generation", max(op.tokens, 1), 1, k_heads, v_heads)
         if timed is not None:
-            return m.n_ssm_layers * timed[0] / 1e3
+            return timed[0]
     return None
 
 
