@@ -11,6 +11,9 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from simlab.cost.hardware import Hardware
+from simlab.cost.shapes import BatchShape
+from simlab.engines.timed.engine import TimedEngine, time_sources
 from simlab.model.spec import ModelSpec
 from traces.format import Trace, make_frame
 
@@ -40,6 +43,15 @@ def golden_value(file: str, key: str, measured: int) -> int:
 
 def model(name: str) -> ModelSpec:
     return ModelSpec.from_config(OmegaConf.load(CONFIGS / "model" / f"{name}.yaml"))
+
+
+def timed_prefill_summary(hardware: str, model_name: str, tokens: int = 1000) -> dict:
+    """The ``summary.json`` time sources of a timed engine's cost model on the ``hardware``
+    and ``model_name`` presets after one prefill of ``tokens``."""
+    preset = OmegaConf.to_container(OmegaConf.load(CONFIGS / "hardware" / f"{hardware}.yaml"))
+    cost = TimedEngine(hardware=Hardware.from_config(preset)).cost_model(model(model_name))
+    cost.time(BatchShape(prefill=[(0, tokens)]))
+    return time_sources(cost, "lru")
 
 
 def chat_trace(

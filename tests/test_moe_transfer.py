@@ -7,19 +7,14 @@ from __future__ import annotations
 import math
 
 import pytest
-import yaml
 from hydra import compose, initialize_config_dir
 
-from simlab.cost.hardware import Hardware
 from simlab.cost.measured import reference, tables, transfer
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import INTERPOLATED, MEASURED, ROOFLINE
-from simlab.cost.shapes import BatchShape
-from simlab.engines.timed.engine import TimedEngine, time_sources
 from simlab.experiments.predict import predict
-from simlab.model.spec import ModelSpec
 from simlab.report.describe import time_sources_note
-from tests.fixtures import CONFIGS
+from tests.fixtures import CONFIGS, timed_prefill_summary
 
 installed = pytest.mark.skipif(
     tables.systems_dir() is None, reason="aiconfigurator-core is not installed"
@@ -117,15 +112,7 @@ def test_the_moe_leaves_the_roofline_and_the_prediction_names_its_source_shape(m
 
 @installed
 def test_a_timed_run_records_the_lent_shape_and_the_report_names_it():
-    hardware = Hardware.from_config(
-        yaml.safe_load((CONFIGS / "hardware" / "a100_80gb.yaml").read_text())
-    )
-    model = ModelSpec.from_config(
-        yaml.safe_load((CONFIGS / "model" / "qwen3_5_35b_a3b.yaml").read_text())
-    )
-    cost = TimedEngine(hardware=hardware).cost_model(model)
-    cost.time(BatchShape(prefill=[(0, 1000)]))
-    summary = time_sources(cost, "lru")
+    summary = timed_prefill_summary("a100_80gb", "qwen3_5_35b_a3b")
     ((query, source),) = summary["kernels"]["moe_shapes"].items()
     assert query == transfer.label(QWEN3_5_35B)
     config = {"engine": {"backend": "vllm", "hardware": {"system": "a100_sxm"}}}

@@ -353,6 +353,8 @@ def kernel_lines(kernels: dict[str, Any]) -> list[str]:
         lines.append(f"fused MoE {shape}: {kernels['moe_kernel']} kernel from {where}")
     for shape, source in (kernels.get("moe_shapes") or {}).items():
         lines.append(f"fused MoE {shape}: not measured, timed from the measured {source}")
+    for shape, how in (kernels.get("moe_gating") or {}).items():
+        lines.append(f"fused MoE {shape}: {how}")
     return lines + ([kernels["checkpoint"]] if kernels.get("checkpoint") else [])
 
 

@@ -193,7 +193,8 @@ def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]
     """Where a timed run's simulated GPU time came from (``summary.json``'s ``time_sources``,
     mean over the policies): measured kernels, interpolated between them, or the roofline, and
     each fused-MoE shape or kernel its tables lack (``kernels.moe_versions``, ``moe_shapes``,
-    ``moe_kernels``) and each delta-rule kernel lent (``delta_rule_lent``).
+    ``moe_kernels``), a non-gated model's rows (``moe_gating``) and each delta-rule kernel lent
+    (``delta_rule_lent``).
     Empty for a run without measured kernels."""
     shares = [p["time_sources"] for p in policies.values() if p.get("time_sources")]
     if not shares:
@@ -204,12 +205,13 @@ def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]
     mean = {tag: sum(s.get(tag, 0.0) for s in shares) / len(shares) for tag in SOURCES}
     parts = ", ".join(f"{100 * v:.0f}% {tag}" for tag, v in mean.items())
     lent = {
-        f"{shape} {how} {whence}"
+        f"{shape}{how}{whence}"
         for p in policies.values()
         for key, how in (
-            ("moe_versions", "from the table of"),
-            ("moe_shapes", "timed from"),
-            ("moe_kernels", "its kernel from"),
+            ("moe_versions", " from the table of "),
+            ("moe_shapes", " timed from "),
+            ("moe_kernels", " its kernel from "),
+            ("moe_gating", ": "),
         )
         for shape, whence in ((p.get("kernels") or {}).get(key) or {}).items()
     }

@@ -33,7 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from simlab.cost.measured import delta_lend, moe_kernel, noise, reference, tables, transfer
+from simlab.cost.measured import (
+    delta_lend,
+    moe_gating,
+    moe_kernel,
+    noise,
+    reference,
+    tables,
+    transfer,
+)
 from simlab.cost.measured.interpolate import Curve, Grid
 from simlab.cost.measured.moe_kernel import MOE_COLUMNS
 from simlab.cost.measured.reference import Roofline
@@ -67,7 +75,7 @@ Timed = tuple[float, str] | None  # (ms, source) or no measurement
 #: measures DeepSeek-V3/R1's that way: the FP8 checkpoints they serve; the same work, scales read
 #: per 128 x 128 block)
 FP8_MOE_FALLBACK = "fp8_block"
-#: the lines :meth:`Kernels._warn_once` logged
+#: the lines :meth:`Kernels.warn_once` logged
 _WARNED: set[str] = set()
 
 
@@ -99,6 +107,8 @@ class Kernels:
     moe_kernels: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
     #: the delta-rule kernels these tables lack: where each came from (:mod:`.delta_lend`)
     delta_lent: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    #: a non-gated model's MoE shapes: how the table's rows were taken (:mod:`.moe_gating`)
+    moe_gating: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
 
     def path(self, kind: str, backend: str | None = None, version: str | None = None) -> Any:
         """The file of ``kind``'s table (of another ``backend`` / ``version`` if given)."""
@@ -154,7 +164,7 @@ class Kernels:
             frame, spikes = noise.despike_gemm(frame)
             if spikes:
                 self.gemm_spikes[f"{dtype} {path.parent.name}"] = spikes
-                self._warn_once(
+                self.warn_once(
                     f"{spikes} weight-bound rows of the {dtype} GEMM table "
                     f"({path.parent.name}) are over {noise.SPIKE:g}x their line's fit, "
                     "measurement spikes: taken at the fit (summary.json kernels.gemm_spikes)"
@@ -234,7 +244,7 @@ class Kernels:
             where = found[1]
         if shape not in self.moe_kernels:
             self.moe_kernels[shape] = where
-            self._warn_once(
+            self.warn_once(
                 f"fused MoE {transfer.label(shape)}: engine.moe_kernel={self.moe_kernel} from "
                 f"{where} (summary.json kernels.moe_kernels)"
             )
@@ -314,12 +324,12 @@ class Kernels:
         shape (:mod:`.transfer`); each is logged once and listed by :meth:`lent`."""
         grid = self.grid(("moe", *shape)) or self._moe_elsewhere(shape)
         if grid is not None:
-            return grid.at((tokens,))
+            return moe_gating.as_run(self, tokens, shape, gated, grid.at((tokens,)))
         source = transfer.nearest(self.moe_shapes(), shape)
         timed = None if source is None else self.moe_from(tokens, shape, source, gated)
         if timed is not None and source is not None and shape not in self.transfers:
             self.transfers[shape] = source
-            self._warn_once(
+            self.warn_once(
                 f"fused MoE {transfer.label(shape)} not measured; timed from the measured "
                 f"{transfer.label(source)} at equal tokens per expert (summary.json "
                 "kernels.moe_shapes)"
@@ -342,14 +352,14 @@ class Kernels:
             if grid is not None:
                 if shape not in self.moe_versions:
                     self.moe_versions[shape] = version
-                    self._warn_once(
+                    self.warn_once(
                         f"fused MoE {transfer.label(shape)} not in the {chosen.parent.name} "
                         f"table; taken from {version}'s (summary.json kernels.moe_versions)"
                     )
                 return grid
         return None
 
-    def _warn_once(self, what: str) -> None:
+    def warn_once(self, what: str) -> None:
         """Log ``what`` of these kernels once per process (runs build kernels per point)."""
         line = f"{self.system} {self.backend} {self.version}: {what}"
         if line not in _WARNED:
@@ -377,13 +387,15 @@ class Kernels:
             out["moe_kernels"] = {transfer.label(s): w for s, w in sorted(self.moe_kernels.items())}
         if self.delta_lent:
             out["delta_rule_lent"] = dict(sorted(self.delta_lent.items()))
+        if self.moe_gating:
+            out["moe_gating"] = {transfer.label(s): w for s, w in sorted(self.moe_gating.items())}
         return out
 
     def record_lent(self, kernel: str, where: str) -> None:
         """Note (once, logged) that ``kernel`` is not in these tables and came from ``where``."""
         if kernel not in self.delta_lent:
             self.delta_lent[kernel] = where
-            self._warn_once(
+            self.warn_once(
                 f"{kernel}: not in these tables, taken from {where} "
                 "(summary.json kernels.delta_rule_lent)"
             )
@@ -400,15 +412,17 @@ class Kernels:
         """``shape``'s fused MoE at ``tokens`` (``gated`` experts or not) from the measured
         ``source`` shape's (:func:`~.transfer.moe_ms`)."""
         grid = self.grid(("moe", *source))
-        refs = [
-            self._roofline(reference.moe(s, self.dtype, 3 if g else 2), self.dtype)
-            for s, g in ((shape, gated), (source, True))
-        ]
+        refs = [self.moe_reference(shape, gated), self.moe_reference(source)]
         at = transfer.source_tokens(tokens, shape, source)
         timed = None if grid is None else grid.at((at,))
         if timed is None or refs[0] is None or refs[1] is None:
             return None
         return transfer.moe_ms(tokens, timed[0], at, refs[0], refs[1]), INTERPOLATED
+
+    def moe_reference(self, shape: tuple[int, ...], gated: bool = True) -> Roofline | None:
+        """The roofline reference of ``shape``'s fused MoE on its tokens (three expert GEMMs
+        when ``gated``, else two)."""
+        return self._roofline(reference.moe(shape, self.dtype, 3 if gated else 2), self.dtype)
 
     def gdn(self, phase: str, batch: int, length: int, k_heads: int, v_heads: int) -> Timed:
         """The GDN (gated delta rule) scan of ``batch`` sequences of ``length`` tokens

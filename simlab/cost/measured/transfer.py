@@ -16,9 +16,9 @@ expert's GEMM rows, which set the grouped GEMM's efficiency):
     t(x) = t_src(x_src) * ref(x) / ref_src(x_src),  x_src = x * (k / E) / (k_src / E_src)
 
 where ``ref`` counts the query's expert GEMMs: three for gated experts, two for non-gated ones
-(Nemotron-H's ReLU^2 experts). Only gated models' shapes lend: the tables do not say how
-Nemotron-H's experts were run, and they differ (A100's vLLM 0.14 rows fit three GEMMs, H100's
-vLLM 0.24 rows two). Which shapes are gated, the model configs the package bundles say, since
+(Nemotron-H's ReLU^2 experts). Only gated models' shapes lend: the tables ran Nemotron-H's
+experts in either way (A100's vLLM 0.14 rows gated, H100's vLLM 0.24 rows not; :mod:`.moe_gating`
+judges them). Which shapes are gated, the model configs the package bundles say, since
 its MoE shapes are theirs (:func:`bundled_gating`; a shape of none of them counts as gated).
 The result is ``interpolated``. How far it is off is measured by leaving each model out
 (every MoE TP of its shape) and timing its measured points from the nearest other model:
