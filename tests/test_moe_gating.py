@@ -97,7 +97,10 @@ def test_gated_rows_scaled_to_two_gemms_reproduce_a_table_that_ran_them_non_gate
     assert np.median(scaled) < 0.06 and np.quantile(scaled, 0.9) < 0.11
 
 
-def test_a_non_gated_model_on_gated_rows_is_interpolated_warned_once_and_recorded(caplog):
+def test_a_non_gated_model_on_gated_rows_is_interpolated_warned_once_and_recorded(
+    caplog, monkeypatch
+):
+    monkeypatch.setattr("simlab.cost.measured.kernels._WARNED", set())  # once per process
     kernels = Kernels("a100_sxm", "vllm", "0.14.0")
     shape = (*NANO, 1, 1)
     row = kernels.grid(("moe", *shape)).at((1024,))

@@ -14,6 +14,8 @@ that error. ``moe_shape``: each measured MoE model left out and timed from the n
 model's shape, as :mod:`simlab.cost.measured.transfer` times a shape the table lacks.
 ``gdn_scan_gpu`` (a GPU whose tables lack GDN's chunked scan): each GPU that lends it left out
 and timed from the others, as :mod:`simlab.cost.measured.delta_lend` times it.
+``head_W`` (a prefill attention width ``W`` these tables lack): the class's GPUs that measured
+it, timed from the width this table has, as :mod:`simlab.cost.measured.head_width` times it.
 ``--json FILE`` writes them.
 """
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simlab.cost.measured import delta_lend, select, tables, transfer
+from simlab.cost.measured import delta_lend, head_width, select, tables, transfer
 from simlab.cost.measured.interpolate import Grid
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.noise import noise
@@ -89,6 +91,13 @@ def report(kernels: Kernels) -> dict[str, dict[str, float]]:
     per_class["moe_shape"] = transfer.held_out_errors(kernels)
     if kernels.grid(("gdn", *delta_lend.SCAN, 0)) is None:  # the scan comes from other GPUs
         per_class["gdn_scan_gpu"] = delta_lend.held_out_errors(kernels.system, kernels.local)
+    for width in head_width.WIDTHS:  # the widths these tables lack, from the nearest they hold
+        held = kernels.grid(("context", width, 0)) is not None
+        source = None if held else head_width.source_width(kernels, width)
+        if source is not None:
+            per_class[f"head_{width}"] = head_width.class_errors(
+                kernels.system, kernels.backend, source, width, kernels.local
+            )
     for cls, errors in per_class.items():
         if errors.size:
             out[cls] = {
@@ -132,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         floor += "  each model left out (MoE shapes the tables lack)" if cls == "moe_shape" else ""
         if cls == "gdn_scan_gpu":
             floor += "  each source GPU left out (the GDN scan these tables lack)"
+        if cls.startswith("head_"):
+            floor += "  on the class's GPUs (a prefill attention width these tables lack)"
         print(
             f"  {cls:<12} median {100 * row['median']:5.1f}%  P90 {100 * row['p90']:5.1f}%  "
             f"({row['points']:,} points){floor}"

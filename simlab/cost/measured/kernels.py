@@ -35,6 +35,7 @@ import numpy as np
 
 from simlab.cost.measured import (
     delta_lend,
+    head_width,
     moe_gating,
     moe_kernel,
     noise,
@@ -107,6 +108,9 @@ class Kernels:
     moe_kernels: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
     #: the delta-rule kernels these tables lack: where each came from (:mod:`.delta_lend`)
     delta_lent: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    #: the prefill attention widths these tables lack: the width each was timed from
+    #: (:mod:`.head_width`)
+    head_widths: dict[int, int] = field(default_factory=dict, init=False, repr=False)
     #: a non-gated model's MoE shapes: how the table's rows were taken (:mod:`.moe_gating`)
     moe_gating: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
 
@@ -203,14 +207,14 @@ class Kernels:
         frame = frame.drop_duplicates(axes)
         return _grid(frame, axes, 2.0 if key[0] == "mla_context" else 1.0)
 
-    def _moe_dtypes(self) -> tuple[str, ...]:
+    def moe_dtypes(self) -> tuple[str, ...]:
         """The MoE rows' dtypes a shape is looked up in, in order: an FP8 model's per-tensor
         rows, then the block-scaled ones (:data:`FP8_MOE_FALLBACK`)."""
         dtype = tables.DTYPES[self.dtype]["moe"]
         return (dtype, FP8_MOE_FALLBACK) if dtype == "fp8" else (dtype,)
 
     def _moe_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
-        frame, dtype = moe_kernel.shape_rows(path, self._moe_dtypes(), key[1:])
+        frame, dtype = moe_kernel.shape_rows(path, self.moe_dtypes(), key[1:])
         if dtype == FP8_MOE_FALLBACK and not frame.empty:
             log.info(
                 "%s %s %s: fused MoE %s has no per-tensor FP8 rows; its block-scaled FP8 (%s) "
@@ -222,33 +226,7 @@ class Kernels:
                 FP8_MOE_FALLBACK,
             )
         roofline = self._roofline(reference.moe(key[1:], self.dtype), self.dtype)
-        return _grid(self._moe_kernel_rows(frame, key[1:]), ["num_tokens"], 1.0, roofline)
-
-    def _moe_kernel_rows(self, frame: Any, shape: tuple[int, ...]) -> Any:
-        """``frame``'s rows of :attr:`moe_kernel` (None: the kernel with most rows); where the
-        table has none, that kernel's rows in another engine's table on this GPU, else the
-        table's own kernel (each logged once and listed by :meth:`lent`)."""
-        if self.moe_kernel is None or frame.empty:
-            return tables.kernel_rows(frame)
-        mine = moe_kernel.of(frame, self.moe_kernel)
-        if not mine.empty:
-            return mine
-        found = moe_kernel.elsewhere(
-            self.system, self.backend, shape, self._moe_dtypes(), self.moe_kernel, self.local
-        )
-        own = tables.kernel_rows(frame)
-        if found is None:
-            name = own["kernel_source"].iloc[0] if "kernel_source" in own.columns else "its rows"
-            where = f"not measured: the table's {name}"
-        else:
-            where = found[1]
-        if shape not in self.moe_kernels:
-            self.moe_kernels[shape] = where
-            self.warn_once(
-                f"fused MoE {transfer.label(shape)}: engine.moe_kernel={self.moe_kernel} from "
-                f"{where} (summary.json kernels.moe_kernels)"
-            )
-        return own if found is None else found[0]
+        return _grid(moe_kernel.chosen_rows(self, frame, key[1:]), ["num_tokens"], 1.0, roofline)
 
     @functools.lru_cache(maxsize=1)  # noqa: B019
     def moe_shapes(self) -> tuple[transfer.Shape, ...]:
@@ -257,7 +235,7 @@ class Kernels:
         if path is None:
             return ()
         shapes: set[transfer.Shape] = set()
-        for dtype in self._moe_dtypes():
+        for dtype in self.moe_dtypes():
             frame = tables.rows(path, (("moe_dtype", dtype),))
             rows = frame[list(MOE_COLUMNS)].drop_duplicates().to_numpy()
             shapes |= {tuple(int(v) for v in row) for row in rows}
@@ -293,7 +271,11 @@ class Kernels:
         """Causal attention of ``batch`` sequences of ``length`` tokens (one layer), each
         query over at most ``window`` keys (0: all)."""
         grid = self.grid(("context", head_dim, window))
-        return None if grid is None else grid.at((heads, kv, batch, length))
+        if grid is None:  # a full-attention width the tables lack: from the nearest they hold
+            return (
+                head_width.context(self, batch, length, heads, kv, head_dim) if not window else None
+            )
+        return grid.at((heads, kv, batch, length))
 
     def generation(
         self, batch: int, heads: int, kv: int, head_dim: int, window: int = 0
@@ -387,9 +369,22 @@ class Kernels:
             out["moe_kernels"] = {transfer.label(s): w for s, w in sorted(self.moe_kernels.items())}
         if self.delta_lent:
             out["delta_rule_lent"] = dict(sorted(self.delta_lent.items()))
+        if self.head_widths:
+            out["head_widths"] = {
+                f"{w}-wide prefill attention": f"from {s}-wide" for w, s in self.head_widths.items()
+            }
         if self.moe_gating:
             out["moe_gating"] = {transfer.label(s): w for s, w in sorted(self.moe_gating.items())}
         return out
+
+    def record_width(self, head_dim: int, source: int) -> None:
+        """Note (once, warned) that ``head_dim``-wide prefill attention came from ``source``."""
+        if head_dim not in self.head_widths:
+            self.head_widths[head_dim] = source
+            self.warn_once(
+                f"{head_dim}-wide prefill attention: not in these tables, from the measured "
+                f"{source}-wide heads scaled by their references (summary.json kernels.head_widths)"
+            )
 
     def record_lent(self, kernel: str, where: str) -> None:
         """Note (once, logged) that ``kernel`` is not in these tables and came from ``where``."""

@@ -16,9 +16,12 @@ FlashInfer (``flashinfer_trtllm``): 0.050 and 0.053 ms at 4 tokens, against Deep
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from simlab.cost.measured import tables
+from simlab.cost.measured import tables, transfer
+
+if TYPE_CHECKING:
+    from simlab.cost.measured.kernels import Kernels
 
 #: a fused-MoE table's shape columns (:data:`~simlab.cost.measured.transfer.Shape`)
 MOE_COLUMNS = ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
@@ -83,3 +86,35 @@ def kernels_on(system: str, local: Path | None = None) -> set[str]:
             if path is not None and path.parent.name == version:
                 names |= set(tables.rows(path, ())["kernel_source"].astype(str).unique())
     return names
+
+
+def chosen_rows(kernels: Kernels, frame: Any, shape: tuple[int, ...]) -> Any:
+    """``frame``'s rows of ``kernels.moe_kernel`` (None: the kernel with most rows); where the
+    table has none, that kernel's rows in another engine's table on this GPU, else the table's
+    own kernel (each warned once and listed in ``kernels.moe_kernels``)."""
+    if kernels.moe_kernel is None or frame.empty:
+        return tables.kernel_rows(frame)
+    mine = of(frame, kernels.moe_kernel)
+    if not mine.empty:
+        return mine
+    found = elsewhere(
+        kernels.system,
+        kernels.backend,
+        shape,
+        kernels.moe_dtypes(),
+        kernels.moe_kernel,
+        kernels.local,
+    )
+    own = tables.kernel_rows(frame)
+    if found is None:
+        name = own["kernel_source"].iloc[0] if "kernel_source" in own.columns else "its rows"
+        where = f"not measured: the table's {name}"
+    else:
+        where = found[1]
+    if shape not in kernels.moe_kernels:
+        kernels.moe_kernels[shape] = where
+        kernels.warn_once(
+            f"fused MoE {transfer.label(shape)}: engine.moe_kernel={kernels.moe_kernel} from "
+            f"{where} (summary.json kernels.moe_kernels)"
+        )
+    return own if found is None else found[0]

@@ -24,7 +24,9 @@ kernel's real traffic, :mod:`simlab.cost.layers`); here each gets a stated assum
 * ``ssm_state_copy`` (a checkpoint saved or restored): a device copy of the state's bytes;
   low, at the peak bandwidth; high, at half of it plus :data:`COPY_LAUNCH_S` per copy.
 * ``attn_prefill`` over a cached prefix or unequal chunks: the compute-equivalent length of
-  :mod:`simlab.cost.measured.hooks`, +-:data:`~simlab.cost.measured.hooks.PREFIX_ATTENTION_UNCERTAINTY`.
+  :mod:`simlab.cost.measured.hooks`, +-:data:`~simlab.cost.measured.hooks.PREFIX_ATTENTION_UNCERTAINTY`;
+  at a head width the tables lack (:mod:`~simlab.cost.measured.head_width`), within a factor
+  ``1 + P90`` of that transfer on the GPUs of the class that measured both widths as well.
 * ``moe`` of a shape no table holds, timed from the nearest measured one
   (:mod:`~simlab.cost.measured.transfer`): within a factor ``1 + P90`` of that transfer's
   error with each measured model left out, on the same tables.
@@ -35,7 +37,7 @@ whose calibration profile gives its own held-back error.
 
 from __future__ import annotations
 
-from simlab.cost.measured import delta_lend
+from simlab.cost.measured import delta_lend, head_width
 from simlab.cost.measured.hooks import PREFIX_ATTENTION_UNCERTAINTY, MeasuredOps
 from simlab.cost.measured.sources import INTERPOLATED
 from simlab.cost.model import CostModel
@@ -59,7 +61,8 @@ ASSUMPTIONS = {
     "ssm_state_copy": "device copy of each checkpoint; low: peak bandwidth; high: half of it "
     f"plus {COPY_LAUNCH_S * 1e6:.0f} us per copy",
     "attn_prefill": "cached prefix / unequal chunks at the compute-equivalent causal length, "
-    f"+-{100 * PREFIX_ATTENTION_UNCERTAINTY:.0f}%",
+    f"+-{100 * PREFIX_ATTENTION_UNCERTAINTY:.0f}%; a head width the tables lack from the "
+    "nearest they hold, x/(1 + P90) to x(1 + P90) on the class's GPUs",
     "moe": "fused MoE of a shape no table holds, from the nearest measured shape at equal "
     "rows per expert; x/(1 + P90) to x(1 + P90), P90 of that transfer with each measured "
     "model left out",
@@ -83,11 +86,11 @@ def bounds(
     """``[low, high]`` seconds of an unmeasured ``op`` modelled at ``seconds`` (None: the op
     is measured, or not one of :data:`ASSUMPTIONS`)."""
     if op.name == "attn_prefill":
-        if not op.query or op.query[2]:
+        prefix = PREFIX_ATTENTION_UNCERTAINTY if op.query and not op.query[2] else 0.0
+        width = lent_width_p90(measured) or 0.0
+        if not prefix and not width:
             return None
-        return seconds * (1 - PREFIX_ATTENTION_UNCERTAINTY), seconds * (
-            1 + PREFIX_ATTENTION_UNCERTAINTY
-        )
+        return seconds * (1 - prefix) / (1 + width), seconds * (1 + prefix) * (1 + width)
     if op.name == "moe" or (op.name == "ssm_scan" and measured and measured.time(op)):
         p90 = _lent_p90(op, measured)  # a timed op: None where measured here
         return None if p90 is None else (seconds / (1 + p90), seconds * (1 + p90))
@@ -107,6 +110,14 @@ def lent_moe_p90(measured: MeasuredOps) -> float | None:
     if not measured.model.moe_experts or measured.moe_shape() not in measured.kernels.transfers:
         return None
     return measured.kernels.moe_transfer_p90()
+
+
+def lent_width_p90(measured: MeasuredOps | None) -> float | None:
+    """The held-out P90 of the width transfer where the model's prefill attention heads are a
+    width its GPU's tables lack (:mod:`~simlab.cost.measured.head_width`; else None)."""
+    if measured is None or measured.model.attn_kind == "mla" or not measured.attention_layers:
+        return None
+    return head_width.transfer_p90(measured.kernels, measured.heads[2])
 
 
 def _lent_p90(op: Op, measured: MeasuredOps | None) -> float | None:
