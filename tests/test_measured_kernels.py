@@ -97,7 +97,11 @@ def test_real_tables_reproduce_their_points_and_bracket_the_rest():
     mid, tag = kernels.gemm(6000, 4096, 4096)
     assert low < mid < high and tag == INTERPOLATED
     assert kernels.context(1, 8192, 32, 8, 128)[1] == MEASURED
-    assert kernels.context(1, 8192, 32, 8, 96) is None  # no table at head dim 96
+    # no table at head dim 96: the 128-wide heads' time, scaled (simlab.cost.measured.head_width)
+    narrower, tag = kernels.context(1, 8192, 32, 8, 96)
+    assert tag == INTERPOLATED and narrower < kernels.context(1, 8192, 32, 8, 128)[0]
+    assert kernels.head_widths == {96: 128}
+    assert kernels.context(1, 8192, 32, 8, 96, 4096) is None  # a window's: no reference
 
 
 @installed

@@ -65,19 +65,6 @@ def test_every_trtllm_nemotron_row_is_named_nongated_and_judged_so():
         assert verdicts and all(v.startswith(NON_GATED) for v in verdicts.values())
 
 
-def _errors(gated_rows: Kernels, other: Kernels, model: tuple[int, ...], scale: bool) -> np.ndarray:
-    shape = (*model, 1, 1)
-    rows, measured = gated_rows.grid(("moe", *shape)), other.grid(("moe", *shape))
-    refs = gated_rows.moe_reference(shape, False), gated_rows.moe_reference(shape, True)
-    out = []
-    for tokens, log_t in zip(measured.axes[0], measured.log_y, strict=True):
-        timed = rows.at((tokens,))
-        ratio = refs[0](tokens) / refs[1](tokens) if scale else 1.0
-        if timed is not None and np.isfinite(log_t):
-            out.append(abs(timed[0] * ratio / np.exp(log_t) - 1))
-    return np.array(out)
-
-
 @pytest.mark.parametrize(
     ("system", "gated_rows", "non_gated_rows"),
     [
@@ -90,10 +77,11 @@ def test_gated_rows_scaled_to_two_gemms_reproduce_a_table_that_ran_them_non_gate
 ):
     # both Triton's fused MoE: they agree on a gated model, and not on Nemotron-3-Nano's
     # experts until the gated rows are scaled
-    old, new = Kernels(system, *gated_rows), Kernels(system, *non_gated_rows)
-    assert np.median(_errors(old, new, QWEN3_30B, scale=False)) < 0.05
-    assert np.median(_errors(old, new, NANO, scale=False)) > 0.35
-    scaled = _errors(old, new, NANO, scale=True)
+    pair = (system, gated_rows, non_gated_rows)
+    assert pair in moe_gating.CHECKS
+    assert np.median(moe_gating.check(*pair, QWEN3_30B, scaled=False)) < 0.05
+    assert np.median(moe_gating.check(*pair, NANO, scaled=False)) > 0.35
+    scaled = moe_gating.check(*pair, NANO)
     assert np.median(scaled) < 0.06 and np.quantile(scaled, 0.9) < 0.11
 
 

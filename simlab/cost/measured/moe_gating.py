@@ -22,7 +22,8 @@ Rows run gated time the non-gated model at
 where ``ref_2 / ref_3`` is the two expert GEMMs' roofline reference over the three's, at the
 same tokens (:func:`~.reference.moe`). The result is tagged ``interpolated``. Each shape so
 timed, or left undecided, is warned once and recorded in ``kernels.moe_gating``.
-``python -m simlab.cost.measured.moe_gating`` prints every table's verdicts.
+``python -m simlab.cost.measured.moe_gating`` prints every table's verdicts, and checks the
+scaling where one GPU has tables of both kinds (:data:`CHECKS`).
 """
 
 from __future__ import annotations
@@ -148,16 +149,66 @@ def verdicts(system: str, backend: str, version: str, dtype: str = "bf16") -> di
     return out
 
 
+#: the same GPU's two tables, both Triton's fused MoE, that ran Nemotron-3-Nano gated and not
+CHECKS = (
+    ("h200_sxm", ("vllm", "0.19.0"), ("vllm", "0.24.0")),
+    ("h100_sxm", ("sglang", "0.5.10"), ("vllm", "0.24.0")),
+)
+#: Nemotron-3-Nano's experts, and a gated model's of about their size (Qwen3-30B-A3B)
+NANO, GATED_MODEL = (2688, 1856, 6, 128), (2048, 768, 8, 128)
+
+
+def check(
+    system: str,
+    gated_rows: tuple[str, str],
+    other: tuple[str, str],
+    model: tuple[int, ...],
+    scaled: bool = True,
+) -> np.ndarray:
+    """``|time / measured - 1|`` of every point of ``model`` at MoE TP 1 on the ``other``
+    table, timed from the ``gated_rows`` table's rows: ``scaled`` to two GEMMs of three for a
+    non-gated model, else as they are."""
+    from simlab.cost.measured.kernels import Kernels  # here: it imports this module
+
+    rows, measured = Kernels(system, *gated_rows), Kernels(system, *other)
+    shape = (*model, 1, 1)
+    grids = rows.grid(("moe", *shape)), measured.grid(("moe", *shape))
+    two, three = rows.moe_reference(shape, False), rows.moe_reference(shape, True)
+    if grids[0] is None or grids[1] is None or two is None or three is None:
+        return np.array([])
+    gated = transfer.gated(shape) or not scaled
+    scale = (lambda x: 1.0) if gated else (lambda x: two(x) / three(x))
+    errors = []
+    for tokens, log_t in zip(grids[1].axes[0], grids[1].log_y, strict=True):
+        timed = grids[0].at((tokens,))
+        if timed is not None and np.isfinite(log_t):
+            errors.append(abs(timed[0] * scale(tokens) / np.exp(log_t) - 1))
+    return np.asarray(errors)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print every table's verdicts (``python -m simlab.cost.measured.moe_gating``)."""
+    """Print every table's verdicts and :data:`CHECKS`
+    (``python -m simlab.cost.measured.moe_gating``)."""
     del argv
+    out = sys.stdout
     for system in tables.systems():
         for backend in ("vllm", "sglang", "trtllm"):
             for version in tables.versions(system, backend):
-                for model, verdict in verdicts(system, backend, version).items():
-                    sys.stdout.write(
-                        f"{system:20s} {backend:7s} {version:11s} {model:28s} {verdict}\n"
-                    )
+                for label, verdict in verdicts(system, backend, version).items():
+                    out.write(f"{system:20s} {backend:7s} {version:11s} {label:28s} {verdict}\n")
+    out.write("\nrows run gated, scaled, against a table that ran them non-gated (MoE TP 1):\n")
+    for system, rows, other in CHECKS:
+        for name, experts, scaled in (
+            ("Qwen3-30B-A3B (gated)", GATED_MODEL, False),
+            ("Nemotron-3-Nano as measured", NANO, False),
+            ("Nemotron-3-Nano scaled", NANO, True),
+        ):
+            errors = check(system, rows, other, experts, scaled)
+            if errors.size:
+                out.write(
+                    f"  {system} {' '.join(rows)} -> {' '.join(other)}, {name}: median "
+                    f"{np.median(errors):.1%}, P90 {np.quantile(errors, 0.9):.1%}\n"
+                )
     return 0
 
 
