@@ -13,8 +13,9 @@ from hydra import compose, initialize_config_dir
 from simlab.cost.measured import head_width, reference, tables
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import INTERPOLATED
-from simlab.experiments.predict import predict
-from tests.fixtures import CONFIGS
+from simlab.experiments.predict import kernel_lines, predict
+from simlab.report.describe import time_sources_note
+from tests.fixtures import CONFIGS, timed_prefill_summary
 
 pytestmark = pytest.mark.skipif(
     tables.systems_dir() is None, reason="aiconfigurator-core is not installed"
@@ -91,3 +92,10 @@ def test_the_prediction_records_the_width_and_bounds_it_by_that_error():
     assert low == pytest.approx(attention / (1 + p90)) and high == pytest.approx(
         attention * (1 + p90)
     )
+    assert "256-wide prefill attention: not measured, from 128-wide heads" in "\n".join(
+        kernel_lines(prediction["kernels"])
+    )
+    summary = timed_prefill_summary("a100_80gb", "qwen3_5_35b_a3b", 8192)
+    config = {"engine": {"backend": "vllm", "hardware": {"system": "a100_sxm"}}}
+    note = time_sources_note(config, {"lru": summary})
+    assert "; 256-wide prefill attention from 128-wide" in note

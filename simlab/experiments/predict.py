@@ -355,6 +355,8 @@ def kernel_lines(kernels: dict[str, Any]) -> list[str]:
         lines.append(f"fused MoE {shape}: not measured, timed from the measured {source}")
     for shape, how in (kernels.get("moe_gating") or {}).items():
         lines.append(f"fused MoE {shape}: {how}")
+    for width, source in (kernels.get("head_widths") or {}).items():
+        lines.append(f"{width}: not measured, {source} heads scaled by the references")
     return lines + ([kernels["checkpoint"]] if kernels.get("checkpoint") else [])
 
 

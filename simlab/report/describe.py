@@ -193,8 +193,8 @@ def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]
     """Where a timed run's simulated GPU time came from (``summary.json``'s ``time_sources``,
     mean over the policies): measured kernels, interpolated between them, or the roofline, and
     each fused-MoE shape or kernel its tables lack (``kernels.moe_versions``, ``moe_shapes``,
-    ``moe_kernels``), a non-gated model's rows (``moe_gating``) and each delta-rule kernel lent
-    (``delta_rule_lent``).
+    ``moe_kernels``), a non-gated model's rows (``moe_gating``), each delta-rule kernel lent
+    (``delta_rule_lent``) and each attention width (``head_widths``).
     Empty for a run without measured kernels."""
     shares = [p["time_sources"] for p in policies.values() if p.get("time_sources")]
     if not shares:
@@ -217,9 +217,10 @@ def time_sources_note(config: dict[str, Any], policies: dict[str, dict[str, Any]
     }
     lent_note = "".join(f"; fused MoE {line}" for line in sorted(lent))
     delta = {
-        f"{kernel} from {where}"
+        f"{kernel} {prefix}{lent}"
         for p in policies.values()
-        for kernel, where in ((p.get("kernels") or {}).get("delta_rule_lent") or {}).items()
+        for key, prefix in (("delta_rule_lent", "from "), ("head_widths", ""))
+        for kernel, lent in ((p.get("kernels") or {}).get(key) or {}).items()
     }
     lent_note += "".join(f"; {line}" for line in sorted(delta))
     kv = sorted(
