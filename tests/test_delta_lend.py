@@ -135,6 +135,7 @@ def test_the_transferred_scan_is_bounded_by_that_error_and_the_roofline_one_by_i
         assert high > 2 * roofline
     assert "GDN" in unmeasured.assumption("ssm_scan", "gdn")
     assert "SSD" in unmeasured.assumption("ssm_scan", "mamba2")
+    assert "Mamba1 selective scan" in unmeasured.assumption("ssm_scan", "mamba1")
 
 
 def preset_cost(model, tp: int, kernels: bool = True):
@@ -210,3 +211,14 @@ def test_a_timed_run_records_the_lent_gdn_kernels_and_the_report_names_them():
     note = time_sources_note(config, {"lru": summary})
     assert f"; {delta_lend.GPU_LENT} from l40s, rtx_pro_6000_server" in note
     assert "; gdn context conv from sglang 0.5.10" in note
+
+
+def test_a_mamba1_scan_states_its_own_assumption_and_twice_its_model():
+    # Jamba's selective scan is op ssm_scan as every kind's is; nothing bounds it but 2x
+    overrides = ["model=jamba_1_5_mini", "hardware=a100_80gb", "engine.tp=2", "prefill=[8192]"]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        out = predict(compose(config_name="predict", overrides=overrides))
+    assert out["unmeasured"]["assumptions"]["ssm_scan"].startswith("Mamba1 selective scan")
+    ((low, high),) = out["unmeasured"]["ops_ms"]["ssm_scan"]
+    (scan,) = out["breakdown_ms"]["ssm_scan"]
+    assert low < scan and high == pytest.approx(2 * scan)

@@ -76,8 +76,12 @@ GDN_SCAN = (
 
 
 def assumption(op: str, ssm_kind: str) -> str:
-    """The stated assumption of unmeasured ``op`` in a model of ``ssm_kind`` layers."""
-    return GDN_SCAN if op == "ssm_scan" and ssm_kind == "gdn" else ASSUMPTIONS[op]
+    """The stated assumption of unmeasured ``op`` in a model of ``ssm_kind`` layers (a
+    layer's scan is op ``ssm_scan`` of each kind: GDN's, Mamba1's selective scan or Mamba2's
+    SSD scan)."""
+    if op == "ssm_scan" and ssm_kind in ("gdn", "mamba1"):
+        return GDN_SCAN if ssm_kind == "gdn" else ASSUMPTIONS["selective_scan"]
+    return ASSUMPTIONS[op]
 
 
 def bounds(
