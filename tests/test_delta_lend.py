@@ -222,3 +222,28 @@ def test_a_mamba1_scan_states_its_own_assumption_and_twice_its_model():
     ((low, high),) = out["unmeasured"]["ops_ms"]["ssm_scan"]
     (scan,) = out["breakdown_ms"]["ssm_scan"]
     assert low < scan and high == pytest.approx(2 * scan)
+
+
+#: vLLM pull request 27299 (comment of 2025-10-25): tokens per second of vLLM's SSD chunked
+#: scan alone ("Original", before pull request 35397) on one H100, at granite-4.0-h-small's
+#: layer: 128 heads of 64, state 128, one group
+PUBLIC_SSD_TOKENS_PER_S = {4096: 1.206409e7, 8192: 1.262327e7, 16384: 1.292440e7, 32768: 1.180002e7}
+
+
+def test_a_mamba2_scans_high_end_covers_the_public_timing_of_vllms_ssd_kernels():
+    # Nemotron-H-8B's layer has those heads and that state (eight groups): the same GDN bound
+    lengths = sorted(PUBLIC_SSD_TOKENS_PER_S)
+    overrides = ["model=nemotron_h_8b", "hardware=h100_sxm", "engine.token_budget=32768"]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        out = predict(compose(config_name="predict", overrides=[*overrides, f"prefill={lengths}"]))
+    layers = 24
+    for length, (low, high), scan in zip(
+        lengths,
+        out["unmeasured"]["ops_ms"]["ssm_scan"],
+        out["breakdown_ms"]["ssm_scan"],
+        strict=True,
+    ):
+        public = length / PUBLIC_SSD_TOKENS_PER_S[length] * 1e3
+        assert low / layers < scan / layers < public <= high / layers * 1.001, length
+        # the GDN scan at the same state size alone was below it: the factor is needed
+        assert high / layers / unmeasured.SSD_OVER_GDN < public, length

@@ -6,11 +6,12 @@ kernel's real traffic, :mod:`simlab.cost.layers`); here each gets a stated assum
 ``[low, high]`` range of seconds:
 
 * ``ssm_scan`` (Mamba2's SSD chunked scan, conv1d included): low, its bytes at the peak
-  bandwidth (activations in and out once, each sequence's state read and written); high, the
-  measured GDN chunked prefill scan (``chunk_gated_delta_rule``) with as many 128 x 128 state
-  elements per token as the SSD scan updates (``ssm_n_heads x head_dim x state_dim``), since the
-  delta rule does at least the SSD scan's chunked work per state element (its WY transform
-  adds to it); without a GDN table, twice the model.
+  bandwidth (activations in and out once, each sequence's state read and written); high,
+  :data:`SSD_OVER_GDN` x the measured GDN chunked prefill scan (``chunk_gated_delta_rule``)
+  with as many 128 x 128 state elements per token as the SSD scan updates (``ssm_n_heads x
+  head_dim x state_dim``): the delta rule does at least the SSD scan's chunked work per state
+  element (its WY transform adds to it), but vLLM's SSD kernels were timed at up to that factor
+  over the GDN scan; without a GDN table, twice the model.
 * ``ssm_scan`` of a GDN layer (conv1d and chunked delta-rule scan) on a GPU whose tables lack
   the scan: transferred from the GPUs of its class that measured it
   (:mod:`~simlab.cost.measured.delta_lend`), within a factor ``1 + P90`` of that transfer with
@@ -49,11 +50,18 @@ COPY_LAUNCH_S = 10e-6
 UNBOUNDED_HIGH = 2.0
 #: the state elements of one GDN head (128-wide keys x 128-wide values)
 GDN_HEAD_STATE = 128 * 128
+#: the most an engine's Mamba2 SSD chunked scan was found to take over FLA's GDN chunked scan
+#: at the same state size: vLLM's SSD kernels before its March 2026 optimization, timed on one
+#: H100 at granite-4.0-h-small's layer (128 heads of 64, state 128, one group) in vLLM pull
+#: request 27299, took 0.34 / 0.65 / 1.27 / 2.78 ms at 4,096 / 8,192 / 16,384 / 32,768 tokens,
+#: 1.70 / 1.66 / 1.65 / 1.82x the H100 tables' GDN scan at its state size (64 value heads).
+#: The delta rule does at least the SSD scan's work; the kernels are not equally tuned.
+SSD_OVER_GDN = 1.82
 
 ASSUMPTIONS = {
     "ssm_scan": "SSD chunked scan: roofline of its traffic; low: bytes at peak bandwidth; "
-    "high: GDN chunk scan at equal state size, measured here or from this GPU's class "
-    "x(1 + P90) (else 2x)",
+    f"high: {SSD_OVER_GDN:g}x the GDN chunk scan at equal state size (vLLM's SSD kernels took "
+    "up to that on H100), measured here or from this GPU's class x(1 + P90) (else 2x)",
     "selective_scan": "Mamba1 selective scan on FP32 CUDA cores; low: bytes at peak "
     "bandwidth; high: 2x (no public measurement)",
     "ssm_step": "recurrent decode step; low: bytes at peak bandwidth; high: measured GDN "
@@ -152,7 +160,8 @@ def _gdn_bound(op: Op, measured: MeasuredOps | None) -> float | None:
         return None
     kernels = measured.kernels
     p90 = delta_lend.transfer_p90(kernels) if delta_lend.GPU_LENT in kernels.delta_lent else None
-    return measured.model.n_ssm_layers * timed / 1e3 * (1 + (p90 or 0.0))
+    ssd = SSD_OVER_GDN if measured.model.ssm_kind == "mamba2" and op.name == "ssm_scan" else 1.0
+    return measured.model.n_ssm_layers * timed / 1e3 * (1 + (p90 or 0.0)) * ssd
 
 
 def _gdn_time(op: Op, measured: MeasuredOps) -> float | None:
