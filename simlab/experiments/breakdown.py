@@ -42,6 +42,7 @@ def unmeasured_ranges(
     """Per unmeasured op its assumption and ``[low, high]`` ms per length, and the prefill's
     range with every unmeasured op at its low / high end (the rest as predicted)."""
     per_shape = [[unmeasured.ranges(cost, shape) for shape in run] for run in runs]
+    lent = cost.kernels.kernels.delta_lent if cost.kernels is not None else None
     per_run = [summed_ranges(r) for r in per_shape]
     names = list(dict.fromkeys(op for r in per_run for op in r))
     total_ms = []
@@ -53,7 +54,7 @@ def unmeasured_ranges(
             high += sum(hi - b[op] for op, (_, hi) in r.items())
         total_ms.append([1000 * low, 1000 * high])
     return {
-        "assumptions": {op: unmeasured.assumption(op, cost.model.ssm_kind) for op in names},
+        "assumptions": {op: unmeasured.assumption(op, cost.model.ssm_kind, lent) for op in names},
         "ops_ms": {
             op: [[1000 * v for v in r.get(op, (0.0, 0.0))] for r in per_run] for op in names
         },

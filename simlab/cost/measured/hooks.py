@@ -20,8 +20,10 @@ table covers its shape (then the roofline times it too).
   scan at ``b`` sequences of ``tokens / b`` tokens (both linear in the tokens: unequal chunks
   are ``interpolated``), a decode step the conv update plus the recurrent step at the batch;
   heads per GPU, the rows measured for the model's ``d_model`` where the table has them. A
-  Mamba2 layer's scan and step: a local table of ``gpu_validate tables`` (no public table
-  measures the SSD scan: :mod:`~simlab.cost.measured.unmeasured` states its range).
+  Mamba2 layer's scan and step: a local table of ``gpu_validate tables``; else, for an engine
+  whose SSD kernels have a public timing, the scan from FLA's GDN scan at the equal state
+  (:mod:`~simlab.cost.measured.ssd_scan`); else the roofline, whose range
+  :mod:`~simlab.cost.measured.unmeasured` states.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from simlab.cost.hardware import Hardware
-from simlab.cost.measured import attention
+from simlab.cost.measured import attention, ssd_scan
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import INTERPOLATED, worst
 from simlab.cost.profiles import ALLREDUCE, X_PROJ_ALLREDUCE
@@ -172,7 +174,8 @@ class MeasuredOps:
 
     def mamba2(self, op: Op) -> Timed:
         """Mamba2's scan (per prefill sequence) or decode step, where a local table of
-        ``gpu_validate tables`` measured it."""
+        ``gpu_validate tables`` measured it; else the scan from its engine's public timing
+        (:mod:`~simlab.cost.measured.ssd_scan`)."""
         m, tp = self.model, self.tp
         if m.ssm_kind != "mamba2" or m.ssm_n_heads % tp:
             return None
@@ -180,6 +183,8 @@ class MeasuredOps:
         if op.name == "ssm_scan":
             seqs = op.query[0] if op.query else 1
             timed = self.kernels.mamba2(seqs, max(1, round(op.tokens / seqs)), shape)
+            if timed is None:
+                return ssd_scan.scan(self, op)
         else:
             timed = self.kernels.mamba2(op.tokens, 0, shape)
         return None if timed is None else (m.n_ssm_layers * timed[0] / 1e3, timed[1])

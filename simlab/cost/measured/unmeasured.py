@@ -5,7 +5,12 @@ Each is timed by the calibrated roofline (:mod:`simlab.cost.model`: FLOPs and by
 kernel's real traffic, :mod:`simlab.cost.layers`); here each gets a stated assumption and a
 ``[low, high]`` range of seconds:
 
-* ``ssm_scan`` (Mamba2's SSD chunked scan, conv1d included): low, its bytes at the peak
+* ``ssm_scan`` (Mamba2's SSD chunked scan, conv1d included), for an engine whose SSD kernels
+  have a public timing (SGLang; vLLM before 0.19): FLA's GDN scan at the equal state x the
+  engine's factor (:mod:`~simlab.cost.measured.ssd_scan`); low, its bytes at the peak
+  bandwidth; high, :data:`~simlab.cost.measured.ssd_scan.SPREAD` x it.
+* ``ssm_scan`` (Mamba2's SSD chunked scan, conv1d included) for the other engines, on the
+  roofline: low, its bytes at the peak
   bandwidth (activations in and out once, each sequence's state read and written); high,
   :data:`SSD_OVER_GDN` x the measured GDN chunked prefill scan (``chunk_gated_delta_rule``)
   with as many 128 x 128 state elements per token as the SSD scan updates (``ssm_n_heads x
@@ -38,7 +43,7 @@ whose calibration profile gives its own held-back error.
 
 from __future__ import annotations
 
-from simlab.cost.measured import delta_lend, head_width
+from simlab.cost.measured import delta_lend, head_width, ssd_scan
 from simlab.cost.measured.hooks import PREFIX_ATTENTION_UNCERTAINTY, MeasuredOps
 from simlab.cost.measured.sources import INTERPOLATED
 from simlab.cost.model import CostModel
@@ -48,8 +53,6 @@ from simlab.cost.shapes import BatchShape, Op
 COPY_LAUNCH_S = 10e-6
 #: the high end of a term with no measurement to bound it, as a factor on its model
 UNBOUNDED_HIGH = 2.0
-#: the state elements of one GDN head (128-wide keys x 128-wide values)
-GDN_HEAD_STATE = 128 * 128
 #: the most an engine's Mamba2 SSD chunked scan was found to take over FLA's GDN chunked scan
 #: at the same state size: vLLM's SSD kernels before its March 2026 optimization, timed on one
 #: H100 at granite-4.0-h-small's layer (128 heads of 64, state 128, one group) in vLLM pull
@@ -83,12 +86,19 @@ GDN_SCAN = (
 )
 
 
-def assumption(op: str, ssm_kind: str) -> str:
+def assumption(op: str, ssm_kind: str, lent: dict[str, str] | None = None) -> str:
     """The stated assumption of unmeasured ``op`` in a model of ``ssm_kind`` layers (a
     layer's scan is op ``ssm_scan`` of each kind: GDN's, Mamba1's selective scan or Mamba2's
-    SSD scan)."""
+    SSD scan); ``lent``: the kernels' ``delta_lent`` (a Mamba2 scan from its engine's public
+    timing, :mod:`~simlab.cost.measured.ssd_scan`)."""
     if op == "ssm_scan" and ssm_kind in ("gdn", "mamba1"):
         return GDN_SCAN if ssm_kind == "gdn" else ASSUMPTIONS["selective_scan"]
+    if op == "ssm_scan" and lent and ssd_scan.LENT in lent:
+        return (
+            f"SSD chunked scan: {lent[ssd_scan.LENT]}; low: bytes at peak bandwidth; high: "
+            f"{ssd_scan.SPREAD:g}x (one shape on one GPU), x(1 + P90) where FLA's scan is "
+            "from this GPU's class"
+        )
     return ASSUMPTIONS[op]
 
 
@@ -104,8 +114,7 @@ def bounds(
             return None
         return seconds * (1 - prefix) / (1 + width), seconds * (1 + prefix) * (1 + width)
     if op.name == "moe" or (op.name == "ssm_scan" and measured and measured.time(op)):
-        p90 = _lent_p90(op, measured)  # a timed op: None where measured here
-        return None if p90 is None else (seconds / (1 + p90), seconds * (1 + p90))
+        return _timed_bounds(op, seconds, mem_bw, measured)
     if op.name not in ASSUMPTIONS:
         return None
     floor = op.bytes / mem_bw + op.fixed_s
@@ -114,6 +123,23 @@ def bounds(
     high = _gdn_bound(op, measured)
     high = seconds * UNBOUNDED_HIGH if high is None else high
     return min(floor, seconds), max(high, seconds)
+
+
+def _timed_bounds(
+    op: Op, seconds: float, mem_bw: float, measured: MeasuredOps | None
+) -> tuple[float, float] | None:
+    """The range of a MoE or scan timed from another shape or GPU (``1 + P90`` of that
+    transfer), or of a Mamba2 scan timed from its engine's public timing (its bytes at the
+    peak bandwidth to :data:`~simlab.cost.measured.ssd_scan.SPREAD` x it, :mod:`.ssd_scan`);
+    None where a table measured it here."""
+    if measured is not None and op.name == "ssm_scan" and measured.model.ssm_kind == "mamba2":
+        if ssd_scan.LENT not in measured.kernels.delta_lent:  # a local table measured it
+            return None
+        floor = op.bytes / mem_bw + op.fixed_s
+        widen = 1 + (ssd_scan.lend_p90(measured.kernels) or 0.0)
+        return min(floor, seconds), seconds * ssd_scan.SPREAD * widen
+    p90 = _lent_p90(op, measured)
+    return None if p90 is None else (seconds / (1 + p90), seconds * (1 + p90))
 
 
 def lent_moe_p90(measured: MeasuredOps) -> float | None:
@@ -174,9 +200,8 @@ def _gdn_time(op: Op, measured: MeasuredOps) -> float | None:
         return None if timed is None else timed[0]
     if m.ssm_kind != "mamba2":
         return None
-    v_heads = max(1, round(m.ssm_n_heads * m.ssm_head_dim * m.ssm_state_dim / GDN_HEAD_STATE / tp))
-    for k_heads in (v_heads // 4, v_heads // 2, v_heads, 16, 8, 4, 2, 1):  # the keys' share
-        # (shared query/key heads) barely moves the scan: the first the table has
+    v_heads = ssd_scan.value_heads(m.ssm_n_heads // tp, m.ssm_head_dim, m.ssm_state_dim)
+    for k_heads in ssd_scan.key_heads(v_heads):
         if op.name == "ssm_scan":
             timed = measured.kernels.gdn("context", 1, max(op.tokens, 1), k_heads, v_heads)
         else:
