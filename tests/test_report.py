@@ -30,6 +30,7 @@ from simlab.report.build import (
     TTFT,
 )
 from simlab.report.describe import cost_model_note
+from simlab.report.load import load_results
 from simlab.report.run_pages import hit_diff_by_length, length_bins, request_hit_rate
 from simlab.report.style import palette
 from simlab.report.tables import COLUMNS
@@ -373,3 +374,19 @@ def test_the_cost_model_note_names_the_calibration_and_its_error():
     assert "not validated" in cost_model_note(config)
     replay = OmegaConf.to_container(compose(["engine=replay"]), resolve=True)
     assert cost_model_note(replay) == ""
+
+
+def test_a_key_swept_over_null_and_values_gets_its_pages(sweep_dir, tmp_path):
+    # policy.prefix_match_unit=null,16 (the geometry sweep): null is a value of the key, not NaN
+    # that no x position matches
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep_dir, copy)
+    points = pd.read_parquet(copy / "points.parquet")
+    points[ALPHA_KEY] = points[ALPHA_KEY].where(points[ALPHA_KEY] != ALPHAS[0])
+    points.to_parquet(copy / "points.parquet", index=False)
+    assert (
+        load_results(copy).points[ALPHA_KEY].tolist().count("null")
+        == points[ALPHA_KEY].isna().sum()
+    )
+    report = render_report(copy, tmp_path / "sweep.pdf")
+    assert ALPHA in report.pages and pdf_pages(report.path) == len(report.pages)

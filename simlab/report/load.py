@@ -240,6 +240,10 @@ def load_sweep(path: Path) -> SweepResults:
     first = load_run(point_dirs[min(point_dirs)])
     metrics = {m for d in point_dirs.values() for m in point_metrics(d / SUMMARY)}
     keys = [c for c in points.columns if c not in POINT_META and c not in metrics]
+    for key in keys:  # a swept ``null`` (policy.prefix_match_unit=null,16) is a value, not NaN
+        column = points[key]
+        if column.isna().any() and column.notna().any():
+            points[key] = column.astype(object).where(column.notna(), "null")
     sweep = SweepResults(path, points, keys, point_dirs, table)
     sweep.keep(min(point_dirs), first)
     return sweep
