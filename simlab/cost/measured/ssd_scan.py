@@ -3,8 +3,9 @@ engines whose own SSD kernels have a public timing.
 
 No public table measures the SSD scan. Two public timings of engines' SSD kernels exist. Each
 sits at a steady multiple of FLA's Triton GDN chunked scan (``chunk_gated_delta_rule``, which
-SGLang's tables time) on the same GPU, at the same state size and batch shape. Each is 3-23x
-the roofline of the scan's traffic, which is what simlab took before:
+SGLang's tables time) on the same GPU, at the same state size and batch shape. Each is
+2.8-23x the roofline of the scan's traffic, which the other engines' scan takes
+(:mod:`.unmeasured`):
 
 * **vLLM, tables before 0.19** (A100's 0.14). These versions ran the SSD kernels from before
   vLLM's March 2026 optimization (pull request 35397). Pull request 27299 timed those kernels
