@@ -94,8 +94,8 @@ PUBLIC = {
 
 
 def engine(kernels: Kernels) -> str | None:
-    """The :data:`PUBLIC` entry whose kernels ``kernels``' engine and version run (None:
-    none: vLLM from :data:`VLLM_OPTIMIZED`, TensorRT-LLM)."""
+    """The :data:`PUBLIC` entry whose kernels ``kernels``' engine and version run (None for
+    vLLM from :data:`VLLM_OPTIMIZED` and for TensorRT-LLM)."""
     if kernels.backend == "sglang":
         return "sglang"
     old = tables.version_key(kernels.version) < tables.version_key(VLLM_OPTIMIZED)
