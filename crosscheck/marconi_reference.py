@@ -29,6 +29,7 @@ and ``tune_config`` is never called; ``eff_weight`` stays the case's alpha (chec
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import csv
 import hashlib
@@ -40,6 +41,7 @@ import logging
 import shlex
 import subprocess
 import sys
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable
@@ -205,6 +207,7 @@ def import_reference(reference_dir: str, own_modules: bool = False):
     """The reference's ``radix_cache_hybrid`` module, with :data:`SHIMS` for what it imports
     (the checkout's own modules instead with ``own_modules``)."""
     shim_dir = Path(tempfile.mkdtemp(prefix="marconi_shims_"))
+    atexit.register(shutil.rmtree, shim_dir, ignore_errors=True)
     write_shims(shim_dir)
     ref = str(Path(reference_dir).resolve())
     sys.path[:0] = [ref] if own_modules else [str(shim_dir), ref]
