@@ -130,8 +130,23 @@ class HybridPool:
             run.step(start, end, checkpoint)
             self.release()
             start = end
-        for n in range(prompt, committed):
+        n = prompt
+        while n < committed:
             run.step(n, n + 1)
             self.release()
+            n = self.next_change(n)
         run.finish()
         return run
+
+    def next_change(self, n: int) -> int:
+        """The first decode step after the one computing token ``n`` of a request running
+        alone that can change the pool. A decode step from ``m`` reads the block indices of
+        ``m - 1`` (the state it retires to), ``m`` and ``m + 1`` (the blocks it needs, keys and
+        keeps) and nothing else once its first step has made its copies; so a step whose
+        three indices equal the step's before it repeats that step's work: it takes, keys,
+        caches and frees nothing. Those indices move only at ``m % block`` in ``(block - 1, 0,
+        1)``. The steps between are skipped (``tests/test_block_pool_decode.py`` checks the
+        records equal those of stepping every token)."""
+        size = self.shape.block
+        r = (n + 1) % size
+        return n + 1 if size < 3 or r in (0, 1, size - 1) else n + size - r
