@@ -200,7 +200,7 @@ class CostModel:
         timed = None if self.kernels is None else self.kernels.time(op)
         if timed is not None:
             return timed[1]
-        return INTERPOLATED if self.measured(op) else ROOFLINE
+        return INTERPOLATED if op.units and self._profile_of(op) is not None else ROOFLINE
 
     def sources(self, batch: BatchShape) -> dict[str, float]:
         """Seconds of ``batch``'s GPU ops per :meth:`source` (the overhead terms left out)."""

@@ -96,6 +96,9 @@ class Kernels:
     #: the tables as measured
     despike: bool = True
     _grids: dict[Any, Grid | None] = field(default_factory=dict, init=False, repr=False)
+    #: another engine's delta-rule grid and its name, per kernel these tables lack (found once:
+    #: :func:`.delta_lend.elsewhere` reads the tables' directories)
+    _lenders: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)
     #: the MoE shapes the table lacks, timed so far: each with the version whose table has it,
     #: else the measured shape that timed it (:meth:`lent`)
     moe_versions: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
@@ -444,7 +447,10 @@ class Kernels:
         no engine measured its shape here from other GPUs of its class (:mod:`.delta_lend`)."""
         grid, lender = self.grid((family, phase, part, d_model)), None
         if grid is None and family == "gdn":  # KDA's engines run different kernels
-            grid, lender = delta_lend.elsewhere(self, family, phase, part, d_model) or (None, None)
+            key = (family, phase, part, d_model)
+            if key not in self._lenders:
+                self._lenders[key] = delta_lend.elsewhere(self, *key)
+            grid, lender = self._lenders[key] or (None, None)
         timed = None if grid is None else grid.at((*heads, batch, length))
         if timed is not None and lender is not None:
             self.record_lent(f"{family} {phase} {part}", lender)

@@ -100,6 +100,8 @@ class PoolRun:
         self.moving = False  # its next step copies its partial-tail state to a block of its own
         self.kv_cached = self.states_cached = self.evicted = 0
         self.keyed = 0  # attention blocks below this have their keys (cached or hit)
+        #: what the last plain step read (:meth:`step`; None: the last step was not plain)
+        self.last_reads: tuple[int | bool, ...] | None = None
         self.idle_end = self.idle_upto = 0
         self._bound_idle()
 
@@ -224,12 +226,30 @@ class PoolRun:
         are freed up to the state at ``processed`` (``remove_skipped_blocks`` counts the
         computed tokens less those in flight; default ``start``), and blocks are keyed only
         up to the ``known`` tokens (``allocate_slots`` caches up to ``request.num_tokens``: a
-        token still in flight has no value yet; default ``end``)."""
+        token still in flight has no value yet; default ``end``).
+
+        A hybrid's plain step (no checkpoint, no copy) that reads the same blocks as the plain
+        step before it changes nothing, and returns at once: most decode steps
+        (``tests/test_block_pool_decode.py`` checks the timed engine's records against stepping
+        in full)."""
+        upto = end if known is None else min(end, known)
         if not self.tables:
-            self._step_kv(end, end if known is None else min(end, known))
+            self._step_kv(end, upto)
             return
-        self._retire(start if processed is None else processed)
+        processed = start if processed is None else processed
         size, queue = self.p.shape.block, self.p.pool
+        plain = not checkpoint and not self.copy and not self.moving
+        # what such a step reads: the blocks of the state it retires to, of its end, of the
+        # tokens it keys and of its start, and where they stand to the prompt's tail
+        reads = (
+            (max(0, processed - 1) // size, -(-end // size), upto // size, start // size)
+            + ((upto >= self.tail, upto == self.tail) if self.tail else ())
+            if plain
+            else None
+        )
+        if reads is not None and reads == self.last_reads:
+            return  # the step before read the same: it took, keyed and freed all there is
+        self._retire(processed)
         if queue.finite and self._takes(end, checkpoint, len(self.attn)) > len(queue.queue):
             raise PoolFull
         evicted = queue.evicted
@@ -256,9 +276,9 @@ class PoolRun:
             self.attn.extend(queue.take(need - len(self.attn)))
         self.copy = self.moving = False
         self.evicted += queue.evicted - evicted
-        upto = end if known is None else min(end, known)
         self.key(upto)
         self.states_cached += self._cache_states(start, upto, checkpoint)
+        self.last_reads = reads
 
     def _copy_state(self, g: int, table: list[int | None], copy: int) -> None:
         """Group ``g``'s copy of a partial block's state, into the block ``copy``: the hit's
