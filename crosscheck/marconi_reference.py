@@ -39,9 +39,9 @@ import io
 import json
 import logging
 import shlex
+import shutil
 import subprocess
 import sys
-import shutil
 import tempfile
 import threading
 from collections.abc import Callable

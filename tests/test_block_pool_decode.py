@@ -95,7 +95,13 @@ def test_skipping_the_decode_steps_that_change_nothing_keeps_every_record(overri
         assert fast.pool.evicted > 0  # the finite pools evict
 
 
-TIMED = ["trace=sharegpt", "trace.limit=150", "cache.size_gb=1", "engine=timed", "reuse_breakdown=false"]
+TIMED = [
+    "trace=sharegpt",
+    "trace.limit=150",
+    "cache.size_gb=1",
+    "engine=timed",
+    "reuse_breakdown=false",
+]
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async scheduling"])
