@@ -159,8 +159,43 @@ def summary(pts: list[Point], cv: dict[str, Any]) -> dict[str, Any]:
         },
         "kv_pools": {"sized": len(rows) - unsized, "unconstrained": unsized},
         "groups": groups,
+        "engines": by_engine(rows, cv["overheads"]),
         "rows": rows,
     }
+
+
+def by_engine(rows: list[dict[str, Any]], overheads: dict[str, Any]) -> dict[str, Any]:
+    """Per engine, the errors of its points (``validation.json``'s rows) and what they cover:
+    the stated latency error of a timed run on that engine (:mod:`simlab.engines.timed.stated`),
+    with the overheads fitted on all its points (in sample), which the held-out errors assume."""
+    out: dict[str, Any] = {}
+    for backend in sorted({row["backend"] for row in rows}):
+        mine = [row for row in rows if row["backend"] == backend]
+        measured = np.array([[r["ttft_ms"], r["tpot_ms"]] for r in mine])
+        held = errors(
+            np.array([[r["ttft_ms_held_out"], r["tpot_ms_held_out"]] for r in mine]), measured
+        )
+        inside = errors(
+            np.array([[r["ttft_ms_in_sample"], r["tpot_ms_in_sample"]] for r in mine]), measured
+        )
+        models = sorted({r["model"] for r in mine})
+        specs = {m: spec_of(m, 1) for m in models}
+        iteration_s, request_s = overheads[backend]["in_sample"]
+        out[backend] = {
+            "points": len(mine),
+            "ttft_mape_held_out": float(held[:, 0].mean()),
+            "ttft_median_held_out": float(np.median(held[:, 0])),
+            "tpot_mape_held_out": float(held[:, 1].mean()),
+            "ttft_mape_in_sample": float(inside[:, 0].mean()),
+            "tpot_mape_in_sample": float(inside[:, 1].mean()),
+            "models": models,
+            "hybrid_models": [
+                m for m in models if (spec := specs[m]) is not None and spec.is_hybrid
+            ],
+            "gpus": sorted({r["system"] for r in mine}),
+            "overheads_s": {"iteration": iteration_s, "request": request_s},
+        }
+    return out
 
 
 def lines(result: dict[str, Any]) -> list[str]:
@@ -187,5 +222,10 @@ def lines(result: dict[str, Any]) -> list[str]:
         f"{100 * once['ttft_mape_in_sample']:.1f}% in sample; TPOT "
         f"{100 * once['tpot_mape_held_out']:.1f}% / {100 * once['tpot_mape_in_sample']:.1f}%"
     )
+    out += [
+        f"{backend}: TTFT MAPE {100 * e['ttft_mape_held_out']:.1f}% held out "
+        f"({e['points']} points), TPOT {100 * e['tpot_mape_held_out']:.1f}%"
+        for backend, e in result["engines"].items()
+    ]
     out.append("overheads (s per iteration, s per request): " + json.dumps(result["overheads_s"]))
     return out

@@ -29,9 +29,9 @@ import numpy as np
 
 from simlab.config import ConfigError
 from simlab.cost.measured import tables
-from simlab.engines.timed import defaults
+from simlab.engines.timed import defaults, stated
 from simlab.experiments.silicon import PROBE_S, Point, points, sample, simulate
-from simlab.experiments.silicon_fit import cross_validate, lines, summary
+from simlab.experiments.silicon_fit import by_engine, cross_validate, lines, summary
 from simlab.util.provenance import code_version
 from traces.atomic import atomic_path
 from traces.progress import Progress
@@ -158,6 +158,27 @@ def validate(
     return result
 
 
+def state(out: Path, to: Path = stated.STATED) -> dict[str, Any]:
+    """Write the stated latency errors (:mod:`simlab.engines.timed.stated`) of the run in
+    ``out`` (its ``validation.json``, and the code that simulated its points) to ``to``."""
+    try:
+        result = json.loads((out / VALIDATION).read_text())
+        header = json.loads((out / POINTS).read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError) as err:
+        raise ConfigError(f"{out}: no readable {VALIDATION} and {POINTS} ({err})") from err
+    engines = result.get("engines") or by_engine(result["rows"], result["overheads_s"])
+    table = header | {
+        "command": "python -m simlab.validate silicon --out DIR --jobs 2",
+        "points": len(result["rows"]),
+        "ttft_mape_held_out": result["ttft_mape_held_out"],
+        "tpot_mape_held_out": result["tpot_mape_held_out"],
+        "engines": engines,
+    }
+    with atomic_path(to) as tmp:
+        tmp.write_text(json.dumps(table, indent=1) + "\n")
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simlab.validate")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -170,7 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     silicon.add_argument(
         "--overwrite", action="store_true", help="replace another code's results in --out"
     )
+    written = sub.add_parser("state", help="write the stated latency errors of a silicon run")
+    written.add_argument("out", type=Path, help="the --out DIR of a silicon run")
+    written.add_argument("--to", type=Path, default=stated.STATED, help="default: simlab's own")
     args = parser.parse_args(argv)
+    if args.command == "state":
+        try:
+            table = state(args.out, args.to)
+        except ConfigError as err:
+            print(f"simlab.validate: error: {err}", file=sys.stderr)
+            return 2
+        print(f"stated errors of {table['points']} points ({table['code_version']}): {args.to}")
+        return 0
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1 (got {args.jobs})")
     quiet()

@@ -13,6 +13,7 @@ from simlab.cost.measured.sources import SOURCES
 from simlab.cost.model import CostModel
 from simlab.cost.shapes import BatchShape
 from simlab.cost.terms import CostTerms
+from simlab.engines.timed import stated
 from simlab.model.spec import ModelSpec
 from simlab.report.load import RunResults, SweepResults
 from simlab.report.style import fmt_value
@@ -137,6 +138,10 @@ def results_dir_name(path: Path) -> str:
     return path.resolve().name
 
 
+#: the calibration note's last clause
+NOT_VALIDATED = "; whole-model TTFT not validated against a measured table"
+
+
 def cost_model_note(config: dict[str, Any]) -> str:
     """What the TTFTs of a timed run rest on, so nobody reads them as measured: the calibration
     file and its own held-back per-op error (median / P90 per op class), or a warning that the
@@ -154,10 +159,19 @@ def cost_model_note(config: dict[str, Any]) -> str:
             f"({pool['kv_pool_tokens']:,} tokens, memory fraction {pool['memory_fraction']:g})"
         )
     if engine.get("kernels") == "measured" and engine["hardware"].get("system"):
+        # the whole model's latencies are validated: latency_error_note states how well
+        note = note.replace(NOT_VALIDATED, "")
         return note.replace(
             "Cost model: ", "Cost model: measured kernels first; ops without one: ", 1
         )
     return note
+
+
+def latency_error_note(policies: dict[str, dict[str, Any]]) -> str:
+    """The stated error of a timed run's latencies (``summary.json``'s ``latency_error``), once
+    per engine; empty for a run without one."""
+    found = [p["latency_error"] for p in policies.values() if p.get("latency_error")]
+    return " ".join(dict.fromkeys(stated.line(error) for error in found))
 
 
 def _calibration_note(config: dict[str, Any]) -> str:
@@ -184,8 +198,7 @@ def _calibration_note(config: dict[str, Any]) -> str:
     return (
         f"Cost model: calibration {Path(path).name}; held-back per-op error median/P90: "
         f"{_errors(calibration.held_back_error) or 'not recorded'}{measured}; other op classes "
-        "(attention, SSM scans) on defaults; whole-model TTFT not validated against a measured "
-        "table"
+        f"(attention, SSM scans) on defaults{NOT_VALIDATED}"
     )
 
 

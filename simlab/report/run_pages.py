@@ -18,7 +18,12 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from simlab.report.describe import cost_model_note, engine_label, time_sources_note
+from simlab.report.describe import (
+    cost_model_note,
+    engine_label,
+    latency_error_note,
+    time_sources_note,
+)
 from simlab.report.load import RunResults, metric
 from simlab.report.style import (
     KV_LABEL,
@@ -228,7 +233,10 @@ def ttft_page(run: RunResults, style: Style) -> Figure:
     draw_ttft_cdf(axes[0, 0], run, run.policies, style.colours)
     text = cost_model_note(run.config)
     sources = time_sources_note(run.config, run.summary["policies"])
-    note = "\n".join(textwrap.wrap(text, 120) + textwrap.wrap(sources, 120))
+    error = latency_error_note(run.summary["policies"])
+    note = "\n".join(
+        textwrap.wrap(text, 120) + textwrap.wrap(sources, 120) + textwrap.wrap(error, 120)
+    )
     axes[0, 0].set_title(f"Dotted lines: P5, P50, P95\n{note}", fontsize=9)
     return fig
 

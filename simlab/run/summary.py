@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from simlab.engines.records import Columns, as_frame
+from simlab.engines.timed import stated
 from simlab.util.provenance import provenance
 from traces.describe import input_tokens as trace_input_tokens
 from traces.format import Trace
@@ -75,7 +76,14 @@ class Summary:
                 f"{name} {rate:.4f}" for name, rate in self.bounds.items()
             )
         text += self.breakdown_lines()
+        text += self.latency_error_lines()
         return text + "\n" + self.speed_line() + self.saturation_lines() + self.caveat_lines()
+
+    def latency_error_lines(self) -> str:
+        """The stated error of the timed runs' latencies (``latency_error``), once per engine."""
+        found = [p["latency_error"] for p in self.policies.values() if p.get("latency_error")]
+        lines = dict.fromkeys(stated.line(error) for error in found)
+        return "".join(f"\n{line}" for line in lines)
 
     def breakdown_lines(self) -> str:
         """Per policy, where its input tokens went (``reuse_breakdown``, shares of the input)."""

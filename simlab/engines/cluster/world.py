@@ -132,6 +132,7 @@ class Cluster:
         state = steady(policy, records)
         caveats = over_budget(policy, self.worlds) + state.pop("caveats", [])
         extras |= state | ({"caveats": caveats} if caveats else {})
+        extras["latency_error"] = self.engine.engine.latency_error(self.worlds[0].cost)
         if self.worlds[0].preempts:  # a shared or vLLM's pool: preemptions, summed
             counts = [
                 w.preemption_column(rs) for w, rs in zip(self.worlds, per_replica, strict=True)

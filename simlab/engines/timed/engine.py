@@ -26,7 +26,7 @@ from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import RequestStep
-from simlab.engines.timed import defaults
+from simlab.engines.timed import defaults, stated
 from simlab.engines.timed.agents import closed_loop
 from simlab.engines.timed.feeders import session_feeder
 from simlab.engines.timed.load import load_verdict, steady_state
@@ -148,6 +148,14 @@ class TimedEngine(TimedSettings):
             "engine.request_overhead_s): the latencies leave out the engine's CPU time and its "
             f"API server; {self.backend}'s fitted values: docs/validation/silicon.md"
         )
+
+    def latency_error(self, cost: CostModel) -> dict[str, Any]:
+        """``latency_error``: the stated error of this engine's latencies on ``cost``
+        (:mod:`simlab.engines.timed.stated`)."""
+        overheads = (self._terms.iteration_overhead_s, self.request_overhead_s)
+        system = self.hardware.system or self.hardware.name
+        on = cost.kernels is not None
+        return stated.stated_error(self.backend, cost.model.name, system, overheads, on)
 
     def resolved(self) -> dict[str, tuple[Any, str]]:
         """The settings left null that took ``engine.backend``'s defaults on the GPU:
@@ -298,6 +306,7 @@ class TimedEngine(TimedSettings):
         caveats = over_budget(step.policy, [world]) + state.pop("caveats", [])
         extras |= world.cache_peaks() | state | ({"caveats": caveats} if caveats else {})
         extras |= time_sources(world.cost, step.policy)
+        extras["latency_error"] = self.latency_error(world.cost)
         if extras["saturated"]:
             log.warning("%s: saturated (%s)", step.policy, extras["saturation"])
         if not world.preempts:

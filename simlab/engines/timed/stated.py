@@ -1,0 +1,93 @@
+"""The stated error of a timed run's latencies: how far the timed engine's TTFT and TPOT were
+from NVIDIA's measured serving points on the same engine (``docs/validation/silicon.md``).
+
+``stated_error.json`` beside this module is written by ``python -m simlab.validate state DIR``
+from a ``python -m simlab.validate silicon --out DIR`` run: per engine, the mean absolute
+relative error of TTFT and TPOT held out (each model's points predicted with the overheads
+fitted on the other models'), the points, models and GPUs it covers, and the overheads fitted
+on all of them. A run on measured kernels records it as ``summary.json``'s ``latency_error``
+with whether its model and GPU were among those points and whether its overheads are the
+fitted ones; a run on the roofline alone states none (it was not validated end to end).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+#: the stated errors (``python -m simlab.validate state DIR`` writes it)
+STATED = Path(__file__).with_name("stated_error.json")
+#: where the errors and their replay are explained
+DOCS = "docs/validation/silicon.md"
+
+
+@functools.cache
+def table(path: Path = STATED) -> dict[str, Any] | None:
+    """The stated errors (None: no file, as in a checkout that removed it)."""
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def stated_error(
+    backend: str, model: str, system: str, overheads: tuple[float, float], kernels: bool
+) -> dict[str, Any]:
+    """``latency_error`` of a run of ``model`` on ``system`` with ``backend``'s timed engine at
+    ``overheads`` (s per iteration, s per request), on measured ``kernels`` or the roofline."""
+    if not kernels:
+        return {
+            "validated": False,
+            "why": f"engine.kernels=roofline: not validated end to end ({DOCS})",
+        }
+    found = table()
+    engine = None if found is None else found["engines"].get(backend)
+    if engine is None:
+        return {"validated": False, "why": f"no serving point of {backend} was replayed ({DOCS})"}
+    fitted = engine["overheads_s"]
+    return {
+        "validated": True,
+        "engine": backend,
+        "ttft_mape_held_out": engine["ttft_mape_held_out"],
+        "ttft_median_held_out": engine["ttft_median_held_out"],
+        "tpot_mape_held_out": engine["tpot_mape_held_out"],
+        "points": engine["points"],
+        "models": engine["models"],
+        "gpus": engine["gpus"],
+        "model_among_them": model in engine["models"],
+        "gpu_among_them": system in engine["gpus"],
+        "fitted_overheads_s": fitted,
+        "overheads_as_fitted": (
+            abs(overheads[0] - fitted["iteration"]) < 1e-9
+            and abs(overheads[1] - fitted["request"]) < 1e-9
+        ),
+        "code_version": found["code_version"] if found else None,
+        "docs": DOCS,
+    }
+
+
+def line(error: dict[str, Any]) -> str:
+    """``error`` (:func:`stated_error`) in one line."""
+    if not error.get("validated"):
+        return f"latency error not stated: {error['why']}"
+    short = [m.split("/")[-1] for m in error["models"]]
+    fitted = error["fitted_overheads_s"]
+    outside = [
+        what
+        for what, among in (("model", error["model_among_them"]), ("GPU", error["gpu_among_them"]))
+        if not among
+    ]
+    return (
+        f"stated latency error ({error['engine']}): TTFT {100 * error['ttft_mape_held_out']:.0f}% "
+        f"MAPE held out (median {100 * error['ttft_median_held_out']:.0f}%), TPOT "
+        f"{100 * error['tpot_mape_held_out']:.0f}%, on {error['points']} measured serving points "
+        f"({', '.join(short)} on {', '.join(error['gpus'])})"
+        + (f"; this run's {' and '.join(outside)} not among them" if outside else "")
+        + (
+            ""
+            if error["overheads_as_fitted"]
+            else f"; the overheads fitted on them are {fitted['iteration']:g} s an iteration and "
+            f"{fitted['request']:g} s a request, not this run's (engine.costs.iteration_overhead_s, "
+            "engine.request_overhead_s)"
+        )
+        + f" ({error['docs']})"
+    )
