@@ -64,13 +64,17 @@ def test_each_engine_states_its_points_errors_and_what_they_cover():
 def test_state_writes_a_silicon_runs_errors_and_the_code_that_simulated_them(tmp_path):
     header = {"code_version": "abc", "aiconfigurator_core": "0.12.0"}
     (tmp_path / "points.jsonl").write_text(json.dumps(header) + "\n")
+    group = {"points": 1, "ttft_mape_held_out": 0.5, "tpot_mape_held_out": 0.5, "other": 0}
     result = {"ttft_mape_held_out": 0.3, "tpot_mape_held_out": 0.2, "rows": ROWS}
+    result["groups"] = {f"{QWEN} x b200_sxm x sglang": group}
     (tmp_path / "validation.json").write_text(json.dumps(result | {"overheads_s": OVERHEADS}))
     to = tmp_path / "stated.json"
     assert silicon_run.main(["state", str(tmp_path), "--to", str(to)]) == 0
     table = json.loads(to.read_text())
     assert table["code_version"] == "abc" and table["points"] == 4
     assert table["engines"] == by_engine(ROWS, OVERHEADS)
+    kept = {"points": 1, "ttft_mape_held_out": 0.5, "tpot_mape_held_out": 0.5}
+    assert table["groups"] == {f"{QWEN} x b200_sxm x sglang": kept}
     assert silicon_run.main(["state", str(tmp_path / "missing"), "--to", str(to)]) == 2
 
 
@@ -108,6 +112,9 @@ def test_a_run_of_a_validated_model_and_gpu_at_the_fitted_overheads_says_so():
     line = stated.line(error)
     assert line.startswith("stated latency error (sglang): TTFT 26% MAPE held out")
     assert "not among" not in line and "not this run's" not in line
+    group = stated.table()["groups"][f"{QWEN} x b200_sxm x sglang"]  # type: ignore[index]
+    assert error["this_model_and_gpu"] == group
+    assert f"on this model and GPU, {100 * group['ttft_mape_held_out']:.0f}%" in line
     other = stated.line(stated.stated_error("sglang", LLAMA, "a100_sxm", (0, 0), kernels=True))
     assert "this run's model and GPU not among them" in other
     assert "0.17 s a request, not this run's" in other

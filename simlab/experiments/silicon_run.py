@@ -173,6 +173,10 @@ def state(out: Path, to: Path = stated.STATED) -> dict[str, Any]:
         "ttft_mape_held_out": result["ttft_mape_held_out"],
         "tpot_mape_held_out": result["tpot_mape_held_out"],
         "engines": engines,
+        "groups": {
+            key: {k: group[k] for k in ("points", "ttft_mape_held_out", "tpot_mape_held_out")}
+            for key, group in result["groups"].items()
+        },
     }
     with atomic_path(to) as tmp:
         tmp.write_text(json.dumps(table, indent=1) + "\n")

@@ -44,6 +44,7 @@ def stated_error(
     if engine is None:
         return {"validated": False, "why": f"no serving point of {backend} was replayed ({DOCS})"}
     fitted = engine["overheads_s"]
+    group = found["groups"].get(f"{model} x {system} x {backend}") if found else None
     return {
         "validated": True,
         "engine": backend,
@@ -60,6 +61,7 @@ def stated_error(
             abs(overheads[0] - fitted["iteration"]) < 1e-9
             and abs(overheads[1] - fitted["request"]) < 1e-9
         ),
+        "this_model_and_gpu": group,
         "code_version": found["code_version"] if found else None,
         "docs": DOCS,
     }
@@ -82,6 +84,12 @@ def line(error: dict[str, Any]) -> str:
         f"{100 * error['tpot_mape_held_out']:.0f}%, on {error['points']} measured serving points "
         f"({', '.join(short)} on {', '.join(error['gpus'])})"
         + (f"; this run's {' and '.join(outside)} not among them" if outside else "")
+        + (
+            f"; on this model and GPU, {100 * group['ttft_mape_held_out']:.0f}% and "
+            f"{100 * group['tpot_mape_held_out']:.0f}% ({group['points']} points)"
+            if (group := error.get("this_model_and_gpu"))
+            else ""
+        )
         + (
             ""
             if error["overheads_as_fitted"]
