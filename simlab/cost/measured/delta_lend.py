@@ -79,10 +79,10 @@ def grid(path: Path, phase: str, part: str, d_model: int, lent: bool = False) ->
         path, (("phase", phase), ("head_k_dim", HEAD_DIM), ("head_v_dim", HEAD_DIM))
     )
     kernel = frame["kernel_source"].astype(str)
-    conv = kernel.str.contains(CONV_KERNEL)
+    conv = kernel.str.contains(CONV_KERNEL, regex=False)
     keep = conv if part == "conv" else ~conv
     if lent:
-        keep &= ~kernel.str.contains(OWN_KERNEL)
+        keep &= ~kernel.str.contains(OWN_KERNEL, regex=False)
     frame = tables.kernel_rows(frame[keep], SCAN_KERNELS)
     if (frame["d_model"] == d_model).any():
         frame = frame[frame["d_model"] == d_model]

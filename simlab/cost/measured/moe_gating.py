@@ -85,7 +85,7 @@ def _named_nongated(path: Path | None, model: tuple[int, ...]) -> bool:
     for column, value in zip(MOE_COLUMNS, model, strict=False):
         frame = frame[frame[column] == value]
     return not frame.empty and bool(
-        frame["kernel_source"].astype(str).str.contains("nongated").all()
+        frame["kernel_source"].astype(str).str.contains("nongated", regex=False).all()
     )
 
 
