@@ -13,6 +13,10 @@ import pytest
 from simlab.engines.timed import stated
 from simlab.experiments import silicon_run
 from simlab.experiments.silicon_fit import by_engine
+from simlab.report import run_pages
+from simlab.report.describe import NOT_VALIDATED
+from simlab.report.load import load_run
+from simlab.report.style import palette
 from simlab.run.simulate import simulate
 from tests.fixtures import compose
 
@@ -133,6 +137,11 @@ def test_a_timed_run_records_and_prints_its_stated_error(tmp_path):
             assert error["validated"] and error["engine"] == "vllm"
             assert not error["model_among_them"] and not error["gpu_among_them"]
             assert "stated latency error (vllm): TTFT 26% MAPE" in summary.table()
+            run = load_run(out)  # the report's TTFT page says it, not that nothing was validated
+            page = run_pages.ttft_page(run, run_pages.Style("", palette(run.policies), None))
+            title = page.axes[0].get_title()
+            assert "stated latency error (vllm)" in title.replace("\n", " ")
+            assert NOT_VALIDATED.strip("; ") not in title.replace("\n", " ")
         else:
             assert not error["validated"]
             assert "latency error not stated: engine.kernels=roofline" in summary.table()

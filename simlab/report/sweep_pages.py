@@ -18,7 +18,12 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
-from simlab.report.describe import cost_model_note, point_label, unique_in_order
+from simlab.report.describe import (
+    cost_model_note,
+    latency_error_note,
+    point_label,
+    unique_in_order,
+)
 from simlab.report.load import RunResults, SweepResults
 from simlab.report.run_pages import (
     BOX_NOTE,
@@ -388,6 +393,8 @@ def ttft_pages(sweep: SweepResults, style: Style) -> list[Figure]:
 
     title = "Time to first token: CDF per policy and sweep point (dotted: P5, P50, P95)"
     note = cost_model_note(sweep.base.config)  # point 0's; a swept calibration shows in the caption
+    error = latency_error_note(sweep.base.summary["policies"])
+    note = "\n".join(part for part in (note, error) if part)
     if note:  # in the caption's small print: a title of five bold lines overflows the page
         style = dataclasses.replace(style, caption=f"{note}\n{style.caption}")
     return small_multiples(sweep, title, style, draw, timed, legend=sweep.policies)
