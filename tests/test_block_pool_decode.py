@@ -21,10 +21,10 @@ from tests.fixtures import compose
 
 QUIET = ["bounds.enabled=false", "report=false", "engine=replay", "+policy=vllm"]
 CASES = {
-    "sharegpt, Marconi 7B, 1 GB": ["trace=sharegpt", "trace.limit=250", "cache.size_gb=1"],
+    "sharegpt, Marconi 7B, 1 GB": ["trace=sharegpt", "trace.limit=150", "cache.size_gb=1"],
     "sharegpt, Nemotron-H-8B, infinite": [
         "trace=sharegpt",
-        "trace.limit=250",
+        "trace.limit=150",
         "model=nemotron_h_8b",
         "cache.size_gb=inf",
     ],
@@ -97,7 +97,7 @@ def test_skipping_the_decode_steps_that_change_nothing_keeps_every_record(overri
 
 TIMED = [
     "trace=sharegpt",
-    "trace.limit=150",
+    "trace.limit=100",
     "cache.size_gb=1",
     "engine=timed",
     "reuse_breakdown=false",
