@@ -170,8 +170,7 @@ def cost_model_note(config: dict[str, Any]) -> str:
 def latency_error_note(policies: dict[str, dict[str, Any]]) -> str:
     """The stated error of a timed run's latencies (``summary.json``'s ``latency_error``), once
     per engine; empty for a run without one."""
-    found = [p["latency_error"] for p in policies.values() if p.get("latency_error")]
-    return " ".join(dict.fromkeys(stated.line(error) for error in found))
+    return " ".join(stated.lines(policies))
 
 
 def _calibration_note(config: dict[str, Any]) -> str:

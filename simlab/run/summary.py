@@ -81,9 +81,7 @@ class Summary:
 
     def latency_error_lines(self) -> str:
         """The stated error of the timed runs' latencies (``latency_error``), once per engine."""
-        found = [p["latency_error"] for p in self.policies.values() if p.get("latency_error")]
-        lines = dict.fromkeys(stated.line(error) for error in found)
-        return "".join(f"\n{line}" for line in lines)
+        return "".join(f"\n{line}" for line in stated.lines(self.policies))
 
     def breakdown_lines(self) -> str:
         """Per policy, where its input tokens went (``reuse_breakdown``, shares of the input)."""

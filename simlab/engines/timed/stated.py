@@ -39,12 +39,11 @@ def stated_error(
             "validated": False,
             "why": f"engine.kernels=roofline: not validated end to end ({DOCS})",
         }
-    found = table()
-    engine = None if found is None else found["engines"].get(backend)
+    found = table() or {"engines": {}}
+    engine = found["engines"].get(backend)
     if engine is None:
         return {"validated": False, "why": f"no serving point of {backend} was replayed ({DOCS})"}
     fitted = engine["overheads_s"]
-    group = found["groups"].get(f"{model} x {system} x {backend}") if found else None
     return {
         "validated": True,
         "engine": backend,
@@ -61,8 +60,8 @@ def stated_error(
             abs(overheads[0] - fitted["iteration"]) < 1e-9
             and abs(overheads[1] - fitted["request"]) < 1e-9
         ),
-        "this_model_and_gpu": group,
-        "code_version": found["code_version"] if found else None,
+        "this_model_and_gpu": found["groups"].get(f"{model} x {system} x {backend}"),
+        "code_version": found["code_version"],
         "docs": DOCS,
     }
 
@@ -99,3 +98,9 @@ def line(error: dict[str, Any]) -> str:
         )
         + f" ({error['docs']})"
     )
+
+
+def lines(policies: dict[str, dict[str, Any]]) -> list[str]:
+    """The :func:`line` of each policy's ``latency_error`` (``summary.json``'s), once each."""
+    found = [p["latency_error"] for p in policies.values() if p.get("latency_error")]
+    return list(dict.fromkeys(line(error) for error in found))
