@@ -111,8 +111,9 @@ def test_the_shipped_errors_are_the_validation_pages():
 def test_a_run_of_a_validated_model_and_gpu_at_the_fitted_overheads_says_so():
     fitted = stated.table()["engines"]["sglang"]["overheads_s"]  # type: ignore[index]
     overheads = (fitted["iteration"], fitted["request"])
-    error = stated.stated_error("sglang", QWEN, "b200_sxm", overheads, kernels=True)
+    error = stated.stated_error("sglang", QWEN, "b200_sxm", overheads, kernels=True, hybrid=True)
     assert error["model_among_them"] and error["gpu_among_them"] and error["overheads_as_fitted"]
+    assert error["hybrid_among_them"]
     line = stated.line(error)
     assert line.startswith("stated latency error (sglang): TTFT 26% MAPE held out")
     assert "not among" not in line and "not this run's" not in line
@@ -120,7 +121,7 @@ def test_a_run_of_a_validated_model_and_gpu_at_the_fitted_overheads_says_so():
     assert error["this_model_and_gpu"] == group
     assert f"on this model and GPU, {100 * group['ttft_mape_held_out']:.0f}%" in line
     other = stated.line(stated.stated_error("sglang", LLAMA, "a100_sxm", (0, 0), kernels=True))
-    assert "this run's model and GPU not among them" in other
+    assert "this run's model and GPU not among them;" in other  # not a hybrid: nothing more
     assert "0.17 s a request, not this run's" in other
 
 
@@ -136,7 +137,9 @@ def test_a_timed_run_records_and_prints_its_stated_error(tmp_path):
         if kernels == "measured":
             assert error["validated"] and error["engine"] == "vllm"
             assert not error["model_among_them"] and not error["gpu_among_them"]
+            assert not error["hybrid_among_them"]  # vLLM's points are Llama-3.1-70B's alone
             assert "stated latency error (vllm): TTFT 26% MAPE" in summary.table()
+            assert "not among them, nor any hybrid model" in summary.table()
             run = load_run(out)  # the report's TTFT page says it, not that nothing was validated
             page = run_pages.ttft_page(run, run_pages.Style("", palette(run.policies), None))
             title = page.axes[0].get_title()

@@ -154,8 +154,8 @@ class TimedEngine(TimedSettings):
         (:mod:`simlab.engines.timed.stated`)."""
         overheads = (self._terms.iteration_overhead_s, self.request_overhead_s)
         system = self.hardware.system or self.hardware.name
-        on = cost.kernels is not None
-        return stated.stated_error(self.backend, cost.model.name, system, overheads, on)
+        model, on = cost.model, cost.kernels is not None
+        return stated.stated_error(self.backend, model.name, system, overheads, on, model.is_hybrid)
 
     def resolved(self) -> dict[str, tuple[Any, str]]:
         """The settings left null that took ``engine.backend``'s defaults on the GPU:

@@ -30,10 +30,16 @@ def table(path: Path = STATED) -> dict[str, Any] | None:
 
 
 def stated_error(
-    backend: str, model: str, system: str, overheads: tuple[float, float], kernels: bool
+    backend: str,
+    model: str,
+    system: str,
+    overheads: tuple[float, float],
+    kernels: bool,
+    hybrid: bool = False,
 ) -> dict[str, Any]:
-    """``latency_error`` of a run of ``model`` on ``system`` with ``backend``'s timed engine at
-    ``overheads`` (s per iteration, s per request), on measured ``kernels`` or the roofline."""
+    """``latency_error`` of a run of ``model`` (a ``hybrid`` of attention and recurrent layers,
+    or not) on ``system`` with ``backend``'s timed engine at ``overheads`` (s per iteration, s
+    per request), on measured ``kernels`` or the roofline."""
     if not kernels:
         return {
             "validated": False,
@@ -55,6 +61,8 @@ def stated_error(
         "gpus": engine["gpus"],
         "model_among_them": model in engine["models"],
         "gpu_among_them": system in engine["gpus"],
+        # a hybrid run on an engine whose points hold no hybrid: its recurrent layers untested
+        "hybrid_among_them": not hybrid or bool(engine["hybrid_models"]),
         "fitted_overheads_s": fitted,
         "overheads_as_fitted": (
             abs(overheads[0] - fitted["iteration"]) < 1e-9
@@ -83,6 +91,7 @@ def line(error: dict[str, Any]) -> str:
         f"{100 * error['tpot_mape_held_out']:.0f}%, on {error['points']} measured serving points "
         f"({', '.join(short)} on {', '.join(error['gpus'])})"
         + (f"; this run's {' and '.join(outside)} not among them" if outside else "")
+        + ("" if error["hybrid_among_them"] else ", nor any hybrid model")
         + (
             f"; on this model and GPU, {100 * group['ttft_mape_held_out']:.0f}% and "
             f"{100 * group['tpot_mape_held_out']:.0f}% ({group['points']} points)"
