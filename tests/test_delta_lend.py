@@ -98,6 +98,24 @@ def test_the_scan_no_engine_measured_on_a100_comes_from_its_class_at_its_bandwid
     assert alone == pytest.approx(source.delta_rule(*SCAN, 2, 8192, QWEN_HEADS, 0)[0])
 
 
+def test_heads_no_lender_measured_are_left_to_the_roofline_not_lent_back_and_forth():
+    # Nemotron-H-56B at TP 1: 256 value heads, more than any source GPU's scan table holds.
+    # Each source is asked for its own measurement only: before, an uncovered source lent
+    # the shape from the class again, and the two sources asked each other without end.
+    heads = (8, 256)
+    lenders = delta_lend.sources("a100_sxm", None)
+    for _, source, *_ in lenders:
+        assert source.grid(("gdn", *delta_lend.SCAN, 0)).at((*heads, 1, 4096)) is None
+        assert source.delta_rule(*SCAN, 1, 4096, heads, 0, from_class=False) is None
+    assert a100("vllm").delta_rule(*SCAN, 1, 4096, heads, 0) is None
+    overrides = ["model=hf", "model.id=nvidia/Nemotron-H-56B-Base-8K", "hardware=a100_80gb"]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        out = predict(compose(config_name="predict", overrides=[*overrides, "prefill=[1024]"]))
+    assert out["breakdown_sources"]["ssm_scan"] == [ROOFLINE]
+    ((low, high),) = out["unmeasured"]["ops_ms"]["ssm_scan"]
+    assert low < out["breakdown_ms"]["ssm_scan"][0] < high
+
+
 def test_a_gpu_outside_the_class_keeps_its_scan_on_the_roofline():
     assert delta_lend.sm_version("h100_sxm") == 90  # wgmma: the class's times do not transfer
     assert delta_lend.sources("h100_sxm", None) == ()

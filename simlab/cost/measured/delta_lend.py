@@ -157,7 +157,7 @@ def transferred(
     floor = math.exp(sum(math.log(f) for *_, f in lenders) / len(lenders)) if lenders else 0.0
     logs = []
     for _, source, bw, own_floor in lenders:
-        timed = source.delta_rule("gdn", *SCAN, batch, length, heads, d_model)
+        timed = source.delta_rule("gdn", *SCAN, batch, length, heads, d_model, from_class=False)
         if timed is not None:
             scale = (floor + moved / bandwidth) / (own_floor + moved / bw)
             logs.append(math.log(timed[0] * scale))

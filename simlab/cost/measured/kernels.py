@@ -438,13 +438,15 @@ class Kernels:
         length: float,
         heads: tuple[int, int],
         d_model: int = 0,
+        from_class: bool = True,
     ) -> Timed:
         """One ``part`` (``scan`` or ``conv``) of a ``family`` (``gdn`` or ``kda``) layer over
         ``batch`` sequences of ``length`` tokens in ``phase`` (``context``: a prefill;
         ``generation``: one decode step, ``length`` 1) at ``heads`` (key heads, value heads)
         per GPU, measured for a model of ``d_model`` where the table has one. A kernel these
         tables lack comes from another engine's table on the GPU, and GDN's chunked scan where
-        no engine measured its shape here from other GPUs of its class (:mod:`.delta_lend`)."""
+        no engine measured its shape here from other GPUs of its class (:mod:`.delta_lend`;
+        ``from_class`` False: not, as a lending GPU is asked)."""
         grid, lender = self.grid((family, phase, part, d_model)), None
         if grid is None and family == "gdn":  # KDA's engines run different kernels
             key = (family, phase, part, d_model)
@@ -454,7 +456,7 @@ class Kernels:
         timed = None if grid is None else grid.at((*heads, batch, length))
         if timed is not None and lender is not None:
             self.record_lent(f"{family} {phase} {part}", lender)
-        if timed is None and (family, phase, part) == ("gdn", *delta_lend.SCAN):
+        if timed is None and from_class and (family, phase, part) == ("gdn", *delta_lend.SCAN):
             return delta_lend.gdn_scan(self, (heads, batch, length), d_model)
         return timed
 
