@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +105,10 @@ class Kernels:
     transfers: dict[tuple[int, ...], tuple[int, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
-    #: the GEMM table's spikes taken at their fit: ``{"<dtype> <version>": rows}``
+    #: the GEMM table's spikes taken at their fit: ``{"<dtype> <version>": rows}``; the MoE
+    #: rows over the same kernel's time at more tokens, taken at it: ``{shape: rows}``
     gemm_spikes: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    moe_spikes: dict[tuple[int, ...], int] = field(default_factory=dict, init=False, repr=False)
     #: the MoE shapes whose ``moe_kernel`` the table lacks: where that kernel's rows came from
     moe_kernels: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
     #: the delta-rule kernels these tables lack: where each came from (:mod:`.delta_lend`)
@@ -229,7 +231,8 @@ class Kernels:
                 FP8_MOE_FALLBACK,
             )
         roofline = self._roofline(reference.moe(key[1:], self.dtype), self.dtype)
-        return _grid(moe_kernel.chosen_rows(self, frame, key[1:]), ["num_tokens"], 1.0, roofline)
+        rows = moe_kernel.despiked(self, moe_kernel.chosen_rows(self, frame, key[1:]), key[1:])
+        return _grid(rows, ["num_tokens"], 1.0, roofline)
 
     @functools.lru_cache(maxsize=1)  # noqa: B019
     def moe_shapes(self) -> tuple[transfer.Shape, ...]:
@@ -358,10 +361,12 @@ class Kernels:
     def lent(self) -> dict[str, dict[str, Any]]:
         """``moe_versions`` (a MoE shape the table lacks: the version whose table timed it),
         ``moe_shapes`` (one no version has: the measured shape that timed it) and
-        ``gemm_spikes`` (the GEMM rows taken at their fit), where any."""
+        ``gemm_spikes`` / ``moe_spikes`` (the rows taken at their bound), where any."""
         out: dict[str, Any] = {}
         if self.gemm_spikes:
             out["gemm_spikes"] = dict(self.gemm_spikes)
+        if self.moe_spikes:
+            out["moe_spikes"] = {transfer.label(s): n for s, n in sorted(self.moe_spikes.items())}
         if self.moe_versions:
             out["moe_versions"] = {
                 transfer.label(s): v for s, v in sorted(self.moe_versions.items())
@@ -400,8 +405,8 @@ class Kernels:
 
     @functools.lru_cache(maxsize=8)  # noqa: B019
     def moe_transfer_p90(self) -> float | None:
-        """The P90 of :func:`~.transfer.held_out_errors` on these tables (None: no points)."""
-        errors = transfer.held_out_errors(self)
+        """The P90 of :func:`~.transfer.held_out_errors` on the tables as measured (or None)."""
+        errors = transfer.held_out_errors(replace(self, despike=False) if self.despike else self)
         return float(np.quantile(errors, 0.9)) if errors.size else None
 
     def moe_from(

@@ -1,0 +1,73 @@
+"""A fused-MoE table's spikes: a row far over the same kernel's time at more tokens is taken at
+that time before any interpolation (:func:`simlab.cost.measured.noise.despike_moe`); the rest
+stay as measured."""
+
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+import pytest
+
+from simlab.cost.measured.kernels import Kernels
+from simlab.cost.measured.noise import SPIKE, despike_moe
+from tests.test_gemm_spikes import installed
+
+KIMI_K2_TP2 = (7168, 2048, 8, 384, 2, 1)  # Kimi-K2's experts at MoE TP 2
+
+
+def frame(times: dict[int, float]) -> pd.DataFrame:
+    return pd.DataFrame(list(times.items()), columns=["num_tokens", "latency"])
+
+
+def test_a_spike_takes_the_fastest_time_at_more_tokens_and_the_rest_stay():
+    # the shape of TensorRT-LLM 1.3.0rc10's H100 rows of Kimi-K2 at MoE TP 2 (ms)
+    times = {512: 5.1, 768: 5.5, 1024: 17.8, 1536: 22.8, 2048: 7.9, 3072: 9.0}
+    out, spikes = despike_moe(frame(times))
+    got = dict(zip(out["num_tokens"], out["latency"], strict=True))
+    assert spikes == 2
+    assert got[1024] == got[1536] == 7.9  # the 2,048-token row bounds both
+    assert {n: got[n] for n in (512, 768, 2048, 3072)} == {512: 5.1, 768: 5.5, 2048: 7.9, 3072: 9.0}
+
+
+def test_rows_within_the_threshold_a_dip_and_the_last_row_are_kept():
+    times = {1: 0.1, 2: 0.3, 4: 0.3 / SPIKE * 1.01, 8: 0.5, 16: 50.0}
+    out, spikes = despike_moe(frame(times))  # 2 is within 1.25x of 4's; nothing bounds 16
+    assert spikes == 0 and out["latency"].tolist() == list(times.values())
+
+
+def test_a_token_count_measured_twice_is_bounded_by_the_faster_row_at_more_tokens():
+    rows = pd.DataFrame(
+        [(64, 1.0), (128, 3.0), (128, 1.1), (256, 1.5)], columns=["num_tokens", "latency"]
+    )
+    out, spikes = despike_moe(rows)
+    assert spikes == 1 and out["latency"].tolist() == [1.0, 1.5, 1.1, 1.5]
+
+
+@installed
+def test_kimi_k2_on_h100_tensorrt_llm_is_no_longer_slower_at_tp_2_than_at_tp_1(caplog):
+    """The raw rows put 1,024 tokens at MoE TP 2 at 17.8 ms, three times 768's and twice TP
+    1's; taken at 2,048's time, a prefill's experts are faster at TP 2 than at TP 1, as their
+    weights and work halve. The run's summary counts the rows."""
+    raw = Kernels("h100_sxm", "trtllm", "1.3.0rc10", "bf16", despike=False)
+    with caplog.at_level(logging.WARNING):
+        kernels = Kernels("h100_sxm", "trtllm", "1.3.0rc10", "bf16")
+        tp2 = kernels.moe(1024, KIMI_K2_TP2)
+    tp1 = kernels.moe(1024, (*KIMI_K2_TP2[:4], 1, 1))
+    spiked = raw.moe(1024, KIMI_K2_TP2)
+    assert tp1 is not None and tp2 is not None and spiked is not None
+    assert spiked[0] > 1.2 * tp1[0]  # the table's row
+    assert tp2[0] < tp1[0] and tp2[0] == pytest.approx(raw.moe(2048, KIMI_K2_TP2)[0])
+    assert kernels.lent()["moe_spikes"]["7168x2048 top-8 of 384 (MoE TP 2, EP 1)"] == 2
+    assert "kernels.moe_spikes" in caplog.text
+    assert "moe_spikes" not in raw.lent()
+
+
+@installed
+def test_a_clean_shape_is_read_as_measured():
+    deepseek = (7168, 2048, 8, 256, 8, 1)
+    kernels = Kernels("b200_sxm", "sglang", "0.5.14", "fp8")
+    raw = Kernels("b200_sxm", "sglang", "0.5.14", "fp8", despike=False)
+    tokens = (1, 16, 100, 1024, 5000, 16384)
+    assert [kernels.moe(n, deepseek) for n in tokens] == [raw.moe(n, deepseek) for n in tokens]
+    assert "moe_spikes" not in kernels.lent()
