@@ -198,6 +198,29 @@ def test_an_unmeasured_version_names_the_measured_ones():
 
 
 @installed
+@pytest.mark.parametrize(
+    ("gpu", "dtype", "measured"),
+    [("a100_80gb", "fp8", "bf16"), ("a100_80gb", "fp4", "bf16"), ("h100_sxm", "fp4", "bf16, fp8")],
+)
+def test_a_dtype_the_gpus_tables_never_measured_is_an_error_naming_those_they_did(
+    gpu, dtype, measured
+):
+    # before, every linear layer fell silently to the roofline at a peak the GPU lacks: an
+    # FP8 Qwen3.5-27B prefilled 1,024 tokens on A100 in 248.6 ms, 97% of it roofline
+    llama = ModelSpec.from_config(
+        yaml.safe_load((CONFIGS / "model" / "llama3_8b.yaml").read_text())
+    )
+    engine = TimedEngine(hardware=preset(gpu), dtype=dtype)
+    with pytest.raises(
+        ConfigError, match=rf"^engine\.dtype: .* no {dtype} GEMM \(measured: {measured}\)"
+    ):
+        engine.cost_model(llama)
+    assert TimedEngine(hardware=preset(gpu), dtype="bf16").cost_model(llama).kernels is not None
+    roofline = TimedEngine(hardware=preset(gpu), dtype=dtype, kernels="roofline")
+    assert roofline.cost_model(llama).kernels is None  # not measured: nothing to check
+
+
+@installed
 def test_an_fp8_moe_takes_the_block_scaled_rows_where_a_table_has_no_per_tensor_ones():
     """SGLang's tables measure its FP8 fused MoE with block-scaled weights only: DeepSeek-V3's
     experts (TP 8) at 4,096 tokens are the measured ``fp8_block`` row, not the roofline. vLLM's

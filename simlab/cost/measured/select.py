@@ -98,11 +98,29 @@ def select(
         return None
     _warn_bandwidth(hardware)
     kernels = Kernels(hardware.system, backend, resolved, dtype, local, kv_dtype, moe_kernel)
+    check_dtype(kernels)
     line = newer_tables(kernels)
     if line is not None and line not in _warned:
         _warned.add(line)
         log.warning("%s", line)
     return kernels
+
+
+def check_dtype(kernels: Kernels) -> None:
+    """A ValueError naming ``engine.dtype`` when the GEMM table measures no GEMM of the
+    kernels' dtype (FP8 on A100, FP4 before Blackwell): their linear layers would all fall to
+    the roofline, at a peak the GPU may not have."""
+    path = kernels.path("gemm")
+    if path is None:
+        return
+    have = set(tables.rows(path, ())["gemm_dtype"].astype(str))
+    if tables.DTYPES[kernels.dtype]["gemm"] in have:
+        return
+    measured = ", ".join(d for d, names in tables.DTYPES.items() if names["gemm"] in have)
+    raise ValueError(
+        f"engine.dtype: {kernels.system} {kernels.backend} {path.parent.name} measured no "
+        f"{kernels.dtype} GEMM (measured: {measured or 'none'}); set engine.dtype to one of them"
+    )
 
 
 def newer_tables(kernels: Kernels) -> str | None:
