@@ -141,3 +141,22 @@ def test_a_shape_the_versions_table_lacks_comes_from_the_nearest_version_that_ha
     assert kernels.moe(1024, deepseek)[1] == MEASURED
     assert kernels.moe_versions == {deepseek: "1.3.0rc20"} and not kernels.transfers
     assert kernels.lent() == {"moe_versions": {transfer.label(deepseek): "1.3.0rc20"}}
+
+
+@installed
+def test_a_moe_no_table_of_its_dtype_times_stays_on_the_roofline_and_says_why(caplog):
+    # SGLang's L40S tables measure no FP8 fused MoE, per-tensor or block-scaled, of any shape
+    overrides = [
+        "model=hf",
+        "model.id=Qwen/Qwen3-30B-A3B",
+        "hardware=l40s",
+        "engine.backend=sglang",
+        "engine.dtype=fp8",
+        "prefill=[4096]",
+    ]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        out = predict(compose(config_name="predict", overrides=overrides))
+    assert out["breakdown_sources"]["moe"] == [ROOFLINE]
+    assert "fused MoE 2048x768 top-8 of 128 (MoE TP 1, EP 1): the fp8 tables hold no row" in (
+        caplog.text
+    )

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from simlab.cost.hardware import Hardware
-from simlab.cost.measured import attention, ssd_scan
+from simlab.cost.measured import attention, ssd_scan, transfer
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import INTERPOLATED, worst
 from simlab.cost.profiles import ALLREDUCE, X_PROJ_ALLREDUCE
@@ -128,6 +128,12 @@ class MeasuredOps:
         grid = self.kernels.grid(("gemm",))
         narrowest = m.moe_experts if grid is None else int(grid.axes[0][0])
         router = self.kernels.gemm(pos, max(m.moe_experts, narrowest), m.d_model)
+        if fused is None:
+            self.kernels.warn_once(
+                f"fused MoE {transfer.label(self.moe_shape())}: the {self.kernels.dtype} tables "
+                "hold no row of it, nor a measured shape of that dtype to time it from: on the "
+                "roofline"
+            )
         if fused is None or router is None:
             return None
         seconds = m.n_moe_layers * (fused[0] + router[0]) / 1e3
