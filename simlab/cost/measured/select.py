@@ -118,8 +118,9 @@ def check_dtype(kernels: Kernels) -> None:
         return
     measured = ", ".join(d for d, names in tables.DTYPES.items() if names["gemm"] in have)
     raise ValueError(
-        f"engine.dtype: {kernels.system} {kernels.backend} {path.parent.name} measured no "
-        f"{kernels.dtype} GEMM (measured: {measured or 'none'}); set engine.dtype to one of them"
+        f"engine.dtype: {kernels.system}'s {kernels.backend} GEMM table ({path.parent.name}) "
+        f"measured no {kernels.dtype} GEMM (measured: {measured or 'none'}); set engine.dtype "
+        "to one of them"
     )
 
 
