@@ -128,7 +128,7 @@ def despiked(kernels: Kernels, rows: Any, shape: tuple[int, ...]) -> Any:
         return rows
     rows, spikes = noise.despike_moe(rows)
     if spikes:
-        kernels.moe_spikes[shape] = kernels.moe_spikes.get(shape, 0) + spikes
+        kernels.moe_spikes[shape] = spikes
         kernels.warn_once(
             f"fused MoE {transfer.label(shape)}: {spikes} of its rows over {noise.SPIKE:g}x the "
             "kernel's time at more tokens, measurement spikes: taken at that time "

@@ -115,8 +115,8 @@ def despike_moe(frame: Any) -> tuple[Any, int]:
     (in expectation, under the same routing), so its time never exceeds theirs by more than
     noise. A row over :data:`SPIKE` times the fastest row at more tokens is a measurement's
     spike, or a tactic mis-chosen for that one token count: TensorRT-LLM 1.3.0rc10's H100 BF16
-    table times Kimi-K2's experts at MoE TP 2 in 17.8 ms at 1,024 tokens, 5.6 ms at 768 and
-    7.9 ms at 2,048. The suffix minimum is a bound the kernel is known to meet, so rows under
+    table times Kimi-K2's experts at MoE TP 2 (power-law routing) in 17.8 ms at 1,024 tokens,
+    5.5 ms at 768 and 7.6 ms at 2,048. The suffix minimum is a bound the kernel is known to meet, so rows under
     it are never raised."""
     if frame.empty or not {"num_tokens", "latency"} <= set(frame.columns):
         return frame, 0
