@@ -22,6 +22,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -134,6 +135,18 @@ class Grid:
             return np.zeros_like(self.log_y)
         mesh = np.meshgrid(*[np.asarray(a, dtype=float) for a in self.axes], indexing="ij")
         return np.log(np.broadcast_to(self.reference(*mesh), self.log_y.shape))
+
+    @classmethod
+    def from_frame(
+        cls, frame: Any, axes: list[str], power: float, reference: Roofline | None = None
+    ) -> Grid | None:
+        """A grid from a table's rows: its ``axes`` columns and ``latency`` (None: no rows)."""
+        if frame.empty:
+            return None
+        columns = [frame[a].to_numpy() for a in axes]
+        return cls.from_columns(
+            columns, frame["latency"].to_numpy(dtype=np.float64), power, reference
+        )
 
     @classmethod
     def from_columns(

@@ -105,10 +105,10 @@ class Kernels:
     transfers: dict[tuple[int, ...], tuple[int, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
-    #: the GEMM table's spikes taken at their fit: ``{"<dtype> <version>": rows}``; the MoE
-    #: rows over the same kernel's time at more tokens, taken at it: ``{shape: rows}``
+    #: the GEMM table's spikes taken at their fit: ``{"<dtype> <version>": rows}``; the MoE and
+    #: attention rows over the same kernel's time at a larger shape, taken at it (:mod:`.noise`)
     gemm_spikes: dict[str, int] = field(default_factory=dict, init=False, repr=False)
-    moe_spikes: dict[tuple[int, ...], int] = field(default_factory=dict, init=False, repr=False)
+    spikes: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     #: the MoE shapes whose ``moe_kernel`` the table lacks: where that kernel's rows came from
     moe_kernels: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
     #: the delta-rule kernels these tables lack: where each came from (:mod:`.delta_lend`)
@@ -160,9 +160,9 @@ class Kernels:
             "moe": self._moe_grid,
             "gdn": _delta_rule_grid,
             "kda": _delta_rule_grid,
-            "mamba2_scan": self._mamba2_grid,
-            "mamba2_step": self._mamba2_grid,
-            "allreduce": self._allreduce_grid,
+            "mamba2_scan": _mamba2_grid,
+            "mamba2_step": _mamba2_grid,
+            "allreduce": _allreduce_grid,
         }
         return builders[key[0]](path, key)
 
@@ -179,7 +179,7 @@ class Kernels:
                     "measurement spikes: taken at the fit (summary.json kernels.gemm_spikes)"
                 )
         roofline = self._roofline(reference.gemm(self.dtype), self.dtype)
-        return _grid(frame, ["n", "k", "m"], 1.0, roofline)
+        return Grid.from_frame(frame, ["n", "k", "m"], 1.0, roofline)
 
     def _attention_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         kind, head_dim, window = key
@@ -194,11 +194,13 @@ class Kernels:
             return None
         frame = frame.assign(length=frame["isl"] + frame["step"])
         axes = ["num_heads", "num_key_value_heads", "batch_size", "length"]
+        what = f"{kind} attention, head dim {head_dim}" + (f", window {window}" if window else "")
+        frame = noise.despiked(self, frame, what, "length", tuple(axes[:3]))
         if kind == "generation":  # launch- and split-bound: no roofline to follow (see reference)
-            return _grid(frame, axes, 1.0)
+            return Grid.from_frame(frame, axes, 1.0)
         if window:  # linear past the window, not the causal reference's square
-            return _grid(frame, axes, 1.0)
-        return _grid(frame, axes, 2.0, self._roofline(reference.context(head_dim)))
+            return Grid.from_frame(frame, axes, 1.0)
+        return Grid.from_frame(frame, axes, 2.0, self._roofline(reference.context(head_dim)))
 
     def _mla_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
         filters = (("mla_dtype", "bfloat16"), ("kv_cache_dtype", KV_ROWS[self.kv_dtype]))
@@ -209,8 +211,8 @@ class Kernels:
         axes = ["num_heads", "batch_size", "length"]
         # a shape measured twice (the tables hold re-measurements): its first row, as
         # aiconfigurator reads it
-        frame = frame.drop_duplicates(axes)
-        return _grid(frame, axes, 2.0 if key[0] == "mla_context" else 1.0)
+        frame = noise.despiked(self, frame.drop_duplicates(axes), key[0], "length", tuple(axes[:2]))
+        return Grid.from_frame(frame, axes, 2.0 if key[0] == "mla_context" else 1.0)
 
     def moe_dtypes(self) -> tuple[str, ...]:
         """The MoE rows' dtypes a shape is looked up in, in order: an FP8 model's per-tensor
@@ -231,8 +233,9 @@ class Kernels:
                 FP8_MOE_FALLBACK,
             )
         roofline = self._roofline(reference.moe(key[1:], self.dtype), self.dtype)
-        rows = moe_kernel.despiked(self, moe_kernel.chosen_rows(self, frame, key[1:]), key[1:])
-        return _grid(rows, ["num_tokens"], 1.0, roofline)
+        rows = moe_kernel.chosen_rows(self, frame, key[1:])
+        rows = noise.despiked(self, rows, f"fused MoE {transfer.label(key[1:])}", "num_tokens")
+        return Grid.from_frame(rows, ["num_tokens"], 1.0, roofline)
 
     @functools.lru_cache(maxsize=1)  # noqa: B019
     def moe_shapes(self) -> tuple[transfer.Shape, ...]:
@@ -246,18 +249,6 @@ class Kernels:
             rows = frame[list(MOE_COLUMNS)].drop_duplicates().to_numpy()
             shapes |= {tuple(int(v) for v in row) for row in rows}
         return tuple(sorted(shapes))
-
-    def _mamba2_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
-        frame = tables.rows(path, ())
-        columns = ("nheads", "head_dim", "d_state", "n_groups")
-        for column, value in zip(columns, key[1:], strict=True):
-            frame = frame[frame[column] == value]
-        axes = ["batch_size", "seq_len"] if key[0] == "mamba2_scan" else ["batch_size"]
-        return _grid(frame, axes, 1.0)
-
-    def _allreduce_grid(self, path: Path, key: tuple[Any, ...]) -> Grid | None:
-        frame = tables.kernel_rows(tables.rows(path, ()), ("graph",))
-        return _grid(frame[frame["num_gpus"] == key[1]], ["message_size"], 1.0)
 
     def _roofline(self, work: reference.Work, dtype: str = "bf16") -> Roofline | None:
         """The reference a table is interpolated against (None: no peaks for the GPU)."""
@@ -361,12 +352,12 @@ class Kernels:
     def lent(self) -> dict[str, dict[str, Any]]:
         """``moe_versions`` (a MoE shape the table lacks: the version whose table timed it),
         ``moe_shapes`` (one no version has: the measured shape that timed it) and
-        ``gemm_spikes`` / ``moe_spikes`` (the rows taken at their bound), where any."""
+        ``gemm_spikes`` / ``spikes`` (the rows taken at their bound), where any."""
         out: dict[str, Any] = {}
         if self.gemm_spikes:
             out["gemm_spikes"] = dict(self.gemm_spikes)
-        if self.moe_spikes:
-            out["moe_spikes"] = {transfer.label(s): n for s, n in sorted(self.moe_spikes.items())}
+        if self.spikes:
+            out["spikes"] = dict(sorted(self.spikes.items()))
         if self.moe_versions:
             out["moe_versions"] = {
                 transfer.label(s): v for s, v in sorted(self.moe_versions.items())
@@ -483,16 +474,20 @@ class Kernels:
         return None if grid is None else grid.at((elements,))
 
 
+def _mamba2_grid(path: Path, key: tuple[Any, ...]) -> Grid | None:
+    frame = tables.rows(path, ())
+    columns = ("nheads", "head_dim", "d_state", "n_groups")
+    for column, value in zip(columns, key[1:], strict=True):
+        frame = frame[frame[column] == value]
+    axes = ["batch_size", "seq_len"] if key[0] == "mamba2_scan" else ["batch_size"]
+    return Grid.from_frame(frame, axes, 1.0)
+
+
+def _allreduce_grid(path: Path, key: tuple[Any, ...]) -> Grid | None:
+    frame = tables.kernel_rows(tables.rows(path, ()), ("graph",))
+    return Grid.from_frame(frame[frame["num_gpus"] == key[1]], ["message_size"], 1.0)
+
+
 def _delta_rule_grid(path: Path, key: tuple[Any, ...]) -> Grid | None:
     """``key``: (family, phase, part, d_model) (:func:`.delta_lend.grid`)."""
     return delta_lend.grid(path, *key[1:])
-
-
-def _grid(
-    frame: Any, axes: list[str], power: float, roofline: Roofline | None = None
-) -> Grid | None:
-    if frame.empty:
-        return None
-    columns = [frame[a].to_numpy() for a in axes]
-    latency = frame["latency"].to_numpy(dtype=np.float64)
-    return Grid.from_columns(columns, latency, power, roofline)

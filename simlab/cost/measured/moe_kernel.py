@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simlab.cost.measured import noise, tables, transfer
+from simlab.cost.measured import tables, transfer
 
 if TYPE_CHECKING:
     from simlab.cost.measured.kernels import Kernels
@@ -118,20 +118,3 @@ def chosen_rows(kernels: Kernels, frame: Any, shape: tuple[int, ...]) -> Any:
             f"{where} (summary.json kernels.moe_kernels)"
         )
     return own if found is None else found[0]
-
-
-def despiked(kernels: Kernels, rows: Any, shape: tuple[int, ...]) -> Any:
-    """``rows`` with their spikes over the same kernel's time at more tokens taken at that time
-    (:func:`~.noise.despike_moe`; warned once and counted in ``kernels.moe_spikes``), unless
-    ``kernels`` read the tables as measured (``despike`` False)."""
-    if not kernels.despike:
-        return rows
-    rows, spikes = noise.despike_moe(rows)
-    if spikes:
-        kernels.moe_spikes[shape] = spikes
-        kernels.warn_once(
-            f"fused MoE {transfer.label(shape)}: {spikes} of its rows over {noise.SPIKE:g}x the "
-            "kernel's time at more tokens, measurement spikes: taken at that time "
-            "(summary.json kernels.moe_spikes)"
-        )
-    return rows

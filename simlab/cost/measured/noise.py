@@ -15,17 +15,21 @@ MoE and all-reduce tables have no such shapes.
 
 :func:`despike_gemm` takes the weight-bound GEMM rows that stand far over their expected time
 (a measurement's spike, not a kernel's time) at that time before any interpolation, and
-:func:`despike_moe` the fused-MoE rows that stand far over the same kernel's time at more tokens.
+:func:`despike_along` the fused-MoE and attention rows that stand far over the same kernel's
+time at a larger shape.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from simlab.cost.measured.interpolate import Grid
+
+if TYPE_CHECKING:
+    from simlab.cost.measured.kernels import Kernels
 
 #: the GEMM rows whose time is the weight read: at most this many ...
 FLAT_ROWS = 16
@@ -106,26 +110,49 @@ def noise(grids: dict[str, list[Grid]]) -> dict[str, float]:
     return out
 
 
-def despike_moe(frame: Any) -> tuple[Any, int]:
-    """``frame`` (one fused-MoE shape's rows of one kernel, dtype and routing: ``num_tokens,
-    latency``) with each spike taken at the fastest time measured at more tokens, and how many
-    there were.
+def despike_along(frame: Any, axis: str, line: tuple[str, ...] = ()) -> tuple[Any, int]:
+    """``frame`` (one kernel's rows, of one dtype and routing) with each spike taken at the
+    fastest time measured at a larger ``axis`` on its line (the rows equal in the ``line``
+    columns), and how many there were.
 
-    A fused MoE over fewer tokens does no more work and touches no more experts than over more
-    (in expectation, under the same routing), so its time never exceeds theirs by more than
-    noise. A row over :data:`SPIKE` times the fastest row at more tokens is a measurement's
-    spike, or a tactic mis-chosen for that one token count: TensorRT-LLM 1.3.0rc10's H100 BF16
-    table times Kimi-K2's experts at MoE TP 2 (power-law routing) in 17.8 ms at 1,024 tokens,
-    5.5 ms at 768 and 7.6 ms at 2,048. The suffix minimum is a bound the kernel is known to meet, so rows under
-    it are never raised."""
-    if frame.empty or not {"num_tokens", "latency"} <= set(frame.columns):
+    For an op whose work never shrinks as ``axis`` grows -- a fused MoE's tokens (it touches no
+    fewer experts, in expectation under the same routing), attention's length -- the time at a
+    larger value bounds the time at a smaller one: the kernel could run the smaller shape as the
+    larger, masked. A row over :data:`SPIKE` times that bound is a measurement's spike, or a
+    tactic mis-chosen for that one shape: TensorRT-LLM 1.3.0rc10's H100 BF16 table times
+    Kimi-K2's experts at MoE TP 2 (power-law routing) in 17.8 ms at 1,024 tokens, 5.5 ms at
+    768 and 7.6 ms at 2,048. A row under the bound is never raised."""
+    if frame.empty or not {axis, "latency"} <= set(frame.columns):
         return frame, 0
-    fastest = frame.groupby("num_tokens")["latency"].min().sort_index()
-    later = fastest.iloc[::-1].cummin().iloc[::-1].shift(-1, fill_value=np.inf)
-    bound = frame["num_tokens"].map(later).astype(float)
-    spike = frame["latency"].astype(float) > SPIKE * bound
+    keys = [*line, axis]
+    fastest = frame.groupby(keys)["latency"].min().reset_index()  # sorted by line, then axis
+    larger = fastest.iloc[::-1]
+    if line:
+        running = larger.groupby(list(line), sort=False)["latency"].cummin()
+        bound = running.groupby([larger[c] for c in line], sort=False).shift(1)
+    else:
+        bound = larger["latency"].cummin().shift(1)
+    fastest["bound"] = bound.reindex(fastest.index).fillna(np.inf)
+    bounds = frame[keys].merge(fastest[[*keys, "bound"]], on=keys, how="left")["bound"]
+    spike = frame["latency"].to_numpy(dtype=float) > SPIKE * bounds.to_numpy(dtype=float)
     if not spike.any():
         return frame, 0
     out = frame.copy()
-    out.loc[spike, "latency"] = bound[spike]
+    out.loc[out.index[spike], "latency"] = bounds.to_numpy(dtype=float)[spike]
     return out, int(spike.sum())
+
+
+def despiked(kernels: Kernels, frame: Any, what: str, axis: str, line: tuple[str, ...] = ()) -> Any:
+    """``frame`` through :func:`despike_along`, its count warned once and kept in
+    ``kernels.spikes[what]``; as measured where ``kernels`` read the tables so
+    (``despike`` False)."""
+    if not kernels.despike:
+        return frame
+    frame, spikes = despike_along(frame, axis, line)
+    if spikes:
+        kernels.spikes[what] = spikes
+        kernels.warn_once(
+            f"{what}: {spikes} of its rows over {SPIKE:g}x the same kernel's time at a larger "
+            f"{axis}, measurement spikes: taken at that time (summary.json kernels.spikes)"
+        )
+    return frame

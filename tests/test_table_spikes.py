@@ -1,6 +1,6 @@
-"""A fused-MoE table's spikes: a row far over the same kernel's time at more tokens is taken at
-that time before any interpolation (:func:`simlab.cost.measured.noise.despike_moe`); the rest
-stay as measured."""
+"""A fused-MoE or attention table's spikes: a row far over the same kernel's time at a larger
+shape (more tokens, a longer sequence) is taken at that time before any interpolation
+(:func:`simlab.cost.measured.noise.despike_along`); the rest stay as measured."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from simlab.cost.measured.kernels import Kernels
-from simlab.cost.measured.noise import SPIKE, despike_moe
+from simlab.cost.measured.noise import SPIKE, despike_along
 from tests.test_gemm_spikes import installed
 
 KIMI_K2_TP2 = (7168, 2048, 8, 384, 2, 1)  # Kimi-K2's experts at MoE TP 2
@@ -18,6 +18,10 @@ KIMI_K2_TP2 = (7168, 2048, 8, 384, 2, 1)  # Kimi-K2's experts at MoE TP 2
 
 def frame(times: dict[int, float]) -> pd.DataFrame:
     return pd.DataFrame(list(times.items()), columns=["num_tokens", "latency"])
+
+
+def despike_moe(rows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    return despike_along(rows, "num_tokens")
 
 
 def test_a_spike_takes_the_fastest_time_at_more_tokens_and_the_rest_stay():
@@ -58,9 +62,9 @@ def test_kimi_k2_on_h100_tensorrt_llm_is_no_longer_slower_at_tp_2_than_at_tp_1(c
     assert tp1 is not None and tp2 is not None and spiked is not None
     assert spiked[0] > 1.2 * tp1[0]  # the table's row
     assert tp2[0] < tp1[0] and tp2[0] == pytest.approx(raw.moe(2048, KIMI_K2_TP2)[0])
-    assert kernels.lent()["moe_spikes"]["7168x2048 top-8 of 384 (MoE TP 2, EP 1)"] == 2
-    assert "kernels.moe_spikes" in caplog.text
-    assert "moe_spikes" not in raw.lent()
+    assert kernels.lent()["spikes"]["fused MoE 7168x2048 top-8 of 384 (MoE TP 2, EP 1)"] == 2
+    assert "kernels.spikes" in caplog.text
+    assert "spikes" not in raw.lent()
 
 
 @installed
@@ -70,4 +74,35 @@ def test_a_clean_shape_is_read_as_measured():
     raw = Kernels("b200_sxm", "sglang", "0.5.14", "fp8", despike=False)
     tokens = (1, 16, 100, 1024, 5000, 16384)
     assert [kernels.moe(n, deepseek) for n in tokens] == [raw.moe(n, deepseek) for n in tokens]
-    assert "moe_spikes" not in kernels.lent()
+    assert "spikes" not in kernels.lent()
+
+
+def test_each_line_is_bounded_by_its_own_larger_shapes_only():
+    rows = pd.DataFrame(
+        [
+            (h, n, t)
+            for h, times in ((4, (1.0, 9.0, 2.0)), (8, (5.0, 1.0, 6.0)))
+            for n, t in zip((16, 32, 64), times, strict=True)
+        ],
+        columns=["num_heads", "length", "latency"],
+    )
+    out, spikes = despike_along(rows, "length", ("num_heads",))
+    # 4 heads at 32 (9.0) is bounded by its own 64 (2.0); 8 heads at 16 (5.0) by its own 32
+    # (1.0), not by the other line's faster rows; 8 heads at 64 has no larger row on its line
+    assert spikes == 2
+    assert out["latency"].tolist() == [1.0, 2.0, 2.0, 1.0, 1.0, 6.0]
+
+
+@installed
+def test_a_short_prefill_on_b200_tensorrt_llm_is_no_longer_nineteen_times_a_longer_one(caplog):
+    """TensorRT-LLM 1.3.0rc20's B200 table times a 16-token prefill at head dim 256 (4 heads,
+    1 KV head: Qwen3.5-397B at TP 8) in 0.285 ms and 32 tokens in 0.015: a short chunk after a
+    prefix hit took 19 times a longer one."""
+    raw = Kernels("b200_sxm", "trtllm", "1.3.0rc20", despike=False)
+    with caplog.at_level(logging.WARNING):
+        kernels = Kernels("b200_sxm", "trtllm", "1.3.0rc20")
+        sixteen = kernels.context(1, 16, 4, 1, 256)
+    assert raw.context(1, 16, 4, 1, 256)[0] > 15 * raw.context(1, 32, 4, 1, 256)[0]
+    assert sixteen == (raw.context(1, 32, 4, 1, 256)[0], "measured")
+    assert kernels.lent()["spikes"] == {"context attention, head dim 256": 1}
+    assert "kernels.spikes" in caplog.text
