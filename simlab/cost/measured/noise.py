@@ -133,12 +133,13 @@ def despike_along(frame: Any, axis: str, line: tuple[str, ...] = ()) -> tuple[An
     else:
         bound = larger["latency"].cummin().shift(1)
     fastest["bound"] = bound.reindex(fastest.index).fillna(np.inf)
-    bounds = frame[keys].merge(fastest[[*keys, "bound"]], on=keys, how="left")["bound"]
-    spike = frame["latency"].to_numpy(dtype=float) > SPIKE * bounds.to_numpy(dtype=float)
+    merged = frame[keys].merge(fastest[[*keys, "bound"]], on=keys, how="left")
+    bounds = merged["bound"].to_numpy(dtype=float)
+    spike = frame["latency"].to_numpy(dtype=float) > SPIKE * bounds
     if not spike.any():
         return frame, 0
     out = frame.copy()
-    out.loc[out.index[spike], "latency"] = bounds.to_numpy(dtype=float)[spike]
+    out.loc[out.index[spike], "latency"] = bounds[spike]
     return out, int(spike.sum())
 
 
