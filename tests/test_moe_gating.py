@@ -89,6 +89,7 @@ def test_a_non_gated_model_on_gated_rows_is_interpolated_warned_once_and_recorde
     caplog, monkeypatch
 ):
     monkeypatch.setattr("simlab.cost.measured.kernels._WARNED", set())  # once per process
+    moe_gating.judge.cache_clear()
     kernels = Kernels("a100_sxm", "vllm", "0.14.0")
     shape = (*NANO, 1, 1)
     row = kernels.grid(("moe", *shape)).at((1024,))
@@ -103,6 +104,10 @@ def test_a_non_gated_model_on_gated_rows_is_interpolated_warned_once_and_recorde
     assert tag == INTERPOLATED and 0.6 < ms / row[0] < 0.75
     warned = [r for r in caplog.records if "kernels.moe_gating" in r.getMessage()]
     assert len(warned) == 1 and "rows run gated" in warned[0].getMessage()
+    # the verdict reads every shape of the table as measured: no other shape's spikes are
+    # warned, nor recorded, in a run of this one
+    assert not [r for r in caplog.records if "kernels.spikes" in r.getMessage()]
+    assert "spikes" not in kernels.lent()
     (line,) = kernels.lent()["moe_gating"].values()
     assert "scaled to 2 GEMMs of 3" in line and "transfer P90 22%" in line
 

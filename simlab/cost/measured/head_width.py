@@ -99,7 +99,7 @@ def class_errors(
         have = tables.versions(gpu, backend, local)
         if gpu == system or not have or (delta_lend.sm_version(gpu) in delta_lend.MMA_SYNC) != mma:
             continue
-        other = Kernels(gpu, backend, have[-1], local=local)
+        other = Kernels(gpu, backend, have[-1], local=local, despike=False)
         grids = other.grid(("context", source, 0)), other.grid(("context", head_dim, 0))
         if grids[0] is not None and grids[1] is not None:
             errors += held_out_errors(grids[0], grids[1], head_dim)

@@ -54,7 +54,7 @@ def judge(
     each way and the P90 that decided it."""
     from simlab.cost.measured.kernels import Kernels  # here: it imports this module
 
-    kernels = Kernels(system, backend, version, dtype, local)
+    kernels = Kernels(system, backend, version, dtype, local, despike=False)
     if _named_nongated(kernels.path("moe"), model):
         return NON_GATED, {}
     shapes = kernels.moe_shapes()
@@ -170,7 +170,8 @@ def check(
     non-gated model, else as they are."""
     from simlab.cost.measured.kernels import Kernels  # here: it imports this module
 
-    rows, measured = Kernels(system, *gated_rows), Kernels(system, *other)
+    rows = Kernels(system, *gated_rows, despike=False)
+    measured = Kernels(system, *other, despike=False)
     shape = (*model, 1, 1)
     grids = rows.grid(("moe", *shape)), measured.grid(("moe", *shape))
     two, three = rows.moe_reference(shape, False), rows.moe_reference(shape, True)
