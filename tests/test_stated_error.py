@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from simlab.config import ConfigError
 from simlab.engines.timed import stated
 from simlab.experiments import silicon_run
 from simlab.experiments.silicon_fit import by_engine
@@ -122,7 +123,7 @@ def test_a_run_of_a_validated_model_and_gpu_at_the_fitted_overheads_says_so():
     assert f"on this model and GPU, {100 * group['ttft_mape_held_out']:.0f}%" in line
     other = stated.line(stated.stated_error("sglang", LLAMA, "a100_sxm", (0, 0), kernels=True))
     assert "this run's model and GPU not among them;" in other  # not a hybrid: nothing more
-    assert "0.17 s a request, not this run's" in other
+    assert "0.17 s a request, not this run's (engine.overheads=fitted applies them)" in other
 
 
 def test_a_timed_run_records_and_prints_its_stated_error(tmp_path):
@@ -148,3 +149,52 @@ def test_a_timed_run_records_and_prints_its_stated_error(tmp_path):
         else:
             assert not error["validated"]
             assert "latency error not stated: engine.kernels=roofline" in summary.table()
+
+
+def test_fitted_overheads_run_at_the_values_their_error_was_stated_with(tmp_path):
+    """``engine.overheads=fitted``: the engine's fitted seconds an iteration and a request
+    time the run, are recorded as resolved in its config, and its stated error says they are
+    the fitted ones; the same run at the defaults takes longer to nothing less than those
+    seconds on every TTFT."""
+    base = ["+policy=sglang", "engine=timed", "engine.backend=sglang", "trace.limit=40"]
+    base += ["bounds.enabled=false", "report=false", "reuse_breakdown=false"]
+    fitted = stated.table()["engines"]["sglang"]["overheads_s"]  # type: ignore[index]
+    runs = {}
+    for overheads in ("none", "fitted"):
+        out = tmp_path / overheads
+        simulate(compose([*base, f"engine.overheads={overheads}", f"output_dir={out}"]))
+        runs[overheads] = json.loads((out / "summary.json").read_text())
+    config, error = runs["fitted"]["config"], runs["fitted"]["policies"]["sglang"]["latency_error"]
+    assert config["engine"]["request_overhead_s"] == fitted["request"] > 0
+    assert config["engine"]["costs"]["iteration_overhead_s"] == fitted["iteration"] > 0
+    assert config["engine_resolved"]["request_overhead_s"].startswith("engine.overheads=fitted")
+    assert "engine_overheads" not in config  # the zero-overhead caveat is gone
+    assert (
+        error["overheads_as_fitted"]
+        and not runs["none"]["policies"]["sglang"]["latency_error"]["overheads_as_fitted"]
+    )
+    assert "engine_overheads" in runs["none"]["config"]
+    slower = (
+        runs["fitted"]["policies"]["sglang"]["ttft_p50"]
+        - runs["none"]["policies"]["sglang"]["ttft_p50"]
+    )
+    assert slower >= fitted["request"]
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("engine.kernels=roofline", "engine.kernels=roofline"),
+        ("engine.request_overhead_s=0.1", "engine.request_overhead_s"),
+        ("engine.costs.iteration_overhead_s=0.002", "engine.costs.iteration_overhead_s"),
+    ],
+)
+def test_fitted_overheads_refuse_a_run_they_would_not_describe(tmp_path, override, names):
+    cfg = compose(["engine=timed", "engine.overheads=fitted", override, f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=re.escape(names)):
+        simulate(cfg)
+    bad = compose(["engine=timed", "engine.overheads=yes", f"output_dir={tmp_path}"])
+    with pytest.raises(
+        ConfigError, match=re.escape("engine.overheads must be none | fitted, got 'yes'")
+    ):
+        simulate(bad)

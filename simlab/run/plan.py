@@ -152,9 +152,13 @@ def record_engine(config: dict[str, Any], engine: Engine, pool: KvPool | None) -
         config["engine_pool"] = pool.row()
     if not isinstance(engine, Overheads):
         return
-    for key, (value, whose) in engine.resolved().items():  # null: the engine's default
-        log.info("engine.%s=null: %s, %s", key, whose, value)
-        config["engine"][key] = value
+    for key, (value, whose) in engine.resolved().items():  # null, or engine.overheads=fitted
+        log.info("engine.%s: %s, %s", key, whose, value)
+        *parents, leaf = key.split(".")
+        node = config["engine"]
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
         config.setdefault("engine_resolved", {})[key] = whose
     for key, line in (
         ("engine_overheads", engine.overheads_caveat()),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import simpy
@@ -76,6 +76,7 @@ class TimedEngine(TimedSettings):
     dtype: str | None = None  # the tables' dtype (bf16|fp8|fp4; None: the model's)
     kernel_tables: str | None = None  # gpu_validate's tables: those the package lacks
     moe_kernel: str | None = None  # the fused MoE's kernel, a substring of the tables' names
+    overheads: str = "none"  # fitted: the overheads fitted on the backend's serving points
     _calibration: Calibration | None = field(default=None, init=False, repr=False)
     _terms: CostTerms = field(default_factory=CostTerms, init=False, repr=False)
     #: the settings left null that took the backend's defaults: ``{key: (value, whose)}``
@@ -95,6 +96,7 @@ class TimedEngine(TimedSettings):
             calibration = load_calibration(self.calibration, self.hardware.name, self.profiles)
             terms = CostTerms.from_config(self.costs)
             select.check(self.kernels, self.backend, self.backend_version, self.dtype)
+            terms = self._fitted(terms)
             if self.max_running is None:  # engine.max_running=null: the backend's own cap
                 hw = self.hardware
                 cap = defaults.running(self.backend, hw.name, hw.mem_gb)
@@ -109,6 +111,23 @@ class TimedEngine(TimedSettings):
             raise ConfigError(str(err)) from err  # the message names its key
         object.__setattr__(self, "_calibration", calibration)
         object.__setattr__(self, "_terms", terms)
+
+    def _fitted(self, terms: CostTerms) -> CostTerms:
+        """``terms`` with ``engine.overheads=fitted``'s time an iteration, and that a request
+        set (:func:`.stated.fitted_overheads`), each recorded as resolved; as given with
+        ``none``."""
+        if self.overheads not in stated.OVERHEADS:
+            choices = " | ".join(stated.OVERHEADS)
+            raise ValueError(f"engine.overheads must be {choices}, got {self.overheads!r}")
+        if self.overheads == "none":
+            return terms
+        set_s = (terms.iteration_overhead_s, self.request_overhead_s)
+        iteration, request = stated.fitted_overheads(self.backend, self.kernels, set_s)
+        object.__setattr__(self, "request_overhead_s", request)
+        whose = f"engine.overheads=fitted: fitted on {self.backend}'s serving points"
+        self._resolved["costs.iteration_overhead_s"] = (iteration, whose)
+        self._resolved["request_overhead_s"] = (request, whose)
+        return replace(terms, iteration_overhead_s=iteration)
 
     def held(self, model: ModelSpec) -> ModelSpec:
         """``model`` as the replica's ``tp`` GPUs hold it (:func:`simlab.cost.shapes.on_tp`:
@@ -158,8 +177,9 @@ class TimedEngine(TimedSettings):
         return stated.stated_error(self.backend, model.name, system, overheads, on, model.is_hybrid)
 
     def resolved(self) -> dict[str, tuple[Any, str]]:
-        """The settings left null that took ``engine.backend``'s defaults on the GPU:
-        ``{key: (value, whose)}`` (``engine.max_running=null``)."""
+        """The settings left null that took ``engine.backend``'s defaults on the GPU
+        (``engine.max_running=null``), and those ``engine.overheads=fitted`` set:
+        ``{key: (value, whose)}``."""
         return dict(self._resolved)
 
     def defaults_caveat(self, keys: tuple[str, ...] | None = None) -> str | None:

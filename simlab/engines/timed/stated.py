@@ -74,6 +74,36 @@ def stated_error(
     }
 
 
+#: ``engine.overheads``: the run's own ``engine.costs.iteration_overhead_s`` and
+#: ``engine.request_overhead_s``, or those fitted on its engine's serving points
+OVERHEADS = ("none", "fitted")
+
+
+def fitted_overheads(backend: str, kernels: str, set_s: tuple[float, float]) -> tuple[float, float]:
+    """``engine.overheads=fitted``: the seconds an iteration and a request fitted on
+    ``backend``'s serving points (in sample, all models), for a run on measured ``kernels``
+    whose own overheads ``set_s`` are left at 0; else a ``ValueError`` naming the key."""
+    if kernels != "measured":
+        raise ValueError(
+            f"engine.overheads=fitted: the overheads were fitted on measured kernels, not "
+            f"engine.kernels={kernels}; set engine.overheads=none"
+        )
+    for key, value in zip(("costs.iteration_overhead_s", "request_overhead_s"), set_s, strict=True):
+        if value:
+            raise ValueError(
+                f"engine.overheads=fitted sets engine.{key}, which is {value:g} here: leave it "
+                "at 0, or set engine.overheads=none"
+            )
+    engine = (table() or {"engines": {}})["engines"].get(backend)
+    if engine is None:
+        raise ValueError(
+            f"engine.overheads=fitted: no serving point of {backend} was replayed, so none "
+            f"were fitted ({DOCS}); set engine.overheads=none"
+        )
+    fitted = engine["overheads_s"]
+    return float(fitted["iteration"]), float(fitted["request"])
+
+
 def line(error: dict[str, Any]) -> str:
     """``error`` (:func:`stated_error`) in one line."""
     if not error.get("validated"):
@@ -102,8 +132,8 @@ def line(error: dict[str, Any]) -> str:
             ""
             if error["overheads_as_fitted"]
             else f"; the overheads fitted on them are {fitted['iteration']:g} s an iteration and "
-            f"{fitted['request']:g} s a request, not this run's (engine.costs.iteration_overhead_s, "
-            "engine.request_overhead_s)"
+            f"{fitted['request']:g} s a request, not this run's (engine.overheads=fitted applies "
+            "them)"
         )
         + f" ({error['docs']})"
     )
