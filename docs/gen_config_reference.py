@@ -237,7 +237,8 @@ MEANINGS: dict[str, str] = {
     "lcm(grid, this) tokens",
     "admission.version": "the vLLM version whose rules are modelled",
     "admission/vllm.max_num_batched_tokens": "hybrids: tokens one scheduler step prefills "
-    "(longer prompts go in block-aligned chunks)",
+    "(longer prompts go in block-aligned chunks); null: `engine.token_budget` on the timed "
+    "engine, 2,048 (vLLM's `SchedulerConfig` default) on the replay engine",
     "admission/vllm.block_pool": "hybrids, replay and timed engines: vLLM's pool block by block; "
     "false: the prefix tree",
     "eviction.alpha": "FLOP-efficiency weight of the score",

@@ -286,9 +286,11 @@ class VLLM(BlockPool):
     requested_block_size: int = 0
     version: str = "0.33.0"
     junction: bool = True
-    #: tokens one scheduler step prefills (0.33.0's ``max_num_batched_tokens`` default): a
-    #: hybrid's longer prompt is prefilled in block-aligned chunks (:mod:`simlab.engines.block_pool`)
-    max_num_batched_tokens: int = 2048
+    #: tokens one scheduler step prefills (vLLM's ``max_num_batched_tokens``): a hybrid's
+    #: longer prompt is prefilled in block-aligned chunks (:mod:`simlab.engines.block_pool`);
+    #: None: the engine's (the timed engine's ``engine.token_budget``; on the replay engine
+    #: ``SchedulerConfig``'s 2,048, as the cross-checks drove vLLM)
+    max_num_batched_tokens: int | None = None
     #: hybrids on the replay and timed engines: vLLM's pool block by block
     #: (:mod:`simlab.engines.block_pool`, :mod:`simlab.engines.timed.vllm`; checked request for request); false:
     #: the prefix tree, as the cluster and offline engines
@@ -313,7 +315,8 @@ class VLLM(BlockPool):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_ssm_dtype(self.mamba_ssm_cache_dtype, "policy.mamba_ssm_cache_dtype")
-        positive_int(self.max_num_batched_tokens, "policy.admission.max_num_batched_tokens")
+        if self.max_num_batched_tokens is not None:
+            positive_int(self.max_num_batched_tokens, "policy.admission.max_num_batched_tokens")
         check_bool(self.block_pool, "policy.admission.block_pool")
         check_bool(
             self.enable_mamba_shared_prefix_checkpoint,
@@ -418,7 +421,12 @@ class VLLM(BlockPool):
                     if align
                     else "none"
                 ),
-                "max_num_batched_tokens": self.max_num_batched_tokens * unit,
+                # None: the engine's (config.engine.token_budget on the timed engine)
+                "max_num_batched_tokens": (
+                    None
+                    if self.max_num_batched_tokens is None
+                    else self.max_num_batched_tokens * unit
+                ),
                 "defaults": {"mamba_ssm_cache_dtype": self.dtype_source(model)} | gdn_defaults,
             }
             | gdn

@@ -361,3 +361,26 @@ def test_parts_sum_to_the_input_with_a_prefix_match_unit(engine, requests):
     assert (split["granularity"] < 16).all()
     if engine == "replay":
         assert not split["concurrency"].any()
+
+
+def test_a_timed_hybrid_is_replayed_at_its_own_token_budget():
+    """A timed run's counterfactuals prefill as many tokens a step as it did: vLLM's align
+    mode keeps a state every retention interval where a step ends there (vllm #42317), so a
+    replay at another budget would count the difference as concurrency. A 2,500-token system
+    prompt and 1,500-token questions one at a time, each prompt in one step of the default
+    8,192 tokens: no state at 2,080 from the first (at 2,048 a step would end there), the
+    junction state the second leaves hit by the later ones, as the replay at that budget has
+    it."""
+    system = np.arange(1, 2501, dtype=np.int32)
+    requests = [
+        request(i, np.concatenate((system, np.arange(1500) + 20_000 + 2000 * i)), at=i * 100.0)
+        for i in range(4)
+    ]
+    extra = (
+        "cache.size_gb=5",
+        "arrivals.mode=timestamps",
+        "policy.prefix_cache_retention_interval=1040",
+    )
+    split = parts(run(plan("vllm", "hybrid", "timed", *extra), requests))
+    assert not split["concurrency"].any()
+    assert split["hit"][0] == split["hit"][1] == 0 and split["hit"][2:].all()

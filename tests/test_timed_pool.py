@@ -25,8 +25,10 @@ A100 = Hardware.from_config(OmegaConf.load(CONFIGS / "hardware" / "a100_40gb.yam
 SPEC = model("nemotron_h_8b")
 
 
-def world(requests: list[Request], blocks: int, block: int = 4, **options) -> TimedWorld:
-    admission, eviction = policy_plugins("vllm")
+def world(
+    requests: list[Request], blocks: int, block: int = 4, policy: list[str] | None = None, **options
+) -> TimedWorld:
+    admission, eviction = policy_plugins("vllm", policy)
     step = RequestStep.build(SPEC, 1e9, admission, eviction, "vllm")
     engine = TimedEngine(hardware=A100, **options)
     shape = PoolShape(block=block, state_groups=2, block_bytes=1, blocks=blocks)
@@ -168,3 +170,22 @@ def test_a_transformer_under_vllm_runs_on_its_pool_when_the_kv_pool_is_shared():
     assert shape is not None and shape.state_groups == 0
     assert shape.block_bytes == 16 * llama.kv_bytes_per_token  # a block of all 32 layers
     assert shape.blocks == 2e9 // shape.block_bytes
+
+
+def test_a_hybrid_prompt_is_prefilled_at_the_engines_token_budget():
+    """vLLM's ``max_num_batched_tokens`` is ``engine.token_budget`` on its hybrid pool too: a
+    6,000-token prompt takes one step at the default 8,192 and three chunks at 2,048, and the
+    policy's own ``max_num_batched_tokens``, where set, caps it."""
+    ids = np.arange(6000, dtype=np.int32)
+    requests = [Request(0, 0, 0, 0.0, ids, np.arange(10_000, 10_002, dtype=np.int32), 2)]
+
+    def first_token(*policy: str, **options) -> float:
+        w = world(requests, blocks=4096, block=16, policy=list(policy), **options)
+        (record,) = w.run(SessionFeeder(requests))
+        return record.first_token
+
+    one_step = first_token()
+    assert one_step == first_token(token_budget=8192)
+    chunked = first_token(token_budget=2048)
+    assert chunked != one_step  # three prefill steps, each with its own times
+    assert first_token("policy.admission.max_num_batched_tokens=2048") == chunked

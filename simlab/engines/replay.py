@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from simlab.cache.contract import AdmissionPolicy, EvictionPolicy
 from simlab.cache.prefix import PrefixCache
+from simlab.config import ConfigError
 from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
 from simlab.engines.records import RequestRecord
@@ -60,10 +61,22 @@ class ReplayEngine:
     (:mod:`simlab.engines.block_pool`) instead of on the prefix cache."""
 
     name: str = "replay"
+    #: vLLM's hybrid pool: the tokens a scheduler step prefills (``max_num_batched_tokens``;
+    #: None: ``SchedulerConfig``'s, :data:`~simlab.engines.block_pool.replay.SCHEDULER_TOKENS`)
+    token_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        budget = self.token_budget
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+        ):
+            raise ConfigError(
+                f"engine.token_budget must be an integer >= 1 or null, got {budget!r}"
+            )
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
         shape = vllm_pool.pool_shape(step, requests) if step.pool else None
         if shape is not None:
             log.info("%s: vLLM's hybrid pool block by block (%s)", step.policy, shape)
-            return vllm_pool.pool_run(requests, step, shape, step.policy)
+            return vllm_pool.pool_run(requests, step, shape, step.policy, self.token_budget)
         return EngineRun(records=replay_step(requests, step))

@@ -102,6 +102,11 @@ def overrides_for(
     block = case.get("block_size")
     if case["engine"] == "vllm" and block and name in BLOCK_KEYS:
         out.append(f"{BLOCK_KEYS[name]}={block}")
+    if case["engine"] == "vllm" and name == "vllm":  # the budget its scheduler stepped at
+        from simlab.engines.block_pool.replay import SCHEDULER_TOKENS  # the drivers' default
+
+        tokens = case.get("max_num_batched_tokens", SCHEDULER_TOKENS)
+        out.append(f"policy.admission.max_num_batched_tokens={tokens}")
     if case.get("prefix_match_unit") is not None and name == "vllm":  # --prefix-match-unit
         out.append(f"policy.prefix_match_unit={case['prefix_match_unit']}")
     if "prefix_cache_retention_interval" in case and name == "vllm":

@@ -240,7 +240,8 @@ def _replay_hits(
     )
     try:
         with quiet_counterfactual():
-            run = run_policy(spec, requests, setting.model, settings, ReplayEngine(), setting.unit)
+            engine = counterfactual_engine(setting.engine)
+            run = run_policy(spec, requests, setting.model, settings, engine, setting.unit)
     except ConfigError as err:
         above = LOSSES[LOSSES.index(part) - 1]
         log.warning("%s: reuse breakdown: %s not computed (in %s): %s", spec.name, part, above, err)
@@ -248,6 +249,16 @@ def _replay_hits(
         return None
     ids = (int(i) for i in run.records["request_id"])
     return dict(zip(ids, (int(h) for h in run.records["hit_tokens"]), strict=True))
+
+
+def counterfactual_engine(engine: Engine) -> ReplayEngine:
+    """The replay engine of a run's counterfactuals on ``engine``: vLLM's hybrid pool prefills
+    as many tokens a step as the run's engine did (a timed engine's ``engine.token_budget``,
+    a cluster's replicas'), so the replays differ from the run only where the breakdown says."""
+    if isinstance(engine, ReplayEngine):
+        return engine
+    inner = getattr(engine, "engine", engine)  # a cluster: its replicas' timed engine
+    return ReplayEngine(token_budget=getattr(inner, "token_budget", None))
 
 
 @contextmanager

@@ -15,6 +15,10 @@ from simlab.engines.step import RequestStep
 from simlab.model.spec import ModelSpec
 from traces.format import Request
 
+#: the tokens a scheduler step prefills where neither the policy nor the engine sets them:
+#: vLLM's ``SchedulerConfig`` default, the budget the cross-checks drove vLLM at
+SCHEDULER_TOKENS = 2048
+
 
 def pool_records(
     requests: Sequence[Request], model: ModelSpec, policy: str, pool: HybridPool, committed: bool
@@ -107,15 +111,20 @@ def pool_shape(
     return PoolShape.of(step.cache.model, block, step.cache.capacity + running_bytes)
 
 
-def step_pool(step: RequestStep, shape: PoolShape) -> tuple[HybridPool, bool]:
-    """The pool of ``step``'s admission options (``policy=vllm``) and its ``committed`` keys."""
+def step_pool(
+    step: RequestStep, shape: PoolShape, budget: int | None = None
+) -> tuple[HybridPool, bool]:
+    """The pool of ``step``'s admission options (``policy=vllm``) and its ``committed`` keys;
+    a step prefills the admission's ``max_num_batched_tokens``, else the engine's ``budget``
+    (the timed engine's ``engine.token_budget``), else :data:`SCHEDULER_TOKENS`."""
     admission = step.admission
+    tokens = getattr(admission, "max_num_batched_tokens", None) or budget or SCHEDULER_TOKENS
     unit = getattr(admission, "prefix_match_unit", None)
     alignment = getattr(admission, "checkpoint_alignment", None)
     pool = HybridPool(
         shape,
         junction=bool(getattr(admission, "junction", True)),
-        max_tokens=int(getattr(admission, "max_num_batched_tokens", 2048)),
+        max_tokens=int(tokens),
         retention=getattr(admission, "prefix_cache_retention_interval", 0),
         unit=unit,
         alignment=alignment(step.cache.model, shape.block) if alignment else 1,
@@ -124,8 +133,13 @@ def step_pool(step: RequestStep, shape: PoolShape) -> tuple[HybridPool, bool]:
 
 
 def pool_run(
-    requests: Sequence[Request], step: RequestStep, shape: PoolShape, policy: str
+    requests: Sequence[Request],
+    step: RequestStep,
+    shape: PoolShape,
+    policy: str,
+    budget: int | None = None,
 ) -> EngineRun:
-    """:func:`pool_records` with the options of ``step``'s admission (``policy=vllm``)."""
-    pool, committed = step_pool(step, shape)
+    """:func:`pool_records` with the options of ``step``'s admission (``policy=vllm``), each
+    scheduler step prefilling ``budget`` tokens (:func:`step_pool`)."""
+    pool, committed = step_pool(step, shape, budget)
     return pool_records(requests, step.cache.model, policy, pool, committed)

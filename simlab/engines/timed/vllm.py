@@ -9,8 +9,9 @@ not limit a separate pool here. Each iteration, in the running order (vLLM's ``S
 
 * every decoder's step takes its blocks (a new running block per Mamba group and a KV block
   when it crosses a block boundary), then prefilling requests take their chunk's: the
-  iteration's token budget (``min(engine.token_budget, max_num_batched_tokens)``) less one
-  token per decoder, cut as :meth:`simlab.engines.block_pool.HybridPool.chunk` cuts it;
+  iteration's token budget (``engine.token_budget``, or ``policy.admission.
+  max_num_batched_tokens`` where that is set and smaller) less one token per decoder, cut as
+  :meth:`simlab.engines.block_pool.HybridPool.chunk` cuts it;
 * a step the free queue cannot serve preempts the last running request (recompute, vLLM's
   ``self.running.pop()``; LIFO only), which frees all its blocks, until it can; a request
   that cannot run alone is an error naming ``cache.size_gb``. A preempted request resumes by
@@ -107,7 +108,7 @@ class VllmMemory:
         s = world.settings
         check_settings(s)
         self.world, self.step, self.settings = world, world.step, s
-        self.hybrid, self.committed = step_pool(world.step, shape)
+        self.hybrid, self.committed = step_pool(world.step, shape, s.token_budget)
         self.shape = shape
         assert s.token_budget is not None  # chunked prefill off is SGLang's (TimedSettings)
         world.budget = min(s.token_budget, self.hybrid.max_tokens)
