@@ -251,3 +251,20 @@ def test_the_runs_of_speculative_decoding_configs_are_counted_not_replayed():
         p.measured in ("2026-02-05", "2026-03-20") for p in pts if p.system == "b200_sxm"
     )
     assert any(p.measured == "2026-01-29" and p.backend == "trtllm" for p in pts)  # its non-MTP run
+
+
+def test_each_groups_own_overheads_are_a_floor_not_a_prediction():
+    """Two groups of one engine, each with its own true overheads: the engine's one fit misses
+    them, the groups' own fits recover each exactly."""
+    rng = np.random.default_rng(1)
+    pts = [point(model=m, id=f"{m}{i}") for m in ("a", "b") for i in range(6)]
+    zero = rng.uniform(10, 100, (len(pts), 2))
+    sims = np.stack([zero, zero + 1e3 * PROBE_S * rng.uniform(1, 5, zero.shape)], axis=1)
+    truth = np.concatenate([at(sims[:6], (0.002, 0.01)), at(sims[6:], (0.01, 0.2))])
+    pts = [
+        point(model=p.model, id=p.id, ttft_ms=float(t[0]), tpot_ms=float(t[1]))
+        for p, t in zip(pts, truth, strict=True)
+    ]
+    cv = cross_validate(pts, sims)
+    np.testing.assert_allclose(cv["own_group"], truth, rtol=1e-9)
+    assert np.abs(cv["in_sample"] / truth - 1).mean() > 0.01
