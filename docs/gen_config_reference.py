@@ -236,8 +236,9 @@ MEANINGS: dict[str, str] = {
     "admission.mamba_track_interval": "`extra_buffer`: decode steps track a state every "
     "lcm(grid, this) tokens",
     "admission.version": "the vLLM version whose rules are modelled",
-    "admission/vllm.max_num_batched_tokens": "hybrids: tokens one scheduler step prefills "
-    "(longer prompts go in block-aligned chunks); null: `engine.token_budget` on the timed "
+    "admission/vllm.max_num_batched_tokens": "vLLM's pool (hybrids; any model with the timed "
+    "engine's `kv_pool=shared`): tokens one scheduler step prefills (longer prompts go in "
+    "block-aligned chunks); null: `engine.token_budget` on the timed "
     "engine, 2,048 (vLLM's `SchedulerConfig` default) on the replay engine",
     "admission/vllm.block_pool": "hybrids, replay and timed engines: vLLM's pool block by block; "
     "false: the prefix tree",
