@@ -3,6 +3,9 @@ run whose settings differ from ``engine.backend``'s says so once and records it.
 
 from __future__ import annotations
 
+from unittest.mock import ANY
+
+import numpy as np
 import pytest
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -12,7 +15,9 @@ from simlab.engines.timed.settings import TimedSettings
 from simlab.experiments.predict import predict
 from simlab.report.describe import cost_model_note
 from simlab.run.plan import plan_run
+from simlab.run.policy import run_policy
 from tests.fixtures import CONFIGS, compose
+from traces.format import Request
 
 
 @pytest.mark.parametrize(
@@ -111,3 +116,45 @@ def test_a_prediction_names_the_chunk_size_its_engine_would_use(caplog):
     assert "engine.token_budget=4096 (sglang: 8192)" in line
     assert "engine.batching=mixed (sglang: prefill_first)" in line
     assert [r.getMessage() for r in caplog.records].count(line) == 1
+
+
+def replayed_hits(*extra: str) -> tuple[list[int], dict]:
+    """A hybrid's hits under ``policy=vllm`` on the replay engine: a 2,500-token system prompt
+    and 1,500-token questions, states kept every 1,040 tokens where a step ends there."""
+    system = np.arange(1, 2501, dtype=np.int32)
+    requests = [
+        Request(
+            i, i, 0, 100.0 * i,
+            np.concatenate((system, np.arange(1500, dtype=np.int32) + 20_000 + 2000 * i)),
+            np.arange(10_000 + 50 * i, 10_008 + 50 * i, dtype=np.int32), 8,
+        )
+        for i in range(4)
+    ]  # fmt: skip
+    run = ["+policy=vllm", "model=nemotron_h_8b", "engine=replay", "cache.size_gb=5"]
+    retention = "policy.prefix_cache_retention_interval=1040"
+    plan = plan_run(compose([*run, retention, "report=false", "bounds.enabled=false", *extra]))
+    ((_, spec),) = plan.policies.items()
+    done = run_policy(spec, requests, plan.model, plan.settings, plan.engine, 1)
+    return [int(h) for h in done.records["hit_tokens"]], plan.config
+
+
+def test_the_replay_engines_pool_prefills_at_vllm_serves_budget_on_the_gpu():
+    """``engine.token_budget=null`` on the replay engine is what ``vllm serve`` takes on the
+    run's GPU: 8,192 tokens a step on an H100, where the first prompt is one step and leaves
+    no state at 2,080 for the second to hit; 2,048 on an A100 and where set, where a step ends
+    at 2,048 and keeps it. The budget it took is recorded with whose it is."""
+    h100, config = replayed_hits("hardware=h100_sxm")
+    assert h100 == [0, 0, 2080, 2080]
+    assert config["engine"]["token_budget"] == 8192
+    assert config["engine_resolved"] == {
+        "token_budget": "vllm serve's default on h100_sxm (80 GiB)"
+    }
+    a100, config = replayed_hits("hardware=a100_80gb")
+    assert a100 == [0, 2080, 2080, 2080] and config["engine"]["token_budget"] == 2048
+    assert replayed_hits("hardware=h100_sxm", "engine.token_budget=2048") == (a100, ANY)
+
+
+def test_a_replay_off_vllms_pool_records_no_budget():
+    run = ["+policy=sglang_plus", "engine=replay", "hardware=h100_sxm", "report=false"]
+    config = plan_run(compose(run)).config
+    assert "engine_resolved" not in config and config["engine"]["token_budget"] is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from simlab.cache.contract import AdmissionPolicy, EvictionPolicy
 from simlab.cache.prefix import PrefixCache
@@ -19,6 +20,7 @@ from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
 from simlab.engines.records import RequestRecord
 from simlab.engines.step import Controller, RequestStep
+from simlab.engines.timed.defaults import defaults as engine_defaults
 from traces.format import Request
 from traces.progress import Progress
 
@@ -62,8 +64,13 @@ class ReplayEngine:
 
     name: str = "replay"
     #: vLLM's hybrid pool: the tokens a scheduler step prefills (``max_num_batched_tokens``;
-    #: None: ``SchedulerConfig``'s, :data:`~simlab.engines.block_pool.replay.SCHEDULER_TOKENS`)
+    #: None: a vLLM server's default on the run's GPU, :attr:`budget`)
     token_budget: int | None = None
+    #: the run's GPU (``hardware.name`` and ``hardware.mem_gb``, GiB), which a vLLM server's
+    #: default budget depends on (None: unknown, ``SchedulerConfig``'s
+    #: :data:`~simlab.engines.block_pool.replay.SCHEDULER_TOKENS`)
+    gpu: str | None = None
+    gpu_mem_gb: float | None = None
 
     def __post_init__(self) -> None:
         budget = self.token_budget
@@ -74,9 +81,31 @@ class ReplayEngine:
                 f"engine.token_budget must be an integer >= 1 or null, got {budget!r}"
             )
 
+    @property
+    def budget(self) -> int:
+        """The tokens a step of vLLM's pool prefills: ``engine.token_budget``, else what
+        ``vllm serve`` takes on the GPU (``EngineArgs.get_batch_defaults``: 8,192 on a GPU of
+        70 GiB or more that is not an A100, 2,048 on the others,
+        :func:`simlab.engines.timed.defaults.defaults`), else ``SchedulerConfig``'s 2,048."""
+        if self.token_budget is not None:
+            return self.token_budget
+        if self.gpu is None or self.gpu_mem_gb is None:
+            return vllm_pool.SCHEDULER_TOKENS
+        return int(engine_defaults("vllm", self.gpu, self.gpu_mem_gb)["token_budget"][0])
+
+    def resolved(self) -> dict[str, tuple[Any, str]]:
+        """``engine.token_budget`` left null, and the default it took: ``{key: (value, whose)}``
+        (empty when it is set)."""
+        if self.token_budget is not None:
+            return {}
+        if self.gpu is None or self.gpu_mem_gb is None:
+            return {"token_budget": (self.budget, "vLLM's SchedulerConfig default (GPU unknown)")}
+        whose = f"vllm serve's default on {self.gpu} ({self.gpu_mem_gb:g} GiB)"
+        return {"token_budget": (self.budget, whose)}
+
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
         shape = vllm_pool.pool_shape(step, requests) if step.pool else None
         if shape is not None:
             log.info("%s: vLLM's hybrid pool block by block (%s)", step.policy, shape)
-            return vllm_pool.pool_run(requests, step, shape, step.policy, self.token_budget)
+            return vllm_pool.pool_run(requests, step, shape, step.policy, self.budget)
         return EngineRun(records=replay_step(requests, step))

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from simlab.config import ClusterSettings, ConfigError, RunSettings, run_settings, selected_policies
 from simlab.engines.base import Engine, MemoryChecked, Overheads
+from simlab.engines.replay import ReplayEngine
 from simlab.engines.step import RequestStep
 from simlab.engines.timed.pool_sizing import KvPool
 from simlab.engines.tuning.settings import TuningSettings
@@ -98,7 +99,8 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     out_dir = output_dir(cfg)
     check_writable(out_dir)
     config = saved_config(cfg)
-    record_engine(config, engine, pool)
+    pooled = any(on_pool(step, engine, block_size) for step in steps)
+    record_engine(config, engine, pool, pooled)
     if configured.source:  # model=hf: what its config.json resolved to, in summary.json
         config["model_resolved"] = configured.config_fields()
     if model.kv_bytes_per_token != configured.kv_bytes_per_token:  # engine.tp copies the KV
@@ -143,23 +145,21 @@ def on_shared_pool(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def record_engine(config: dict[str, Any], engine: Engine, pool: KvPool | None) -> None:
+def record_engine(
+    config: dict[str, Any], engine: Engine, pool: KvPool | None, pooled: bool = False
+) -> None:
     """What ``summary.json`` keeps of the engine beside its config (the caveats go on the
     report too): the pool ``cache.size_gb=engine`` sized, the settings left null that took the
-    engine's defaults, and the caveats of zero overheads and of other scheduling."""
+    engine's defaults (the replay engine's budget where a step runs on vLLM's pool,
+    ``pooled``), and the caveats of zero overheads and of other scheduling."""
     if pool is not None:
         config["cache"]["size_gb"] = pool.gb
         config["engine_pool"] = pool.row()
+    if isinstance(engine, ReplayEngine) and pooled:
+        record_resolved(config, engine.resolved())
     if not isinstance(engine, Overheads):
         return
-    for key, (value, whose) in engine.resolved().items():  # null, or engine.overheads=fitted
-        log.info("engine.%s: %s, %s", key, whose, value)
-        *parents, leaf = key.split(".")
-        node = config["engine"]
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = value
-        config.setdefault("engine_resolved", {})[key] = whose
+    record_resolved(config, engine.resolved())  # null, or engine.overheads=fitted
     for key, line in (
         ("engine_overheads", engine.overheads_caveat()),
         ("engine_defaults", engine.defaults_caveat()),
@@ -167,6 +167,19 @@ def record_engine(config: dict[str, Any], engine: Engine, pool: KvPool | None) -
         if line:
             log.warning("%s", line)
             config[key] = line
+
+
+def record_resolved(config: dict[str, Any], resolved: dict[str, tuple[Any, str]]) -> None:
+    """Each engine setting ``{key: (value, whose)}`` took (a dotted key nests), logged, in the
+    saved config, and whose value it is in ``config.engine_resolved``."""
+    for key, (value, whose) in resolved.items():
+        log.info("engine.%s: %s, %s", key, whose, value)
+        *parents, leaf = key.split(".")
+        node = config["engine"]
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+        config.setdefault("engine_resolved", {})[key] = whose
 
 
 def engine_pool(engine: Engine, model: ModelSpec, cfg: DictConfig) -> KvPool:

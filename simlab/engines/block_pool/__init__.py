@@ -62,6 +62,7 @@ from simlab.engines.block_pool.keys import (
 from simlab.engines.block_pool.pool import HybridPool
 from simlab.engines.block_pool.queue import FreeQueue, PoolFull, PoolShape
 from simlab.engines.block_pool.replay import (
+    SCHEDULER_TOKENS,
     Peaks,
     pool_record,
     pool_records,
@@ -74,6 +75,7 @@ from simlab.engines.block_pool.run import PoolRun, internal_checkpoint
 
 __all__ = [
     "REPLY_TOKEN",
+    "SCHEDULER_TOKENS",
     "FreeQueue",
     "HybridPool",
     "Peaks",
