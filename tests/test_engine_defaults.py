@@ -152,6 +152,9 @@ def test_the_replay_engines_pool_prefills_at_vllm_serves_budget_on_the_gpu():
     a100, config = replayed_hits("hardware=a100_80gb")
     assert a100 == [0, 2080, 2080, 2080] and config["engine"]["token_budget"] == 2048
     assert replayed_hits("hardware=h100_sxm", "engine.token_budget=2048") == (a100, ANY)
+    # a preset that leaves its memory to aiconfigurator-core's systems file (180 GiB)
+    b200 = ["+policy=vllm", "model=nemotron_h_8b", "engine=replay", "hardware=b200_sxm"]
+    assert plan_run(compose([*b200, "report=false"])).config["engine"]["token_budget"] == 8192
 
 
 def test_a_replay_off_vllms_pool_records_no_budget():

@@ -8,14 +8,16 @@ trace's units (tokens, or blocks for hash-id traces); records are in tokens.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from simlab.cache.contract import AdmissionPolicy, EvictionPolicy
 from simlab.cache.prefix import PrefixCache
 from simlab.config import ConfigError
+from simlab.cost.hardware import Hardware
 from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
 from simlab.engines.records import RequestRecord
@@ -66,11 +68,10 @@ class ReplayEngine:
     #: vLLM's hybrid pool: the tokens a scheduler step prefills (``max_num_batched_tokens``;
     #: None: a vLLM server's default on the run's GPU, :attr:`budget`)
     token_budget: int | None = None
-    #: the run's GPU (``hardware.name`` and ``hardware.mem_gb``, GiB), which a vLLM server's
-    #: default budget depends on (None: unknown, ``SchedulerConfig``'s
+    #: the run's hardware preset (``hardware``), on whose GPU a vLLM server's default budget
+    #: depends (None: unknown, ``SchedulerConfig``'s
     #: :data:`~simlab.engines.block_pool.replay.SCHEDULER_TOKENS`)
-    gpu: str | None = None
-    gpu_mem_gb: float | None = None
+    hardware: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         budget = self.token_budget
@@ -81,6 +82,16 @@ class ReplayEngine:
                 f"engine.token_budget must be an integer >= 1 or null, got {budget!r}"
             )
 
+    @functools.cached_property
+    def gpu(self) -> Hardware | None:
+        """The run's GPU, its peaks filled from its ``system`` (None: no hardware given)."""
+        if self.hardware is None:
+            return None
+        try:
+            return Hardware.from_config(self.hardware)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+
     @property
     def budget(self) -> int:
         """The tokens a step of vLLM's pool prefills: ``engine.token_budget``, else what
@@ -89,18 +100,18 @@ class ReplayEngine:
         :func:`simlab.engines.timed.defaults.defaults`), else ``SchedulerConfig``'s 2,048."""
         if self.token_budget is not None:
             return self.token_budget
-        if self.gpu is None or self.gpu_mem_gb is None:
+        if self.gpu is None:
             return vllm_pool.SCHEDULER_TOKENS
-        return int(engine_defaults("vllm", self.gpu, self.gpu_mem_gb)["token_budget"][0])
+        return int(engine_defaults("vllm", self.gpu.name, self.gpu.mem_gb)["token_budget"][0])
 
     def resolved(self) -> dict[str, tuple[Any, str]]:
         """``engine.token_budget`` left null, and the default it took: ``{key: (value, whose)}``
         (empty when it is set)."""
         if self.token_budget is not None:
             return {}
-        if self.gpu is None or self.gpu_mem_gb is None:
-            return {"token_budget": (self.budget, "vLLM's SchedulerConfig default (GPU unknown)")}
-        whose = f"vllm serve's default on {self.gpu} ({self.gpu_mem_gb:g} GiB)"
+        if self.gpu is None:
+            return {"token_budget": (self.budget, "vLLM's SchedulerConfig default (no GPU)")}
+        whose = f"vllm serve's default on {self.gpu.name} ({self.gpu.mem_gb:g} GiB)"
         return {"token_budget": (self.budget, whose)}
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
