@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -251,6 +252,25 @@ def test_the_runs_of_speculative_decoding_configs_are_counted_not_replayed():
         p.measured in ("2026-02-05", "2026-03-20") for p in pts if p.system == "b200_sxm"
     )
     assert any(p.measured == "2026-01-29" and p.backend == "trtllm" for p in pts)  # its non-MTP run
+
+
+def test_nvidias_own_runs_are_counted_as_such_not_as_parallel():
+    """NVIDIA's own rows ("aic-auto-gap-analysis") give no attention-DP degree (blank, which
+    compared as parallel) and name no client, whose fixed or spread lengths decide their TTFT:
+    they are counted under their own reason; every row that gives no attention-DP degree or no
+    precision is one of them."""
+    from simlab.experiments.silicon import NVIDIA_REASON, NVIDIA_RUNS
+
+    csv = tables.systems_dir() / "silicon_sample.csv"
+    frame = pd.read_csv(csv)
+    nvidia = frame.silicon_data_source.str.contains(NVIDIA_RUNS)
+    agg = frame["mode"] == "agg"
+    blank = frame.attention_dp_size.isna() | frame.precision.isna()
+    assert (nvidia | ~(blank & agg)).all()
+    pts, skipped = points(csv)
+    assert skipped[NVIDIA_REASON] == int((nvidia & agg).sum()) > 800
+    replayed = {p.id for p in pts}
+    assert not replayed & set(frame.id[nvidia])
 
 
 def test_each_groups_own_overheads_are_a_floor_not_a_prediction():
