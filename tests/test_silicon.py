@@ -46,7 +46,7 @@ def test_models_come_from_the_configs_the_package_ships():
     hybrid = spec_of("Qwen/Qwen3.5-397B-A17B", 1)
     assert hybrid is not None and hybrid.ssm_kind == "gdn" and hybrid.n_moe_layers
     assert spec_of("deepseek-ai/DeepSeek-R1", 1).attn_kind == "mla"
-    assert spec_of("MiniMaxAI/MiniMax-M2.5", 1) is None  # an architecture simlab.model.hf lacks
+    assert spec_of("deepseek-ai/DeepSeek-V3.2", 1) is None  # an architecture simlab.model.hf lacks
     assert spec_of("nobody/none", 1) is None  # no config shipped
 
 
@@ -151,6 +151,36 @@ def test_a_point_runs_with_its_launch_scripts_holds(monkeypatch):
     assert tpot == pytest.approx(plain_tpot, rel=0.01)
     # 20 held iterations for every prompt but the opening pair (arriving to an idle engine)
     assert held_ttft - plain_ttft == pytest.approx(20 * tpot * 18 / 20, rel=0.15)
+
+
+def test_minimax_runs_with_its_vllm_scripts_flags_or_is_counted():
+    """MiniMax-M2.5 FP8 (read as Mixtral-like MoE: 62 layers of 256 experts, top 8): on B200
+    from 2026-04-03 its script passes ``--max-num-batched-tokens`` twice the ISL, an FP8 KV
+    cache and 0.90 of the memory; on H200 on 2026-03-01 vLLM's defaults at 0.95. Its scripts
+    of the weeks between passed ``--enable-expert-parallel`` at the csv's EP 1, and B300's
+    nightly run of 2026-04-03 has no script read here: those are counted, not replayed."""
+    from simlab.experiments.silicon import NO_SCRIPT_REASON, spec_of
+    from simlab.experiments.silicon_recipes import script_expert_parallel
+
+    spec = spec_of("MiniMaxAI/MiniMax-M2.5", 1)
+    assert spec is not None and spec.n_moe_layers == 62 == spec.n_attn_layers
+    assert (spec.moe_experts, spec.moe_top_k, spec.moe_shared_intermediate) == (256, 8, 0)
+    minimax = dict(model="MiniMaxAI/MiniMax-M2.5", backend="vllm", isl=8192, osl=1024)
+    b200 = recipe(point(system="b200_sxm", measured="2026-04-03", **minimax))
+    assert (b200.token_budget, b200.kv_dtype_bytes, b200.memory_fraction) == (16384, 1, 0.9)
+    assert b200.source.endswith("minimaxm2.5_fp8_b200.sh@bddbf4031")
+    h200 = recipe(point(system="h200_sxm", measured="2026-03-01", **minimax))
+    assert (h200.token_budget, h200.kv_dtype_bytes, h200.memory_fraction) == (8192, 2, 0.95)
+    assert script_expert_parallel("MiniMaxAI/MiniMax-M2.5", "h200_sxm", "2026-03-27")
+    assert script_expert_parallel("MiniMaxAI/MiniMax-M2.5", "b200_sxm", "2026-03-28")
+    assert not script_expert_parallel("MiniMaxAI/MiniMax-M2.5", "b200_sxm", "2026-04-03")
+    assert recipe(point(system="b300_sxm", measured="2026-04-03", **minimax)).source[:4] == "none"
+    pts, skipped = points(tables.systems_dir() / "silicon_sample.csv")
+    assert skipped[NO_SCRIPT_REASON] == 16
+    replayed = [p for p in pts if p.model == minimax["model"]]
+    assert len(replayed) > 150 and all(
+        not script_expert_parallel(p.model, p.system, p.measured) for p in replayed
+    )
 
 
 def test_deepseeks_tensorrt_llm_token_budget_is_its_scripts_at_the_measurement_date():

@@ -46,7 +46,7 @@ from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import ConcurrencyFeeder
 from simlab.engines.timed.pool_sizing import KvPool, aic_model, shipped_config
 from simlab.experiments.silicon_memory import admission, kv_pool
-from simlab.experiments.silicon_recipes import recipe, speculative
+from simlab.experiments.silicon_recipes import recipe, script_expert_parallel, speculative
 from simlab.model.hf import model_spec
 from simlab.model.spec import ModelSpec
 from simlab.run.plan import plan_run
@@ -81,6 +81,10 @@ DTYPE_BYTES = {"bf16": 2, "fp8": 1}
 #: apart, and the two put a point's TTFT several times apart. They are counted, not replayed.
 NVIDIA_RUNS = "aic-auto-gap-analysis"
 NVIDIA_REASON = "NVIDIA's own run: its client and server flags are not published"
+#: a point whose server's flags no InferenceX launch script read here gives
+#: (:func:`~simlab.experiments.silicon_recipes.recipe`'s fallback) is counted, not replayed
+NO_SCRIPT = "none"
+NO_SCRIPT_REASON = "no InferenceX launch script read for it"
 
 
 def config_path(model_path: str) -> Path | None:
@@ -137,7 +141,7 @@ def points(csv: Path) -> tuple[list[Point], dict[str, int]]:
             continue
         source = str(row.silicon_data_source)
         concurrency = int(source.split("silicon_concurrency=")[1].split(";")[0])
-        measured = source.split("measured=")[1][:10] if "measured=" in source else ""
+        measured = _measured(source)
         out.append(
             Point(
                 str(row.id),
@@ -157,7 +161,15 @@ def points(csv: Path) -> tuple[list[Point], dict[str, int]]:
                 _mode(row.moe_quant_mode),
             )
         )
+        if recipe(out[-1]).source.startswith(NO_SCRIPT):
+            out.pop()
+            skipped[NO_SCRIPT_REASON] = skipped.get(NO_SCRIPT_REASON, 0) + 1
     return out, skipped
+
+
+def _measured(source: str) -> str:
+    """The measurement date (YYYY-MM-DD) a row's ``silicon_data_source`` gives, else ''."""
+    return source.split("measured=")[1][:10] if "measured=" in source else ""
 
 
 def _mode(value: Any) -> str:
@@ -185,6 +197,12 @@ def _uncovered(row: Any) -> str:
                 str(row.silicon_data_source),
             ),
             "speculative decoding (an InferenceX MTP config's run)",
+        ),
+        (
+            script_expert_parallel(
+                str(row.model_path), str(row.system), _measured(str(row.silicon_data_source))
+            ),
+            "expert parallel (its launch script enabled it at the csv's EP 1)",
         ),
     )
     for bad, why in checks:

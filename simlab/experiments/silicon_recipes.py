@@ -191,7 +191,44 @@ def _trtllm(p: Point, family: str) -> Recipe | None:
     return None
 
 
+#: InferenceX's MiniMax-M2.5 FP8 vLLM scripts that passed ``--enable-expert-parallel`` whenever
+#: ``EP_SIZE -ge 1``, so at the csv's EP 1 too (``-gt 1`` from bddbf4031 on B200): GPU ->
+#: (the first, the last measurement date it was in force for)
+MINIMAX_SCRIPT_EP = {
+    "h200_sxm": ("2026-03-13", "2026-05-25"),  # 5e2c705d3 .. 8014ee637
+    "b200_sxm": ("2026-03-11", "2026-04-02"),  # f342df18e .. bddbf4031
+}
+
+
+def script_expert_parallel(model: str, system: str, measured: str) -> bool:
+    """Whether a point's launch script ran its experts in parallel though the csv gives EP 1
+    (:data:`MINIMAX_SCRIPT_EP`)."""
+    span = MINIMAX_SCRIPT_EP.get(system) if model.startswith("MiniMaxAI/MiniMax-M2") else None
+    return span is not None and span[0] <= measured[:10] <= span[1]
+
+
+def _minimax(p: Point) -> Recipe | None:
+    """MiniMax-M2.5 FP8's ``vllm serve``: on H200 before 2026-03-13 (a36346339) tensor parallel
+    alone at ``--gpu-memory-utilization 0.95``, the KV cache at auto (BF16) and vLLM's default
+    budget; on B200 from 2026-04-03 (bddbf4031, 41ed82dc1) and B300 from 2026-04-17
+    (340d7854c, 0c2467c15) ``--kv-cache-dtype fp8``, ``--max-num-batched-tokens`` twice the
+    ISL and 0.90. Their other points ran experts in parallel (:func:`script_expert_parallel`)
+    or a script not read (B300's nightly image of 2026-04-03)."""
+    script = "benchmarks/single_node/minimaxm2.5_fp8_{}.sh@{}"
+    if p.system == "h200_sxm" and p.measured < "2026-03-13":
+        return Recipe(script.format("h200", "a36346339"), memory_fraction=0.95)
+    commit = {"b200_sxm": ("2026-04-03", "bddbf4031", "41ed82dc1"),
+              "b300_sxm": ("2026-04-17", "340d7854c", "0c2467c15")}.get(p.system)  # fmt: skip
+    if commit is None or p.measured < commit[0]:
+        return None
+    in_force = commit[2] if p.measured >= "2026-04-21" else commit[1]  # merged that day
+    gpu = p.system.split("_")[0]
+    return Recipe(script.format(gpu, in_force), 2 * p.isl, kv_dtype_bytes=1, memory_fraction=0.9)
+
+
 def _vllm(p: Point, family: str) -> Recipe | None:
+    if family.startswith("minimax-m2"):
+        return _minimax(p)
     if not family.startswith("llama-3.1-70b"):
         return None
     where = {"b200_sxm": "b200_docker", "h100_sxm": "h100_slurm", "h200_sxm": "h200_slurm"}

@@ -31,6 +31,7 @@ ARCHITECTURES: dict[str, Callable[[Fields], Spec]] = {
     "Qwen3ForCausalLM": transformers.dense,
     "Qwen3MoeForCausalLM": transformers.qwen3_moe,
     "MixtralForCausalLM": transformers.mixtral,
+    "MiniMaxM2ForCausalLM": transformers.mixtral,
     "DeepseekV3ForCausalLM": transformers.deepseek_v3,
     "KimiK25ForConditionalGeneration": transformers.deepseek_v3,
     "GptOssForCausalLM": transformers.gpt_oss,

@@ -52,7 +52,9 @@ def qwen3_moe(f: Fields) -> Spec:
 
 
 def mixtral(f: Fields) -> Spec:
-    """Mixtral: attention + MoE of ``intermediate_size`` experts in every layer."""
+    """Mixtral, MiniMax-M2: attention + MoE of ``intermediate_size`` experts in every layer (no
+    shared expert; MiniMax-M2's QK norms, partial rotary and multi-token-prediction modules,
+    which its serving runs without, are not costed)."""
     spec = dense(f)
     spec.update(moe(f, "num_local_experts", "num_experts_per_tok", "intermediate_size"))
     spec.update(n_mlp_layers=0, n_moe_layers=spec["n_attn_layers"])
