@@ -1,5 +1,5 @@
 """NVIDIA's own estimator (aiconfigurator-core's SDK) on the measured serving points simlab
-validates against: ``python -m bench.silicon_peer --out DIR [--limit N]`` writes
+validates against: ``python -m bench.silicon_peer --out DIR [--model ID] [--limit N]`` writes
 ``DIR/silicon_peer.json`` and prints TTFT / TPOT MAPE per model x GPU x engine.
 
 The points are :func:`simlab.experiments.silicon.points` of ``silicon_sample.csv`` (690, as
@@ -305,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", required=True, type=Path, help="writes DIR/silicon_peer.json")
+    parser.add_argument(
+        "--model", default=None, help="only the points of models whose id contains this"
+    )
     parser.add_argument("--limit", type=int, default=None, help="the first N points only")
     parser.add_argument(
         "--validation",
@@ -323,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     if csv is None:
         parser.error("aiconfigurator-core is not installed")
     pts, skipped = points(csv / "silicon_sample.csv")
+    pts = [p for p in pts if args.model is None or args.model in p.model]
     pts = pts[: args.limit] if args.limit is not None else pts
     frame = pd.read_csv(csv / "silicon_sample.csv").set_index("id")
     t0 = time.perf_counter()

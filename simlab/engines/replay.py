@@ -70,8 +70,9 @@ class ReplayEngine:
     token_budget: int | None = None
     #: the run's hardware preset (``hardware``), on whose GPU a vLLM server's default budget
     #: depends (None: unknown, ``SchedulerConfig``'s
-    #: :data:`~simlab.engines.block_pool.replay.SCHEDULER_TOKENS`)
-    hardware: Mapping[str, Any] | None = None
+    #: :data:`~simlab.engines.block_pool.replay.SCHEDULER_TOKENS`); not ``hardware``, the key
+    #: that marks an engine that times its requests
+    gpu: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         budget = self.token_budget
@@ -83,12 +84,12 @@ class ReplayEngine:
             )
 
     @functools.cached_property
-    def gpu(self) -> Hardware | None:
+    def hardware(self) -> Hardware | None:
         """The run's GPU, its peaks filled from its ``system`` (None: no hardware given)."""
-        if self.hardware is None:
+        if self.gpu is None:
             return None
         try:
-            return Hardware.from_config(self.hardware)
+            return Hardware.from_config(self.gpu)
         except ValueError as err:
             raise ConfigError(str(err)) from err
 
@@ -100,18 +101,20 @@ class ReplayEngine:
         :func:`simlab.engines.timed.defaults.defaults`), else ``SchedulerConfig``'s 2,048."""
         if self.token_budget is not None:
             return self.token_budget
-        if self.gpu is None:
+        hw = self.hardware
+        if hw is None:
             return vllm_pool.SCHEDULER_TOKENS
-        return int(engine_defaults("vllm", self.gpu.name, self.gpu.mem_gb)["token_budget"][0])
+        return int(engine_defaults("vllm", hw.name, hw.mem_gb)["token_budget"][0])
 
     def resolved(self) -> dict[str, tuple[Any, str]]:
         """``engine.token_budget`` left null, and the default it took: ``{key: (value, whose)}``
         (empty when it is set)."""
         if self.token_budget is not None:
             return {}
-        if self.gpu is None:
+        hw = self.hardware
+        if hw is None:
             return {"token_budget": (self.budget, "vLLM's SchedulerConfig default (no GPU)")}
-        whose = f"vllm serve's default on {self.gpu.name} ({self.gpu.mem_gb:g} GiB)"
+        whose = f"vllm serve's default on {hw.name} ({hw.mem_gb:g} GiB)"
         return {"token_budget": (self.budget, whose)}
 
     def run(self, requests: Sequence[Request], step: RequestStep) -> EngineRun:
