@@ -2,7 +2,7 @@
 validates against: ``python -m bench.silicon_peer --out DIR [--model ID] [--limit N]`` writes
 ``DIR/silicon_peer.json`` and prints TTFT / TPOT MAPE per model x GPU x engine.
 
-The points are :func:`simlab.experiments.silicon.points` of ``silicon_sample.csv`` (690, as
+The points are :func:`simlab.experiments.silicon.points` of ``silicon_sample.csv`` (866, as
 ``python -m simlab.validate silicon`` replays them). Each is estimated the way aiconfigurator's
 own silicon comparison does it (``tools/accuracy_tracking/run_silicon.py`` and
 ``tools/accuracy_regression_testing/predict_silicon_sample.py`` in ai-dynamo/aiconfigurator:

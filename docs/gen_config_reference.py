@@ -238,8 +238,8 @@ MEANINGS: dict[str, str] = {
     "admission.version": "the vLLM version whose rules are modelled",
     "admission/vllm.max_num_batched_tokens": "vLLM's pool (hybrids; any model with the timed "
     "engine's `kv_pool=shared`): tokens one scheduler step prefills (longer prompts go in "
-    "block-aligned chunks); null: `engine.token_budget` on the timed "
-    "engine, 2,048 (vLLM's `SchedulerConfig` default) on the replay engine",
+    "block-aligned chunks); null: the engine's `engine.token_budget` (on the replay engine, "
+    "null there: `vllm serve`'s default on the run's GPU)",
     "admission/vllm.block_pool": "hybrids, replay and timed engines: vLLM's pool block by block; "
     "false: the prefix tree",
     "eviction.alpha": "FLOP-efficiency weight of the score",
