@@ -157,8 +157,9 @@ def test_minimax_runs_with_its_vllm_scripts_flags_or_is_counted():
     """MiniMax-M2.5 FP8 (read as Mixtral-like MoE: 62 layers of 256 experts, top 8): on B200
     from 2026-04-03 its script passes ``--max-num-batched-tokens`` twice the ISL, an FP8 KV
     cache and 0.90 of the memory; on H200 on 2026-03-01 vLLM's defaults at 0.95. Its scripts
-    of the weeks between passed ``--enable-expert-parallel`` at the csv's EP 1, and B300's
-    nightly run of 2026-04-03 has no script read here: those are counted, not replayed."""
+    of the weeks between passed ``--enable-expert-parallel`` at the csv's EP 1: those points
+    run with their experts over all tp GPUs. B300's nightly run of 2026-04-03 has no script
+    read here: counted, not replayed."""
     from simlab.experiments.silicon import NO_SCRIPT_REASON, spec_of
     from simlab.experiments.silicon_recipes import script_expert_parallel
 
@@ -169,6 +170,9 @@ def test_minimax_runs_with_its_vllm_scripts_flags_or_is_counted():
     b200 = recipe(point(system="b200_sxm", measured="2026-04-03", **minimax))
     assert (b200.token_budget, b200.kv_dtype_bytes, b200.memory_fraction) == (16384, 1, 0.9)
     assert b200.source.endswith("minimaxm2.5_fp8_b200.sh@bddbf4031")
+    early = recipe(point(system="b200_sxm", measured="2026-03-28", **minimax))
+    assert (early.token_budget, early.kv_dtype_bytes, early.memory_fraction) == (8192, 2, 0.95)
+    assert early.moe_kernel == "vllm_fused_moe"  # FlashInfer's and DeepGEMM's MoE off
     h200 = recipe(point(system="h200_sxm", measured="2026-03-01", **minimax))
     assert (h200.token_budget, h200.kv_dtype_bytes, h200.memory_fraction) == (8192, 2, 0.95)
     assert script_expert_parallel("MiniMaxAI/MiniMax-M2.5", "h200_sxm", "2026-03-27")
@@ -178,9 +182,10 @@ def test_minimax_runs_with_its_vllm_scripts_flags_or_is_counted():
     pts, skipped = points(tables.systems_dir() / "silicon_sample.csv")
     assert skipped[NO_SCRIPT_REASON] == 16
     replayed = [p for p in pts if p.model == minimax["model"]]
-    assert len(replayed) > 150 and all(
-        not script_expert_parallel(p.model, p.system, p.measured) for p in replayed
-    )
+    by_script = [p for p in replayed if script_expert_parallel(p.model, p.system, p.measured)]
+    assert len(by_script) == 94 and all(p.ep == p.tp > 1 for p in by_script)
+    assert len(replayed) == 176 + 94 + 35  # + the csv's own EP 2-4 points (H100, B200)
+    assert {p.ep for p in replayed if p.system == "h100_sxm"} == {4}
 
 
 def test_deepseeks_tensorrt_llm_token_budget_is_its_scripts_at_the_measurement_date():
@@ -198,6 +203,8 @@ def test_deepseeks_tensorrt_llm_token_budget_is_its_scripts_at_the_measurement_d
     assert budget("h200_sxm", "2025-11-02", 8192, 4) == 8320
     assert budget("b200_sxm", "2025-11-02", 1024, 64) == 1152
     assert budget("b200_sxm", "2026-01-29", 1024, 4) == 8192
+    assert budget("h200_sxm", "2026-01-14", 1024, 4) == 1152  # before the floor reached H200
+    assert budget("h200_sxm", "2026-01-28", 1024, 4) == 8192
     assert budget("b200_sxm", "2026-01-29", 8192, 64) == 8320
 
 

@@ -112,6 +112,7 @@ class CostModel:
         terms: CostTerms | None = None,
         overlap: bool = False,
         kernels: Kernels | None = None,
+        ep: int = 1,
     ):
         if tp < 1:
             raise ValueError(f"tensor-parallel degree must be >= 1, got {tp}")
@@ -143,7 +144,10 @@ class CostModel:
         self._allreduce_memo: dict[int, tuple[TimedOp, ...]] = {}
         #: the measured kernels that time the ops they cover before the roofline does (None:
         #: every op on the calibrated roofline)
-        self.kernels = None if kernels is None else MeasuredOps(kernels, model, tp, hardware)
+        #: the MoE's experts split over ``ep`` of the ``tp`` GPUs (measured kernels only: on
+        #: the roofline a GPU's expert bytes and FLOPs are the same on average either way)
+        self.ep = ep
+        self.kernels = None if kernels is None else MeasuredOps(kernels, model, tp, hardware, ep)
         #: simulated GPU seconds per time source (:mod:`simlab.cost.measured.sources`) over
         #: the iterations :meth:`time` and :meth:`decode_span_of` timed (with measured kernels)
         self.source_seconds: dict[str, float] = {}

@@ -103,6 +103,24 @@ def check_tp(model: ModelSpec, tp: int) -> None:
         )
 
 
+def check_ep(model: ModelSpec, tp: int, ep: int) -> None:
+    """Expert parallelism within the replica's ``tp`` GPUs (vLLM's ``--enable-expert-parallel``:
+    ``ep = tp``; SGLang's ``--ep-size``; TensorRT-LLM's ``moe_expert_parallel_size``): each of
+    ``ep`` groups holds ``experts / ep`` whole experts, split ``tp / ep`` ways (MoE TP). ``ep``
+    must divide ``tp`` and the experts, and the model must have experts; else an error naming
+    ``engine.ep``."""
+    if ep == 1:
+        return
+    if not model.moe_experts:
+        raise ValueError(f"engine.ep: {ep} on {model.name}, which has no experts (set 1)")
+    for what, n in (("engine.tp", tp), (f"{model.name}'s experts", model.moe_experts)):
+        if n % ep:
+            raise ValueError(
+                f"engine.ep: {ep} does not divide {what} ({n}): each expert-parallel group "
+                "holds an equal share of the experts on tp / ep GPUs"
+            )
+
+
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
     """The KV heads each of ``tp`` GPUs holds: ``max(1, KV heads // tp)``, vLLM's
     ``ModelConfig.get_num_kv_heads`` (with ``tp`` above the KV heads, each head is copied onto

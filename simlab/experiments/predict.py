@@ -247,6 +247,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         "model": cost.model.name,
         "hardware": cost.hw.name,
         "tp": cost.tp,
+        "ep": cost.ep,
         "calibration": cfg.engine.get("calibration") or "default efficiencies (uncalibrated)",
         # the calibration's own held-back error per op class ({} when uncalibrated)
         "calibration_held_back_error": cost.calibration.held_back_error,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ import pandas as pd
 from hydra import compose, initialize_config_dir
 
 from simlab.cost.measured import tables
-from simlab.cost.shapes import check_tp, on_tp
+from simlab.cost.shapes import check_ep, check_tp, on_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.engines.timed.feeders import ConcurrencyFeeder
 from simlab.engines.timed.pool_sizing import KvPool, aic_model, shipped_config
@@ -85,6 +85,9 @@ NVIDIA_REASON = "NVIDIA's own run: its client and server flags are not published
 #: (:func:`~simlab.experiments.silicon_recipes.recipe`'s fallback) is counted, not replayed
 NO_SCRIPT = "none"
 NO_SCRIPT_REASON = "no InferenceX launch script read for it"
+#: the GPUs of one node: a row whose tp is more (16, 64: the csv's tp x attention DP =
+#: MoE TP x EP over several nodes, which no single-node script runs) is counted, not replayed
+GPUS_PER_NODE = 8
 
 
 def config_path(model_path: str) -> Path | None:
@@ -127,6 +130,7 @@ class Point:
     measured: str = ""  # the measurement date (YYYY-MM-DD) the csv gives, else ''
     gemm_quant: str = ""  # the csv's gemm_quant_mode and moe_quant_mode ('' where none)
     moe_quant: str = ""
+    ep: int = 1  # the MoE's expert-parallel degree within the tp GPUs (MoE TP = tp / ep)
 
 
 def points(csv: Path) -> tuple[list[Point], dict[str, int]]:
@@ -159,6 +163,7 @@ def points(csv: Path) -> tuple[list[Point], dict[str, int]]:
                 measured,
                 _mode(row.gemm_quant_mode),
                 _mode(row.moe_quant_mode),
+                _expert_parallel(row),
             )
         )
         if recipe(out[-1]).source.startswith(NO_SCRIPT):
@@ -176,15 +181,24 @@ def _mode(value: Any) -> str:
     return "" if pd.isna(value) else str(value)
 
 
+def _expert_parallel(row: Any) -> int:
+    """The row's expert-parallel degree: the csv's, or ``tp`` where its launch script enabled
+    expert parallelism at the csv's EP 1 (:func:`script_expert_parallel`: vLLM's
+    ``--enable-expert-parallel`` splits the experts over all ``tp`` GPUs)."""
+    source = str(row.silicon_data_source)
+    if script_expert_parallel(str(row.model_path), str(row.system), _measured(source)):
+        return int(row.tp_size)
+    return int(row.moe_ep_size)
+
+
 def _uncovered(row: Any) -> str:
     """Why a row is not replayed ('' if it is)."""
     checks = (
         (row.mode != "agg", "disaggregated"),
         (NVIDIA_RUNS in str(row.silicon_data_source), NVIDIA_REASON),
-        (
-            row.pp_size != 1 or row.attention_dp_size != 1 or row.moe_ep_size != 1,
-            "pipeline, data or expert parallel",
-        ),
+        (row.pp_size != 1 or row.attention_dp_size != 1, "pipeline or attention data parallel"),
+        (row.tp_size > GPUS_PER_NODE, f"tensor parallel over more than {GPUS_PER_NODE} GPUs"),
+        (row.moe_tp_size * row.moe_ep_size != row.tp_size, "MoE TP x EP is not the tp"),
         (row.precision not in DTYPE_BYTES, f"precision {row.precision}"),
         (row.system not in PRESETS, f"GPU {row.system} has no preset"),
         ("silicon_concurrency=" not in str(row.silicon_data_source), "no concurrency"),
@@ -198,12 +212,6 @@ def _uncovered(row: Any) -> str:
             ),
             "speculative decoding (an InferenceX MTP config's run)",
         ),
-        (
-            script_expert_parallel(
-                str(row.model_path), str(row.system), _measured(str(row.silicon_data_source))
-            ),
-            "expert parallel (its launch script enabled it at the csv's EP 1)",
-        ),
     )
     for bad, why in checks:
         if bad:
@@ -213,8 +221,9 @@ def _uncovered(row: Any) -> str:
         return "architecture simlab.model cannot describe"
     try:
         check_tp(spec, int(row.tp_size))
+        check_ep(spec, int(row.tp_size), _expert_parallel(row))
     except ValueError:
-        return "tensor parallelism the engines reject"
+        return "tensor or expert parallelism the engines reject"
     return ""
 
 
@@ -292,8 +301,9 @@ def simulate(point: Point, overhead_s: float) -> tuple[float, float]:
         cfg = compose(config_name="config", overrides=overrides)
     plan = plan_run(cfg)
     (policy,) = plan.policies.values()
-    engine = plan.engine
-    assert isinstance(engine, TimedEngine)
+    assert isinstance(plan.engine, TimedEngine)
+    # the experts' split is set here, not by override: the plan holds the default model
+    engine = replace(plan.engine, ep=point.ep)
     requests = requests_of(point)
     step = policy_step(policy, on_tp(spec, point.tp), plan.settings)  # the replica's KV bytes
     route = choose(Case(step, engine, requests))  # policy=vllm: vLLM's block pool

@@ -145,8 +145,15 @@ def _sglang(p: Point, family: str) -> Recipe | None:
         if p.system == "b300_sxm":
             return _sglang_blackwell("benchmarks/single_node/dsr1_fp8_b300.sh@5b302f147", p)
         return _sglang_blackwell("benchmarks/single_node/dsr1_fp8_b200.sh@38b80a859", p)
-    if not family.startswith("qwen3.5"):
-        return None
+    return _qwen35(p) if family.startswith("qwen3.5") else None
+
+
+def _qwen35(p: Point) -> Recipe | None:
+    """Qwen3.5-397B-A17B's SGLang scripts (``--ep-size`` their csv's EP). FP8 on H200: chunks of
+    16,384, 0.8 of the memory, an FP8 KV cache and SGLang's own MoE runner."""
+    if p.system == "h200_sxm" and p.precision == "fp8":
+        h200 = "benchmarks/single_node/qwen3.5_fp8_h200.sh@f65d6b4b1"
+        return Recipe(h200, 16384, 1, 0, 0.0, 1, None, 0.8)
     if p.system == "b300_sxm" and p.precision == "fp8":
         b300 = "benchmarks/single_node/qwen3.5_fp8_b300.sh@c0f62a2ef"
         return Recipe(b300, 16384, 10, 0, 0.0, 1, FLASHINFER_TRTLLM, 0.8)
@@ -180,6 +187,10 @@ def _trtllm(p: Point, family: str) -> Recipe | None:
                 return Recipe(script, tokens, 1, 40, 0.8, 1, moe, fraction)
             return Recipe(script, tokens, 1, 0, 0.0, 1, moe, fraction)
         slurm = f"benchmarks/dsr1_fp8_{gpu}_trt_slurm.sh@17d5e204f"
+        if gpu == "h200" and p.measured >= "2026-01-12":  # the same flags (2ee1e0018)
+            slurm = "benchmarks/dsr1_fp8_h200_trt_slurm.sh@2ee1e0018"
+        if gpu == "h200" and p.measured >= "2026-01-22":  # b0c4ed21b: one script, the floor
+            slurm, tokens = "benchmarks/dsr1_fp8_h200_trt.sh@b30c3398a", max(8192, tokens)
         moe = "deepgemm" if gpu == "b200" else "cutlass"
         fraction = 0.8 if gpu == "b200" else 0.75
         return Recipe(slurm, tokens, 1, 0, 0.0, 1, moe, fraction, TRTLLM_2025)
@@ -192,8 +203,9 @@ def _trtllm(p: Point, family: str) -> Recipe | None:
 
 
 #: InferenceX's MiniMax-M2.5 FP8 vLLM scripts that passed ``--enable-expert-parallel`` whenever
-#: ``EP_SIZE -ge 1``, so at the csv's EP 1 too (``-gt 1`` from bddbf4031 on B200): GPU ->
-#: (the first, the last measurement date it was in force for)
+#: ``EP_SIZE -ge 1``, so at the csv's EP 1 too (``-gt 1`` from bddbf4031 on B200; the H100
+#: script always tested ``-gt 1``): GPU -> (the first, the last measurement date it was in force
+#: for). Their points run with ``engine.ep`` = their tp
 MINIMAX_SCRIPT_EP = {
     "h200_sxm": ("2026-03-13", "2026-05-25"),  # 5e2c705d3 .. 8014ee637
     "b200_sxm": ("2026-03-11", "2026-04-02"),  # f342df18e .. bddbf4031
@@ -208,15 +220,31 @@ def script_expert_parallel(model: str, system: str, measured: str) -> bool:
 
 
 def _minimax(p: Point) -> Recipe | None:
-    """MiniMax-M2.5 FP8's ``vllm serve``: on H200 before 2026-03-13 (a36346339) tensor parallel
-    alone at ``--gpu-memory-utilization 0.95``, the KV cache at auto (BF16) and vLLM's default
-    budget; on B200 from 2026-04-03 (bddbf4031, 41ed82dc1) and B300 from 2026-04-17
-    (340d7854c, 0c2467c15) ``--kv-cache-dtype fp8``, ``--max-num-batched-tokens`` twice the
-    ISL and 0.90. Their other points ran experts in parallel (:func:`script_expert_parallel`)
-    or a script not read (B300's nightly image of 2026-04-03)."""
+    """MiniMax-M2.5 FP8's ``vllm serve``:
+
+    - H200: vLLM's defaults at ``--gpu-memory-utilization 0.95``, the KV cache at auto (BF16);
+      tensor parallel alone before 2026-03-13 (a36346339), experts in parallel from then
+      (5e2c705d3 to 8014ee637^, :func:`script_expert_parallel`);
+    - B200 from 2026-03-11 to 04-02 (f342df18e to bddbf4031^): the same at 0.95, experts in
+      parallel, FlashInfer's and DeepGEMM's MoE off (``VLLM_USE_FLASHINFER_MOE_FP8=0``,
+      ``VLLM_MOE_USE_DEEP_GEMM=0``: vLLM's Triton fused MoE);
+    - B200 from 2026-04-03 (bddbf4031, 41ed82dc1) and B300 from 2026-04-17 (340d7854c,
+      0c2467c15): ``--kv-cache-dtype fp8``, ``--max-num-batched-tokens`` twice the ISL, 0.90,
+      experts in parallel at the csv's EP above 1;
+    - H100 from 2026-03-02 (ac0d2a853 to 298d8f94c^): vLLM's defaults at 0.90, BF16 KV,
+      experts in parallel at the csv's EP above 1.
+
+    B300's nightly image of 2026-04-03 ran before any B300 script, H200's from 2026-05-26 on
+    a script not read here (None)."""
     script = "benchmarks/single_node/minimaxm2.5_fp8_{}.sh@{}"
-    if p.system == "h200_sxm" and p.measured < "2026-03-13":
-        return Recipe(script.format("h200", "a36346339"), memory_fraction=0.95)
+    if p.system == "h200_sxm" and p.measured < "2026-05-26":
+        h200 = "a36346339" if p.measured < "2026-03-13" else "5e2c705d3..8014ee637^"
+        return Recipe(script.format("h200", h200), memory_fraction=0.95)
+    if p.system == "h100_sxm" and "2026-03-02" <= p.measured < "2026-05-22":
+        return Recipe(script.format("h100", "ac0d2a853..298d8f94c^"), memory_fraction=0.9)
+    if p.system == "b200_sxm" and "2026-03-11" <= p.measured < "2026-04-03":
+        b200 = script.format("b200", "f342df18e..bddbf4031^")
+        return Recipe(b200, moe_kernel="vllm_fused_moe", memory_fraction=0.95)
     commit = {"b200_sxm": ("2026-04-03", "bddbf4031", "41ed82dc1"),
               "b300_sxm": ("2026-04-17", "340d7854c", "0c2467c15")}.get(p.system)  # fmt: skip
     if commit is None or p.measured < commit[0]:

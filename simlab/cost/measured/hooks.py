@@ -12,7 +12,8 @@ table covers its shape (then the roofline times it too).
   shared experts are the fused gate-up GEMM and the down GEMM. A projection of none of the
   lists keeps the roofline until its split is listed.
 * MoE: the fused MoE kernel at the model's (hidden, intermediate, top-k, experts) with
-  MoE-TP = ``tp`` (no expert parallelism), where the table lacks it from another version's
+  MoE EP = ``ep`` and MoE TP = ``tp / ep`` (the tables' rows of each, measured at a skewed
+  routing where they have it, so the busiest GPU's share), where the table lacks it from another version's
   table or the nearest measured shape (:meth:`.Kernels.moe`), plus the router GEMM.
 * Attention (grouped-query, its sliding-window layers, MLA): :mod:`.attention`.
 * All-reduce: the custom all-reduce (CUDA-graph kernel) at the message's elements.
@@ -67,12 +68,16 @@ Timed = tuple[float, str] | None  # (seconds, source)
 
 
 class MeasuredOps:
-    """The measured time of ``model``'s ops at tensor-parallel degree ``tp`` from ``kernels``."""
+    """The measured time of ``model``'s ops at tensor-parallel degree ``tp`` (its experts split
+    over ``ep`` of those GPUs) from ``kernels``."""
 
-    def __init__(self, kernels: Kernels, model: ModelSpec, tp: int, hardware: Hardware):
+    def __init__(
+        self, kernels: Kernels, model: ModelSpec, tp: int, hardware: Hardware, ep: int = 1
+    ):
         self.kernels = kernels
         self.model = model
         self.tp = tp
+        self.ep = ep
         self.hw = hardware
         self.heads = (model.n_heads // tp, kv_heads_per_gpu(model, tp), model.head_dim)
         #: ``(window, layers)`` of each kind of attention layer the tables measure
@@ -117,7 +122,8 @@ class MeasuredOps:
     def moe_shape(self) -> tuple[int, ...]:
         """The fused MoE's table key: (hidden, intermediate, top-k, experts, MoE TP, MoE EP)."""
         m = self.model
-        return (kinds.moe_width(m), m.moe_intermediate, m.moe_top_k, m.moe_experts, self.tp, 1)
+        width, tp, ep = kinds.moe_width(m), self.tp // self.ep, self.ep
+        return (width, m.moe_intermediate, m.moe_top_k, m.moe_experts, tp, ep)
 
     def moe(self, op: Op) -> Timed:
         m, pos = self.model, op.query[0]

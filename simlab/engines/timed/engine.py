@@ -20,7 +20,7 @@ from simlab.cost.measured import select
 from simlab.cost.measured.kernels import Kernels
 from simlab.cost.measured.sources import ROOFLINE, ROOFLINE_WARN_SHARE, shares
 from simlab.cost.model import CostModel
-from simlab.cost.shapes import check_tp, on_tp
+from simlab.cost.shapes import check_ep, check_tp, on_tp
 from simlab.cost.terms import CostTerms
 from simlab.engines import block_pool as vllm_pool
 from simlab.engines.base import EngineRun
@@ -67,6 +67,7 @@ class TimedEngine(TimedSettings):
     hardware: Any = None  # Hardware or its config mapping (``${hardware}``)
     name: str = "timed"
     tp: int = 1
+    ep: int = 1  # expert parallelism: the MoE's experts split over ep of the tp GPUs
     calibration: str | None = None  # gpu_validate calibration JSON (the preset's by default)
     profiles: bool = True  # time the ops the calibration measured (its profiles) from them
     costs: Any = None  # engine.costs: the terms the roofline misses (CostTerms)
@@ -91,6 +92,10 @@ class TimedEngine(TimedSettings):
                 object.__setattr__(self, "hardware", Hardware.from_config(self.hardware))
             if not (isinstance(self.tp, int) and self.tp >= 1):
                 raise ValueError(f"engine.tp must be an integer >= 1, got {self.tp!r}")
+            if not (isinstance(self.ep, int) and self.ep >= 1 and self.tp % self.ep == 0):
+                raise ValueError(
+                    f"engine.ep must be an integer dividing engine.tp, got {self.ep!r}"
+                )
             if not isinstance(self.profiles, bool):
                 raise ValueError(f"engine.profiles must be true or false, got {self.profiles!r}")
             calibration = load_calibration(self.calibration, self.hardware.name, self.profiles)
@@ -133,9 +138,12 @@ class TimedEngine(TimedSettings):
         """``model`` as the replica's ``tp`` GPUs hold it (:func:`simlab.cost.shapes.on_tp`:
         with ``tp`` above the KV heads each is copied onto ``tp / KV heads`` GPUs, as vLLM and
         SGLang do, and MLA's latent onto every GPU: a token's KV takes that much more of the
-        pool); a ``tp`` the engines reject is a :class:`ConfigError` naming ``engine.tp``."""
+        pool); a ``tp`` the engines reject is a :class:`ConfigError` naming ``engine.tp``, an
+        ``ep`` that does not split the experts (:func:`~simlab.cost.shapes.check_ep`) one
+        naming ``engine.ep``."""
         try:
             held = on_tp(model, self.tp)
+            check_ep(model, self.tp, self.ep)
         except ValueError as err:
             raise ConfigError(str(err)) from err
         if held.kv_bytes_per_token == model.kv_bytes_per_token:
@@ -270,6 +278,7 @@ class TimedEngine(TimedSettings):
             self._terms,
             self.overlap,
             self.measured_kernels(model),
+            self.ep,
         )
 
     def measured_kernels(self, model: ModelSpec) -> Kernels | None:
