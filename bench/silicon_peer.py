@@ -2,7 +2,7 @@
 validates against: ``python -m bench.silicon_peer --out DIR [--model ID] [--limit N]`` writes
 ``DIR/silicon_peer.json`` and prints TTFT / TPOT MAPE per model x GPU x engine.
 
-The points are :func:`simlab.experiments.silicon.points` of ``silicon_sample.csv`` (866, as
+The points are :func:`simlab.experiments.silicon.points` of ``silicon_sample.csv`` (1,072, as
 ``python -m simlab.validate silicon`` replays them). Each is estimated the way aiconfigurator's
 own silicon comparison does it (``tools/accuracy_tracking/run_silicon.py`` and
 ``tools/accuracy_regression_testing/predict_silicon_sample.py`` in ai-dynamo/aiconfigurator:
@@ -10,7 +10,7 @@ own silicon comparison does it (``tools/accuracy_tracking/run_silicon.py`` and
 here from the core SDK, as the ``aiconfigurator`` CLI package is not installed):
 
 1. ``perf_database.get_database_view(system, backend, version, database_mode="SILICON")``;
-2. ``config_builders.build_model_config(tp, 1, 1, moe_tp=tp, moe_ep=1, gemm_quant_mode=,
+2. ``config_builders.build_model_config(tp, 1, 1, moe_tp=tp / ep, moe_ep=ep, gemm_quant_mode=,
    moe_quant_mode=)`` with the csv row's ``gemm_quant_mode`` / ``moe_quant_mode`` (KV cache,
    FMHA and communication modes left to aiconfigurator's checkpoint inference);
 3. ``models.helpers.resolve_context_fmha_by_data(..., is_context_role=True)``,
@@ -147,7 +147,8 @@ def estimate(p: Point, a: Args) -> dict[str, Any]:
     db = get_database_view(p.system, p.backend, a.version, database_mode="SILICON")
     if db is None:
         raise ValueError(f"Failed to load perf database {p.system}/{p.backend}/{a.version}")
-    mc = build_model_config(p.tp, 1, 1, p.tp, 1, gemm_quant_mode=a.gemm, moe_quant_mode=a.moe)
+    moe_tp = p.tp // p.ep  # the experts over ep GPUs, each split moe_tp ways
+    mc = build_model_config(p.tp, 1, 1, moe_tp, p.ep, gemm_quant_mode=a.gemm, moe_quant_mode=a.moe)
     resolve_context_fmha_by_data(mc, a.model_path, db, p.backend, is_context_role=True)
     resolve_dsv4_moe_arch(mc, a.model_path, system_name=p.system, backend_name=p.backend)
     resolve_nvfp4_for_system(mc, p.system, a.model_path)

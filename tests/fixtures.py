@@ -45,6 +45,13 @@ def model(name: str) -> ModelSpec:
     return ModelSpec.from_config(OmegaConf.load(CONFIGS / "model" / f"{name}.yaml"))
 
 
+def hardware(name: str) -> Hardware:
+    """The ``configs/hardware`` preset ``name``."""
+    return Hardware.from_config(
+        OmegaConf.to_container(OmegaConf.load(CONFIGS / "hardware" / f"{name}.yaml"))
+    )
+
+
 def timed_prefill_summary(hardware: str, model_name: str, tokens: int = 1000) -> dict:
     """The ``summary.json`` time sources of a timed engine's cost model on the ``hardware``
     and ``model_name`` presets after one prefill of ``tokens``."""

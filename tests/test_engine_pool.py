@@ -152,3 +152,16 @@ def test_a_capacity_list_takes_numbers_only():
     assert capacity_list(compose(["cache.size_gb=[1,2]"])) == [1, 2]
     with pytest.raises(ConfigError, match=r"cache\.size_gb: 'engine' is the engine's one pool"):
         capacity_list(compose(["engine=timed", "cache.size_gb=[engine,2]"]))
+
+
+def test_a_llama_31_named_as_aiconfigurator_names_it_is_sized_too():
+    """``model=llama3_1_8b`` is ``meta-llama/Meta-Llama-3.1-8B``, the name aiconfigurator-core
+    ships its config under: it was renamed a second time (``Meta-Meta-``) and found no memory
+    model, so ``cache.size_gb=engine`` failed on every GPU."""
+    assert aic_model("meta-llama/Llama-3.1-70B") == "meta-llama/Meta-Llama-3.1-70B"
+    assert aic_model("meta-llama/Meta-Llama-3.1-8B") == "meta-llama/Meta-Llama-3.1-8B"
+    assert aic_model("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama/Meta-Llama-3.1-8B"
+    plan = plan_run(compose(["engine=timed", "model=llama3_1_8b", "+policy=vllm",
+                             "hardware=rtx_pro_6000_server", "cache.size_gb=engine",
+                             "report=false"]))  # fmt: skip
+    assert 60 < plan.settings.cache.size_gb < 96  # 96 GB, 16 GB of weights, vLLM's 0.9

@@ -6,28 +6,17 @@ replay runs the csv's expert-parallel points with their degree."""
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from simlab.config import ConfigError
-from simlab.cost.hardware import Hardware
 from simlab.cost.measured import moe_kernel, tables
 from simlab.cost.shapes import BatchShape, on_tp
 from simlab.engines.timed.engine import TimedEngine
 from simlab.experiments.silicon import GPUS_PER_NODE, points, spec_of
-from simlab.model.spec import ModelSpec
-from tests.fixtures import CONFIGS
+from tests.fixtures import hardware, model
 
 installed = pytest.mark.skipif(
     tables.systems_dir() is None, reason="aiconfigurator-core is not installed"
 )
-
-
-def hardware(name: str) -> Hardware:
-    return Hardware.from_config(yaml.safe_load((CONFIGS / "hardware" / f"{name}.yaml").read_text()))
-
-
-def model(name: str) -> ModelSpec:
-    return ModelSpec.from_config(yaml.safe_load((CONFIGS / "model" / f"{name}.yaml").read_text()))
 
 
 def table_row(shape: tuple[int, ...], tokens: int) -> float:

@@ -363,8 +363,10 @@ def kernel_lines(kernels: dict[str, Any]) -> list[str]:
 
 def table(prediction: dict[str, Any]) -> str:
     """One line per length: the time and the ops that take most of it."""
+    ep = prediction.get("ep", 1)
+    experts = f" (experts: ep {ep})" if ep > 1 else ""
     lines = [
-        f"{prediction['model']} on {prediction['hardware']} x tp {prediction['tp']}, "
+        f"{prediction['model']} on {prediction['hardware']} x tp {prediction['tp']}{experts}, "
         f"{prediction['calibration']}; prefix {prediction['prefix_tokens']} tokens, "
         f"batch {prediction['batch']}"
     ]

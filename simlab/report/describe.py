@@ -47,8 +47,9 @@ def hardware_label(config: dict[str, Any]) -> str:
     hardware = engine.get("hardware") or {}
     if not isinstance(hardware, dict) or "name" not in hardware:
         return ""
-    tp = engine.get("tp", 1)
-    return f" on {hardware['name']}" + (f" x tp {tp}" if tp and tp != 1 else "")
+    tp, ep = engine.get("tp", 1), engine.get("ep", 1)
+    experts = f" (experts: ep {ep})" if ep and ep != 1 else ""
+    return f" on {hardware['name']}" + (f" x tp {tp}" if tp and tp != 1 else "") + experts
 
 
 def cache_label(config: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,8 +160,10 @@ def weights_per_gpu(held: ModelSpec, tp: int) -> float:
 
 
 def aic_model(model: str) -> str:
-    """aiconfigurator-core's name of the model's config (its ``model_configs``)."""
-    return model.replace("Llama-3.1", "Meta-Llama-3.1").removesuffix("-Instruct")
+    """aiconfigurator-core's name of the model's config (its ``model_configs``): Meta's Llama
+    3.1 checkpoints under their first name (``meta-llama/Llama-3.1-70B`` ->
+    ``meta-llama/Meta-Llama-3.1-70B``; a name already in that form unchanged)."""
+    return re.sub(r"(?<!Meta-)Llama-3\.1", "Meta-Llama-3.1", model).removesuffix("-Instruct")
 
 
 def shipped_config(aic_name: str) -> Path | None:
