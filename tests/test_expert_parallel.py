@@ -86,3 +86,25 @@ def test_the_csvs_expert_parallel_points_are_replayed_at_their_degree():
     assert all(p.tp <= GPUS_PER_NODE and p.tp % p.ep == 0 for p in pts)
     assert skipped["pipeline or attention data parallel"] > 100
     assert skipped[f"tensor parallel over more than {GPUS_PER_NODE} GPUs"] > 100
+
+
+@installed
+def test_predict_states_the_degree_and_times_jambas_moe_at_it():
+    """``simlab.predict ... engine.ep=N``: ``prediction.json`` keeps ``ep``, its table line
+    names it, and only the MoE's time changes (Jamba-1.5-Mini's 16 experts over 4 GPUs each
+    whole, timed from Mixtral's rows at the same EP 4, at equal tokens per expert)."""
+    from hydra import compose, initialize_config_dir
+
+    from simlab.experiments.predict import predict, table
+    from tests.fixtures import CONFIGS
+
+    def run(ep: int) -> dict:
+        overrides = ["model=jamba_1_5_mini", "engine.tp=4", f"engine.ep={ep}", "prefill=[4096]"]
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            return predict(compose(config_name="predict", overrides=overrides))
+
+    tp, ep = run(1), run(4)
+    assert (tp["ep"], ep["ep"]) == (1, 4)
+    assert "(experts: ep 4)" in table(ep) and "experts" not in table(tp)
+    moved = {op for op in tp["breakdown_ms"] if tp["breakdown_ms"][op] != ep["breakdown_ms"][op]}
+    assert moved == {"moe"}
