@@ -85,8 +85,8 @@ NVIDIA_REASON = "NVIDIA's own run: its client and server flags are not published
 #: (:func:`~simlab.experiments.silicon_recipes.recipe`'s fallback) is counted, not replayed
 NO_SCRIPT = "none"
 NO_SCRIPT_REASON = "no InferenceX launch script read for it"
-#: the GPUs of one node: a row whose tp is more (16, 64: the csv's tp x attention DP =
-#: MoE TP x EP over several nodes, which no single-node script runs) is counted, not replayed
+#: the GPUs of one node: rows of more (GB200 racks at TP 12 to 72; rows whose tp is the MoE
+#: TP x EP of 16 or 64 GPUs, which no single-node script runs) are counted, not replayed
 GPUS_PER_NODE = 8
 
 

@@ -13,8 +13,9 @@ table covers its shape (then the roofline times it too).
   lists keeps the roofline until its split is listed.
 * MoE: the fused MoE kernel at the model's (hidden, intermediate, top-k, experts) with
   MoE EP = ``ep`` and MoE TP = ``tp / ep`` (the tables' rows of each, measured at a skewed
-  routing where they have it, so the busiest GPU's share), where the table lacks it from another version's
-  table or the nearest measured shape (:meth:`.Kernels.moe`), plus the router GEMM.
+  routing where they have it, so the busiest GPU's share), where the table lacks it from
+  another version's table or the nearest measured shape (:meth:`.Kernels.moe`), plus the
+  router GEMM.
 * Attention (grouped-query, its sliding-window layers, MLA): :mod:`.attention`.
 * All-reduce: the custom all-reduce (CUDA-graph kernel) at the message's elements.
 * GDN and KDA layers (the delta rule): a prefill's scan is the causal conv1d plus the chunked
