@@ -108,3 +108,11 @@ def test_predict_states_the_degree_and_times_jambas_moe_at_it():
     assert "(experts: ep 4)" in table(ep) and "experts" not in table(tp)
     moved = {op for op in tp["breakdown_ms"] if tp["breakdown_ms"][op] != ep["breakdown_ms"][op]}
     assert moved == {"moe"}
+
+
+def test_the_reports_gpu_label_names_the_degree():
+    from simlab.report.describe import hardware_label
+
+    engine = {"hardware": {"name": "h200"}, "tp": 8}
+    assert hardware_label({"engine": engine}) == " on h200 x tp 8"
+    assert hardware_label({"engine": engine | {"ep": 8}}) == " on h200 x tp 8 (experts: ep 8)"
